@@ -1,0 +1,126 @@
+"""A deterministic toy sampler and the replicated (unsharded) path.
+
+End-to-end transparency (INV-E2E-TRANSPARENCY) is stated against a
+deterministic sampler: greedy argmax after the grammar mask, and a toy
+rejection rule that accepts leading draft positions whose greedy token is even.
+The same function samples one rank's local batch in the sharded path and the
+whole batch in the replicated path.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import numpy as np
+import torch
+
+from shardspec.spec.model import GrammarOutput, InputBatch, LogprobsTensors, SamplerOutput, num_logprob_columns
+
+PLACEHOLDER_TOKEN_ID = -1  # rejected positions of the toy rejection sampler
+
+
+def apply_grammar_bitmask(logits: torch.Tensor, batch: InputBatch, grammar: Optional[GrammarOutput]) -> torch.Tensor:
+    """Mask to -inf every token whose bit is clear, for the listed requests' rows."""
+    if grammar is None:
+        return logits
+    position = {req_id: i for i, req_id in enumerate(batch.req_ids)}
+    cu = np.asarray(batch.cu_num_logits_np, dtype=np.int64)
+    rows = [r for req_id in grammar.structured_output_request_ids
+            for r in range(cu[position[req_id]], cu[position[req_id] + 1])]
+    vocab = logits.shape[-1]
+    words = grammar.grammar_bitmask.to(logits.device).to(torch.int64)
+    tokens = torch.arange(vocab, device=logits.device)
+    allowed = ((words[:, tokens // 32] >> (tokens % 32)) & 1).bool()
+    masked = logits.clone()
+    row_index = torch.tensor(rows, dtype=torch.int64, device=logits.device)
+    masked[row_index] = masked[row_index].masked_fill(~allowed, float("-inf"))
+    return masked
+
+
+def toy_sample(
+    logits: torch.Tensor,
+    batch: InputBatch,
+    grammar: Optional[GrammarOutput],
+    num_logprobs: Optional[int],
+) -> Optional[SamplerOutput]:
+    """Sample ``batch`` from its full-vocab ``logits`` rows [L, V]. None if empty."""
+    if batch.num_reqs == 0:
+        return None
+    device = logits.device
+    num_nans = torch.isnan(logits).sum(dim=-1).to(torch.int32)
+    processed = apply_grammar_bitmask(logits.float().nan_to_num(nan=float("-inf")), batch, grammar)
+    greedy = processed.argmax(dim=-1)
+    cu = np.asarray(batch.cu_num_logits_np, dtype=np.int64)
+    counts = np.diff(cu)
+    if batch.num_draft_tokens == 0:
+        sampled = greedy[torch.from_numpy(cu[:-1]).to(device)].unsqueeze(1)
+        num_sampled = torch.ones(batch.num_reqs, dtype=torch.int32, device=device)
+    else:
+        sampled, num_sampled = _toy_rejection(greedy.cpu().numpy(), cu, counts, device)
+    logprobs = None if num_logprobs is None else _toy_logprobs(processed, greedy, num_logprobs)
+    return SamplerOutput(
+        sampled_token_ids=sampled,
+        logprobs_tensors=logprobs,
+        num_nans=num_nans,
+        num_sampled=num_sampled,
+        num_rejected=torch.from_numpy(counts).to(device, torch.int32) - num_sampled,
+    )
+
+
+def _toy_rejection(greedy: np.ndarray, cu: np.ndarray, counts: np.ndarray, device):
+    width = int(counts.max())
+    sampled = np.full((counts.shape[0], width), PLACEHOLDER_TOKEN_ID, dtype=np.int64)
+    num_sampled = np.zeros(counts.shape[0], dtype=np.int32)
+    for i, (start, count) in enumerate(zip(cu[:-1], counts)):
+        accepted = 0
+        while accepted < count - 1 and greedy[start + accepted] % 2 == 0:
+            accepted += 1
+        sampled[i, : accepted + 1] = greedy[start : start + accepted + 1]
+        num_sampled[i] = accepted + 1
+    return torch.from_numpy(sampled).to(device), torch.from_numpy(num_sampled).to(device)
+
+
+def _toy_logprobs(processed: torch.Tensor, greedy: torch.Tensor, num_logprobs: int) -> LogprobsTensors:
+    logprobs = torch.log_softmax(processed, dim=-1)
+    # A stable sort breaks ties by token id, so the result does not depend on
+    # which other rows share the batch.
+    order = torch.sort(logprobs, dim=-1, descending=True, stable=True).indices[:, :num_logprobs]
+    sampled_logprob = logprobs.gather(1, greedy.unsqueeze(1))
+    ids = torch.cat([greedy.unsqueeze(1), order], dim=1)
+    values = torch.cat([sampled_logprob, logprobs.gather(1, order)], dim=1)
+    ranks = (logprobs > sampled_logprob).sum(dim=-1)
+    return LogprobsTensors(ids.to(torch.int64), values.float(), ranks.to(torch.int64), None)
+
+
+def replicated_output(
+    logits: torch.Tensor,
+    batch: InputBatch,
+    grammar: Optional[GrammarOutput],
+    *,
+    gather_num_nans: bool,
+    logprobs_dims: Optional[tuple[int, int]],
+) -> Optional[SamplerOutput]:
+    """What the unsharded path yields, in the gathered output's conventions.
+
+    Per-row NaN counts become per-request sums and logprobs take the agreed
+    width (CL-REPLICATED-DIFFERENCES).
+    """
+    num_logprobs = None if logprobs_dims is None else logprobs_dims[0]
+    out = toy_sample(logits, batch, grammar, num_logprobs)
+    if out is None:
+        return None
+    cu = np.asarray(batch.cu_num_logits_np, dtype=np.int64)
+    owner = torch.from_numpy(np.repeat(np.arange(batch.num_reqs), np.diff(cu))).to(logits.device)
+    nans = None
+    if gather_num_nans:
+        nans = torch.zeros(batch.num_reqs, dtype=torch.int64, device=logits.device)
+        nans = nans.index_add_(0, owner, out.num_nans.to(torch.int64)).to(torch.int32)
+    logprobs = None
+    if logprobs_dims is not None:
+        lp = out.logprobs_tensors
+        cols = num_logprob_columns(logprobs_dims)
+        logprobs = LogprobsTensors(
+            lp.logprob_token_ids[:, :cols], lp.logprobs[:, :cols], lp.selected_token_ranks,
+            [int(c) for c in cu] if int(cu[-1]) != batch.num_reqs else None,
+        )
+    return SamplerOutput(out.sampled_token_ids, logprobs, nans, out.num_sampled, out.num_rejected)

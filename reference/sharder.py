@@ -1,0 +1,251 @@
+"""The reference sharder: the three operations of one sampling step.
+
+1. ``shard_sampler_inputs``: owner-sort the batch, build this rank's local
+   batch, local grammar output and the shard metadata.
+2. ``all_to_all_logits``: exchange vocab-sharded logits rows so the owner holds
+   full-vocab rows of its requests.
+3. ``gather_sampler_output``: all-gather the padded per-rank sampler results
+   and restore batch order.
+
+Wire layout of the all-gathers (``spec/wire.yaml``): with W the agreed
+sampled-id width, M = max_num_reqs_per_rank and C the logprob width, each
+rank sends
+
+* int64 ``[M, W + 2 (+1)]``: sampled ids, num_sampled, num_rejected (, NaN sum);
+* with logprobs, int64 ``[M * W, C + 1]``: logprob token ids, selected rank;
+* with logprobs, float32 ``[M * W, C]``: logprobs.
+
+Row j (column block p for logprobs) belongs to the rank's j-th local request
+(its p-th logits row); other rows are padding whose content is unspecified.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Optional
+
+import numpy as np
+import torch
+
+from shardspec.comm import Communicator
+from shardspec.reference import preconditions
+from shardspec.reference.plan import build_plan
+from shardspec.spec.model import (
+    BatchShardMetadata,
+    GrammarOutput,
+    InputBatch,
+    LogprobsTensors,
+    SamplerOutput,
+    ShardResult,
+    num_logprob_columns,
+)
+
+# Values that fill what a rank's sampler did not produce (spec: INV-*-PADDING).
+PAD_TOKEN_ID = 0
+PAD_LOGPROB = float("-inf")
+PAD_SELECTED_RANK = 0
+
+
+class ReferenceSharder:
+    def __init__(
+        self,
+        max_num_reqs: int,
+        max_num_logits_per_req: int,
+        *,
+        comm: Communicator,
+        device: torch.device | str = "cpu",
+        check_preconditions: bool = True,
+    ):
+        self.max_num_reqs = max_num_reqs
+        self.max_num_logits_per_req = max_num_logits_per_req
+        self.comm = comm
+        self.rank = comm.rank
+        self.tp_size = comm.world_size
+        self.device = torch.device(device)
+        self.check_preconditions = check_preconditions
+
+    # -- step 1 ------------------------------------------------------------
+    def shard_sampler_inputs(self, batch: InputBatch, grammar: Optional[GrammarOutput]) -> ShardResult:
+        if self.check_preconditions:
+            preconditions.check_input_batch(
+                batch,
+                max_num_reqs=self.max_num_reqs,
+                max_num_logits_per_req=self.max_num_logits_per_req,
+                rank=self.rank,
+            )
+            preconditions.check_grammar_output(grammar, batch, rank=self.rank)
+        cu_num_logits = np.asarray(batch.cu_num_logits_np, dtype=np.int64)
+        plan = build_plan(batch.idx_mapping_np, cu_num_logits, self.tp_size, self.rank)
+        local_reqs = plan.local_reqs
+        # Owner-sorted logits rows, mapped to the token each one reads.
+        sorted_rows = plan.logits_rows_of(plan.owner_sorted_reqs, cu_num_logits)
+        logits_indices = batch.logits_indices.to(self.device, torch.int64)
+        sorted_logits_indices = logits_indices[torch.from_numpy(sorted_rows).to(self.device)]
+        local_batch = self._local_batch(batch, plan, local_reqs, cu_num_logits, logits_indices)
+        metadata = BatchShardMetadata(
+            tp_size=self.tp_size,
+            num_logits_per_rank=[int(n) for n in plan.num_logits_per_rank],
+            num_local_logits=int(plan.num_logits_per_rank[self.rank]),
+            num_local_reqs=int(local_reqs.shape[0]),
+            max_num_reqs_per_rank=plan.max_num_reqs_per_rank,
+            gathered_src_indices=torch.from_numpy(plan.gathered_src_indices.astype(np.int64)).to(self.device),
+            max_num_logits_per_req=plan.max_num_logits_per_req,
+        )
+        local_grammar = _local_grammar_output(grammar, batch, local_reqs, cu_num_logits)
+        return ShardResult(local_batch, sorted_logits_indices, local_grammar, metadata)
+
+    def _local_batch(self, batch, plan, local_reqs, cu_num_logits, logits_indices) -> InputBatch:
+        device = self.device
+        local_counts = plan.num_logits_per_req[local_reqs]
+        local_cu = np.zeros(local_reqs.shape[0] + 1, dtype=np.int32)
+        np.cumsum(local_counts, out=local_cu[1:])
+        local_rows = torch.from_numpy(plan.logits_rows_of(local_reqs, cu_num_logits)).to(device)
+        slots = np.asarray(batch.idx_mapping_np)[local_reqs].astype(np.intp)
+        local_pos = np.concatenate([np.arange(n) for n in local_counts]) if local_reqs.size else np.zeros(0)
+        drafts = batch.num_draft_tokens_per_req
+        local_drafts = None if drafts is None else np.asarray(drafts)[local_reqs].astype(np.int32)
+        index = torch.from_numpy(local_reqs).to(device)
+        return replace(
+            batch,
+            req_ids=[batch.req_ids[i] for i in local_reqs.tolist()],
+            num_reqs=int(local_reqs.shape[0]),
+            idx_mapping=torch.from_numpy(slots).to(device, torch.int32),
+            idx_mapping_np=slots,
+            expanded_idx_mapping=torch.from_numpy(np.repeat(slots, local_counts)).to(device, torch.int32),
+            expanded_local_pos=torch.from_numpy(local_pos).to(device, torch.int32),
+            # query_start_loc is token space and stays global (CL-LOCAL-FIELDS).
+            query_start_loc=batch.query_start_loc,
+            seq_lens=batch.seq_lens.to(device)[index].to(torch.int32),
+            logits_indices=logits_indices[local_rows],
+            cu_num_logits=torch.from_numpy(local_cu).to(device),
+            cu_num_logits_np=local_cu,
+            num_draft_tokens=0 if local_drafts is None else int(local_drafts.sum()),
+            num_draft_tokens_per_req=local_drafts,
+        )
+
+    # -- step 2 ------------------------------------------------------------
+    def all_to_all_logits(self, logits_shard: torch.Tensor, metadata: BatchShardMetadata) -> torch.Tensor:
+        """[L, V/tp] owner-sorted rows of this rank's vocab shard -> [L_local, V]."""
+        tp, num_local = metadata.tp_size, metadata.num_local_logits
+        shard_width = logits_shard.shape[-1]
+        received = logits_shard.new_empty(tp * num_local, shard_width)
+        self.comm.all_to_all_single(
+            received, logits_shard.contiguous(), [num_local] * tp, metadata.num_logits_per_rank
+        )
+        # Chunk r came from rank r, which holds vocab columns [r*Vs, (r+1)*Vs).
+        return received.view(tp, num_local, shard_width).permute(1, 0, 2).reshape(num_local, tp * shard_width)
+
+    # -- step 3 ------------------------------------------------------------
+    def gather_sampler_output(
+        self,
+        local_output: Optional[SamplerOutput],
+        metadata: BatchShardMetadata,
+        global_batch: InputBatch,
+        local_batch: InputBatch,
+        *,
+        gather_num_nans: bool = False,
+        logprobs_dims: Optional[tuple[int, int]] = None,
+    ) -> SamplerOutput:
+        if self.check_preconditions:
+            preconditions.check_local_output(
+                local_output, local_batch, gather_num_nans=gather_num_nans,
+                logprobs_dims=logprobs_dims, rank=self.rank,
+            )
+        packed = self._pack_sampled(local_output, metadata, local_batch, gather_num_nans)
+        gathered = self._all_gather(packed)
+        logprobs_tensors = None
+        if logprobs_dims is not None:
+            logprobs_tensors = self._gather_logprobs(local_output, metadata, global_batch, local_batch, logprobs_dims)
+        width = metadata.max_num_logits_per_req
+        rows = gathered[metadata.gathered_src_indices]
+        return SamplerOutput(
+            sampled_token_ids=rows[:, :width].clone(),
+            logprobs_tensors=logprobs_tensors,
+            num_nans=rows[:, width + 2].to(torch.int32) if gather_num_nans else None,
+            num_sampled=rows[:, width].to(torch.int32),
+            num_rejected=rows[:, width + 1].to(torch.int32),
+        )
+
+    def _all_gather(self, send: torch.Tensor) -> torch.Tensor:
+        received = send.new_empty(self.tp_size * send.shape[0], *send.shape[1:])
+        self.comm.all_gather_into_tensor(received, send)
+        return received
+
+    def _pack_sampled(self, local_output, metadata, local_batch, gather_num_nans) -> torch.Tensor:
+        width = metadata.max_num_logits_per_req
+        num_cols = width + 2 + (1 if gather_num_nans else 0)
+        # Padding rows are unspecified on the wire; zeros keep the reference readable.
+        packed = torch.zeros(metadata.max_num_reqs_per_rank, num_cols, dtype=torch.int64, device=self.device)
+        num_local = metadata.num_local_reqs
+        if local_output is None or num_local == 0:
+            return packed
+        ids = local_output.sampled_token_ids
+        copied = min(ids.shape[1], width)  # narrower: zero-filled; wider: truncated
+        packed[:num_local, :copied] = ids[:, :copied].to(torch.int64)
+        packed[:num_local, width] = local_output.num_sampled.to(torch.int64)
+        packed[:num_local, width + 1] = local_output.num_rejected.to(torch.int64)
+        if gather_num_nans:
+            owner = _row_owner(local_batch.cu_num_logits_np, self.device)
+            nan_sums = torch.zeros(num_local, dtype=torch.int64, device=self.device)
+            nan_sums.index_add_(0, owner, local_output.num_nans.to(self.device, torch.int64))
+            packed[:num_local, width + 2] = nan_sums
+        return packed
+
+    def _gather_logprobs(self, local_output, metadata, global_batch, local_batch, logprobs_dims) -> LogprobsTensors:
+        width = metadata.max_num_logits_per_req
+        num_cols = num_logprob_columns(logprobs_dims)
+        num_send_rows = metadata.max_num_reqs_per_rank * width
+        send_ids = torch.full((num_send_rows, num_cols + 1), PAD_TOKEN_ID, dtype=torch.int64, device=self.device)
+        send_ids[:, num_cols] = PAD_SELECTED_RANK
+        send_logprobs = torch.full((num_send_rows, num_cols), PAD_LOGPROB, dtype=torch.float32, device=self.device)
+        lp = None if local_output is None else local_output.logprobs_tensors
+        if lp is not None and local_batch.num_logits > 0:
+            # Local logits row k of local request j goes to wire row j*W + p.
+            owner = _row_owner(local_batch.cu_num_logits_np, self.device)
+            pos = torch.arange(local_batch.num_logits, device=self.device) - torch.from_numpy(
+                np.asarray(local_batch.cu_num_logits_np, dtype=np.int64)
+            ).to(self.device)[owner]
+            wire_rows = owner * width + pos
+            copied = min(lp.logprob_token_ids.shape[1], num_cols)
+            send_ids[wire_rows, :copied] = lp.logprob_token_ids[:, :copied].to(torch.int64)
+            send_ids[wire_rows, num_cols] = lp.selected_token_ranks.to(torch.int64)
+            send_logprobs[wire_rows, :copied] = lp.logprobs[:, :copied].to(torch.float32)
+        gathered_ids = self._all_gather(send_ids)
+        gathered_logprobs = self._all_gather(send_logprobs)
+        cu = np.asarray(global_batch.cu_num_logits_np, dtype=np.int64)
+        global_owner = _row_owner(cu, self.device)
+        global_pos = torch.arange(int(cu[-1]), device=self.device) - torch.from_numpy(cu).to(self.device)[global_owner]
+        src_rows = metadata.gathered_src_indices[global_owner] * width + global_pos
+        num_logits, num_reqs = int(cu[-1]), int(cu.shape[0] - 1)
+        return LogprobsTensors(
+            logprob_token_ids=gathered_ids[src_rows, :num_cols].clone(),
+            logprobs=gathered_logprobs[src_rows].clone(),
+            selected_token_ranks=gathered_ids[src_rows, num_cols].clone(),
+            cu_num_generated_tokens=[int(c) for c in cu] if num_logits != num_reqs else None,
+        )
+
+
+def _row_owner(cu_num_logits, device) -> torch.Tensor:
+    """[L] index of the request each logits row belongs to."""
+    counts = np.diff(np.asarray(cu_num_logits, dtype=np.int64))
+    return torch.from_numpy(np.repeat(np.arange(counts.shape[0]), counts)).to(device)
+
+
+def _local_grammar_output(grammar, batch, local_reqs, cu_num_logits) -> Optional[GrammarOutput]:
+    """Keep the owned requests' ids (in the grammar's own order) and bitmask rows."""
+    if grammar is None:
+        return None
+    position = {req_id: i for i, req_id in enumerate(batch.req_ids)}
+    owned = set(local_reqs.tolist())
+    kept_ids, kept_rows, cursor = [], [], 0
+    for req_id in grammar.structured_output_request_ids:
+        req = position[req_id]
+        count = int(cu_num_logits[req + 1] - cu_num_logits[req])
+        if req in owned:
+            kept_ids.append(req_id)
+            kept_rows.extend(range(cursor, cursor + count))
+        cursor += count
+    if not kept_ids:
+        return None
+    rows = torch.tensor(kept_rows, dtype=torch.int64, device=grammar.grammar_bitmask.device)
+    return GrammarOutput(structured_output_request_ids=kept_ids, grammar_bitmask=grammar.grammar_bitmask[rows])

@@ -1,0 +1,1 @@
+"""The shardspec contract: YAML documents, schema, loader, renderer, data model."""

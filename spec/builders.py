@@ -1,0 +1,95 @@
+"""Build consistent inputs from a few numbers (tests, fixtures, benchmarks)."""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+import numpy as np
+import torch
+
+from shardspec.spec.model import GrammarOutput, InputBatch
+
+
+def build_input_batch(
+    slots: Sequence[int],
+    num_logits_per_req: Sequence[int],
+    *,
+    spec_decode: Optional[bool] = None,
+    query_lens: Optional[Sequence[int]] = None,
+    seq_lens: Optional[Sequence[int]] = None,
+    req_ids: Optional[Sequence[str]] = None,
+    device: torch.device | str = "cpu",
+) -> InputBatch:
+    """A batch that meets every precondition.
+
+    ``spec_decode`` defaults to "some request has more than one logits row";
+    with it, ``num_draft_tokens_per_req`` is n_i - 1. Each query is at least
+    n_i tokens (``query_lens``, default n_i + (slot % 3)), and logits rows are
+    the last n_i tokens of it.
+    """
+    slots_np = np.asarray(slots, dtype=np.intp).reshape(-1)
+    counts = np.asarray(num_logits_per_req, dtype=np.int64).reshape(-1)
+    num_reqs = slots_np.shape[0]
+    if spec_decode is None:
+        spec_decode = bool((counts > 1).any())
+    q_lens = counts + slots_np % 3 if query_lens is None else np.asarray(query_lens, dtype=np.int64)
+    qsl = np.zeros(num_reqs + 1, dtype=np.int64)
+    np.cumsum(q_lens, out=qsl[1:])
+    cu = np.zeros(num_reqs + 1, dtype=np.int32)
+    np.cumsum(counts, out=cu[1:])
+    owner = np.repeat(np.arange(num_reqs), counts)
+    local_pos = np.arange(int(cu[-1])) - cu[owner]
+    logits_indices = qsl[owner + 1] - counts[owner] + local_pos
+    s_lens = (q_lens + 7 + slots_np) if seq_lens is None else np.asarray(seq_lens, dtype=np.int64)
+    drafts = (counts - 1).astype(np.int32) if spec_decode else None
+    dev = torch.device(device)
+    return InputBatch(
+        req_ids=list(req_ids) if req_ids is not None else [f"req-{s}" for s in slots_np.tolist()],
+        num_reqs=num_reqs,
+        idx_mapping=torch.from_numpy(slots_np.astype(np.int64)).to(dev),
+        idx_mapping_np=slots_np,
+        expanded_idx_mapping=torch.from_numpy(slots_np[owner].astype(np.int32)).to(dev),
+        expanded_local_pos=torch.from_numpy(local_pos.astype(np.int32)).to(dev),
+        query_start_loc=torch.from_numpy(qsl.astype(np.int32)).to(dev),
+        seq_lens=torch.from_numpy(np.asarray(s_lens, dtype=np.int32)).to(dev),
+        logits_indices=torch.from_numpy(logits_indices.astype(np.int64)).to(dev),
+        cu_num_logits=torch.from_numpy(cu).to(dev),
+        cu_num_logits_np=cu,
+        num_draft_tokens=0 if drafts is None else int(drafts.sum()),
+        num_draft_tokens_per_req=drafts,
+    )
+
+
+def build_grammar_output(
+    batch: InputBatch,
+    req_positions: Sequence[int],
+    vocab_size: int,
+    *,
+    seed: int = 0,
+) -> Optional[GrammarOutput]:
+    """Random bitmasks for the requests at ``req_positions`` (in that order).
+
+    Every row allows at least one token, so a masked row is never all -inf.
+    """
+    if not len(req_positions):
+        return None
+    generator = torch.Generator().manual_seed(seed)
+    cu = batch.cu_num_logits_np
+    rows = sum(int(cu[i + 1] - cu[i]) for i in req_positions)
+    num_words = (vocab_size + 31) // 32
+    words = torch.randint(-(2**31), 2**31 - 1, (rows, num_words), generator=generator, dtype=torch.int64)
+    words[:, 0] |= 1  # token 0 always allowed
+    device = batch.idx_mapping.device
+    return GrammarOutput(
+        structured_output_request_ids=[batch.req_ids[i] for i in req_positions],
+        grammar_bitmask=words.to(torch.int32).to(device),
+    )
+
+
+def build_token_logits(num_tokens: int, padded_vocab: int, *, seed: int = 0, nan_rows: Sequence[int] = ()) -> torch.Tensor:
+    """[T, Vp] float32 logits of every token; NaN in a few columns of ``nan_rows``."""
+    generator = torch.Generator().manual_seed(seed)
+    logits = torch.randn(num_tokens, padded_vocab, generator=generator)
+    for k, row in enumerate(nan_rows):
+        logits[row, (k * 7) % padded_vocab :: max(1, padded_vocab // 3)] = float("nan")
+    return logits

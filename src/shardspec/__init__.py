@@ -1,0 +1,13 @@
+"""shardspec: the contract of batch-sharded sampling under tensor parallelism.
+
+Sub-packages (the repository folders they come from):
+
+- ``shardspec.spec`` (``spec/``): the contract as YAML, its schema, loader,
+  renderer, and the Python data model.
+- ``shardspec.reference`` (``reference/``): pure-torch reference implementation.
+- ``shardspec.impl`` (``impl/``): production implementation (Triton kernels).
+- ``shardspec.conformance`` (``conformance/``): the conformance suite.
+- ``shardspec.fixtures`` (``fixtures/``): golden cases.
+"""
+
+__version__ = "0.1.0"
