@@ -119,8 +119,12 @@ def replicated_output(
     if logprobs_dims is not None:
         lp = out.logprobs_tensors
         cols = num_logprob_columns(logprobs_dims)
+        ids = torch.zeros(lp.logprobs.shape[0], cols, dtype=torch.int64, device=logits.device)
+        values = torch.full((lp.logprobs.shape[0], cols), float("-inf"), device=logits.device)
+        copied = min(cols, lp.logprobs.shape[1])
+        ids[:, :copied], values[:, :copied] = lp.logprob_token_ids[:, :copied], lp.logprobs[:, :copied]
         logprobs = LogprobsTensors(
-            lp.logprob_token_ids[:, :cols], lp.logprobs[:, :cols], lp.selected_token_ranks,
+            ids, values, lp.selected_token_ranks,
             [int(c) for c in cu] if int(cu[-1]) != batch.num_reqs else None,
         )
     return SamplerOutput(out.sampled_token_ids, logprobs, nans, out.num_sampled, out.num_rejected)
