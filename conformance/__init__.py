@@ -1,0 +1,1 @@
+"""The shardspec conformance suite: checks any implementation against the spec."""

@@ -1,0 +1,100 @@
+"""What a checker sees and what it reports.
+
+A run of one case on one rank yields a :class:`StepRecord`: the case, the
+inputs, what the implementation under test produced at each step
+(``actual``) and what the reference produced for the same rank
+(``expected``). Per-rank checkers take one record; group checkers take the
+per-rank digests of all ranks of a case (they may run in another process
+than the ranks). Each checker is registered under exactly one invariant ID.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Optional
+
+import torch
+
+from shardspec.spec.case import Case, CaseInputs
+from shardspec.spec.model import SamplerOutput, ShardResult
+
+
+@dataclass
+class WireCall:
+    """One collective as the implementation issued it (send buffer cloned)."""
+
+    kind: str  # "all_to_all_single" | "all_gather_into_tensor"
+    send: torch.Tensor
+    output_shape: tuple
+    output_split_sizes: Optional[list[int]] = None
+    input_split_sizes: Optional[list[int]] = None
+
+
+@dataclass
+class StepOutputs:
+    shard: Optional[ShardResult] = None
+    # all_to_all_logits output, trimmed to nothing: [L_local, tp * shard_width].
+    full_vocab_logits: Optional[torch.Tensor] = None
+    # The local sampler output that was passed to gather_sampler_output.
+    local_output: Optional[SamplerOutput] = None
+    gathered: Optional[SamplerOutput] = None
+    wire: list[WireCall] = field(default_factory=list)
+    # Set when the implementation raised: the step name and the traceback.
+    failed_step: Optional[str] = None
+    error: Optional[BaseException] = None
+    error_traceback: Optional[str] = None
+    # Names of inputs whose contents changed during the step.
+    inputs_modified: list[str] = field(default_factory=list)
+
+
+@dataclass
+class StepRecord:
+    case: Case
+    rank: int
+    inputs: CaseInputs
+    actual: StepOutputs
+    expected: StepOutputs
+    # The replicated (unsharded) path's output, for INV-E2E-TRANSPARENCY.
+    replicated: Optional[SamplerOutput] = None
+
+
+@dataclass
+class Violation:
+    invariant_id: str
+    message: str
+    rank: Optional[int] = None
+    request: Optional[int] = None  # batch position
+    field: Optional[str] = None
+
+    def describe(self) -> str:
+        where = [f"rank {self.rank}" if self.rank is not None else None,
+                 f"request {self.request}" if self.request is not None else None,
+                 f"field {self.field}" if self.field else None]
+        return f"[{self.invariant_id}] {self.message} ({', '.join(w for w in where if w)})"
+
+
+RankChecker = Callable[[StepRecord], Iterable[Violation]]
+# digests: rank -> JSON-able dict produced by conformance's digest function.
+GroupChecker = Callable[[Case, dict[int, dict[str, Any]]], Iterable[Violation]]
+
+RANK_CHECKERS: dict[str, RankChecker] = {}
+GROUP_CHECKERS: dict[str, GroupChecker] = {}
+
+
+def rank_check(invariant_id: str):
+    def register(fn: RankChecker) -> RankChecker:
+        if invariant_id in RANK_CHECKERS or invariant_id in GROUP_CHECKERS:
+            raise ValueError(f"two checkers for {invariant_id}")
+        RANK_CHECKERS[invariant_id] = fn
+        return fn
+    return register
+
+
+def group_check(invariant_id: str):
+    def register(fn: GroupChecker) -> GroupChecker:
+        if invariant_id in RANK_CHECKERS or invariant_id in GROUP_CHECKERS:
+            raise ValueError(f"two checkers for {invariant_id}")
+        GROUP_CHECKERS[invariant_id] = fn
+        return fn
+    return register
+

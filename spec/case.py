@@ -1,0 +1,115 @@
+"""A case: one sampling step described by a few numbers, and its inputs.
+
+Fixtures (YAML), hypothesis-generated batches and benchmarks all describe a
+step as a :class:`Case`; :func:`build_case_inputs` turns it into tensors. The
+local sampler outputs are either the deterministic toy sampler run on each
+rank's own full-vocab logits (``local_outputs = "toy"``) or given explicitly
+per rank, which lets a case make ranks disagree on widths or omit logprobs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional, Union
+
+import torch
+
+from shardspec.spec.builders import build_grammar_output, build_input_batch, build_token_logits
+from shardspec.spec.model import GrammarOutput, InputBatch, LogprobsTensors, SamplerOutput
+
+
+@dataclass
+class ExplicitLocalOutput:
+    """One rank's local sampler output, written out (lists of Python numbers)."""
+
+    sampled_token_ids: list[list[int]]  # [n_local][width]
+    num_sampled: list[int]
+    num_rejected: list[int]
+    num_nans: Optional[list[int]] = None  # per local logits row
+    # None: this rank's sampler returned no logprobs.
+    logprob_token_ids: Optional[list[list[int]]] = None  # [L_local][cols]
+    logprobs: Optional[list[list[float]]] = None
+    selected_token_ranks: Optional[list[int]] = None
+
+    def to_sampler_output(self, device) -> SamplerOutput:
+        width = max((len(row) for row in self.sampled_token_ids), default=1)
+        ids = torch.tensor(self.sampled_token_ids, dtype=torch.int64, device=device).reshape(-1, width)
+        logprobs = None
+        if self.logprob_token_ids is not None:
+            cols = max((len(row) for row in self.logprob_token_ids), default=1)
+            logprobs = LogprobsTensors(
+                torch.tensor(self.logprob_token_ids, dtype=torch.int64, device=device).reshape(-1, cols),
+                torch.tensor(self.logprobs, dtype=torch.float32, device=device).reshape(-1, cols),
+                torch.tensor(self.selected_token_ranks, dtype=torch.int64, device=device),
+                None,
+            )
+        return SamplerOutput(
+            sampled_token_ids=ids,
+            logprobs_tensors=logprobs,
+            num_nans=None if self.num_nans is None else torch.tensor(self.num_nans, dtype=torch.int32, device=device),
+            num_sampled=torch.tensor(self.num_sampled, dtype=torch.int32, device=device),
+            num_rejected=torch.tensor(self.num_rejected, dtype=torch.int32, device=device),
+        )
+
+
+@dataclass
+class Case:
+    case_id: str
+    tp_size: int
+    slots: list[int]
+    num_logits_per_req: list[int]
+    description: str = ""
+    # Spec IDs (INV-*, PRE-*, CL-*) this case exercises.
+    spec_refs: list[str] = field(default_factory=list)
+    max_num_reqs: int = 64
+    max_num_logits_per_req: int = 4
+    # None: speculative decoding iff some request has more than one row.
+    spec_decode: Optional[bool] = None
+    # Batch positions listed by the grammar output, in its order; None: no grammar.
+    grammar_positions: Optional[list[int]] = None
+    vocab_size: int = 100
+    seed: int = 0
+    # Token indices whose logits hold NaNs.
+    nan_tokens: list[int] = field(default_factory=list)
+    gather_num_nans: bool = True
+    logprobs_dims: Optional[tuple[int, int]] = (2, 0)
+    local_outputs: Union[str, dict[int, ExplicitLocalOutput]] = "toy"
+    # A precondition ID the inputs violate on purpose; the step must raise.
+    expect_error: Optional[str] = None
+
+    @property
+    def padded_vocab_size(self) -> int:
+        """Vocab padded to a multiple of 64 * tp_size, so shards have equal width."""
+        unit = 64 * self.tp_size
+        return -(-self.vocab_size // unit) * unit
+
+    @property
+    def shard_width(self) -> int:
+        return self.padded_vocab_size // self.tp_size
+
+
+@dataclass
+class CaseInputs:
+    batch: InputBatch
+    grammar: Optional[GrammarOutput]
+    # [num_tokens, padded_vocab] logits of every token, replicated; rank r's
+    # vocab shard is columns [r * shard_width, (r + 1) * shard_width).
+    token_logits: torch.Tensor
+
+
+def build_case_inputs(case: Case, device: torch.device | str = "cpu") -> CaseInputs:
+    batch = build_input_batch(case.slots, case.num_logits_per_req, spec_decode=case.spec_decode, device=device)
+    grammar = None
+    if case.grammar_positions is not None:
+        grammar = build_grammar_output(batch, case.grammar_positions, case.vocab_size, seed=case.seed + 1)
+    num_tokens = int(batch.query_start_loc[-1]) if batch.num_reqs else 0
+    logits = build_token_logits(max(num_tokens, 1), case.padded_vocab_size, seed=case.seed,
+                                nan_rows=[t for t in case.nan_tokens if t < num_tokens])
+    return CaseInputs(batch=batch, grammar=grammar, token_logits=logits.to(device))
+
+
+def local_logits_shard(inputs: CaseInputs, sorted_logits_indices: torch.Tensor, case: Case, rank: int) -> torch.Tensor:
+    """What compute_logits_local yields on ``rank``: its vocab shard of the owner-sorted rows."""
+    width = case.shard_width
+    rows = inputs.token_logits[sorted_logits_indices.to(inputs.token_logits.device)]
+    return rows[:, rank * width : (rank + 1) * width].contiguous()
