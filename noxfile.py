@@ -1,0 +1,70 @@
+"""Sessions of shardspec.
+
+    nox -s conformance        # the main job: check implementations against the spec
+    nox -s tests              # shardspec's own tests
+    nox -s fixtures [-- --check]
+    nox -s spec [-- --check]  # render spec/SPEC.md
+    nox -s bench              # benchmark (meant for a GPU machine)
+
+Torch: the sessions install the CPU build pinned below (override with
+SHARDSPEC_TORCH, e.g. SHARDSPEC_TORCH="torch==2.11.0"). To use a torch you
+already have (e.g. a CUDA build), run any session in your own environment with
+`nox --no-venv -s <session>`: nothing is installed then, so install shardspec
+first (`pip install -e ".[impl,test]"`).
+"""
+
+from __future__ import annotations
+
+import os
+
+import nox
+from nox.virtualenv import PassthroughEnv
+
+nox.options.sessions = ["tests", "conformance"]
+nox.options.reuse_venv = "yes"
+
+TORCH = os.environ.get("SHARDSPEC_TORCH", "torch==2.13.0")
+
+
+def install(session: nox.Session) -> None:
+    if isinstance(session.virtualenv, PassthroughEnv):
+        session.log("--no-venv: using the current environment as it is")
+        return
+    # torch first and pinned, so that resolving shardspec never pulls another build.
+    session.install(TORCH)
+    session.install("-e", ".[impl,test]")
+
+
+@nox.session
+def tests(session: nox.Session) -> None:
+    """shardspec's own tests (spec, reference, fixtures, impl, conformance harness, meta-tests)."""
+    install(session)
+    session.run("pytest", "-n", "auto", "tests", *session.posargs)
+
+
+@nox.session
+def conformance(session: nox.Session) -> None:
+    """Run the conformance suite (arguments after -- go to the suite's CLI)."""
+    install(session)
+    session.run("python", "-m", "shardspec.conformance", *session.posargs)
+
+
+@nox.session
+def fixtures(session: nox.Session) -> None:
+    """Regenerate the golden fixtures; `-- --check` fails on drift instead."""
+    install(session)
+    session.run("python", "-m", "shardspec.fixtures.generate", *session.posargs)
+
+
+@nox.session
+def spec(session: nox.Session) -> None:
+    """Render spec/SPEC.md; `-- --check` fails if it is stale."""
+    install(session)
+    session.run("python", "-m", "shardspec.spec.render", *session.posargs)
+
+
+@nox.session
+def bench(session: nox.Session) -> None:
+    """Reference vs production per-step timings (see bench/)."""
+    install(session)
+    session.run("python", "bench/bench_step.py", *session.posargs)

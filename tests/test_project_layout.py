@@ -1,0 +1,61 @@
+"""The repository layout keeps its promises: packaging and layering."""
+
+import ast
+import pathlib
+import tomllib
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def _pyproject():
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())
+
+
+def _packages_on_disk():
+    """Every folder with an __init__.py below a mapped folder, as a dotted name."""
+    found = set()
+    for name, folder in _pyproject()["tool"]["setuptools"]["package-dir"].items():
+        base = ROOT / folder
+        for init in base.rglob("__init__.py"):
+            found.add(".".join((name, *init.parent.relative_to(base).parts)))
+    return found
+
+
+def test_every_package_folder_is_listed_in_pyproject():
+    listed = set(_pyproject()["tool"]["setuptools"]["packages"])
+    missing = _packages_on_disk() - listed
+    assert not missing, f"add to [tool.setuptools] packages in pyproject.toml: {sorted(missing)}"
+
+
+def test_listed_packages_exist():
+    missing = set(_pyproject()["tool"]["setuptools"]["packages"]) - _packages_on_disk()
+    assert not missing, f"listed in pyproject.toml but no folder with __init__.py: {sorted(missing)}"
+
+
+def _imported_modules(path: pathlib.Path):
+    tree = ast.parse(path.read_text(), filename=str(path))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            yield from (alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            yield node.module
+
+
+def test_impl_imports_neither_reference_nor_conformance():
+    offenders = [
+        f"{path.relative_to(ROOT)} imports {module}"
+        for path in (ROOT / "impl").rglob("*.py")
+        for module in _imported_modules(path)
+        if module.startswith(("shardspec.reference", "shardspec.conformance"))
+    ]
+    assert not offenders, offenders
+
+
+def test_reference_does_not_import_conformance_or_impl():
+    offenders = [
+        f"{path.relative_to(ROOT)} imports {module}"
+        for path in (ROOT / "reference").rglob("*.py")
+        for module in _imported_modules(path)
+        if module.startswith(("shardspec.conformance", "shardspec.impl"))
+    ]
+    assert not offenders, offenders
