@@ -1,0 +1,463 @@
+"""Load and cross-check the specification documents of ``spec/``.
+
+``load_spec()`` reads ``index.yaml`` and the documents it lists, validates each
+against ``schema.json`` and checks the references between them (unique IDs,
+``enforced_by`` targets, field paths of the data model, shape symbols). Any
+problem raises a single :class:`SpecFileError` naming the file, the place in it
+(``invariants[3].level`` or ``line 4, column 7``) and the field at fault.
+
+``load_yaml_document(path, schema)`` is the same reading and validation for any
+YAML file, so other packages (fixtures) report errors the same way.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from collections.abc import Hashable
+from typing import Any, Optional, Union
+
+import jsonschema
+import yaml
+
+from shardspec.spec.errors import SpecFileError
+
+DOCUMENT_NAMES = ("overview", "data_model", "preconditions", "invariants", "clarifications")
+_SCHEMA_FILE = "schema.json"
+_MAX_MESSAGE = 200
+
+PathLike = Union[str, Path, "resources.abc.Traversable"]
+
+
+# ---------------------------------------------------------------- documents
+
+@dataclass(frozen=True)
+class Invariant:
+    id: str
+    level: str
+    step: str
+    statement: str
+    rationale: str
+    fields: tuple[str, ...]
+    retired: bool = False
+
+
+@dataclass(frozen=True)
+class Precondition:
+    id: str
+    level: str
+    step: str
+    statement: str
+    fields: tuple[str, ...]
+    error: str
+    rationale: Optional[str] = None
+    retired: bool = False
+
+
+@dataclass(frozen=True)
+class Clarification:
+    id: str
+    topic: str
+    question: str
+    decision: str
+    rationale: str
+    enforced_by: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class LocalView:
+    """How a field of the batch appears in the local batch."""
+
+    scope: str  # "localized" | "global"
+    dtype: Optional[str] = None
+    shape: Optional[tuple[str, ...]] = None
+    note: Optional[str] = None
+
+
+@dataclass(frozen=True)
+class FieldSpec:
+    name: str
+    type: str
+    placement: str
+    meaning: str
+    dtype: Optional[str] = None
+    shape: Optional[tuple[str, ...]] = None
+    received_shape: Optional[tuple[str, ...]] = None
+    optional: bool = False
+    ref: Optional[str] = None
+    local: Optional[LocalView] = None
+    step: Optional[str] = None
+    view: Optional[str] = None
+    expand: bool = False
+    layout: Optional[str] = None
+    fields: tuple["FieldSpec", ...] = ()
+
+
+@dataclass(frozen=True)
+class TypeSpec:
+    name: str
+    meaning: str
+    fields: tuple[FieldSpec, ...]
+    python: Optional[str] = None
+
+
+@dataclass(frozen=True)
+class Symbol:
+    name: str
+    meaning: str
+
+
+@dataclass(frozen=True)
+class DataModel:
+    symbols: tuple[Symbol, ...]
+    types: tuple[TypeSpec, ...]
+    arguments: tuple[FieldSpec, ...]
+    outputs: tuple[FieldSpec, ...]
+
+    def type(self, name: str) -> TypeSpec:
+        for spec in self.types:
+            if spec.name == name:
+                return spec
+        raise KeyError(f"no type {name!r} in the data model")
+
+    def resolve_output(self, path: str) -> Optional[FieldSpec]:
+        """The output (or sub-field of one) a dotted path names, or None."""
+        return self._resolve(self.outputs, path)
+
+    def resolve_argument(self, path: str) -> Optional[FieldSpec]:
+        return self._resolve(self.arguments, path)
+
+    def output_leaves(self) -> list[tuple[str, FieldSpec]]:
+        """Every output that must be constrained: expanded outputs by their fields."""
+        leaves = []
+        for output in self.outputs:
+            leaves.extend(self._leaves(output.name, output) if output.expand else [(output.name, output)])
+        return leaves
+
+    def _leaves(self, path: str, node: FieldSpec) -> list[tuple[str, FieldSpec]]:
+        leaves = []
+        for child in self._children(node):
+            child_path = f"{path}.{child.name}"
+            leaves.extend(self._leaves(child_path, child) if child.ref else [(child_path, child)])
+        return leaves
+
+    def _children(self, node: FieldSpec) -> tuple[FieldSpec, ...]:
+        return self.type(node.ref).fields if node.ref else node.fields
+
+    def _resolve(self, roots: tuple[FieldSpec, ...], path: str) -> Optional[FieldSpec]:
+        # Root names may contain dots ("wire.all_to_all"): take the longest match.
+        for root in sorted(roots, key=lambda r: -len(r.name)):
+            if path == root.name:
+                return root
+            if path.startswith(root.name + "."):
+                return self._walk(root, path[len(root.name) + 1 :].split("."))
+        return None
+
+    def _walk(self, node: FieldSpec, names: list[str]) -> Optional[FieldSpec]:
+        for name in names:
+            node = next((c for c in self._children(node) if c.name == name), None)
+            if node is None:
+                return None
+        return node
+
+
+@dataclass(frozen=True)
+class Document:
+    name: str
+    file: str
+    title: str
+
+
+@dataclass(frozen=True)
+class Spec:
+    name: str
+    title: str
+    version: str
+    documents: tuple[Document, ...]
+    sections: tuple[tuple[str, str], ...]
+    example: dict = field(compare=False)
+    data_model: DataModel = field(compare=False)
+    invariants: tuple[Invariant, ...] = ()
+    preconditions: tuple[Precondition, ...] = ()
+    clarifications: tuple[Clarification, ...] = ()
+
+    def by_id(self, entry_id: str) -> Union[Invariant, Precondition, Clarification]:
+        for entry in (*self.invariants, *self.preconditions, *self.clarifications):
+            if entry.id == entry_id:
+                return entry
+        raise KeyError(f"no spec entry with ID {entry_id!r}")
+
+    @property
+    def ids(self) -> tuple[str, ...]:
+        return tuple(e.id for e in (*self.invariants, *self.preconditions, *self.clarifications))
+
+
+# ------------------------------------------------------------ YAML + schema
+
+class _StrictLoader(yaml.SafeLoader):
+    """A safe loader that refuses duplicate mapping keys (PyYAML keeps the last)."""
+
+
+def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
+    keys = [loader.construct_object(key_node, deep=deep) for key_node, _ in node.value]
+    for position, key in enumerate(keys):
+        if isinstance(key, Hashable) and key in keys[:position]:
+            raise yaml.constructor.ConstructorError(
+                "while reading a mapping", node.start_mark, f"duplicate key {key!r}", node.value[position][0].start_mark
+            )
+    return loader.construct_mapping(node, deep=deep)
+
+
+_StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+
+
+def load_yaml_document(path: PathLike, schema: dict) -> Any:
+    """Parse the YAML file at ``path`` and validate it against the JSON Schema ``schema``.
+
+    Raises :class:`SpecFileError` (never a yaml or jsonschema exception).
+    """
+    name = str(path)
+    try:
+        text = path.read_text(encoding="utf-8") if hasattr(path, "read_text") else Path(path).read_text("utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SpecFileError(name, "file", f"cannot be read: {exc}") from None
+    try:
+        data = yaml.load(text, Loader=_StrictLoader)
+    except yaml.MarkedYAMLError as exc:
+        raise SpecFileError(name, _mark_place(exc), _yaml_problem(exc)) from None
+    except yaml.YAMLError as exc:
+        raise SpecFileError(name, "file", f"is not valid YAML: {exc}") from None
+    validate_document(data, schema, name)
+    return data
+
+
+def _mark_place(exc: yaml.MarkedYAMLError) -> str:
+    mark = exc.problem_mark or exc.context_mark
+    return f"line {mark.line + 1}, column {mark.column + 1}" if mark else "file"
+
+
+def _yaml_problem(exc: yaml.MarkedYAMLError) -> str:
+    parts = [p for p in (exc.context, exc.problem) if p]
+    return "invalid YAML: " + "; ".join(parts)
+
+
+def validate_document(data: Any, schema: dict, name: str) -> None:
+    """Raise SpecFileError for the most relevant schema violation of ``data``, if any."""
+    validator = jsonschema.Draft202012Validator(schema)
+    error = jsonschema.exceptions.best_match(validator.iter_errors(data))
+    if error is None:
+        return
+    place, message = _describe_schema_error(error)
+    raise SpecFileError(name, place, message)
+
+
+def _describe_schema_error(error: jsonschema.ValidationError) -> tuple[str, str]:
+    place = format_place(error.absolute_path)
+    instance = error.instance
+    if error.validator == "required" and isinstance(instance, dict):
+        missing = next(p for p in error.validator_value if p not in instance)
+        return _join(place, missing), f"field '{missing}' is required but missing"
+    if error.validator == "additionalProperties" and isinstance(instance, dict):
+        allowed = error.schema.get("properties", {})
+        extra = next(k for k in instance if k not in allowed)
+        return _join(place, str(extra)), f"field '{extra}' is not allowed here (allowed: {', '.join(allowed)})"
+    field_name = str(error.absolute_path[-1]) if error.absolute_path else "document"
+    message = error.message if len(error.message) <= _MAX_MESSAGE else error.message[:_MAX_MESSAGE] + "..."
+    return place, f"field '{field_name}': {message}"
+
+
+def format_place(path) -> str:
+    """``['invariants', 3, 'level']`` -> ``invariants[3].level``; empty -> ``top level``."""
+    text = ""
+    for part in path:
+        text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else str(part))
+    return text or "top level"
+
+
+def _join(place: str, name: str) -> str:
+    return name if place == "top level" else f"{place}.{name}"
+
+
+# ------------------------------------------------------------------ loading
+
+def _package_root():
+    return resources.files("shardspec.spec")
+
+
+def spec_schema() -> dict:
+    """The JSON Schema of all documents (``$defs`` has one entry per document)."""
+    return json.loads(_package_root().joinpath(_SCHEMA_FILE).read_text(encoding="utf-8"))
+
+
+def document_schema(document: str) -> dict:
+    """A schema that validates one document (``index`` or one of DOCUMENT_NAMES)."""
+    root = spec_schema()
+    if document not in root["$defs"]:
+        raise KeyError(f"schema.json defines no document {document!r}")
+    return {**root, "$ref": f"#/$defs/{document}"}
+
+
+def load_spec(root: Optional[PathLike] = None) -> "Spec":
+    """Load the specification from ``root`` (default: the installed package's spec/)."""
+    base = _package_root() if root is None else Path(root)
+    index_path = base.joinpath("index.yaml")
+    index = load_yaml_document(index_path, document_schema("index"))
+    files = _document_files(index, str(index_path))
+    raw = {name: load_yaml_document(base.joinpath(file), document_schema(name)) for name, file in files.items()}
+    paths = {name: str(base.joinpath(file)) for name, file in files.items()}
+    spec = _build_spec(index, raw)
+    _check_references(spec, paths)
+    return spec
+
+
+def _document_files(index: dict, index_name: str) -> dict[str, str]:
+    files: dict[str, str] = {}
+    for position, doc in enumerate(index["documents"]):
+        if doc["name"] in files:
+            raise SpecFileError(index_name, f"documents[{position}].name", f"document '{doc['name']}' is listed twice")
+        files[doc["name"]] = doc["file"]
+    missing = [name for name in DOCUMENT_NAMES if name not in files]
+    if missing:
+        raise SpecFileError(index_name, "documents", f"field 'documents' lacks {', '.join(missing)}")
+    return files
+
+
+def _build_spec(index: dict, raw: dict[str, Any]) -> Spec:
+    model = raw["data_model"]
+    data_model = DataModel(
+        symbols=tuple(Symbol(**s) for s in model["symbols"]),
+        types=tuple(TypeSpec(t["name"], t["meaning"], _fields(t["fields"]), t.get("python")) for t in model["types"]),
+        arguments=_fields(model["arguments"]),
+        outputs=_fields(model["outputs"]),
+    )
+    overview = raw["overview"]
+    return Spec(
+        name=index["name"],
+        title=index["title"],
+        version=index["version"],
+        documents=tuple(Document(**d) for d in index["documents"]),
+        sections=tuple((s["title"], s["body"]) for s in overview["sections"]),
+        example=overview["example"],
+        data_model=data_model,
+        invariants=tuple(Invariant(**_tupled(e)) for e in raw["invariants"]["invariants"]),
+        preconditions=tuple(Precondition(**_tupled(e)) for e in raw["preconditions"]["preconditions"]),
+        clarifications=tuple(Clarification(**_tupled(e)) for e in raw["clarifications"]["clarifications"]),
+    )
+
+
+def _tupled(entry: dict) -> dict:
+    return {k: tuple(v) if isinstance(v, list) else v for k, v in entry.items()}
+
+
+def _fields(entries: list[dict]) -> tuple[FieldSpec, ...]:
+    built = []
+    for entry in entries:
+        values = _tupled({k: v for k, v in entry.items() if k not in ("local", "fields")})
+        local = entry.get("local")
+        built.append(FieldSpec(
+            **values,
+            local=None if local is None else LocalView(**_tupled(local)),
+            fields=_fields(entry.get("fields", [])),
+        ))
+    return tuple(built)
+
+
+# ------------------------------------------------------- cross-references
+
+_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def _check_references(spec: Spec, paths: dict[str, str]) -> None:
+    _check_data_model(spec.data_model, paths["data_model"])
+    for document, entries in (("invariants", spec.invariants), ("preconditions", spec.preconditions),
+                              ("clarifications", spec.clarifications)):
+        _check_unique_ids(entries, document, paths[document])
+    _check_invariant_fields(spec, paths["invariants"])
+    _check_precondition_fields(spec, paths["preconditions"])
+    _check_enforced_by(spec, paths["clarifications"])
+
+
+def _check_unique_ids(entries, document: str, path: str) -> None:
+    first: dict[str, int] = {}
+    for position, entry in enumerate(entries):
+        if entry.id in first:
+            raise SpecFileError(path, f"{document}[{position}].id",
+                                f"field 'id': duplicate ID {entry.id} (first at {document}[{first[entry.id]}])")
+        first[entry.id] = position
+
+
+def _check_invariant_fields(spec: Spec, path: str) -> None:
+    model = spec.data_model
+    for position, inv in enumerate(spec.invariants):
+        for k, name in enumerate(inv.fields):
+            place = f"invariants[{position}].fields[{k}]"
+            target = model.resolve_output(name)
+            if target is None:
+                raise SpecFileError(path, place, f"field '{name}' is not an output in data_model.yaml")
+            root_step = _output_step(model, name)
+            if inv.step != "step" and root_step not in (inv.step, "step"):
+                raise SpecFileError(path, place, f"field '{name}' is an output of step '{root_step}', "
+                                                 f"not of the invariant's step '{inv.step}'")
+
+
+def _output_step(model: DataModel, path: str) -> str:
+    roots = [o for o in model.outputs if path == o.name or path.startswith(o.name + ".")]
+    return max(roots, key=lambda o: len(o.name)).step
+
+
+def _check_precondition_fields(spec: Spec, path: str) -> None:
+    for position, pre in enumerate(spec.preconditions):
+        for k, name in enumerate(pre.fields):
+            if spec.data_model.resolve_argument(name) is None:
+                raise SpecFileError(path, f"preconditions[{position}].fields[{k}]",
+                                    f"field '{name}' is not an argument in data_model.yaml")
+
+
+def _check_enforced_by(spec: Spec, path: str) -> None:
+    known = {e.id for e in (*spec.invariants, *spec.preconditions)}
+    for position, cl in enumerate(spec.clarifications):
+        for k, ref in enumerate(cl.enforced_by):
+            if ref not in known:
+                raise SpecFileError(path, f"clarifications[{position}].enforced_by[{k}]",
+                                    f"field 'enforced_by': unknown ID {ref}")
+
+
+def _check_data_model(model: DataModel, path: str) -> None:
+    symbols = {s.name for s in model.symbols}
+    types = {t.name for t in model.types}
+    for section, entries in (("types", model.types), ("arguments", model.arguments), ("outputs", model.outputs)):
+        _check_unique_names(entries, section, path)
+    for position, spec in enumerate(model.types):
+        _check_field_list(spec.fields, f"types[{position}].fields", symbols, types, path)
+    _check_field_list(model.arguments, "arguments", symbols, types, path)
+    _check_field_list(model.outputs, "outputs", symbols, types, path)
+
+
+def _check_unique_names(entries, section: str, path: str) -> None:
+    seen = set()
+    for position, entry in enumerate(entries):
+        if entry.name in seen:
+            raise SpecFileError(path, f"{section}[{position}].name", f"field 'name': '{entry.name}' is defined twice")
+        seen.add(entry.name)
+
+
+def _check_field_list(fields, place: str, symbols: set, types: set, path: str) -> None:
+    for position, spec in enumerate(fields):
+        here = f"{place}[{position}]"
+        if spec.ref is not None and spec.ref not in types:
+            raise SpecFileError(path, f"{here}.ref", f"field 'ref': unknown type {spec.ref}")
+        for key in ("shape", "received_shape"):
+            _check_symbols(getattr(spec, key), f"{here}.{key}", symbols, path)
+        if spec.local is not None:
+            _check_symbols(spec.local.shape, f"{here}.local.shape", symbols, path)
+        _check_field_list(spec.fields, f"{here}.fields", symbols, types, path)
+
+
+def _check_symbols(shape, place: str, symbols: set, path: str) -> None:
+    for k, expr in enumerate(shape or ()):
+        unknown = [n for n in _IDENTIFIER.findall(expr) if n not in symbols]
+        if unknown:
+            raise SpecFileError(path, f"{place}[{k}]", f"field '{place.rsplit('.', 1)[-1]}': unknown symbol {unknown[0]}")
