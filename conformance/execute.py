@@ -1,0 +1,179 @@
+"""One case on one rank: run the step, record everything, check it.
+
+The step is the one an engine runs: ``shard_sampler_inputs``; the rank's
+vocab shard of the owner-sorted logits rows; ``all_to_all_logits``; a local
+sampler on the implementation's own full-vocab rows and local batch (the toy
+sampler, or the case's explicit per-rank output); ``gather_sampler_output``.
+An exception is recorded with its step and traceback instead of propagating.
+"""
+
+from __future__ import annotations
+
+import time
+import traceback
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+import torch
+
+from shardspec.conformance.checks.base import RANK_CHECKERS, StepOutputs, StepRecord, Violation
+from shardspec.conformance.recording import CollectiveError, Progress, RecordingComm, changed_fields, snapshot
+from shardspec.reference.sampler import toy_sample
+from shardspec.spec.case import Case, CaseInputs, local_logits_shard
+
+STEPS = ("shard", "all_to_all", "sample", "gather")
+
+
+@dataclass
+class RankRun:
+    """What one rank did for one case (tensors included; not JSON-able)."""
+
+    outputs: StepOutputs
+    timings: dict[str, float] = field(default_factory=dict)
+    # The error was raised inside a collective (possibly a peer's fault).
+    error_in_collective: bool = False
+
+
+def local_sampler_output(case: Case, rank: int, full_vocab_logits, shard, device):
+    """The local sampler's result for ``rank``: toy sampler or the case's explicit output."""
+    if case.local_outputs == "toy":
+        num_logprobs = None if case.logprobs_dims is None else case.logprobs_dims[0]
+        logits = full_vocab_logits[:, : case.vocab_size]
+        return toy_sample(logits, shard.local_batch, shard.local_grammar_output, num_logprobs)
+    explicit = case.local_outputs.get(rank)
+    return None if explicit is None else explicit.to_sampler_output(device)
+
+
+def run_step(make_sharder, case: Case, inputs: CaseInputs, comm, device, progress: Optional[Progress] = None) -> RankRun:
+    """Run the whole step for ``comm.rank``; never raises for the implementation's errors."""
+    recorder = RecordingComm(comm, progress)
+    progress = recorder.progress
+    out = StepOutputs(wire=recorder.calls)
+    run = RankRun(outputs=out)
+    before = {"batch": snapshot(inputs.batch), "grammar": snapshot(inputs.grammar)}
+    watched = {"batch": inputs.batch, "grammar": inputs.grammar}
+    step = "construct"
+    try:
+        progress.enter(step=step)
+        sharder = make_sharder(case.max_num_reqs, case.max_num_logits_per_req, comm=recorder, device=device)
+        step = "shard"
+        out.shard = _timed(run, progress, step, sharder.shard_sampler_inputs, inputs.batch, inputs.grammar)
+        logits_shard = local_logits_shard(inputs, out.shard.sorted_logits_indices, case, recorder.rank)
+        before["logits_shard"], watched["logits_shard"] = snapshot(logits_shard), logits_shard
+        step = "all_to_all"
+        out.full_vocab_logits = _timed(run, progress, step, sharder.all_to_all_logits, logits_shard, out.shard.metadata)
+        step = "sample"
+        out.local_output = _timed(run, progress, step, local_sampler_output,
+                                  case, recorder.rank, out.full_vocab_logits, out.shard, device)
+        before["local_output"], watched["local_output"] = snapshot(out.local_output), out.local_output
+        step = "gather"
+        out.gathered = _timed(
+            run, progress, step, sharder.gather_sampler_output, out.local_output, out.shard.metadata,
+            inputs.batch, out.shard.local_batch,
+            gather_num_nans=case.gather_num_nans, logprobs_dims=case.logprobs_dims,
+        )
+    except Exception as exc:  # recorded; the checkers and the report judge it
+        out.failed_step, out.error = step, exc
+        out.error_traceback = traceback.format_exc()
+        run.error_in_collective = isinstance(exc, CollectiveError)
+    finally:
+        progress.enter(step=None)
+    out.inputs_modified = [name for key, old in before.items() for name in changed_fields(key, old, watched[key])]
+    return run
+
+
+def _timed(run: RankRun, progress: Progress, step: str, fn, *args, **kwargs):
+    progress.enter(step=step)
+    start = time.perf_counter()
+    try:
+        return fn(*args, **kwargs)
+    finally:
+        run.timings[step] = time.perf_counter() - start
+
+
+def should_check(case: Case, outputs: StepOutputs) -> bool:
+    """Checkers judge complete steps and expected rejections; other errors fail the case as errors."""
+    return outputs.error is None or case.expect_error is not None
+
+
+def run_rank_checks(record: StepRecord) -> list[Violation]:
+    violations: list[Violation] = []
+    for invariant_id, checker in RANK_CHECKERS.items():
+        violations.extend(_guarded(invariant_id, record.rank, lambda: checker(record)))
+    return violations
+
+
+def _guarded(invariant_id: str, rank: Optional[int], call) -> list[Violation]:
+    """Run a checker; a checker that crashes reports a violation instead of ending the run."""
+    try:
+        return list(call() or ())
+    except Exception as exc:
+        where = traceback.format_exc(limit=-2)
+        return [Violation(invariant_id, f"checker raised {type(exc).__name__}: {exc}\n{where}", rank=rank)]
+
+
+def run_group_checks(case: Case, digests: dict[int, dict[str, Any]]) -> list[Violation]:
+    from shardspec.conformance.checks.base import GROUP_CHECKERS
+
+    violations: list[Violation] = []
+    for invariant_id, checker in GROUP_CHECKERS.items():
+        violations.extend(_guarded(invariant_id, None, lambda: checker(case, digests)))
+    return violations
+
+
+def error_summary(run: RankRun) -> Optional[dict[str, Any]]:
+    out = run.outputs
+    if out.error is None:
+        return None
+    return {
+        "step": out.failed_step,
+        "type": type(out.error).__name__,
+        "message": str(out.error),
+        "traceback": out.error_traceback,
+        "in_collective": run.error_in_collective,
+        "precondition_id": getattr(out.error, "precondition_id", None),
+    }
+
+
+def continue_after(case: Case, run: RankRun) -> bool:
+    """Whether the group's collectives are still aligned after this rank's step.
+
+    True when the step completed, or when the error is an expected rejection
+    raised before any collective (every rank rejects replicated inputs alike).
+    """
+    out = run.outputs
+    return out.error is None or (case.expect_error is not None and not out.wire)
+
+
+def check_case_on_rank(case: Case, comm, impl_name: str, make_sharder, expectation, device,
+                       progress: Optional[Progress] = None) -> dict[str, Any]:
+    """Run ``case`` on ``comm.rank`` and judge it; a JSON-able per-rank result."""
+    from shardspec.conformance.digest import step_digest
+    from shardspec.spec.case import build_case_inputs
+
+    rank = comm.rank
+    inputs = build_case_inputs(case, device)
+    run = run_step(make_sharder, case, inputs, comm, device, progress)
+    violations: list[Violation] = []
+    start = time.perf_counter()
+    if should_check(case, run.outputs):
+        record = StepRecord(case=case, rank=rank, inputs=inputs, actual=run.outputs,
+                            expected=expectation.expected[rank], replicated=expectation.replicated)
+        violations = run_rank_checks(record)
+    run.timings["checks"] = time.perf_counter() - start
+    return {
+        "case_id": case.case_id,
+        "rank": rank,
+        "impl": impl_name,
+        "violations": [violation_dict(v) for v in violations],
+        "error": None if case.expect_error is not None else error_summary(run),
+        "rejection": error_summary(run) if case.expect_error is not None else None,
+        "timings": {k: round(v, 6) for k, v in run.timings.items()},
+        "digest": step_digest(run.outputs, rank=rank, impl=impl_name, error_in_collective=run.error_in_collective),
+        "aligned": continue_after(case, run),
+    }
+
+
+def violation_dict(v: Violation) -> dict[str, Any]:
+    return {"invariant_id": v.invariant_id, "message": v.message, "rank": v.rank,
+            "request": v.request, "field": v.field}

@@ -1,0 +1,97 @@
+"""What the reference does for a case, computed once for all ranks.
+
+The reference runs every rank of the case in one process
+(:class:`shardspec.comm.LockstepGroup`); the result is saved into the run
+directory so that the ranks of a multi-process run load it instead of each
+recomputing it.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, replace
+from typing import Any, Optional
+
+import torch
+
+from shardspec.comm import LockstepGroup
+from shardspec.conformance.checks.base import StepOutputs
+from shardspec.conformance.execute import run_step
+from shardspec.reference import ReferenceSharder
+from shardspec.reference.sampler import replicated_output
+from shardspec.spec.case import Case, build_case_inputs
+from shardspec.spec.model import SamplerOutput
+
+
+@dataclass
+class Expectation:
+    expected: list[StepOutputs]  # per rank
+    replicated: Optional[SamplerOutput]
+
+
+def reference_factory(max_num_reqs, max_num_logits_per_req, *, comm, device):
+    return ReferenceSharder(max_num_reqs, max_num_logits_per_req, comm=comm, device=device)
+
+
+def compute_expectation(case: Case, timeout_s: float = 60.0) -> Expectation:
+    inputs = build_case_inputs(case)
+    group = LockstepGroup(case.tp_size, timeout_s=timeout_s)
+
+    def one_rank(comm):
+        return run_step(reference_factory, case, inputs, comm, "cpu").outputs
+
+    expected = group.run(one_rank)
+    return Expectation(expected=expected, replicated=_replicated(case, inputs))
+
+
+def _replicated(case: Case, inputs) -> Optional[SamplerOutput]:
+    """The unsharded path, for toy-sampled cases with valid inputs."""
+    if case.local_outputs != "toy" or case.expect_error is not None:
+        return None
+    batch = inputs.batch
+    logits = inputs.token_logits[batch.logits_indices][:, : case.vocab_size]
+    return replicated_output(logits, batch, inputs.grammar,
+                             gather_num_nans=case.gather_num_nans, logprobs_dims=case.logprobs_dims)
+
+
+# -- saving: exceptions do not always survive pickling (keyword-only args) ---
+
+def _pack_error(exc: Optional[BaseException]) -> Optional[dict[str, Any]]:
+    if exc is None:
+        return None
+    cls = type(exc)
+    return {"module": cls.__module__, "name": cls.__qualname__, "args": exc.args, "attrs": dict(vars(exc))}
+
+
+def _unpack_error(packed: Optional[dict[str, Any]]) -> Optional[BaseException]:
+    if packed is None:
+        return None
+    try:
+        cls = getattr(importlib.import_module(packed["module"]), packed["name"])
+    except (ImportError, AttributeError):
+        cls = RuntimeError
+    exc = cls.__new__(cls)
+    exc.args = tuple(packed["args"])
+    vars(exc).update(packed["attrs"])
+    return exc
+
+
+def save_expectations(path, expectations: dict[str, Expectation]) -> None:
+    packed = {
+        case_id: {
+            "expected": [replace(out, error=None) for out in exp.expected],
+            "errors": [_pack_error(out.error) for out in exp.expected],
+            "replicated": exp.replicated,
+        }
+        for case_id, exp in expectations.items()
+    }
+    torch.save(packed, path)
+
+
+def load_expectations(path, device="cpu") -> dict[str, Expectation]:
+    packed = torch.load(path, map_location=device, weights_only=False)
+    loaded = {}
+    for case_id, item in packed.items():
+        expected = [replace(out, error=_unpack_error(err)) for out, err in zip(item["expected"], item["errors"])]
+        loaded[case_id] = Expectation(expected=expected, replicated=item["replicated"])
+    return loaded

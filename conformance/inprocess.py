@@ -1,0 +1,45 @@
+"""Run cases with every rank as a thread of this process, one rank at a time.
+
+For fixture replay and shrinking without launching processes. Only for
+implementations that talk through the Communicator they are given (pure
+torch, or Triton under ``TRITON_INTERPRET=1``: ranks never run concurrently).
+A rank that hangs cannot be interrupted here; use the multi-process runner.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Iterable, Optional
+
+from shardspec.comm import LockstepGroup, RankError
+from shardspec.conformance.api import ImplChoice, load_implementation
+from shardspec.conformance.execute import check_case_on_rank
+from shardspec.conformance.expectations import Expectation, compute_expectation
+from shardspec.conformance.results import CaseResult, combine
+from shardspec.spec.case import Case
+
+
+def run_case_in_process(case: Case, choice: ImplChoice, expectation: Optional[Expectation] = None,
+                        timeout_s: float = 60.0) -> CaseResult:
+    expectation = expectation or compute_expectation(case, timeout_s)
+    impls = {name: load_implementation(name) for name in {choice.impl, choice.impl_odd} if name}
+
+    def one_rank(comm):
+        impl = impls[choice.for_rank(comm.rank)]
+        return check_case_on_rank(case, comm, impl.name, impl.factory, expectation, "cpu")
+
+    try:
+        records = LockstepGroup(case.tp_size, timeout_s=timeout_s).run(one_rank)
+    except (RankError, TimeoutError) as exc:
+        return combine(case, choice.label, {}, ended=f"in-process run failed: {exc}")
+    return combine(case, choice.label, dict(enumerate(records)))
+
+
+def run_cases_in_process(cases: Iterable[Case], choice: ImplChoice, timeout_s: float = 60.0,
+                         on_result: Optional[Callable[[CaseResult], None]] = None) -> list[CaseResult]:
+    results = []
+    for case in cases:
+        result = run_case_in_process(case, choice, timeout_s=timeout_s)
+        results.append(result)
+        if on_result:
+            on_result(result)
+    return results

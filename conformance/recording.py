@@ -1,0 +1,134 @@
+"""Observing a step: the collectives it issues, where it is, what it changed."""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+from typing import Any, Optional
+
+import numpy as np
+import torch
+
+from shardspec.conformance.checks.base import WireCall
+
+
+class Progress:
+    """Where a rank is right now; read by the watchdog from another thread."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self.case_id: Optional[str] = None
+        self.step: Optional[str] = None
+        self.collective: Optional[str] = None
+        self.since = time.monotonic()
+
+    def enter(self, case_id: Optional[str] = None, step: Optional[str] = None) -> None:
+        with self._lock:
+            if case_id is not None:
+                self.case_id, self.since = case_id, time.monotonic()
+            self.step, self.collective = step, None
+
+    def set_collective(self, kind: Optional[str]) -> None:
+        with self._lock:
+            self.collective = kind
+
+    def where(self) -> str:
+        with self._lock:
+            place = f"step {self.step}" if self.step else "between steps"
+            if self.collective:
+                place += f", inside {self.collective} (waiting for peers)"
+            return place
+
+
+class CollectiveError(RuntimeError):
+    """Raised by a collective; often a consequence of a peer failing first."""
+
+
+class RecordingComm:
+    """A Communicator that clones every send buffer into a :class:`WireCall`.
+
+    Exceptions raised inside a collective are re-raised as
+    :class:`CollectiveError`, so a report can tell a rank's own failure from
+    one caused by a peer that broke the group.
+    """
+
+    def __init__(self, comm, progress: Optional[Progress] = None):
+        self.inner = comm
+        self.rank = comm.rank
+        self.world_size = comm.world_size
+        self.group = getattr(comm, "group", None)
+        self.calls: list[WireCall] = []
+        self.progress = progress or Progress()
+
+    def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes):
+        self.calls.append(WireCall(
+            kind="all_to_all_single", send=input.detach().clone(), output_shape=tuple(output.shape),
+            output_split_sizes=[int(s) for s in output_split_sizes],
+            input_split_sizes=[int(s) for s in input_split_sizes],
+        ))
+        self._run("all_to_all_single", self.inner.all_to_all_single, output, input,
+                  output_split_sizes, input_split_sizes)
+
+    def all_gather_into_tensor(self, output, input):
+        self.calls.append(WireCall(
+            kind="all_gather_into_tensor", send=input.detach().clone(), output_shape=tuple(output.shape),
+        ))
+        self._run("all_gather_into_tensor", self.inner.all_gather_into_tensor, output, input)
+
+    def _run(self, kind: str, fn, *args) -> None:
+        self.progress.set_collective(kind)
+        try:
+            fn(*args)
+        except Exception as exc:
+            raise CollectiveError(f"{kind} failed on rank {self.rank}: {exc}") from exc
+        finally:
+            self.progress.set_collective(None)
+
+
+# -- snapshots of inputs (INV-INPUTS-UNCHANGED) -----------------------------
+
+def snapshot(value: Any) -> Any:
+    """A deep copy of tensors, arrays, lists, dataclasses and NamedTuples."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().clone()
+    if isinstance(value, np.ndarray):
+        return value.copy()
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: snapshot(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, tuple) and hasattr(value, "_fields"):
+        return {name: snapshot(getattr(value, name)) for name in value._fields}
+    if isinstance(value, (list, tuple)):
+        return [snapshot(v) for v in value]
+    return value
+
+
+def changed_fields(name: str, before: Any, value: Any) -> list[str]:
+    """Names (``name.field``) whose contents differ from the snapshot ``before``."""
+    if isinstance(before, dict):
+        changed = []
+        for key, old in before.items():
+            changed += changed_fields(f"{name}.{key}", old, getattr(value, key, None))
+        return changed
+    if isinstance(before, list):
+        if not isinstance(value, (list, tuple)) or len(value) != len(before):
+            return [name]
+        return [n for i, (b, v) in enumerate(zip(before, value)) for n in changed_fields(f"{name}[{i}]", b, v)]
+    return [] if same_value(before, value) else [name]
+
+
+def same_value(a: Any, b: Any) -> bool:
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and same_tensor(a, b)
+    if isinstance(a, np.ndarray):
+        return isinstance(b, np.ndarray) and a.dtype == b.dtype and np.array_equal(a, b, equal_nan=a.dtype.kind == "f")
+    return a == b
+
+
+def same_tensor(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Same dtype, shape and contents; NaN equals NaN."""
+    if a.dtype != b.dtype or a.shape != b.shape:
+        return False
+    if a.is_floating_point():
+        return bool(((a == b) | (a.isnan() & b.isnan())).all())
+    return torch.equal(a, b.to(a.device))

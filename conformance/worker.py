@@ -1,0 +1,151 @@
+"""One rank of a multi-process conformance run (started by torchrun).
+
+``python -m shardspec.conformance.worker RUN_DIR LAUNCH_FILE``. Reads the
+cases and the reference expectations from RUN_DIR, runs the cases listed in
+LAUNCH_FILE in order, and appends one JSON line per case to
+``RUN_DIR/<launch>-rank<R>.jsonl``.
+
+After an unexpected error the group's collectives are misaligned, so the
+rank writes its record and leaves the launch (the launcher relaunches for
+the remaining cases). A watchdog thread ends the process when a case makes
+no progress for ``case_timeout_s`` seconds, after writing where it hung.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import pathlib
+import sys
+import threading
+import time
+import traceback
+
+import torch
+
+if not torch.cuda.is_available():
+    # Must precede the definition of any @triton.jit function.
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import torch.distributed as dist  # noqa: E402
+
+EXIT_HUNG = 4
+
+
+class JsonlWriter:
+    def __init__(self, path: pathlib.Path):
+        self._file = open(path, "a", encoding="utf-8")
+        self._lock = threading.Lock()
+
+    def write(self, record: dict) -> None:
+        with self._lock:
+            self._file.write(json.dumps(record, default=repr) + "\n")
+            self._file.flush()
+            os.fsync(self._file.fileno())
+
+
+class Watchdog:
+    """Ends the process if the armed case does not finish within ``timeout_s``."""
+
+    def __init__(self, timeout_s: float, progress, writer: JsonlWriter, rank: int):
+        self.timeout_s, self.progress, self.writer, self.rank = timeout_s, progress, writer, rank
+        self._deadline = None
+        self._case_id = None
+        self._lock = threading.Lock()
+        threading.Thread(target=self._watch, daemon=True).start()
+
+    def arm(self, case_id: str) -> None:
+        with self._lock:
+            self._case_id, self._deadline = case_id, time.monotonic() + self.timeout_s
+
+    def disarm(self) -> None:
+        with self._lock:
+            self._deadline = None
+
+    def _watch(self) -> None:
+        while True:
+            time.sleep(0.2)
+            with self._lock:
+                expired = self._deadline is not None and time.monotonic() > self._deadline
+                case_id = self._case_id
+            if expired:
+                where = self.progress.where()
+                self.writer.write({
+                    "case_id": case_id, "rank": self.rank, "in_collective": self.progress.collective is not None,
+                    "timeout": f"rank {self.rank} made no progress for {self.timeout_s:.0f}s in {where}",
+                })
+                os._exit(EXIT_HUNG)
+
+
+def _init_group(pg_timeout_s: float):
+    use_cuda = torch.cuda.is_available()
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    device = torch.device(f"cuda:{local_rank}") if use_cuda else torch.device("cpu")
+    if use_cuda:
+        torch.cuda.set_device(device)
+    timeout = datetime.timedelta(seconds=pg_timeout_s)
+    dist.init_process_group(backend="nccl" if use_cuda else "gloo", timeout=timeout)
+    # Status exchanges between cases use their own group, so that they never
+    # pair with a data collective of a rank that is still inside a step.
+    control = dist.new_group(backend="gloo", timeout=timeout)
+    return device, control
+
+
+def _all_aligned(aligned: bool, control) -> bool:
+    flags = [None] * dist.get_world_size()
+    try:
+        dist.all_gather_object(flags, aligned, group=control)
+    except Exception:  # a peer left the launch
+        return False
+    return all(flags)
+
+
+def main(argv: list[str]) -> int:
+    run_dir, launch_file = pathlib.Path(argv[0]), pathlib.Path(argv[1])
+    launch = json.loads(launch_file.read_text())
+    device, control = _init_group(launch["pg_timeout_s"])
+    rank = dist.get_rank()
+    writer = JsonlWriter(run_dir / f"{launch_file.stem}-rank{rank}.jsonl")
+
+    import shardspec.conformance.checks  # noqa: F401  registers every checker
+    from shardspec.comm import TorchDistComm
+    from shardspec.conformance.api import ImplChoice, load_implementation
+    from shardspec.conformance.execute import check_case_on_rank
+    from shardspec.conformance.expectations import load_expectations
+    from shardspec.conformance.recording import Progress
+
+    choice = ImplChoice(launch["impl"], launch.get("impl_odd"))
+    impl = load_implementation(choice.for_rank(rank))
+    cases = torch.load(run_dir / "cases.pt", weights_only=False)
+    expectations = load_expectations(run_dir / "expectations.pt", device)
+    comm = TorchDistComm(dist.group.WORLD)
+    progress = Progress()
+    watchdog = Watchdog(launch["case_timeout_s"], progress, writer, rank)
+    writer.write({"event": "ready", "rank": rank, "device": str(device), "backend": dist.get_backend()})
+    for index in launch["case_indices"]:
+        case = cases[index]
+        watchdog.arm(case.case_id)
+        progress.enter(case_id=case.case_id)
+        try:
+            record = check_case_on_rank(case, comm, impl.name, impl.factory, expectations[case.case_id],
+                                        device, progress)
+        except Exception:  # a defect of the suite itself, not of the implementation
+            writer.write({"case_id": case.case_id, "rank": rank, "harness_error": traceback.format_exc()})
+            os._exit(0)
+        writer.write(record)
+        if not record["aligned"]:
+            # Peers may wait in a collective this rank will never enter: leave
+            # without a graceful shutdown, which could itself hang.
+            os._exit(0)
+        progress.enter(step="status exchange")
+        if not _all_aligned(True, control):
+            os._exit(0)
+        watchdog.disarm()
+    dist.barrier(group=control)
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
