@@ -1,0 +1,169 @@
+"""One violating input per precondition: rejected with exactly that ID.
+
+Each violation starts from a valid batch (spec.builders) and breaks one
+thing. The error must carry the precondition ID, the field, and the batch
+position of the request at fault where there is one.
+"""
+
+import pathlib
+import re
+from dataclasses import replace
+
+import numpy as np
+import pytest
+import torch
+
+import shardspec.reference.preconditions as preconditions_module
+from shardspec.comm import LoopbackComm
+from shardspec.reference import ReferenceSharder
+from shardspec.spec.builders import build_grammar_output, build_input_batch
+from shardspec.spec.errors import PreconditionError
+from shardspec.spec.model import LogprobsTensors, SamplerOutput
+
+TP = 2
+SLOTS = [4, 1, 6, 3, 0]
+COUNTS = [1, 3, 2, 1, 2]
+
+
+def _batch(**overrides):
+    return replace(build_input_batch(SLOTS, COUNTS), **overrides)
+
+
+def _sharder(rank=0, max_num_reqs=8, max_num_logits_per_req=4):
+    return ReferenceSharder(max_num_reqs, max_num_logits_per_req, comm=LoopbackComm(rank, TP))
+
+
+def _shard(batch, grammar=None, **capacity):
+    return _sharder(**capacity).shard_sampler_inputs(batch, grammar)
+
+
+def _with_tensor(name, edit):
+    batch = build_input_batch(SLOTS, COUNTS)
+    value = getattr(batch, name).clone()
+    edit(value)
+    return replace(batch, **{name: value})
+
+
+def _gather(make_output, logprobs_dims=None, gather_num_nans=True, rank=0):
+    """Shard on ``rank``, then gather the output ``make_output(local_batch)`` builds."""
+    batch = build_input_batch(SLOTS, COUNTS)
+    sharder = _sharder(rank)
+    shard = sharder.shard_sampler_inputs(batch, None)
+    sharder.gather_sampler_output(make_output(shard.local_batch), shard.metadata, batch, shard.local_batch,
+                                  gather_num_nans=gather_num_nans, logprobs_dims=logprobs_dims)
+
+
+def _output(local_batch, num_rows=None, logprob_cols=3):
+    n, rows = local_batch.num_reqs, local_batch.num_logits
+    n = n if num_rows is None else num_rows
+    return SamplerOutput(
+        sampled_token_ids=torch.zeros(n, 2, dtype=torch.int64),
+        logprobs_tensors=LogprobsTensors(torch.zeros(rows, logprob_cols, dtype=torch.int64),
+                                         torch.zeros(rows, logprob_cols), torch.zeros(rows, dtype=torch.int64)),
+        num_nans=torch.zeros(rows, dtype=torch.int32),
+        num_sampled=torch.ones(n, dtype=torch.int32),
+        num_rejected=torch.zeros(n, dtype=torch.int32),
+    )
+
+
+def _grammar_with_rows(delta):
+    batch = build_input_batch(SLOTS, COUNTS)
+    grammar = build_grammar_output(batch, [2, 0], 100)
+    bitmask = grammar.grammar_bitmask
+    bitmask = bitmask[:-1] if delta < 0 else torch.cat([bitmask, bitmask[:1]])
+    return batch, replace(grammar, grammar_bitmask=bitmask)
+
+
+def _drafts_off_by_one():
+    batch = build_input_batch(SLOTS, COUNTS)
+    drafts = batch.num_draft_tokens_per_req.copy()
+    drafts[3] += 1
+    return replace(batch, num_draft_tokens_per_req=drafts, num_draft_tokens=int(drafts.sum()))
+
+
+# precondition ID -> (call that violates it, field named, batch position named or None)
+VIOLATIONS = {
+    "PRE-BATCH-SIZE": (lambda: _shard(_batch(num_reqs=4)), "num_reqs", None),
+    "PRE-CAPACITY-REQS": (lambda: _shard(build_input_batch(SLOTS, COUNTS), max_num_reqs=4), "num_reqs", None),
+    "PRE-REQ-IDS-UNIQUE": (lambda: _shard(_batch(req_ids=["a", "b", "c", "b", "e"])), "req_ids", 3),
+    "PRE-DTYPES": (lambda: _shard(_batch(idx_mapping=torch.tensor(SLOTS, dtype=torch.float32))), "idx_mapping", None),
+    "PRE-SLOT-RANGE": (lambda: _shard(build_input_batch([4, 1, 8], [1, 1, 1])), "idx_mapping", 2),
+    "PRE-SLOT-UNIQUE": (lambda: _shard(build_input_batch([4, 1, 4], [1, 1, 1], req_ids=["a", "b", "c"])),
+                        "idx_mapping", 2),
+    "PRE-HOST-DEVICE-MATCH": (lambda: _shard(_with_tensor("idx_mapping", lambda t: t.__setitem__(1, 7))),
+                              "idx_mapping", 1),
+    "PRE-CU-LOGITS": (lambda: _shard(_batch(cu_num_logits_np=np.array([1, 1, 4, 6, 7, 9], np.int32))),
+                      "cu_num_logits_np", None),
+    "PRE-LOGITS-PER-REQ": (lambda: _shard(build_input_batch([4, 1, 6], [2, 0, 1])), "cu_num_logits", 1),
+    "PRE-CAPACITY-LOGITS": (lambda: _shard(build_input_batch(SLOTS, COUNTS), max_num_logits_per_req=2),
+                            "cu_num_logits", 1),
+    "PRE-QUERY-START-LOC": (lambda: _shard(_with_tensor("query_start_loc", lambda t: t.__setitem__(3, t[2]))),
+                            "query_start_loc", 2),
+    "PRE-FIELD-SHAPES": (lambda: _shard(_batch(seq_lens=torch.ones(4, dtype=torch.int32))), "seq_lens", None),
+    "PRE-LOGITS-TAIL": (lambda: _shard(_with_tensor("logits_indices", lambda t: t.__setitem__(4, t[4] - 1))),
+                        "logits_indices", 2),
+    "PRE-EXPANDED": (lambda: _shard(_with_tensor("expanded_local_pos", lambda t: t.__setitem__(2, 0))),
+                     "expanded_local_pos", 1),
+    "PRE-DRAFTS": (lambda: _shard(_drafts_off_by_one()), "num_draft_tokens_per_req", 3),
+    "PRE-GRAMMAR-IDS": (lambda: _shard(build_input_batch(SLOTS, COUNTS),
+                                       replace(build_grammar_output(build_input_batch(SLOTS, COUNTS), [1], 100),
+                                               structured_output_request_ids=["req-99"])),
+                        "structured_output_request_ids", None),
+    "PRE-GRAMMAR-BITMASK": (lambda: _shard(*_grammar_with_rows(-1)), "grammar_bitmask", None),
+    "PRE-LOCAL-OUTPUT": (lambda: _gather(lambda local: _output(local, num_rows=local.num_reqs + 1)),
+                         "sampled_token_ids", None),
+    "PRE-LOGPROBS-DIMS": (lambda: _gather(_output, logprobs_dims=(2, -1)), "logprobs_dims", None),
+}
+
+
+def _precondition_ids_in_reference() -> set[str]:
+    source = pathlib.Path(preconditions_module.__file__).read_text()
+    return set(re.findall(r'"(PRE-[A-Z0-9-]+)"', source))
+
+
+def test_every_precondition_of_the_reference_has_a_violation():
+    assert set(VIOLATIONS) == _precondition_ids_in_reference()
+
+
+@pytest.mark.parametrize("precondition_id", sorted(VIOLATIONS))
+def test_violation_is_rejected_with_its_id(precondition_id):
+    violate, field, request = VIOLATIONS[precondition_id]
+    with pytest.raises(PreconditionError) as caught:
+        violate()
+    error = caught.value
+    assert error.precondition_id == precondition_id, str(error)
+    assert error.field == field, str(error)
+    assert f"field {field}" in str(error) and f"[{precondition_id}]" in str(error)
+    assert error.request == request, str(error)
+    if request is not None:
+        assert f"request {request}" in str(error)
+
+
+@pytest.mark.parametrize("make_output", [
+    pytest.param(lambda local: None, id="none-while-owning"),
+    pytest.param(lambda local: replace(_output(local), num_nans=None), id="no-nan-counts"),
+    pytest.param(lambda local: replace(_output(local), num_sampled=torch.ones(local.num_reqs + 2, dtype=torch.int32)),
+                 id="num-sampled-shape"),
+])
+def test_local_output_variants_are_rejected(make_output):
+    with pytest.raises(PreconditionError) as caught:
+        _gather(make_output, logprobs_dims=(2, 0))
+    assert caught.value.precondition_id == "PRE-LOCAL-OUTPUT"
+
+
+def test_rank_owning_nothing_may_pass_none():
+    batch = build_input_batch([0, 2], [1, 1])  # rank 1 owns nothing
+    sharder = ReferenceSharder(8, 4, comm=LoopbackComm(1, TP))
+    shard = sharder.shard_sampler_inputs(batch, None)
+    out = sharder.gather_sampler_output(None, shard.metadata, batch, shard.local_batch,
+                                        gather_num_nans=True, logprobs_dims=(2, 0))
+    assert out.sampled_token_ids.shape == (2, 1)
+
+
+def test_rejection_writes_nothing():
+    """Capacity violations raise before any output exists (INV-REJECT-INVALID): inputs stay intact."""
+    batch = build_input_batch([4, 1, 9], [1, 1, 1])
+    before = batch.idx_mapping.clone()
+    with pytest.raises(PreconditionError):
+        _shard(batch)
+    assert torch.equal(batch.idx_mapping, before)
