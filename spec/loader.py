@@ -265,7 +265,10 @@ def _describe_schema_error(error: jsonschema.ValidationError) -> tuple[str, str]
         extra = next(k for k in instance if k not in allowed)
         return _join(place, str(extra)), f"field '{extra}' is not allowed here (allowed: {', '.join(allowed)})"
     field_name = str(error.absolute_path[-1]) if error.absolute_path else "document"
-    message = error.message if len(error.message) <= _MAX_MESSAGE else error.message[:_MAX_MESSAGE] + "..."
+    message = error.message
+    if error.validator == "pattern" and "description" in error.schema:
+        message = f"{error.instance!r} is not {error.schema['description']}"
+    message = message if len(message) <= _MAX_MESSAGE else message[:_MAX_MESSAGE] + "..."
     return place, f"field '{field_name}': {message}"
 
 
