@@ -135,14 +135,20 @@ def error_summary(run: RankRun) -> Optional[dict[str, Any]]:
     }
 
 
-def continue_after(case: Case, run: RankRun) -> bool:
-    """Whether the group's collectives are still aligned after this rank's step.
+def continue_after(case: Case, run: RankRun, expected: list[StepOutputs]) -> bool:
+    """Whether the group's collectives can still be aligned after this rank's step.
 
     True when the step completed, or when the error is an expected rejection
-    raised before any collective (every rank rejects replicated inputs alike).
+    raised outside a collective at the point where the reference rejects on
+    every rank alike (replicated inputs). Otherwise peers may wait in a
+    collective this rank will never enter.
     """
     out = run.outputs
-    return out.error is None or (case.expect_error is not None and not out.wire)
+    if out.error is None:
+        return True
+    if case.expect_error is None or run.error_in_collective:
+        return False
+    return all(ref.error is not None and len(ref.wire) == len(out.wire) for ref in expected)
 
 
 def check_case_on_rank(case: Case, comm, impl_name: str, make_sharder, expectation, device,
@@ -170,7 +176,7 @@ def check_case_on_rank(case: Case, comm, impl_name: str, make_sharder, expectati
         "rejection": error_summary(run) if case.expect_error is not None else None,
         "timings": {k: round(v, 6) for k, v in run.timings.items()},
         "digest": step_digest(run.outputs, rank=rank, impl=impl_name, error_in_collective=run.error_in_collective),
-        "aligned": continue_after(case, run),
+        "aligned": continue_after(case, run, expectation.expected),
     }
 
 

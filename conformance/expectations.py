@@ -15,6 +15,7 @@ from typing import Any, Optional
 import torch
 
 from shardspec.comm import LockstepGroup
+from shardspec.conformance.recording import run_lockstep
 from shardspec.conformance.checks.base import StepOutputs
 from shardspec.conformance.execute import run_step
 from shardspec.reference import ReferenceSharder
@@ -40,7 +41,7 @@ def compute_expectation(case: Case, timeout_s: float = 60.0) -> Expectation:
     def one_rank(comm):
         return run_step(reference_factory, case, inputs, comm, "cpu").outputs
 
-    expected = group.run(one_rank)
+    expected = run_lockstep(group, one_rank)
     return Expectation(expected=expected, replicated=_replicated(case, inputs))
 
 

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 from typing import Callable, Iterable, Optional
 
-from shardspec.comm import LockstepGroup, RankError
+from shardspec.comm import LockstepGroup
 from shardspec.conformance.api import ImplChoice, load_implementation
 from shardspec.conformance.execute import check_case_on_rank
 from shardspec.conformance.expectations import Expectation, compute_expectation
+from shardspec.conformance.recording import run_lockstep
 from shardspec.conformance.results import CaseResult, combine
 from shardspec.spec.case import Case
 
@@ -28,8 +29,8 @@ def run_case_in_process(case: Case, choice: ImplChoice, expectation: Optional[Ex
         return check_case_on_rank(case, comm, impl.name, impl.factory, expectation, "cpu")
 
     try:
-        records = LockstepGroup(case.tp_size, timeout_s=timeout_s).run(one_rank)
-    except (RankError, TimeoutError) as exc:
+        records = run_lockstep(LockstepGroup(case.tp_size, timeout_s=timeout_s), one_rank)
+    except TimeoutError as exc:
         return combine(case, choice.label, {}, ended=f"in-process run failed: {exc}")
     return combine(case, choice.label, dict(enumerate(records)))
 

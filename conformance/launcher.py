@@ -48,7 +48,10 @@ def run_cases_multiprocess(cases: list[Case], choice: ImplChoice, tp: int, optio
     save_expectations(run_dir / "expectations.pt", expectations)
     torch.save(cases, run_dir / "cases.pt")
     results: dict[int, CaseResult] = {}
-    remaining = list(range(len(cases)))
+    # Cases after which the reference itself leaves peers waiting in a
+    # collective end a launch: run them last, so they cost fewer relaunches.
+    breaking = {i for i, case in enumerate(cases) if _breaks_group(expectations[case.case_id])}
+    remaining = [i for i in range(len(cases)) if i not in breaking] + sorted(breaking)
     for launch_number in range(options.max_relaunches + 1):
         if not remaining:
             break
@@ -63,6 +66,13 @@ def run_cases_multiprocess(cases: list[Case], choice: ImplChoice, tp: int, optio
         results[index] = not_run(cases[index], choice.label,
                                  f"not run: {options.max_relaunches} relaunches used up")
     return [results[i] for i in range(len(cases))]
+
+
+def _breaks_group(expectation) -> bool:
+    outs = expectation.expected
+    if all(out.error is None for out in outs):
+        return False
+    return not all(out.error is not None and len(out.wire) == len(outs[0].wire) for out in outs)
 
 
 def _launch(cases, indices, choice, tp, options, name, results, on_result) -> Optional[str]:
@@ -127,15 +137,16 @@ def _take_complete(cases, indices, choice, results, follower, on_result) -> None
 
 
 def _settle_broken_case(cases, indices, choice, results, follower, ended, on_result) -> None:
-    """The first unfinished case of a launch that ended early fails with what is known."""
+    """The first unfinished case fails with what is known, unless a rank left on purpose before it."""
     for index in indices:
         if index in results:
             continue
         case = cases[index]
         records = follower.records.get(case.case_id, {})
-        results[index] = combine(case, choice.label, records, ended=ended)
-        if on_result:
-            on_result(results[index])
+        if records or not follower.left_on_purpose:
+            results[index] = combine(case, choice.label, records, ended=ended)
+            if on_result:
+                on_result(results[index])
         return
 
 
@@ -162,6 +173,8 @@ class _Follower:
         self.offsets = [0] * tp
         self.records: dict[str, dict[int, dict[str, Any]]] = {}
         self.ready: set[int] = set()
+        # A rank recorded why it left the launch (error, hang, suite failure).
+        self.left_on_purpose = False
 
     def read(self) -> None:
         for rank, path in enumerate(self.paths):
@@ -184,3 +197,5 @@ class _Follower:
             self.ready.add(rank)
         elif "case_id" in record:
             self.records.setdefault(record["case_id"], {})[rank] = record
+            if record.get("timeout") or record.get("harness_error") or not record.get("aligned", True):
+                self.left_on_purpose = True

@@ -1,0 +1,5 @@
+import sys
+
+from shardspec.conformance.cli import main
+
+sys.exit(main())

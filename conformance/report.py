@@ -1,0 +1,212 @@
+"""Reports: the per-invariant table, the failure list, the JSON report, xfails.
+
+A cell of the table is the result of one invariant over every case run at
+one group size: ``pass``, ``FAIL`` (a MUST invariant was violated), ``warn``
+(a SHOULD invariant was violated), ``xfail`` (violated and listed in the
+xfails file) or ``not-run`` (no case ran there, or no checker exists).
+Cases whose run failed (a rank raised, hung or died) are listed on the
+``(run errors)`` row: they fail the run like a MUST violation.
+"""
+
+from __future__ import annotations
+
+import pathlib
+import platform
+import textwrap
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+import yaml
+
+from shardspec.conformance.results import ERROR, NOT_RUN, CaseResult
+
+ERRORS_ROW = "(run errors)"
+NOT_RUN_ROW = "(cases not run)"
+
+
+@dataclass(frozen=True)
+class InvariantInfo:
+    id: str
+    level: str  # MUST | SHOULD
+
+
+def load_invariants() -> list[InvariantInfo]:
+    import shardspec.spec
+
+    path = pathlib.Path(shardspec.spec.__file__).parent / "invariants.yaml"
+    entries = yaml.safe_load(path.read_text())["invariants"]
+    return [InvariantInfo(e["id"], e["level"]) for e in entries if not e.get("retired")]
+
+
+# -- xfails ------------------------------------------------------------------
+
+@dataclass
+class Xfails:
+    entries: dict[str, str] = field(default_factory=dict)  # id -> reason
+    used: set[str] = field(default_factory=set)
+
+    def covers(self, invariant_id: str, case_id: str) -> bool:
+        for key in (invariant_id, case_id):
+            if key in self.entries:
+                self.used.add(key)
+                return True
+        return False
+
+    def warnings(self, known_ids: set[str], case_ids: set[str]) -> list[str]:
+        out = []
+        for entry in self.entries:
+            if entry not in known_ids and entry not in case_ids:
+                out.append(f"xfails entry {entry!r} matches no invariant and no case of this run")
+            elif entry not in self.used:
+                out.append(f"xfails entry {entry!r} did not fail in this run (remove it?)")
+        return out
+
+
+def load_xfails(path: Optional[str]) -> Xfails:
+    """YAML (a list of ids, or a mapping id -> reason) or plain text, one id per line, # comments."""
+    if not path:
+        return Xfails()
+    text = pathlib.Path(path).read_text()
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError:
+        data = None
+    if isinstance(data, dict):
+        return Xfails({str(k): str(v or "") for k, v in data.items()})
+    if isinstance(data, list):
+        return Xfails({str(item): "" for item in data})
+    lines = (line.split("#", 1)[0].strip() for line in text.splitlines())
+    return Xfails({line: "" for line in lines if line})
+
+
+# -- the table ---------------------------------------------------------------
+
+@dataclass
+class Section:
+    """The results of one implementation choice."""
+
+    label: str
+    results: list[CaseResult]
+    tp_sizes: list[int]
+
+
+def cell(section: Section, invariant: InvariantInfo, tp: int, checked: set[str], xfails: Xfails) -> str:
+    ran = [r for r in section.results if r.tp == tp and r.status != NOT_RUN]
+    if not ran or invariant.id not in checked:
+        return "not-run"
+    failing = [r for r in ran if any(v["invariant_id"] == invariant.id for v in r.violations)]
+    if not failing:
+        return "pass"
+    if all(xfails.covers(invariant.id, r.case_id) for r in failing):
+        return "xfail"
+    return "FAIL" if invariant.level == "MUST" else "warn"
+
+
+def table_rows(section: Section, invariants: list[InvariantInfo], checked: set[str],
+               xfails: Xfails) -> list[list[str]]:
+    rows = [[inv.id, inv.level] + [cell(section, inv, tp, checked, xfails) for tp in section.tp_sizes]
+            for inv in invariants]
+    rows.append([ERRORS_ROW, "MUST"] + [_count_cell(section, tp, ERROR, xfails) for tp in section.tp_sizes])
+    rows.append([NOT_RUN_ROW, "MUST"] + [_count_cell(section, tp, NOT_RUN, xfails) for tp in section.tp_sizes])
+    return rows
+
+
+def _count_cell(section: Section, tp: int, status: str, xfails: Xfails) -> str:
+    hits = [r for r in section.results if r.tp == tp and r.status == status]
+    if not hits:
+        return "pass" if status == ERROR else "0"
+    if all(xfails.covers("", r.case_id) for r in hits):
+        return f"xfail {len(hits)}"
+    return f"FAIL {len(hits)}"
+
+
+def render_table(section: Section, rows: list[list[str]]) -> str:
+    header = ["invariant", "level"] + [f"tp={tp}" for tp in section.tp_sizes]
+    widths = [max(len(str(row[i])) for row in [header] + rows) for i in range(len(header))]
+    line = lambda row: "  ".join(str(v).ljust(w) for v, w in zip(row, widths)).rstrip()  # noqa: E731
+    return "\n".join([line(header), line(["-" * w for w in widths])] + [line(r) for r in rows])
+
+
+def failing_invariants(rows: list[list[str]]) -> list[str]:
+    return sorted({row[0] for row in rows if any(str(c).startswith("FAIL") for c in row[2:])})
+
+
+# -- failures ----------------------------------------------------------------
+
+def describe_failures(section: Section, levels: dict[str, str], xfails: Xfails) -> list[str]:
+    lines = []
+    for result in section.results:
+        if result.status == NOT_RUN:
+            continue
+        for v in result.violations:
+            if xfails.covers(v["invariant_id"], result.case_id):
+                continue
+            level = levels.get(v["invariant_id"], "MUST")
+            where = ", ".join(f"{k} {v[k]}" for k in ("rank", "request", "field") if v.get(k) is not None)
+            lines.append(f"{'FAIL' if level == 'MUST' else 'warn'} [{v['invariant_id']}] case {result.case_id} "
+                         f"(tp {result.tp}){': ' + where if where else ''}\n"
+                         f"{textwrap.indent(v['message'].rstrip(), '    ')}\n    reproduce: {result.reproduce}")
+        if result.status == ERROR and not xfails.covers("", result.case_id):
+            lines.append(_describe_errors(result))
+    return lines
+
+
+def _describe_errors(result: CaseResult) -> str:
+    parts = [f"ERROR case {result.case_id} (tp {result.tp})"]
+    for error in result.errors:
+        parts.append(f"  rank {error['rank']} [{error['kind']}]: {error['message']}")
+        if error.get("traceback") and error["kind"] in ("raised", "harness"):
+            tail = "\n".join(error["traceback"].rstrip().splitlines()[-12:])
+            parts.append(textwrap.indent(tail, "      "))
+    parts.append(f"  reproduce: {result.reproduce}")
+    return "\n".join(parts)
+
+
+# -- JSON --------------------------------------------------------------------
+
+def run_metadata(labels: list[str], tp_sizes: list[int], seed: int, wall_s: float,
+                 backend: str, device: str, extra: dict[str, Any]) -> dict[str, Any]:
+    import numpy
+    import torch
+
+    import shardspec
+
+    try:
+        import triton
+        triton_version = triton.__version__
+    except ImportError:
+        triton_version = None
+    return {
+        "implementations": labels, "spec_version": _spec_version(), "shardspec": shardspec.__version__,
+        "torch": torch.__version__, "triton": triton_version, "numpy": numpy.__version__,
+        "python": platform.python_version(), "backend": backend, "device": device,
+        "tp_sizes": tp_sizes, "seed": seed, "wall_s": round(wall_s, 2), **extra,
+    }
+
+
+def _spec_version() -> str:
+    try:
+        from shardspec.fixtures.golden import spec_version
+        return spec_version()
+    except Exception:  # the spec's version is informative; its absence must not fail a run
+        import shardspec
+        return shardspec.__version__
+
+
+def json_report(metadata: dict[str, Any], sections: list[Section], tables: list[list[list[str]]],
+                warnings: list[str], exit_code: int) -> dict[str, Any]:
+    return {
+        "metadata": metadata,
+        "exit_code": exit_code,
+        "warnings": warnings,
+        "sections": [
+            {
+                "implementation": section.label,
+                "tp_sizes": section.tp_sizes,
+                "table": [{"invariant": row[0], "level": row[1],
+                           "results": {str(tp): c for tp, c in zip(section.tp_sizes, row[2:])}} for row in rows],
+                "cases": [r.to_json() for r in section.results],
+            }
+            for section, rows in zip(sections, tables)
+        ],
+    }

@@ -1,0 +1,113 @@
+"""A conformance session: run implementations, then report once.
+
+Shared by the command line (one call runs everything) and the pytest entry
+(one test per implementation and group size, one report at the end).
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import time
+from typing import Optional
+
+from shardspec.conformance import report
+from shardspec.conformance.api import ImplChoice
+from shardspec.conformance.results import CaseResult
+from shardspec.conformance.runner import (
+    Log, RunConfig, collect_cases, make_run_dir, remove_run_dir, run_implementation, tp_sizes_of,
+)
+
+
+class ConformanceSession:
+    def __init__(self, config: RunConfig, log: Log = print):
+        import shardspec.conformance.checks  # noqa: F401  registers every checker
+
+        self.config = config
+        self.log = log
+        self.start = time.perf_counter()
+        self.run_dir, self.temporary_dir = make_run_dir(config)
+        self.case_set = collect_cases(config)
+        for note in self.case_set.notes:
+            log(f"note: {note}")
+        self.tp_sizes = tp_sizes_of(config, self.case_set.cases)
+        self.results: dict[str, list[CaseResult]] = {impl: [] for impl in config.impls}
+        self.invariants = report.load_invariants()
+
+    def label(self, impl: str) -> str:
+        return ImplChoice(impl, self.config.impl_odd).label
+
+    def header(self) -> str:
+        counts = {tp: sum(c.tp_size == tp for c in self.case_set.cases) for tp in self.tp_sizes}
+        mode = "in-process (lockstep threads)" if self.config.in_process else "torchrun, one process per rank"
+        return (f"shardspec conformance: implementation(s): {'; '.join(self.label(i) for i in self.config.impls)}\n"
+                f"  mode: {mode}; cases per tp: {counts}; seed {self.config.seed}; run dir {self.run_dir}")
+
+    def run(self, impl: str, tp_sizes: Optional[list[int]] = None) -> list[CaseResult]:
+        self.log(f"== {self.label(impl)}")
+        results = run_implementation(self.config, impl, self.case_set, self.run_dir, self.log, tp_sizes)
+        self.results[impl].extend(results)
+        return results
+
+    def run_all(self) -> None:
+        self.log(self.header())
+        for impl in self.config.impls:
+            self.run(impl)
+
+    def sections(self) -> list[report.Section]:
+        return [report.Section(self.label(impl), results, self.tp_sizes)
+                for impl, results in self.results.items() if results]
+
+    def render(self, xfails: report.Xfails) -> tuple[str, list[list[list[str]]], list[str], int]:
+        """The text report, the tables, warnings and the exit code."""
+        from shardspec.conformance.checks.base import GROUP_CHECKERS, RANK_CHECKERS
+
+        checked = set(RANK_CHECKERS) | set(GROUP_CHECKERS)
+        levels = {inv.id: inv.level for inv in self.invariants}
+        extra = sorted(checked - set(levels))
+        invariants = self.invariants + [report.InvariantInfo(i, "MUST") for i in extra]
+        parts, tables, failed = [], [], False
+        for section in self.sections():
+            rows = report.table_rows(section, invariants, checked, xfails)
+            tables.append(rows)
+            parts.append(f"\n== {section.label}\n{report.render_table(section, rows)}")
+            failures = report.describe_failures(section, levels, xfails)
+            if failures:
+                parts.append("\nfailures:\n" + "\n".join(failures))
+            failed |= bool(report.failing_invariants(rows))
+        known_cases = {r.case_id for rs in self.results.values() for r in rs}
+        warnings = xfails.warnings(set(levels) | checked, known_cases)
+        if not checked:
+            warnings.append("no checker is registered: every invariant is not-run")
+        parts += [f"warning: {w}" for w in warnings]
+        return "\n".join(parts), tables, warnings, int(failed)
+
+    def finish(self, json_path: Optional[str] = None, xfails_file: Optional[str] = None) -> int:
+        xfails = report.load_xfails(xfails_file)
+        text, tables, warnings, exit_code = self.render(xfails)
+        self.log(text)
+        wall = time.perf_counter() - self.start
+        if json_path:
+            metadata = report.run_metadata([s.label for s in self.sections()], self.tp_sizes, self.config.seed,
+                                           wall, *self._backend(), self._extra())
+            data = report.json_report(metadata, self.sections(), tables, warnings, exit_code)
+            pathlib.Path(json_path).write_text(json.dumps(data, indent=1, default=repr))
+            self.log(f"JSON report: {json_path}")
+        self.log(f"{'FAILED' if exit_code else 'PASSED'} in {wall:.1f}s")
+        if exit_code == 0 and self.temporary_dir:
+            remove_run_dir(self.run_dir)
+        return exit_code
+
+    def _backend(self) -> tuple[str, str]:
+        import torch
+
+        if self.config.in_process:
+            return "lockstep threads", "cpu"
+        if torch.cuda.is_available():
+            return "nccl", torch.cuda.get_device_name(0)
+        return "gloo", "cpu"
+
+    def _extra(self) -> dict:
+        return {"mode": "in-process" if self.config.in_process else "torchrun",
+                "cases": len(self.case_set.cases), "max_examples": self.config.max_examples,
+                "run_dir": str(self.run_dir)}
