@@ -1,0 +1,209 @@
+"""Comparisons shared by the checkers, and when a checker has something to judge.
+
+Every comparison returns the first :class:`Violation` it finds (or None), so a
+checker reports one problem per field, naming the batch position of the
+first offending request.
+
+When to judge (:func:`judgeable`): checkers of invariants about outputs judge
+only cases without ``expect_error`` whose reference run succeeded. If the
+implementation raised unexpectedly, each checker skips the outputs it lacks;
+the exception itself is reported exactly once, by the checker of the first
+invariant of the step that raised (:data:`STEP_REPORTER`), so a suite that
+runs the checkers directly never passes a crashing implementation silently.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Optional, Sequence
+
+import numpy as np
+import torch
+
+from shardspec.conformance.checks.base import StepRecord, Violation
+from shardspec.reference.plan import ShardPlan, build_plan
+
+# The invariant whose checker reports an unexpected exception of each step:
+# the first invariant of that step in spec/invariants.yaml. "construct" is
+# building the sharder; "sample" is the local sampler reading the
+# implementation's local batch and full-vocab rows, so an error there
+# belongs to the exchange that produced those rows.
+STEP_REPORTER = {
+    "construct": "INV-OWNER",
+    "shard": "INV-OWNER",
+    "all_to_all": "INV-A2A-SPLITS",
+    "sample": "INV-A2A-LAYOUT",
+    "gather": "INV-WIRE-SAMPLED",
+}
+
+RowToRequest = Callable[[int], Optional[int]]
+
+
+def shards(record: StepRecord):
+    """(actual, expected) ShardResults when both exist and the case is judged, else None."""
+    if not judgeable(record) or record.actual.shard is None or record.expected.shard is None:
+        return None
+    return record.actual.shard, record.expected.shard
+
+
+def judgeable(record: StepRecord) -> bool:
+    """A valid case whose reference run completed."""
+    return record.case.expect_error is None and record.expected.error is None
+
+
+def unexpected_error(record: StepRecord, invariant_id: str) -> list[Violation]:
+    """The implementation's own exception, reported under ``invariant_id`` only."""
+    actual = record.actual
+    if not judgeable(record) or actual.error is None:
+        return []
+    if STEP_REPORTER.get(actual.failed_step or "shard") != invariant_id:
+        return []
+    message = f"raised {type(actual.error).__name__} in step {actual.failed_step}: {actual.error}"
+    return [Violation(invariant_id, message, rank=record.rank)]
+
+
+def plan_of(record: StepRecord) -> ShardPlan:
+    """The spec's plan for this record's batch and rank (a pure function of the batch)."""
+    batch = record.inputs.batch
+    return build_plan(batch.idx_mapping_np, batch.cu_num_logits_np, record.case.tp_size, record.rank)
+
+
+def local_row_owner(plan: ShardPlan) -> np.ndarray:
+    """[L_local] batch position of each local logits row."""
+    local = plan.local_reqs
+    return np.repeat(local, plan.num_logits_per_req[local])
+
+
+def global_row_owner(plan: ShardPlan) -> np.ndarray:
+    """[L] batch position of each logits row of the batch."""
+    return np.repeat(np.arange(plan.owners.shape[0]), plan.num_logits_per_req)
+
+
+def lookup(positions: np.ndarray) -> RowToRequest:
+    """Row index -> batch position, None outside ``positions``."""
+    return lambda row: int(positions[row]) if 0 <= row < positions.shape[0] else None
+
+
+def fmt(value: Any, limit: int = 12) -> str:
+    """A short readable rendering of a tensor, array or list."""
+    if isinstance(value, torch.Tensor):
+        value = value.detach().cpu().tolist()
+    elif isinstance(value, np.ndarray):
+        value = value.tolist()
+    if isinstance(value, list) and len(value) > limit:
+        return "[" + ", ".join(repr(v) for v in value[:limit]) + f", ... ({len(value)} entries)]"
+    return repr(value)
+
+
+def values_equal(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Per-element equality where NaN equals NaN."""
+    equal = a == b
+    if a.is_floating_point() or b.is_floating_point():
+        equal = equal | (a.isnan() & b.isnan())
+    return equal
+
+
+def first_bad_row(equal: torch.Tensor) -> Optional[int]:
+    """Index along dim 0 of the first row holding a False, or None."""
+    rows = equal.reshape(1) if equal.dim() == 0 else equal.flatten(1).all(dim=1) if equal.dim() > 1 else equal
+    bad = torch.nonzero(~rows).flatten()
+    return int(bad[0]) if bad.numel() else None
+
+
+def check_tensor(
+    invariant_id: str,
+    record: StepRecord,
+    field: str,
+    actual: Any,
+    expected: torch.Tensor,
+    row_to_request: RowToRequest = lambda row: None,
+    *,
+    values: bool = True,
+) -> Optional[Violation]:
+    """Type, dtype, shape, device and (unless ``values`` is False) values of a device tensor."""
+
+    def violation(message: str, request: Optional[int] = None) -> Violation:
+        return Violation(invariant_id, f"{field}: {message}", rank=record.rank, request=request, field=field)
+
+    if not isinstance(actual, torch.Tensor):
+        return violation(f"expected a torch.Tensor, got {type(actual).__name__}: {fmt(actual)}")
+    if actual.dtype != expected.dtype:
+        return violation(f"dtype {actual.dtype}, expected {expected.dtype}")
+    if tuple(actual.shape) != tuple(expected.shape):
+        return violation(f"shape {list(actual.shape)}, expected {list(expected.shape)}")
+    if actual.device != expected.device:
+        return violation(f"on device {actual.device}, expected {expected.device}")
+    if not values:
+        return None
+    row = first_bad_row(values_equal(actual, expected.to(actual.device)))
+    if row is None:
+        return None
+    got = actual[row] if actual.dim() else actual
+    want = expected[row] if expected.dim() else expected
+    return violation(f"row {row} is {fmt(got)}, expected {fmt(want)}; whole field {fmt(actual)}, "
+                     f"expected {fmt(expected)}", row_to_request(row))
+
+
+def check_array(
+    invariant_id: str,
+    record: StepRecord,
+    field: str,
+    actual: Any,
+    expected: np.ndarray,
+    dtype: Any,
+    row_to_request: RowToRequest = lambda row: None,
+) -> Optional[Violation]:
+    """A host numpy array: type, dtype, shape and values."""
+
+    def violation(message: str, request: Optional[int] = None) -> Violation:
+        return Violation(invariant_id, f"{field}: {message}", rank=record.rank, request=request, field=field)
+
+    if not isinstance(actual, np.ndarray):
+        return violation(f"expected a host numpy array, got {type(actual).__name__}: {fmt(actual)}")
+    if actual.dtype != np.dtype(dtype):
+        return violation(f"dtype {actual.dtype}, expected {np.dtype(dtype)}")
+    if actual.shape != expected.shape:
+        return violation(f"shape {list(actual.shape)}, expected {list(expected.shape)}")
+    bad = np.flatnonzero(actual != expected)
+    if not bad.size:
+        return None
+    row = int(bad[0])
+    return violation(f"entry {row} is {actual[row]!r}, expected {expected[row]!r}; whole field "
+                     f"{fmt(actual)}, expected {fmt(expected)}", row_to_request(row))
+
+
+def check_int(invariant_id: str, record: StepRecord, field: str, actual: Any, expected: int,
+              request: Optional[int] = None) -> Optional[Violation]:
+    """A Python int (bool, numpy and tensor scalars are not ints here)."""
+    if type(actual) is not int:
+        message = f"{field}: expected a Python int {expected}, got {type(actual).__name__} {fmt(actual)}"
+    elif actual != expected:
+        message = f"{field}: {actual}, expected {expected}"
+    else:
+        return None
+    return Violation(invariant_id, message, rank=record.rank, request=request, field=field)
+
+
+def check_int_list(invariant_id: str, record: StepRecord, field: str, actual: Any,
+                   expected: Sequence[int], row_to_request: RowToRequest = lambda row: None) -> Optional[Violation]:
+    """A list of Python ints."""
+
+    def violation(message: str, request: Optional[int] = None) -> Violation:
+        return Violation(invariant_id, f"{field}: {message}", rank=record.rank, request=request, field=field)
+
+    if type(actual) is not list:
+        return violation(f"expected a list of Python ints {list(expected)}, got {type(actual).__name__} {fmt(actual)}")
+    wrong = [i for i, v in enumerate(actual) if type(v) is not int]
+    if wrong:
+        return violation(f"entry {wrong[0]} is a {type(actual[wrong[0]]).__name__}, not a Python int")
+    if len(actual) != len(expected):
+        return violation(f"{len(actual)} entries {fmt(actual)}, expected {len(expected)}: {fmt(list(expected))}")
+    for i, (got, want) in enumerate(zip(actual, expected)):
+        if got != want:
+            return violation(f"entry {i} is {got}, expected {want}; whole list {fmt(actual)}, expected "
+                             f"{fmt(list(expected))}", row_to_request(i))
+    return None
+
+
+def found(*violations: Optional[Violation]) -> list[Violation]:
+    """The violations that were found, in order (for checkers that judge several fields)."""
+    return [v for v in violations if v is not None]
