@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass, field
+from collections.abc import Hashable
+from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from collections.abc import Hashable
 from typing import Any, Optional, Union
 
 import jsonschema
@@ -178,8 +178,8 @@ class Spec:
     version: str
     documents: tuple[Document, ...]
     sections: tuple[tuple[str, str], ...]
-    example: dict = field(compare=False)
-    data_model: DataModel = field(compare=False)
+    example: dict
+    data_model: DataModel
     invariants: tuple[Invariant, ...] = ()
     preconditions: tuple[Precondition, ...] = ()
     clarifications: tuple[Clarification, ...] = ()
@@ -264,7 +264,8 @@ def _describe_schema_error(error: jsonschema.ValidationError) -> tuple[str, str]
         allowed = error.schema.get("properties", {})
         extra = next(k for k in instance if k not in allowed)
         return _join(place, str(extra)), f"field '{extra}' is not allowed here (allowed: {', '.join(allowed)})"
-    field_name = str(error.absolute_path[-1]) if error.absolute_path else "document"
+    # The innermost named key: for "invariants[0].fields[1]" that is "fields".
+    field_name = next((str(p) for p in reversed(error.absolute_path) if isinstance(p, str)), "document")
     message = error.message
     if error.validator == "pattern" and "description" in error.schema:
         message = f"{error.instance!r} is not {error.schema['description']}"

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import re
 import sys
 from itertools import accumulate
 from pathlib import Path
@@ -34,6 +35,18 @@ def anchor(entry_id: str) -> str:
 
 def link(entry_id: str) -> str:
     return f"[{entry_id}](#{anchor(entry_id)})"
+
+
+# An ID in prose; not one that is already the text of a link.
+_ID = re.compile(r"(?<![\[\w-])(?:INV|PRE|CL)-[A-Z0-9]+(?:-[A-Z0-9]+)*(?![\]\w-])")
+
+
+def linkify(text: str, ids: frozenset) -> str:
+    """Link every known ID that prose mentions, outside `code spans`."""
+    parts = text.split("`")
+    for k in range(0, len(parts), 2):
+        parts[k] = _ID.sub(lambda m: link(m.group()) if m.group() in ids else m.group(), parts[k])
+    return "`".join(parts)
 
 
 def cell(text) -> str:
@@ -222,6 +235,8 @@ def render(spec: Spec) -> str:
     for part in (render_overview, render_data_model, render_preconditions, render_invariants,
                  render_clarifications, render_id_index):
         lines += part(spec)
+    ids = frozenset(spec.ids)
+    lines = [line if line.startswith(("#", "<a ")) else linkify(line, ids) for line in lines]
     return "\n".join(lines).rstrip("\n") + "\n"
 
 

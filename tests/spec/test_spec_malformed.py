@@ -18,6 +18,7 @@ SCHEMA_CASES = [
     ("invariants_bad_id.yaml", "invariants", "invariants[0].id", "id"),
     ("invariants_unknown_key.yaml", "invariants", "invariants[0].severity", "severity"),
     ("invariants_bad_step.yaml", "invariants", "invariants[0].step", "step"),
+    ("invariants_bad_field_path.yaml", "invariants", "invariants[0].fields[1]", "fields"),
     ("invariants_syntax_error.yaml", "invariants", "line 9, column 1", "flow sequence"),
     ("invariants_duplicate_key.yaml", "invariants", "line 6, column 5", "level"),
     ("preconditions_bad_error.yaml", "preconditions", "preconditions[0].error", "error"),
