@@ -9,6 +9,7 @@ An exception is recorded with its step and traceback instead of propagating.
 
 from __future__ import annotations
 
+import contextlib
 import time
 import traceback
 from dataclasses import dataclass, field
@@ -32,6 +33,7 @@ class RankRun:
     timings: dict[str, float] = field(default_factory=dict)
     # The error was raised inside a collective (possibly a peer's fault).
     error_in_collective: bool = False
+    step: str = "construct"  # the step running now, or the last one
 
 
 def local_sampler_output(case: Case, rank: int, full_vocab_logits, shard, device):
@@ -47,42 +49,47 @@ def local_sampler_output(case: Case, rank: int, full_vocab_logits, shard, device
 def run_step(make_sharder, case: Case, inputs: CaseInputs, comm, device, progress: Optional[Progress] = None) -> RankRun:
     """Run the whole step for ``comm.rank``; never raises for the implementation's errors."""
     recorder = RecordingComm(comm, progress)
-    progress = recorder.progress
-    out = StepOutputs(wire=recorder.calls)
-    run = RankRun(outputs=out)
+    run = RankRun(outputs=StepOutputs(wire=recorder.calls))
     before = {"batch": snapshot(inputs.batch), "grammar": snapshot(inputs.grammar)}
     watched = {"batch": inputs.batch, "grammar": inputs.grammar}
-    step = "construct"
+    # Multi-process runs also record collectives issued on comm.group directly.
+    intercept = recorder.intercept_torch_distributed() if recorder.group is not None else contextlib.nullcontext()
     try:
-        progress.enter(step=step)
-        sharder = make_sharder(case.max_num_reqs, case.max_num_logits_per_req, comm=recorder, device=device)
-        step = "shard"
-        out.shard = _timed(run, progress, step, sharder.shard_sampler_inputs, inputs.batch, inputs.grammar)
-        logits_shard = local_logits_shard(inputs, out.shard.sorted_logits_indices, case, recorder.rank)
-        before["logits_shard"], watched["logits_shard"] = snapshot(logits_shard), logits_shard
-        step = "all_to_all"
-        out.full_vocab_logits = _timed(run, progress, step, sharder.all_to_all_logits, logits_shard, out.shard.metadata)
-        step = "sample"
-        out.local_output = _timed(run, progress, step, local_sampler_output,
-                                  case, recorder.rank, out.full_vocab_logits, out.shard, device)
-        before["local_output"], watched["local_output"] = snapshot(out.local_output), out.local_output
-        step = "gather"
-        out.gathered = _timed(
-            run, progress, step, sharder.gather_sampler_output, out.local_output, out.shard.metadata,
-            inputs.batch, out.shard.local_batch,
-            gather_num_nans=case.gather_num_nans, logprobs_dims=case.logprobs_dims,
-        )
+        with intercept:
+            _steps(make_sharder, case, inputs, recorder, device, run, before, watched)
     except Exception as exc:  # recorded; the checkers and the report judge it
-        out.failed_step, out.error = step, exc
+        out = run.outputs
+        out.failed_step, out.error = run.step, exc
         out.error_traceback = traceback.format_exc()
         run.error_in_collective = isinstance(exc, CollectiveError)
     finally:
-        progress.enter(step=None)
-    out.inputs_modified = [name for key, old in before.items() for name in changed_fields(key, old, watched[key])]
+        recorder.progress.enter(step=None)
+    run.outputs.inputs_modified = [name for key, old in before.items()
+                                   for name in changed_fields(key, old, watched[key])]
     return run
 
 
+def _steps(make_sharder, case, inputs, recorder: RecordingComm, device, run: RankRun, before, watched) -> None:
+    out, rank = run.outputs, recorder.rank
+    sharder = _timed(run, recorder.progress, "construct", make_sharder, case.max_num_reqs,
+                     case.max_num_logits_per_req, comm=recorder, device=device)
+    out.shard = _timed(run, recorder.progress, "shard", sharder.shard_sampler_inputs, inputs.batch, inputs.grammar)
+    logits_shard = local_logits_shard(inputs, out.shard.sorted_logits_indices, case, rank)
+    before["logits_shard"], watched["logits_shard"] = snapshot(logits_shard), logits_shard
+    out.full_vocab_logits = _timed(run, recorder.progress, "all_to_all", sharder.all_to_all_logits,
+                                   logits_shard, out.shard.metadata)
+    out.local_output = _timed(run, recorder.progress, "sample", local_sampler_output,
+                              case, rank, out.full_vocab_logits, out.shard, device)
+    before["local_output"], watched["local_output"] = snapshot(out.local_output), out.local_output
+    out.gathered = _timed(
+        run, recorder.progress, "gather", sharder.gather_sampler_output, out.local_output, out.shard.metadata,
+        inputs.batch, out.shard.local_batch,
+        gather_num_nans=case.gather_num_nans, logprobs_dims=case.logprobs_dims,
+    )
+
+
 def _timed(run: RankRun, progress: Progress, step: str, fn, *args, **kwargs):
+    run.step = step
     progress.enter(step=step)
     start = time.perf_counter()
     try:

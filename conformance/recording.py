@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import threading
 import time
@@ -60,6 +61,7 @@ class RecordingComm:
         self.group = getattr(comm, "group", None)
         self.calls: list[WireCall] = []
         self.progress = progress or Progress()
+        self._inside = threading.local()
 
     def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes):
         self.calls.append(WireCall(
@@ -76,14 +78,59 @@ class RecordingComm:
         ))
         self._run("all_gather_into_tensor", self.inner.all_gather_into_tensor, output, input)
 
-    def _run(self, kind: str, fn, *args) -> None:
+    def _run(self, kind: str, fn, *args, **kwargs):
         self.progress.set_collective(kind)
+        self._inside.active = True
         try:
-            fn(*args)
+            return fn(*args, **kwargs)
         except Exception as exc:
             raise CollectiveError(f"{kind} failed on rank {self.rank}: {exc}") from exc
         finally:
+            self._inside.active = False
             self.progress.set_collective(None)
+
+    @contextlib.contextmanager
+    def intercept_torch_distributed(self):
+        """Also record collectives an implementation issues on ``comm.group`` itself.
+
+        Implementations that call ``torch.distributed.all_to_all_single`` /
+        ``all_gather_into_tensor`` / ``all_gather_single`` directly (looked up
+        at call time) are recorded like calls through the Communicator.
+        """
+        import torch.distributed as dist
+
+        names = [n for n in ("all_to_all_single", "all_gather_into_tensor", "all_gather_single") if hasattr(dist, n)]
+        originals = {name: getattr(dist, name) for name in names}
+        for name in names:
+            setattr(dist, name, self._recording(name, originals[name]))
+        try:
+            yield
+        finally:
+            for name, fn in originals.items():
+                setattr(dist, name, fn)
+
+    def _recording(self, name: str, original):
+        kind = "all_to_all_single" if name == "all_to_all_single" else "all_gather_into_tensor"
+
+        def call(output, input, *args, **kwargs):
+            if getattr(self._inside, "active", False):
+                return original(output, input, *args, **kwargs)  # already recorded by the Communicator
+            splits = dict(zip(("output_split_sizes", "input_split_sizes"), args))
+            splits.update({k: kwargs[k] for k in ("output_split_sizes", "input_split_sizes") if k in kwargs})
+            self.calls.append(WireCall(
+                kind=kind, send=input.detach().clone(), output_shape=tuple(output.shape),
+                output_split_sizes=_int_list(splits.get("output_split_sizes"), kind),
+                input_split_sizes=_int_list(splits.get("input_split_sizes"), kind),
+            ))
+            return self._run(kind, original, output, input, *args, **kwargs)
+
+        return call
+
+
+def _int_list(sizes, kind: str):
+    if kind != "all_to_all_single":
+        return None
+    return None if sizes is None else [int(s) for s in sizes]
 
 
 # -- snapshots of inputs (INV-INPUTS-UNCHANGED) -----------------------------
