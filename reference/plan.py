@@ -20,7 +20,7 @@ class ShardPlan:
     # [N] logits rows of each request (n_i).
     num_logits_per_req: np.ndarray
     # [N] batch positions in owner-sorted order: rank 0's requests in batch
-    # order, then rank 1's, ... (INV-ORDER).
+    # order, then rank 1's, ... (INV-SORTED-LOGITS-INDICES).
     owner_sorted_reqs: np.ndarray
     # [tp] logits rows owned by each rank (INV-SPLITS).
     num_logits_per_rank: np.ndarray

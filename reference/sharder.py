@@ -7,7 +7,7 @@
 3. ``gather_sampler_output``: all-gather the padded per-rank sampler results
    and restore batch order.
 
-Wire layout of the all-gathers (``spec/wire.yaml``): with W the agreed
+Wire layout of the all-gathers (the ``wire.*`` outputs of ``spec/data_model.yaml``): with W the agreed
 sampled-id width, M = max_num_reqs_per_rank and C the logprob width, each
 rank sends
 
@@ -40,7 +40,8 @@ from shardspec.spec.model import (
     num_logprob_columns,
 )
 
-# Values that fill what a rank's sampler did not produce (spec: INV-*-PADDING).
+# Values that fill what a rank's sampler did not produce (INV-GATHER-SAMPLED-IDS,
+# INV-LOGPROBS-VALUES, INV-LOGPROBS-MISSING).
 PAD_TOKEN_ID = 0
 PAD_LOGPROB = float("-inf")
 PAD_SELECTED_RANK = 0
