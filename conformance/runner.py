@@ -47,6 +47,7 @@ class CaseSet:
     cases: list[Case]
     generated: set[str]
     notes: list[str]
+    files: dict[str, str] = field(default_factory=dict)  # case id -> the --case-file it came from
 
 
 def collect_cases(config: RunConfig) -> CaseSet:
@@ -54,9 +55,10 @@ def collect_cases(config: RunConfig) -> CaseSet:
     if config.selected:
         from shardspec.fixtures import load_case, load_case_file
 
-        cases = [load_case(case_id) for case_id in config.case_ids]
-        cases += [load_case_file(path) for path in config.case_files]
-        return CaseSet(_unique_ids(cases), set(), notes)
+        from_files = {path: load_case_file(path) for path in config.case_files}
+        cases = _unique_ids([load_case(case_id) for case_id in config.case_ids] + list(from_files.values()))
+        files = {case.case_id: str(pathlib.Path(path).resolve()) for path, case in from_files.items()}
+        return CaseSet(cases, set(), notes, files)
     cases = [c for c in _fixture_cases(notes) if c.tp_size in config.tp_sizes]
     generated: list[Case] = []
     if not config.fixtures_only and config.max_examples > 0:
@@ -109,6 +111,8 @@ def run_implementation(config: RunConfig, impl: str, case_set: CaseSet, run_dir:
     _shrink_failures(config, choice, results, case_set.generated, run_dir, log)
     for result in results:
         result.generated = result.case_id in case_set.generated
+        if not result.reproduce and result.case_id in case_set.files:
+            result.reproduce = _command(choice, f"--case-file {case_set.files[result.case_id]}")
         result.reproduce = result.reproduce or reproduce_command(choice, result.case, result.generated, run_dir)
     return results
 
@@ -168,13 +172,16 @@ def write_case_file(case: Case, run_dir: pathlib.Path) -> pathlib.Path:
 
 
 def reproduce_command(choice: ImplChoice, case: Case, generated: bool, run_dir: pathlib.Path) -> str:
-    base = " ".join(["python -m shardspec.conformance", *choice.cli_args()])
     if not generated:
-        return f"{base} --case {case.case_id}"
+        return _command(choice, f"--case {case.case_id}")
     path = run_dir / "failing" / f"{case.case_id}.yaml"
     if not path.exists():
         write_case_file(case, run_dir)
-    return f"{base} --case-file {path} --tp {case.tp_size}"
+    return _command(choice, f"--case-file {path} --tp {case.tp_size}")
+
+
+def _command(choice: ImplChoice, selection: str) -> str:
+    return " ".join(["python -m shardspec.conformance", *choice.cli_args(), selection])
 
 
 def make_run_dir(config: RunConfig) -> tuple[pathlib.Path, bool]:

@@ -1,0 +1,47 @@
+"""Helpers for the conformance harness tests."""
+
+import os
+import pathlib
+
+import pytest
+
+from shardspec.conformance.checks import base
+from shardspec.conformance.checks.base import Violation
+
+PLUGINS = pathlib.Path(__file__).resolve().parent / "plugins"
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+EXAMPLE = ROOT / "examples" / "out_of_tree_adapter"
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "slow: launches torchrun (several seconds each)")
+
+
+@pytest.fixture
+def plugins_on_path(monkeypatch):
+    monkeypatch.syspath_prepend(str(PLUGINS))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(PLUGINS), os.environ.get("PYTHONPATH")])))
+
+
+@pytest.fixture
+def throwaway_checkers(monkeypatch):
+    """Replace the registries with two checkers of this test: counts and wire agreement."""
+    seen_digests = []
+
+    def counts(record):
+        actual, expected = record.actual.gathered, record.expected.gathered
+        if actual is not None and not actual.num_rejected.equal(expected.num_rejected):
+            yield Violation("INV-TEST-COUNTS", "num_rejected differs", rank=record.rank, field="num_rejected")
+
+    def wire_agreement(case, digests):
+        seen_digests.append(digests)
+        kinds = {tuple(w["kind"] for w in d["wire"]) for d in digests.values()}
+        if len(kinds) != 1:
+            yield Violation("INV-TEST-WIRE", f"ranks disagree: {kinds}")
+
+    monkeypatch.setattr(base, "RANK_CHECKERS", {"INV-TEST-COUNTS": counts})
+    monkeypatch.setattr(base, "GROUP_CHECKERS", {"INV-TEST-WIRE": wire_agreement})
+    import shardspec.conformance.execute as execute
+
+    monkeypatch.setattr(execute, "RANK_CHECKERS", base.RANK_CHECKERS)
+    return seen_digests

@@ -1,0 +1,25 @@
+"""Small cases shared by the harness tests."""
+
+import pathlib
+
+from shardspec.spec.case import Case
+
+
+def small_cases(tp: int) -> list[Case]:
+    """Three cases of 2, 3 and 4 requests; the faulty sharders misbehave on the 3-request one."""
+    return [
+        Case(f"small-tp{tp}-{n}", tp, description=f"{n} requests", slots=[5, 2, 9, 0][:n], num_logits_per_req=[1, 2, 1, 3][:n],
+             grammar_positions=[0], nan_tokens=[1], logprobs_dims=(2, 3))
+        for n in (2, 3, 4)
+    ]
+
+
+def write_cases(cases: list[Case], folder: pathlib.Path) -> list[str]:
+    from shardspec.fixtures import case_to_yaml
+
+    paths = []
+    for case in cases:
+        path = folder / f"{case.case_id}.yaml"
+        path.write_text(case_to_yaml(case))
+        paths.append(str(path))
+    return paths

@@ -1,0 +1,50 @@
+"""Deliberately broken implementations, to test how the suite reports them.
+
+Each misbehaves only for batches of exactly ``TRIGGER_REQS`` requests, so a
+run of several cases shows that one bad case does not spoil the others.
+"""
+
+from __future__ import annotations
+
+import time
+
+from shardspec.reference import ReferenceSharder
+
+TRIGGER_REQS = 3
+
+
+class _Base(ReferenceSharder):
+    def __init__(self, max_num_reqs, max_num_logits_per_req, *, comm, device):
+        super().__init__(max_num_reqs, max_num_logits_per_req, comm=comm, device=device)
+
+    def _triggered(self, global_batch) -> bool:
+        return global_batch.num_reqs == TRIGGER_REQS and self.rank == 1
+
+
+class RaisingSharder(_Base):
+    """Rank 1 raises in gather, before its all-gather."""
+
+    def gather_sampler_output(self, local_output, metadata, global_batch, local_batch, **kwargs):
+        if self._triggered(global_batch):
+            raise RuntimeError("deliberate failure on rank 1")
+        return super().gather_sampler_output(local_output, metadata, global_batch, local_batch, **kwargs)
+
+
+class HangingSharder(_Base):
+    """Rank 1 never returns from gather."""
+
+    def gather_sampler_output(self, local_output, metadata, global_batch, local_batch, **kwargs):
+        if self._triggered(global_batch):
+            while True:
+                time.sleep(1)
+        return super().gather_sampler_output(local_output, metadata, global_batch, local_batch, **kwargs)
+
+
+class WrongCountsSharder(_Base):
+    """Every rank reports num_rejected + 1 for batches of more than two requests."""
+
+    def gather_sampler_output(self, local_output, metadata, global_batch, local_batch, **kwargs):
+        out = super().gather_sampler_output(local_output, metadata, global_batch, local_batch, **kwargs)
+        if global_batch.num_reqs > 2:
+            out.num_rejected = out.num_rejected + 1
+        return out

@@ -1,0 +1,77 @@
+"""The command line end to end in the in-process mode: exit codes, xfails, JSON report."""
+
+import json
+
+from shardspec.conformance.cli import main
+
+from harness_cases import small_cases, write_cases
+
+
+def _run(tmp_path, *extra):
+    files = write_cases(small_cases(2), tmp_path)
+    report = tmp_path / "report.json"
+    args = ["--in-process", "--json", str(report), "--run-dir", str(tmp_path / "run")]
+    args += [arg for path in files for arg in ("--case-file", path)]
+    return main(args + list(extra)), json.loads(report.read_text())
+
+
+def test_conforming_run_exits_0_with_metadata(tmp_path, throwaway_checkers):
+    code, report = _run(tmp_path)
+    assert code == 0 and report["exit_code"] == 0
+    meta = report["metadata"]
+    assert meta["implementations"] == ["reference"] and meta["tp_sizes"] == [2]
+    for key in ("spec_version", "torch", "triton", "numpy", "python", "backend", "device", "seed", "wall_s"):
+        assert key in meta
+    table = {row["invariant"]: row["results"]["2"] for row in report["sections"][0]["table"]}
+    assert table["INV-TEST-COUNTS"] == "pass" and table["INV-TEST-WIRE"] == "pass"
+
+
+def test_must_failure_exits_1_and_lists_a_reproduce_command(tmp_path, plugins_on_path, throwaway_checkers, capsys):
+    code, report = _run(tmp_path, "--impl", "faulty_sharders:WrongCountsSharder")
+    assert code == 1
+    table = {row["invariant"]: row["results"]["2"] for row in report["sections"][0]["table"]}
+    assert table["INV-TEST-COUNTS"] == "FAIL"
+    failing = [c for c in report["sections"][0]["cases"] if c["status"] == "fail"]
+    assert [c["case_id"] for c in failing] == ["small-tp2-3", "small-tp2-4"]
+    out = capsys.readouterr().out
+    assert "FAIL [INV-TEST-COUNTS] case small-tp2-3 (tp 2): rank 0, field num_rejected" in out
+    assert "reproduce: python -m shardspec.conformance --impl faulty_sharders:WrongCountsSharder --case-file" in out
+
+
+def test_xfails_turn_failures_into_xfail_and_warn_about_stale_entries(tmp_path, plugins_on_path,
+                                                                     throwaway_checkers, capsys):
+    xfails = tmp_path / "xfails.txt"
+    xfails.write_text("INV-TEST-COUNTS  # known\nINV-NO-SUCH-THING\nINV-TEST-WIRE\n")
+    code, report = _run(tmp_path, "--impl", "faulty_sharders:WrongCountsSharder", "--xfails-file", str(xfails))
+    assert code == 0
+    table = {row["invariant"]: row["results"]["2"] for row in report["sections"][0]["table"]}
+    assert table["INV-TEST-COUNTS"] == "xfail"
+    warnings = "\n".join(report["warnings"])
+    assert "'INV-NO-SUCH-THING' matches no invariant" in warnings
+    assert "'INV-TEST-WIRE' did not fail" in warnings
+
+
+def test_should_failure_is_a_warning(tmp_path, monkeypatch, throwaway_checkers):
+    from shardspec.conformance.checks import base
+
+    def always(record):
+        yield base.Violation("INV-LOCAL-ALIGNMENT", "not aligned", rank=record.rank)
+
+    monkeypatch.setitem(base.RANK_CHECKERS, "INV-LOCAL-ALIGNMENT", always)
+    code, report = _run(tmp_path)
+    table = {row["invariant"]: row["results"]["2"] for row in report["sections"][0]["table"]}
+    assert (code, table["INV-LOCAL-ALIGNMENT"]) == (0, "warn")
+
+
+def test_errors_fail_the_run(tmp_path, plugins_on_path, throwaway_checkers):
+    code, report = _run(tmp_path, "--impl", "faulty_sharders:RaisingSharder")
+    assert code == 1
+    table = {row["invariant"]: row["results"]["2"] for row in report["sections"][0]["table"]}
+    assert table["(run errors)"] == "FAIL 1"
+
+
+def test_missing_implementation_is_not_run(tmp_path, throwaway_checkers, capsys):
+    code, report = _run(tmp_path, "--impl", "no_such_pkg_xyz:make")
+    assert code == 1
+    assert {c["status"] for c in report["sections"][0]["cases"]} == {"not-run"}
+    assert "cannot import 'no_such_pkg_xyz'" in capsys.readouterr().out
