@@ -182,6 +182,11 @@ def check_local_output(
     rank=None,
 ) -> None:
     num_local_reqs, num_local_logits = local_batch.num_reqs, local_batch.num_logits
+    # logprobs_dims is replicated: check it before the local output, so that a
+    # rank owning nothing rejects it too instead of entering the collectives.
+    if logprobs_dims is not None:
+        _require(len(logprobs_dims) == 2 and min(logprobs_dims) >= 0, "PRE-LOGPROBS-DIMS", "logprobs_dims",
+                 f"{logprobs_dims} is not a pair of non-negative ints", rank=rank)
     if local_output is None:
         _require(num_local_reqs == 0, "PRE-LOCAL-OUTPUT", "local_output",
                  f"is None but this rank owns {num_local_reqs} requests", rank=rank)
@@ -200,8 +205,6 @@ def check_local_output(
                  f"is {None if nans is None else tuple(nans.shape)}; gather_num_nans needs one count per "
                  f"local logits row ({num_local_logits},)", rank=rank)
     if logprobs_dims is not None:
-        _require(min(logprobs_dims) >= 0, "PRE-LOGPROBS-DIMS", "logprobs_dims",
-                 f"{logprobs_dims} has a negative entry", rank=rank)
         lp = local_output.logprobs_tensors
         if lp is not None:
             for name in ("logprob_token_ids", "logprobs"):
