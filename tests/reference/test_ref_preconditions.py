@@ -167,3 +167,14 @@ def test_rejection_writes_nothing():
     with pytest.raises(PreconditionError):
         _shard(batch)
     assert torch.equal(batch.idx_mapping, before)
+
+
+@pytest.mark.parametrize("dims", [(-1, 0), (-3, -2), (2,)], ids=str)
+def test_rank_owning_nothing_rejects_bad_logprobs_dims_too(dims):
+    """logprobs_dims is replicated, so every rank must reject it, not only owners."""
+    batch = build_input_batch([0, 2], [1, 1])  # rank 1 owns nothing
+    sharder = ReferenceSharder(8, 4, comm=LoopbackComm(1, TP))
+    shard = sharder.shard_sampler_inputs(batch, None)
+    with pytest.raises(PreconditionError) as caught:
+        sharder.gather_sampler_output(None, shard.metadata, batch, shard.local_batch, logprobs_dims=dims)
+    assert caught.value.precondition_id == "PRE-LOGPROBS-DIMS"
