@@ -1,0 +1,63 @@
+"""Real torchrun launches: raising and hanging ranks, the example adapter, mixed groups.
+
+Each test is one or two launches of a few seconds; marked slow.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import EXAMPLE, PLUGINS
+from harness_cases import small_cases, write_cases
+
+pytestmark = pytest.mark.slow
+
+
+def _suite(tmp_path, tp, *args, pythonpath=PLUGINS):
+    files = write_cases(small_cases(tp), tmp_path)
+    report = tmp_path / "report.json"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(pythonpath), os.environ.get("PYTHONPATH")])))
+    command = [sys.executable, "-m", "shardspec.conformance", "--json", str(report),
+               "--run-dir", str(tmp_path / "run"), *args]
+    command += [arg for path in files for arg in ("--case-file", path)]
+    proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=240)
+    return proc, json.loads(report.read_text())
+
+
+def _cases(report):
+    return {c["case_id"]: c for c in report["sections"][0]["cases"]}
+
+
+def test_raising_rank_fails_only_its_case(tmp_path):
+    proc, report = _suite(tmp_path, 2, "--impl", "faulty_sharders:RaisingSharder")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    cases = _cases(report)
+    assert cases["small-tp2-2"]["status"] == "pass" and cases["small-tp2-4"]["status"] == "pass"
+    broken = cases["small-tp2-3"]
+    assert broken["status"] == "error"
+    first = broken["errors"][0]
+    assert (first["rank"], first["kind"], first["step"]) == (1, "raised", "gather")
+    assert "deliberate failure on rank 1" in first["traceback"]
+    assert "rank 1 [raised]: RuntimeError in step gather" in proc.stdout
+
+
+def test_hanging_rank_times_out_and_the_run_goes_on(tmp_path):
+    proc, report = _suite(tmp_path, 2, "--impl", "faulty_sharders:HangingSharder", "--timeout", "6")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    cases = _cases(report)
+    assert cases["small-tp2-2"]["status"] == "pass" and cases["small-tp2-4"]["status"] == "pass"
+    hung = cases["small-tp2-3"]
+    assert hung["status"] == "error"
+    own = [e for e in hung["errors"] if e["rank"] == 1]
+    assert own and own[0]["kind"] == "timeout" and "in step gather" in own[0]["message"], hung["errors"]
+
+
+def test_example_adapter_passes_alone_and_mixed_with_the_reference(tmp_path):
+    adapter = "shardspec_adapter:make_sharder"
+    proc, report = _suite(tmp_path, 3, "--impl", adapter, "--impl-odd", "reference", pythonpath=EXAMPLE)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert report["metadata"]["implementations"] == [f"{adapter} (even ranks) + reference (odd ranks)"]
+    assert {c["status"] for c in report["sections"][0]["cases"]} == {"pass"}
