@@ -1,0 +1,192 @@
+"""Host-side precondition checks of the production sharder.
+
+They read host copies and tensor metadata (shape, dtype) only, never device
+data, so they cost no device synchronization. Not checked here because that
+would need device values: PRE-HOST-DEVICE-MATCH, PRE-LOGITS-TAIL, PRE-EXPANDED
+and the values of query_start_loc. PRE-REQ-IDS-UNIQUE is checked where the ids
+are indexed anyway (with a grammar output). The order of the checks follows
+the spec's, so a batch that breaks several preconditions names the same one.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import numpy as np
+
+from shardspec.spec.errors import PreconditionError
+from shardspec.spec.model import GrammarOutput, InputBatch, SamplerOutput
+
+_INT_DTYPE_NAMES = ("torch.int32", "torch.int64")
+
+
+def _fail(pid: str, field: str, message: str, request=None, rank=None) -> None:
+    raise PreconditionError(pid, field, message, request=request, rank=rank)
+
+
+def _first(mask: np.ndarray) -> int:
+    return int(np.flatnonzero(mask)[0])
+
+
+def check_capacity_reqs(num_reqs: int, max_num_reqs: int, rank) -> None:
+    """Always on: buffers are sized by the capacity, so nothing beyond it may pass."""
+    if num_reqs > max_num_reqs:
+        _fail("PRE-CAPACITY-REQS", "num_reqs",
+              f"{num_reqs} requests exceed the sharder's capacity max_num_reqs={max_num_reqs}", rank=rank)
+
+
+def check_capacity_logits(counts: np.ndarray, max_num_logits_per_req: int, rank) -> None:
+    """Always on, like :func:`check_capacity_reqs`."""
+    if counts.shape[0] and counts.max() > max_num_logits_per_req:
+        bad = _first(counts > max_num_logits_per_req)
+        _fail("PRE-CAPACITY-LOGITS", "cu_num_logits",
+              f"request has {counts[bad]} logits rows, more than the sharder's capacity "
+              f"max_num_logits_per_req={max_num_logits_per_req}", request=bad, rank=rank)
+
+
+def cu_counts(batch: InputBatch, rank) -> tuple[np.ndarray, np.ndarray]:
+    """(cu_num_logits_np as int64, n_i per request); PRE-CU-LOGITS on the way."""
+    cu = np.asarray(batch.cu_num_logits_np)
+    if cu.shape != (batch.num_reqs + 1,):
+        _fail("PRE-CU-LOGITS", "cu_num_logits_np", f"shape {cu.shape}, expected ({batch.num_reqs + 1},)", rank=rank)
+    if cu[0] != 0:
+        _fail("PRE-CU-LOGITS", "cu_num_logits_np", f"starts at {int(cu[0])}, not 0", rank=rank)
+    cu = cu.astype(np.int64, copy=False)
+    return cu, np.diff(cu)
+
+
+def check_input_batch(batch: InputBatch, *, max_num_reqs: int, max_num_logits_per_req: int,
+                      rank=None) -> tuple[np.ndarray, np.ndarray]:
+    """Every host-side check of the batch; returns :func:`cu_counts`."""
+    num_reqs = batch.num_reqs
+    slots = batch.idx_mapping_np
+    if len(batch.req_ids) != num_reqs or slots.shape != (num_reqs,):
+        _fail("PRE-BATCH-SIZE", "num_reqs", f"num_reqs={num_reqs} but {len(batch.req_ids)} req_ids and "
+              f"idx_mapping_np of shape {tuple(slots.shape)}", rank=rank)
+    check_capacity_reqs(num_reqs, max_num_reqs, rank)
+    _check_slots(batch, max_num_reqs, rank)
+    cu, counts = cu_counts(batch, rank)
+    if num_reqs and counts.min() < 1:
+        bad = _first(counts < 1)
+        _fail("PRE-LOGITS-PER-REQ", "cu_num_logits",
+              f"request has {counts[bad]} logits rows; at least 1 is required", request=bad, rank=rank)
+    check_capacity_logits(counts, max_num_logits_per_req, rank)
+    if str(batch.cu_num_logits.dtype) not in _INT_DTYPE_NAMES:
+        _fail("PRE-DTYPES", "cu_num_logits", f"dtype {batch.cu_num_logits.dtype} is not int32/int64", rank=rank)
+    if tuple(batch.cu_num_logits.shape) != cu.shape:
+        _fail("PRE-HOST-DEVICE-MATCH", "cu_num_logits", "device copy differs in shape from cu_num_logits_np",
+              rank=rank)
+    _check_shapes(batch, int(cu[-1]), rank)
+    _check_drafts(batch, counts, rank)
+    return cu, counts
+
+
+def _check_slots(batch: InputBatch, max_num_reqs: int, rank) -> None:
+    slots = batch.idx_mapping_np
+    if slots.dtype.kind not in "iu":
+        _fail("PRE-DTYPES", "idx_mapping_np", f"dtype {slots.dtype} is not an integer type", rank=rank)
+    if slots.shape[0] and (slots.min() < 0 or slots.max() >= max_num_reqs):
+        bad = _first((slots < 0) | (slots >= max_num_reqs))
+        _fail("PRE-SLOT-RANGE", "idx_mapping", f"slot {slots[bad]} is outside [0, {max_num_reqs})",
+              request=bad, rank=rank)
+    if slots.shape[0] and np.bincount(slots, minlength=max_num_reqs).max() > 1:
+        _, first_seen = np.unique(slots, return_index=True)
+        repeated = np.setdiff1d(np.arange(slots.shape[0]), first_seen)
+        _fail("PRE-SLOT-UNIQUE", "idx_mapping", "two requests share a slot", request=int(repeated.min()), rank=rank)
+    if str(batch.idx_mapping.dtype) not in _INT_DTYPE_NAMES:
+        _fail("PRE-DTYPES", "idx_mapping", f"dtype {batch.idx_mapping.dtype} is not int32/int64", rank=rank)
+    if tuple(batch.idx_mapping.shape) != slots.shape:
+        _fail("PRE-HOST-DEVICE-MATCH", "idx_mapping", "device copy differs in shape from idx_mapping_np", rank=rank)
+
+
+def _check_shapes(batch: InputBatch, num_logits: int, rank) -> None:
+    """Shapes of the device fields the kernels read (metadata only)."""
+    num_reqs = batch.num_reqs
+    if tuple(batch.query_start_loc.shape) != (num_reqs + 1,):
+        _fail("PRE-QUERY-START-LOC", "query_start_loc",
+              f"shape {tuple(batch.query_start_loc.shape)} is not ({num_reqs + 1},)", rank=rank)
+    expected = {"seq_lens": (num_reqs,), "logits_indices": (num_logits,), "expanded_idx_mapping": (num_logits,),
+                "expanded_local_pos": (num_logits,)}
+    for name, shape in expected.items():
+        actual = tuple(getattr(batch, name).shape)
+        if actual != shape:
+            _fail("PRE-FIELD-SHAPES", name, f"shape {actual}, expected {shape}", rank=rank)
+
+
+def _check_drafts(batch: InputBatch, counts: np.ndarray, rank) -> None:
+    drafts = batch.num_draft_tokens_per_req
+    if drafts is None:
+        if counts.shape[0] and counts.max() != 1:
+            _fail("PRE-DRAFTS", "num_draft_tokens_per_req",
+                  "is None, so every request must have exactly 1 logits row", request=_first(counts != 1), rank=rank)
+        if batch.num_draft_tokens != 0:
+            _fail("PRE-DRAFTS", "num_draft_tokens", f"is {batch.num_draft_tokens} without num_draft_tokens_per_req",
+                  rank=rank)
+        return
+    drafts = np.asarray(drafts)
+    if drafts.shape != (batch.num_reqs,):
+        _fail("PRE-DRAFTS", "num_draft_tokens_per_req", f"shape {drafts.shape}, expected ({batch.num_reqs},)",
+              rank=rank)
+    mismatch = counts != drafts.astype(np.int64) + 1
+    if mismatch.any():
+        _fail("PRE-DRAFTS", "num_draft_tokens_per_req", "a request's logits rows must be 1 + its draft tokens",
+              request=_first(mismatch), rank=rank)
+    if batch.num_draft_tokens != int(drafts.sum()):
+        _fail("PRE-DRAFTS", "num_draft_tokens",
+              f"is {batch.num_draft_tokens}, but num_draft_tokens_per_req sums to {int(drafts.sum())}", rank=rank)
+
+
+def check_grammar_output(grammar: GrammarOutput, position: dict, num_reqs: int, counts: np.ndarray, rank) -> None:
+    """``position`` maps request id to batch position (built by the caller)."""
+    if len(position) != num_reqs:
+        _fail("PRE-REQ-IDS-UNIQUE", "req_ids", "request ids are not unique", rank=rank)
+    ids = grammar.structured_output_request_ids
+    for k, req_id in enumerate(ids):
+        if req_id not in position:
+            _fail("PRE-GRAMMAR-IDS", "structured_output_request_ids", f"entry {k} ({req_id!r}) is not in the batch",
+                  rank=rank)
+    if len(set(ids)) != len(ids):
+        seen = set()
+        dup = next(k for k, req_id in enumerate(ids) if req_id in seen or seen.add(req_id))
+        _fail("PRE-GRAMMAR-IDS", "structured_output_request_ids", f"entry {dup} repeats a request id",
+              request=position[ids[dup]], rank=rank)
+    rows = int(counts[[position[r] for r in ids]].sum()) if ids else 0
+    bitmask = grammar.grammar_bitmask
+    if bitmask.dim() != 2 or bitmask.shape[0] != rows:
+        _fail("PRE-GRAMMAR-BITMASK", "grammar_bitmask", f"shape {tuple(bitmask.shape)}; expected {rows} rows "
+              "(one per logits row of the listed requests)", rank=rank)
+
+
+def check_local_output(local_output: Optional[SamplerOutput], num_local_reqs: int, num_local_logits: int, *,
+                       gather_num_nans: bool, logprobs_dims, rank=None) -> None:
+    if logprobs_dims is not None and min(logprobs_dims) < 0:
+        _fail("PRE-LOGPROBS-DIMS", "logprobs_dims", f"{logprobs_dims} has a negative entry", rank=rank)
+    if local_output is None:
+        if num_local_reqs:
+            _fail("PRE-LOCAL-OUTPUT", "local_output", f"is None but this rank owns {num_local_reqs} requests",
+                  rank=rank)
+        return
+    ids = local_output.sampled_token_ids
+    if ids.dim() != 2 or ids.shape[0] != num_local_reqs:
+        _fail("PRE-LOCAL-OUTPUT", "sampled_token_ids", f"shape {tuple(ids.shape)}; expected ({num_local_reqs}, "
+              "width)", rank=rank)
+    expected = {"num_sampled": num_local_reqs, "num_rejected": num_local_reqs}
+    if gather_num_nans:
+        expected["num_nans"] = num_local_logits
+    for name, length in expected.items():
+        value = getattr(local_output, name)
+        if value is None or tuple(value.shape) != (length,):
+            shape = None if value is None else tuple(value.shape)
+            _fail("PRE-LOCAL-OUTPUT", name, f"is {shape}; expected shape ({length},)", rank=rank)
+    lp = local_output.logprobs_tensors
+    if logprobs_dims is not None and lp is not None:
+        for name in ("logprob_token_ids", "logprobs"):
+            value = getattr(lp, name)
+            if value.dim() != 2 or value.shape[0] != num_local_logits:
+                _fail("PRE-LOCAL-OUTPUT", name, f"shape {tuple(value.shape)}; expected ({num_local_logits}, "
+                      "columns)", rank=rank)
+        if lp.logprob_token_ids.shape != lp.logprobs.shape:
+            _fail("PRE-LOCAL-OUTPUT", "logprobs", "logprob_token_ids and logprobs differ in shape", rank=rank)
+        if tuple(lp.selected_token_ranks.shape) != (num_local_logits,):
+            _fail("PRE-LOCAL-OUTPUT", "selected_token_ranks", f"shape {tuple(lp.selected_token_ranks.shape)}",
+                  rank=rank)

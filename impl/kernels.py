@@ -1,0 +1,224 @@
+"""Triton kernels of the production sharder.
+
+Three launches per step, each over blocks of requests (never one program per
+request, so the interpreter stays fast on the CPU and a GPU launch stays small):
+
+* ``shard_plan_kernel``: owner-sorted logits indices, gathered source indices
+  and every device field of the local batch, from the batch's device copies.
+* ``pack_kernel``: the rank's sampled ids, counts, NaN sums and logprobs into
+  the all-gather send buffers (wire layout of the spec, padding rows included).
+* ``unpack_kernel``: the gathered buffers back into batch order.
+
+Every integer that changes from step to step is excluded from specialization,
+so a new batch size never triggers a recompilation.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit(do_not_specialize=["num_reqs", "max_reqs_per_rank"])
+def shard_plan_kernel(
+    slots_ptr, cu_ptr, logits_indices_ptr, seq_lens_ptr,
+    sorted_indices_ptr, src_indices_ptr,
+    local_slots_ptr, local_cu_ptr, local_indices_ptr, local_row_slots_ptr, local_row_pos_ptr, local_seq_lens_ptr,
+    num_reqs, max_reqs_per_rank,
+    TP: tl.constexpr, RANK: tl.constexpr, TP_PAD: tl.constexpr, BLOCK: tl.constexpr, ROWS_PAD: tl.constexpr,
+):
+    block_start = tl.program_id(0) * BLOCK
+    ranks = tl.arange(0, TP_PAD)
+    # Per-rank request and row counts: before this block, and over the batch.
+    reqs_before = tl.zeros([TP_PAD], dtype=tl.int32)
+    rows_before = tl.zeros([TP_PAD], dtype=tl.int32)
+    rows_total = tl.zeros([TP_PAD], dtype=tl.int32)
+    for start in range(0, num_reqs, BLOCK):
+        reqs = start + tl.arange(0, BLOCK)
+        valid = reqs < num_reqs
+        owners = tl.load(slots_ptr + reqs, mask=valid, other=0) % TP
+        first = tl.load(cu_ptr + reqs, mask=valid, other=0)
+        counts = (tl.load(cu_ptr + reqs + 1, mask=valid, other=0) - first).to(tl.int32)
+        owned = (owners[:, None] == ranks[None, :]) & valid[:, None]
+        reqs_per_rank = tl.sum(owned.to(tl.int32), axis=0)
+        rows_per_rank = tl.sum(tl.where(owned, counts[:, None], 0), axis=0)
+        rows_total += rows_per_rank
+        earlier = start < block_start
+        reqs_before += tl.where(earlier, reqs_per_rank, 0)
+        rows_before += tl.where(earlier, rows_per_rank, 0)
+    # Rank r's rows start after every row of lower ranks (owner-sorted order).
+    rank_row_start = tl.cumsum(rows_total, axis=0) - rows_total
+
+    reqs = block_start + tl.arange(0, BLOCK)
+    valid = reqs < num_reqs
+    slots = tl.load(slots_ptr + reqs, mask=valid, other=0)
+    owners = slots % TP
+    first = tl.load(cu_ptr + reqs, mask=valid, other=0)
+    counts = (tl.load(cu_ptr + reqs + 1, mask=valid, other=0) - first).to(tl.int32)
+    owned = (owners[:, None] == ranks[None, :]) & valid[:, None]
+    owned_int = owned.to(tl.int32)
+    # Inclusive prefix counts per owner inside the block; a request reads its
+    # owner's column, shifted by the earlier blocks' counts.
+    reqs_incl = tl.cumsum(owned_int, axis=0)
+    rows_incl = tl.cumsum(owned_int * counts[:, None], axis=0)
+    index_in_owner = tl.sum(tl.where(owned, reqs_incl - 1 + reqs_before[None, :], 0), axis=1)
+    sorted_start = tl.sum(
+        tl.where(owned, rows_incl - counts[:, None] + rows_before[None, :] + rank_row_start[None, :], 0), axis=1
+    )
+    tl.store(src_indices_ptr + reqs, owners.to(tl.int64) * max_reqs_per_rank + index_in_owner, mask=valid)
+
+    pos = tl.arange(0, ROWS_PAD)
+    row_valid = valid[:, None] & (pos[None, :] < counts[:, None])
+    indices = tl.load(logits_indices_ptr + first[:, None] + pos[None, :], mask=row_valid, other=0).to(tl.int64)
+    tl.store(sorted_indices_ptr + sorted_start[:, None] + pos[None, :], indices, mask=row_valid)
+
+    # This rank's requests: local fields at their index among the owned ones.
+    local_start = tl.sum(tl.where(ranks == RANK, rank_row_start, 0), axis=0)
+    mine = valid & (owners == RANK)
+    local_first = sorted_start - local_start
+    tl.store(local_slots_ptr + index_in_owner, slots.to(tl.int32), mask=mine)
+    seq_lens = tl.load(seq_lens_ptr + reqs, mask=mine, other=0)
+    tl.store(local_seq_lens_ptr + index_in_owner, seq_lens.to(tl.int32), mask=mine)
+    tl.store(local_cu_ptr + index_in_owner + 1, local_first + counts, mask=mine)
+    row_mine = row_valid & mine[:, None]
+    local_rows = local_first[:, None] + pos[None, :]
+    tl.store(local_indices_ptr + local_rows, indices, mask=row_mine)
+    row_slots = tl.broadcast_to(slots.to(tl.int32)[:, None], [BLOCK, ROWS_PAD])
+    tl.store(local_row_slots_ptr + local_rows, row_slots, mask=row_mine)
+    row_pos = tl.broadcast_to(pos[None, :], [BLOCK, ROWS_PAD])
+    tl.store(local_row_pos_ptr + local_rows, row_pos, mask=row_mine)
+
+
+@triton.jit(
+    do_not_specialize=[
+        "ids_stride0", "ids_stride1", "ids_width", "sampled_stride", "rejected_stride", "nans_stride",
+        "lp_ids_stride0", "lp_ids_stride1", "lp_vals_stride0", "lp_vals_stride1", "lp_width", "lp_ranks_stride",
+        "num_local_reqs", "max_reqs_per_rank", "width", "sampled_cols", "num_cols",
+    ]
+)
+def pack_kernel(
+    send_ptr, local_cu_ptr,
+    ids_ptr, ids_stride0, ids_stride1, ids_width,
+    sampled_ptr, sampled_stride, rejected_ptr, rejected_stride, nans_ptr, nans_stride,
+    lp_send_ids_ptr, lp_send_vals_ptr,
+    lp_ids_ptr, lp_ids_stride0, lp_ids_stride1, lp_vals_ptr, lp_vals_stride0, lp_vals_stride1, lp_width,
+    lp_ranks_ptr, lp_ranks_stride,
+    num_local_reqs, max_reqs_per_rank, width, sampled_cols, num_cols,
+    HAS_OUTPUT: tl.constexpr, HAS_NANS: tl.constexpr, HAS_LOGPROBS: tl.constexpr, LOCAL_LOGPROBS: tl.constexpr,
+    BLOCK: tl.constexpr, ROWS_PAD: tl.constexpr, SAMPLED_PAD: tl.constexpr, COLS_PAD: tl.constexpr,
+):
+    """Send row j < max_reqs_per_rank: local request j, or zeros past the local requests."""
+    reqs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    in_wire = reqs < max_reqs_per_rank
+    cols = tl.arange(0, SAMPLED_PAD)
+    row = tl.zeros([BLOCK, SAMPLED_PAD], dtype=tl.int64)
+    if HAS_OUTPUT:
+        has = reqs < num_local_reqs
+        # Narrower local ids are zero-filled, wider ones truncated to width.
+        copied = cols < tl.minimum(ids_width, width)
+        ids_at = ids_ptr + reqs[:, None] * ids_stride0 + cols[None, :] * ids_stride1
+        row = tl.load(ids_at, mask=has[:, None] & copied[None, :], other=0).to(tl.int64)
+        num_sampled = tl.load(sampled_ptr + reqs * sampled_stride, mask=has, other=0).to(tl.int64)
+        num_rejected = tl.load(rejected_ptr + reqs * rejected_stride, mask=has, other=0).to(tl.int64)
+        row = tl.where(cols[None, :] == width, num_sampled[:, None], row)
+        row = tl.where(cols[None, :] == width + 1, num_rejected[:, None], row)
+        if HAS_NANS:
+            first = tl.load(local_cu_ptr + reqs, mask=has, other=0)
+            counts = tl.load(local_cu_ptr + reqs + 1, mask=has, other=0) - first
+            pos = tl.arange(0, ROWS_PAD)
+            nans_at = nans_ptr + (first[:, None] + pos[None, :]) * nans_stride
+            nans = tl.load(nans_at, mask=has[:, None] & (pos[None, :] < counts[:, None]), other=0)
+            row = tl.where(cols[None, :] == width + 2, tl.sum(nans.to(tl.int64), axis=1)[:, None], row)
+    send_at = send_ptr + reqs[:, None] * sampled_cols + cols[None, :]
+    tl.store(send_at, row, mask=in_wire[:, None] & (cols[None, :] < sampled_cols))
+    if HAS_LOGPROBS:
+        _pack_logprobs(
+            local_cu_ptr, lp_send_ids_ptr, lp_send_vals_ptr,
+            lp_ids_ptr, lp_ids_stride0, lp_ids_stride1, lp_vals_ptr, lp_vals_stride0, lp_vals_stride1, lp_width,
+            lp_ranks_ptr, lp_ranks_stride, num_local_reqs, max_reqs_per_rank, width, num_cols,
+            LOCAL_LOGPROBS, BLOCK, ROWS_PAD, COLS_PAD,
+        )
+
+
+@triton.jit
+def _pack_logprobs(
+    local_cu_ptr, lp_send_ids_ptr, lp_send_vals_ptr,
+    lp_ids_ptr, lp_ids_stride0, lp_ids_stride1, lp_vals_ptr, lp_vals_stride0, lp_vals_stride1, lp_width,
+    lp_ranks_ptr, lp_ranks_stride, num_local_reqs, max_reqs_per_rank, width, num_cols,
+    LOCAL_LOGPROBS: tl.constexpr, BLOCK: tl.constexpr, ROWS_PAD: tl.constexpr, COLS_PAD: tl.constexpr,
+):
+    """Wire row j*width + p: local request j's p-th logits row, or id 0 / -inf / rank 0."""
+    flat = tl.program_id(0) * BLOCK * ROWS_PAD + tl.arange(0, BLOCK * ROWS_PAD)
+    reqs = flat // ROWS_PAD
+    pos = flat % ROWS_PAD
+    write = (reqs < max_reqs_per_rank) & (pos < width)
+    wire_rows = (reqs * width + pos).to(tl.int64)
+    cols = tl.arange(0, COLS_PAD)
+    ids = tl.zeros([BLOCK * ROWS_PAD, COLS_PAD], dtype=tl.int64)
+    vals = tl.full([BLOCK * ROWS_PAD, COLS_PAD], float("-inf"), dtype=tl.float32)
+    if LOCAL_LOGPROBS:
+        req_has = reqs < num_local_reqs
+        first = tl.load(local_cu_ptr + reqs, mask=req_has, other=0)
+        counts = tl.load(local_cu_ptr + reqs + 1, mask=req_has, other=0) - first
+        has = req_has & (pos < counts)
+        src = (first + pos).to(tl.int64)
+        copied = has[:, None] & (cols[None, :] < tl.minimum(lp_width, num_cols))
+        ids_at = lp_ids_ptr + src[:, None] * lp_ids_stride0 + cols[None, :] * lp_ids_stride1
+        ids = tl.load(ids_at, mask=copied, other=0).to(tl.int64)
+        selected = tl.load(lp_ranks_ptr + src * lp_ranks_stride, mask=has, other=0).to(tl.int64)
+        ids = tl.where(cols[None, :] == num_cols, selected[:, None], ids)
+        vals_at = lp_vals_ptr + src[:, None] * lp_vals_stride0 + cols[None, :] * lp_vals_stride1
+        vals = tl.load(vals_at, mask=copied, other=float("-inf")).to(tl.float32)
+    ids_mask = write[:, None] & (cols[None, :] < num_cols + 1)
+    tl.store(lp_send_ids_ptr + wire_rows[:, None] * (num_cols + 1) + cols[None, :], ids, mask=ids_mask)
+    vals_mask = write[:, None] & (cols[None, :] < num_cols)
+    tl.store(lp_send_vals_ptr + wire_rows[:, None] * num_cols + cols[None, :], vals, mask=vals_mask)
+
+
+@triton.jit(do_not_specialize=["num_reqs", "width", "sampled_cols", "num_cols"])
+def unpack_kernel(
+    gathered_ptr, src_indices_ptr, cu_ptr,
+    out_ids_ptr, out_sampled_ptr, out_rejected_ptr, out_nans_ptr,
+    lp_gathered_ids_ptr, lp_gathered_vals_ptr, out_lp_ids_ptr, out_lp_vals_ptr, out_lp_ranks_ptr,
+    num_reqs, width, sampled_cols, num_cols,
+    HAS_NANS: tl.constexpr, HAS_LOGPROBS: tl.constexpr,
+    BLOCK: tl.constexpr, ROWS_PAD: tl.constexpr, COLS_PAD: tl.constexpr,
+):
+    """Batch request i reads gathered row gathered_src_indices[i] (rank-major)."""
+    reqs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    valid = reqs < num_reqs
+    src = tl.load(src_indices_ptr + reqs, mask=valid, other=0)
+    row_at = gathered_ptr + src * sampled_cols
+    cols = tl.arange(0, ROWS_PAD)
+    id_mask = valid[:, None] & (cols[None, :] < width)
+    ids = tl.load(row_at[:, None] + cols[None, :], mask=id_mask, other=0)
+    tl.store(out_ids_ptr + reqs[:, None].to(tl.int64) * width + cols[None, :], ids, mask=id_mask)
+    num_sampled = tl.load(row_at + width, mask=valid, other=0)
+    tl.store(out_sampled_ptr + reqs, num_sampled.to(tl.int32), mask=valid)
+    num_rejected = tl.load(row_at + width + 1, mask=valid, other=0)
+    tl.store(out_rejected_ptr + reqs, num_rejected.to(tl.int32), mask=valid)
+    if HAS_NANS:
+        nans = tl.load(row_at + width + 2, mask=valid, other=0)
+        tl.store(out_nans_ptr + reqs, nans.to(tl.int32), mask=valid)
+    if HAS_LOGPROBS:
+        flat = tl.program_id(0) * BLOCK * ROWS_PAD + tl.arange(0, BLOCK * ROWS_PAD)
+        row_reqs = flat // ROWS_PAD
+        pos = flat % ROWS_PAD
+        req_valid = row_reqs < num_reqs
+        first = tl.load(cu_ptr + row_reqs, mask=req_valid, other=0)
+        counts = tl.load(cu_ptr + row_reqs + 1, mask=req_valid, other=0) - first
+        has = req_valid & (pos < counts)
+        src_rows = tl.load(src_indices_ptr + row_reqs, mask=has, other=0) * width + pos
+        out_rows = (first + pos).to(tl.int64)
+        lp_cols = tl.arange(0, COLS_PAD)
+        copied = has[:, None] & (lp_cols[None, :] < num_cols)
+        lp_ids = tl.load(lp_gathered_ids_ptr + src_rows[:, None] * (num_cols + 1) + lp_cols[None, :], mask=copied)
+        tl.store(out_lp_ids_ptr + out_rows[:, None] * num_cols + lp_cols[None, :], lp_ids, mask=copied)
+        selected = tl.load(lp_gathered_ids_ptr + src_rows * (num_cols + 1) + num_cols, mask=has)
+        tl.store(out_lp_ranks_ptr + out_rows, selected, mask=has)
+        lp_vals = tl.load(lp_gathered_vals_ptr + src_rows[:, None] * num_cols + lp_cols[None, :], mask=copied)
+        tl.store(out_lp_vals_ptr + out_rows[:, None] * num_cols + lp_cols[None, :], lp_vals, mask=copied)
+
+
+def next_power_of_2(n: int) -> int:
+    return triton.next_power_of_2(max(1, int(n)))

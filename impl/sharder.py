@@ -1,0 +1,310 @@
+"""The production sharder: the spec's three operations on Triton kernels.
+
+Same signatures, results and wire layout as the reference sharder (the wire
+layout is in ``reference/sharder.py``'s docstring and ``spec/wire.yaml``; the
+padding rows are written exactly as the reference writes them, so mixed groups
+agree byte for byte). What differs is how:
+
+* the plan's device fields come from one kernel launch (``shard_plan_kernel``)
+  that reads the batch's device copies; the host derives only what must be
+  Python or numpy (split sizes, local host copies) from the host copies, so a
+  step never waits on the device;
+* local batch tensors and metadata indices are views of one preallocated,
+  16-byte aligned workspace: they stay valid until the next
+  ``shard_sampler_inputs`` call on this sharder;
+* the sampled outputs and logprobs are packed by one launch and unpacked by
+  one launch; the gathered results are fresh tensors each step.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import replace
+from typing import Optional
+
+import numpy as np
+import torch
+
+from shardspec.comm import Communicator
+from shardspec.impl import checks
+from shardspec.impl.kernels import next_power_of_2, pack_kernel, shard_plan_kernel, unpack_kernel
+from shardspec.impl.workspace import carve, gathered_layout, logprobs_layout, plan_layout
+from shardspec.spec.model import (
+    BatchShardMetadata,
+    GrammarOutput,
+    InputBatch,
+    LogprobsTensors,
+    SamplerOutput,
+    ShardResult,
+    num_logprob_columns,
+)
+
+# The interpreter pays per program, not per element: give it few, large blocks.
+_INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
+_TILE_ELEMENTS = 1 << 16 if _INTERPRETED else 1 << 12
+
+
+def _block(per_request_elements: int, cap: int) -> int:
+    """Requests per program so that one program's tile holds about _TILE_ELEMENTS values."""
+    return max(1, min(next_power_of_2(cap), _TILE_ELEMENTS // max(1, per_request_elements)))
+
+
+class ProductionSharder:
+    def __init__(
+        self,
+        max_num_reqs: int,
+        max_num_logits_per_req: int,
+        *,
+        comm: Communicator,
+        device: torch.device | str = "cpu",
+        check_preconditions: bool = True,
+    ):
+        self.max_num_reqs = max_num_reqs
+        self.max_num_logits_per_req = max_num_logits_per_req
+        self.comm = comm
+        self.rank = comm.rank
+        self.tp_size = comm.world_size
+        self.device = torch.device(device)
+        self.check_preconditions = check_preconditions
+        self._ws = carve(plan_layout(max_num_reqs, max_num_logits_per_req, self.tp_size), self.device)
+        # Entry 0 of the local prefix sum is 0 forever; the kernel writes entries 1..n.
+        self._ws["local_cu_num_logits"][:1].zero_()
+        self._rows_pad = next_power_of_2(max_num_logits_per_req)
+        self._tp_pad = next_power_of_2(self.tp_size)
+        self._plan_block = _block(self._tp_pad * 4 + self._rows_pad * 2, max(1, max_num_reqs))
+        self._logprob_cols = -1  # columns the logprob wire buffers are sized for
+        self._lp_ws: dict = {}
+        self._a2a_recv = torch.empty(0, device=self.device)
+
+    # -- step 1 ------------------------------------------------------------
+    def shard_sampler_inputs(self, batch: InputBatch, grammar: Optional[GrammarOutput]) -> ShardResult:
+        rank, tp = self.rank, self.tp_size
+        if self.check_preconditions:
+            cu, counts = checks.check_input_batch(batch, max_num_reqs=self.max_num_reqs,
+                                                  max_num_logits_per_req=self.max_num_logits_per_req, rank=rank)
+        else:
+            checks.check_capacity_reqs(batch.num_reqs, self.max_num_reqs, rank)
+            cu, counts = checks.cu_counts(batch, rank)
+            checks.check_capacity_logits(counts, self.max_num_logits_per_req, rank)
+        position = None
+        if grammar is not None:
+            position = {req_id: i for i, req_id in enumerate(batch.req_ids)}
+            if self.check_preconditions:
+                checks.check_grammar_output(grammar, position, batch.num_reqs, counts, rank)
+        num_reqs = batch.num_reqs
+        slots = np.asarray(batch.idx_mapping_np)
+        owners = slots % tp
+        reqs_per_rank = np.bincount(owners, minlength=tp)
+        width = int(counts.max()) if num_reqs else 1
+        if width == 1:
+            rows_per_rank = reqs_per_rank
+        else:
+            rows_per_rank = np.bincount(owners, weights=counts, minlength=tp).astype(np.int64)
+        max_reqs_per_rank = int(reqs_per_rank.max()) if num_reqs else 1
+        local_reqs = np.flatnonzero(owners == rank)
+        num_local = local_reqs.shape[0]
+        num_logits, num_local_logits = int(cu[-1]), int(rows_per_rank[rank])
+
+        if num_reqs:
+            self._launch_plan(batch, num_reqs, max_reqs_per_rank)
+        ws = self._ws
+        local_counts = counts[local_reqs]
+        local_cu_np = np.zeros(num_local + 1, dtype=np.int32)
+        np.cumsum(local_counts, out=local_cu_np[1:])
+        local_slots = slots[local_reqs].astype(np.intp, copy=False)
+        drafts = batch.num_draft_tokens_per_req
+        local_drafts = None if drafts is None else np.asarray(drafts)[local_reqs].astype(np.int32, copy=False)
+        req_ids = batch.req_ids
+        local_batch = replace(
+            batch,
+            req_ids=[req_ids[i] for i in local_reqs.tolist()],
+            num_reqs=num_local,
+            idx_mapping=ws["local_idx_mapping"][:num_local],
+            idx_mapping_np=local_slots,
+            expanded_idx_mapping=ws["local_expanded_idx_mapping"][:num_local_logits],
+            expanded_local_pos=ws["local_expanded_local_pos"][:num_local_logits],
+            seq_lens=ws["local_seq_lens"][:num_local],
+            logits_indices=ws["local_logits_indices"][:num_local_logits],
+            cu_num_logits=ws["local_cu_num_logits"][: num_local + 1],
+            cu_num_logits_np=local_cu_np,
+            num_draft_tokens=0 if local_drafts is None else int(local_drafts.sum()),
+            num_draft_tokens_per_req=local_drafts,
+        )
+        metadata = BatchShardMetadata(
+            tp_size=tp,
+            num_logits_per_rank=rows_per_rank.tolist(),
+            num_local_logits=num_local_logits,
+            num_local_reqs=num_local,
+            max_num_reqs_per_rank=max_reqs_per_rank,
+            gathered_src_indices=ws["gathered_src_indices"][:num_reqs],
+            max_num_logits_per_req=width,
+        )
+        local_grammar = None
+        if grammar is not None:
+            local_grammar = self._local_grammar(grammar, position, owners, cu)
+        return ShardResult(local_batch, ws["sorted_logits_indices"][:num_logits], local_grammar, metadata)
+
+    def _launch_plan(self, batch: InputBatch, num_reqs: int, max_reqs_per_rank: int) -> None:
+        ws = self._ws
+        block = self._plan_block
+        shard_plan_kernel[(-(-num_reqs // block),)](
+            batch.idx_mapping, batch.cu_num_logits, batch.logits_indices, batch.seq_lens,
+            ws["sorted_logits_indices"], ws["gathered_src_indices"],
+            ws["local_idx_mapping"], ws["local_cu_num_logits"], ws["local_logits_indices"],
+            ws["local_expanded_idx_mapping"], ws["local_expanded_local_pos"], ws["local_seq_lens"],
+            num_reqs, max_reqs_per_rank,
+            TP=self.tp_size, RANK=self.rank, TP_PAD=self._tp_pad, BLOCK=block, ROWS_PAD=self._rows_pad,
+        )
+
+    def _local_grammar(self, grammar: GrammarOutput, position: dict, owners: np.ndarray,
+                       cu: np.ndarray) -> Optional[GrammarOutput]:
+        """The owned requests' ids (grammar order) and a copy of their bitmask rows."""
+        ids = grammar.structured_output_request_ids
+        if not ids:
+            return None
+        listed = np.fromiter((position[r] for r in ids), dtype=np.int64, count=len(ids))
+        counts = cu[listed + 1] - cu[listed]
+        starts = np.cumsum(counts) - counts
+        kept = owners[listed] == self.rank
+        if not kept.any():
+            return None
+        kept_counts = counts[kept]
+        offsets = np.arange(int(kept_counts.sum())) - np.repeat(np.cumsum(kept_counts) - kept_counts, kept_counts)
+        rows = np.repeat(starts[kept], kept_counts) + offsets
+        bitmask = grammar.grammar_bitmask
+        return GrammarOutput(
+            structured_output_request_ids=[ids[k] for k in np.flatnonzero(kept).tolist()],
+            grammar_bitmask=bitmask.index_select(0, _to_device(rows, bitmask.device)),
+        )
+
+    # -- step 2 ------------------------------------------------------------
+    def all_to_all_logits(self, logits_shard: torch.Tensor, metadata: BatchShardMetadata) -> torch.Tensor:
+        """[L, V/tp] owner-sorted rows of this rank's vocab shard -> [L_local, V]."""
+        tp, num_local = metadata.tp_size, metadata.num_local_logits
+        width = logits_shard.shape[-1]
+        received = self._recv_logits(tp * num_local * width, logits_shard.dtype).view(tp * num_local, width)
+        self.comm.all_to_all_single(received, logits_shard.contiguous(), [num_local] * tp,
+                                    metadata.num_logits_per_rank)
+        # Chunk r came from rank r, which holds vocab columns [r*Vs, (r+1)*Vs).
+        full = torch.empty(num_local, tp * width, dtype=logits_shard.dtype, device=received.device)
+        full.view(num_local, tp, width).copy_(received.view(tp, num_local, width).transpose(0, 1))
+        return full
+
+    def _recv_logits(self, numel: int, dtype: torch.dtype) -> torch.Tensor:
+        """A reused receive buffer; the returned logits are a fresh copy, never a view of it."""
+        if self._a2a_recv.dtype != dtype or self._a2a_recv.numel() < numel:
+            self._a2a_recv = torch.empty(max(numel, self._a2a_recv.numel()), dtype=dtype, device=self.device)
+        return self._a2a_recv[:numel]
+
+    # -- step 3 ------------------------------------------------------------
+    def gather_sampler_output(
+        self,
+        local_output: Optional[SamplerOutput],
+        metadata: BatchShardMetadata,
+        global_batch: InputBatch,
+        local_batch: InputBatch,
+        *,
+        gather_num_nans: bool = False,
+        logprobs_dims: Optional[tuple[int, int]] = None,
+    ) -> SamplerOutput:
+        num_local = metadata.num_local_reqs
+        if self.check_preconditions:
+            checks.check_local_output(local_output, num_local, local_batch.num_logits,
+                                      gather_num_nans=gather_num_nans, logprobs_dims=logprobs_dims, rank=self.rank)
+        tp, width, per_rank = self.tp_size, metadata.max_num_logits_per_req, metadata.max_num_reqs_per_rank
+        sampled_cols = width + 2 + (1 if gather_num_nans else 0)
+        num_cols = num_logprob_columns(logprobs_dims) if logprobs_dims is not None else 0
+        send = self._ws["send_sampled"][: per_rank * sampled_cols].view(per_rank, sampled_cols)
+        lp = self._logprob_buffers(num_cols, per_rank * width) if logprobs_dims is not None else None
+        self._launch_pack(local_output, local_batch, send, lp, num_local, per_rank, width, num_cols,
+                          gather_num_nans)
+        received = self._ws["recv_sampled"][: tp * send.numel()].view(tp * per_rank, sampled_cols)
+        self.comm.all_gather_into_tensor(received, send)
+        if lp is not None:
+            self.comm.all_gather_into_tensor(lp["recv_ids"], lp["send_ids"])
+            self.comm.all_gather_into_tensor(lp["recv_vals"], lp["send_vals"])
+        return self._unpack(received, lp, metadata, global_batch, width, sampled_cols, num_cols, gather_num_nans)
+
+    def _logprob_buffers(self, num_cols: int, send_rows: int) -> dict:
+        """Views of the logprob wire buffers for ``send_rows`` rows; grown when columns grow."""
+        if num_cols > self._logprob_cols:
+            layout = logprobs_layout(self.max_num_reqs, self.max_num_logits_per_req, self.tp_size, num_cols)
+            self._lp_ws, self._logprob_cols = carve(layout, self.device), num_cols
+        tp, lp = self.tp_size, self._lp_ws
+        return {
+            "send_ids": lp["send_ids"][: send_rows * (num_cols + 1)].view(send_rows, num_cols + 1),
+            "send_vals": lp["send_vals"][: send_rows * num_cols].view(send_rows, num_cols),
+            "recv_ids": lp["recv_ids"][: tp * send_rows * (num_cols + 1)].view(tp * send_rows, num_cols + 1),
+            "recv_vals": lp["recv_vals"][: tp * send_rows * num_cols].view(tp * send_rows, num_cols),
+        }
+
+    def _launch_pack(self, out, local_batch, send, lp, num_local, per_rank, width, num_cols, gather_num_nans):
+        has_output = out is not None and num_local > 0
+        ids = out.sampled_token_ids if has_output else send
+        nans = out.num_nans if has_output and gather_num_nans else send
+        local_lp = out.logprobs_tensors if has_output and lp is not None else None
+        cols_pad = next_power_of_2(num_cols + 1)
+        block = _block(self._rows_pad * cols_pad + width + 3, per_rank)
+        if local_lp is not None:
+            lp_ids, lp_vals, lp_ranks = local_lp.logprob_token_ids, local_lp.logprobs, local_lp.selected_token_ranks
+        else:
+            lp_ids, lp_vals, lp_ranks = send, send, send
+        lp_send_ids, lp_send_vals = (lp["send_ids"], lp["send_vals"]) if lp is not None else (send, send)
+        sampled = out.num_sampled if has_output else send
+        rejected = out.num_rejected if has_output else send
+        pack_kernel[(-(-per_rank // block),)](
+            send, local_batch.cu_num_logits if has_output else send,
+            ids, ids.stride(0), ids.stride(-1), ids.shape[-1],
+            sampled, sampled.stride(0), rejected, rejected.stride(0), nans, nans.stride(0),
+            lp_send_ids, lp_send_vals,
+            lp_ids, lp_ids.stride(0), lp_ids.stride(-1), lp_vals, lp_vals.stride(0), lp_vals.stride(-1),
+            lp_ids.shape[-1], lp_ranks, lp_ranks.stride(0),
+            num_local, per_rank, width, send.shape[1], num_cols,
+            HAS_OUTPUT=has_output, HAS_NANS=gather_num_nans, HAS_LOGPROBS=lp is not None,
+            LOCAL_LOGPROBS=local_lp is not None,
+            BLOCK=block, ROWS_PAD=self._rows_pad, SAMPLED_PAD=next_power_of_2(width + 3), COLS_PAD=cols_pad,
+        )
+
+    def _unpack(self, received, lp, metadata, global_batch, width, sampled_cols, num_cols, gather_num_nans):
+        num_reqs = metadata.gathered_src_indices.shape[0]
+        cu_np = global_batch.cu_num_logits_np
+        num_logits = int(cu_np[-1])
+        out = carve(gathered_layout(num_reqs, num_logits, width, num_cols), self.device)
+        if num_reqs:
+            cols_pad = next_power_of_2(num_cols + 1)
+            block = _block(self._rows_pad * cols_pad + width, num_reqs)
+            lp_ids = lp["recv_ids"] if lp is not None else received
+            lp_vals = lp["recv_vals"] if lp is not None else received
+            unpack_kernel[(-(-num_reqs // block),)](
+                received, metadata.gathered_src_indices, global_batch.cu_num_logits,
+                out["sampled_token_ids"], out["num_sampled"], out["num_rejected"], out["num_nans"],
+                lp_ids, lp_vals, out["logprob_token_ids"], out["logprobs"], out["selected_token_ranks"],
+                num_reqs, width, sampled_cols, num_cols,
+                HAS_NANS=gather_num_nans, HAS_LOGPROBS=lp is not None,
+                BLOCK=block, ROWS_PAD=self._rows_pad, COLS_PAD=cols_pad,
+            )
+        logprobs = None
+        if lp is not None:
+            logprobs = LogprobsTensors(
+                logprob_token_ids=out["logprob_token_ids"].view(num_logits, num_cols),
+                logprobs=out["logprobs"].view(num_logits, num_cols),
+                selected_token_ranks=out["selected_token_ranks"],
+                cu_num_generated_tokens=[int(c) for c in cu_np] if num_logits != num_reqs else None,
+            )
+        return SamplerOutput(
+            sampled_token_ids=out["sampled_token_ids"].view(num_reqs, width),
+            logprobs_tensors=logprobs,
+            num_nans=out["num_nans"] if gather_num_nans else None,
+            num_sampled=out["num_sampled"],
+            num_rejected=out["num_rejected"],
+        )
+
+
+def _to_device(values: np.ndarray, device: torch.device) -> torch.Tensor:
+    """int64 host values on ``device`` without a synchronizing copy (pinned staging on CUDA)."""
+    host = torch.from_numpy(np.ascontiguousarray(values, dtype=np.int64))
+    if device.type != "cuda":
+        return host.to(device)
+    staged = torch.empty(host.shape, dtype=torch.int64, pin_memory=True)
+    staged.copy_(host)
+    return staged.to(device, non_blocking=True)

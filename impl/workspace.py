@@ -1,0 +1,80 @@
+"""Preallocated buffers: one byte buffer carved into typed, 16-byte aligned regions.
+
+Regions are sized for the sharder's capacity once; a step uses leading slices
+of them, so no step allocates device memory for its plan or wire buffers.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+import torch
+
+ALIGN_BYTES = 16
+
+
+def _aligned(nbytes: int) -> int:
+    return -(-nbytes // ALIGN_BYTES) * ALIGN_BYTES
+
+
+def carve(layout: Iterable[tuple[str, torch.dtype, int]], device, *, buffer: torch.Tensor | None = None) -> dict:
+    """Typed 1-D regions ``{name: tensor}`` of one byte buffer, each 16-byte aligned.
+
+    ``layout`` lists (name, dtype, numel). A fresh buffer is allocated unless
+    one is given (then it must be large enough: see :func:`layout_bytes`).
+    """
+    layout = list(layout)
+    if buffer is None:
+        buffer = torch.empty(layout_bytes(layout), dtype=torch.uint8, device=device)
+    regions, offset = {}, 0
+    for name, dtype, numel in layout:
+        nbytes = numel * dtype.itemsize
+        regions[name] = buffer[offset : offset + nbytes].view(dtype)
+        offset += _aligned(nbytes)
+    return regions
+
+
+def layout_bytes(layout: Iterable[tuple[str, torch.dtype, int]]) -> int:
+    return sum(_aligned(numel * dtype.itemsize) for _, dtype, numel in layout)
+
+
+def plan_layout(max_num_reqs: int, max_num_logits_per_req: int, tp_size: int) -> list:
+    """Regions of the shard plan and of the sampled-output all-gather, at capacity."""
+    reqs, rows = max_num_reqs, max_num_reqs * max_num_logits_per_req
+    sampled = max(1, reqs) * (max_num_logits_per_req + 3)
+    return [
+        ("sorted_logits_indices", torch.int64, rows),
+        ("gathered_src_indices", torch.int64, reqs),
+        ("local_logits_indices", torch.int64, rows),
+        ("local_idx_mapping", torch.int32, reqs),
+        ("local_cu_num_logits", torch.int32, reqs + 1),
+        ("local_expanded_idx_mapping", torch.int32, rows),
+        ("local_expanded_local_pos", torch.int32, rows),
+        ("local_seq_lens", torch.int32, reqs),
+        ("send_sampled", torch.int64, sampled),
+        ("recv_sampled", torch.int64, tp_size * sampled),
+    ]
+
+
+def logprobs_layout(max_num_reqs: int, max_num_logits_per_req: int, tp_size: int, num_cols: int) -> list:
+    """Regions of the two logprob all-gathers for ``num_cols`` logprob columns."""
+    rows = max(1, max_num_reqs) * max_num_logits_per_req
+    return [
+        ("send_ids", torch.int64, rows * (num_cols + 1)),
+        ("send_vals", torch.float32, rows * num_cols),
+        ("recv_ids", torch.int64, tp_size * rows * (num_cols + 1)),
+        ("recv_vals", torch.float32, tp_size * rows * num_cols),
+    ]
+
+
+def gathered_layout(num_reqs: int, num_logits: int, width: int, num_cols: int) -> list:
+    """Regions of one step's gathered outputs (a fresh buffer each step)."""
+    return [
+        ("sampled_token_ids", torch.int64, num_reqs * width),
+        ("logprob_token_ids", torch.int64, num_logits * num_cols),
+        ("selected_token_ranks", torch.int64, num_logits),
+        ("logprobs", torch.float32, num_logits * num_cols),
+        ("num_sampled", torch.int32, num_reqs),
+        ("num_rejected", torch.int32, num_reqs),
+        ("num_nans", torch.int32, num_reqs),
+    ]
