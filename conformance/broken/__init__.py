@@ -1,0 +1,96 @@
+"""A corpus of deliberately broken sharders: each one defect, each caught by one named invariant.
+
+Every entry is a subclass of the reference sharder (same factory signature)
+whose docstring reads ``"<INVARIANT-ID>: <the defect>"``. The meta-tests run
+each entry on its targeted cases (:mod:`.cases`) and require that invariant
+among the violations, which proves the checkers can tell. Any entry also runs
+through the command line::
+
+    python -m shardspec.conformance --impl shardspec.conformance.broken.shard:OwnerBySlotDivision
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+
+PACKAGE = __name__
+
+
+@dataclass(frozen=True)
+class Entry:
+    name: str  # readable id
+    target: str  # "shardspec.conformance.broken.<module>:<class>", usable as --impl
+    cases: tuple[str, ...]  # ids of cases in .cases that expose the defect
+
+    @property
+    def factory(self):
+        module, attr = self.target.split(":")
+        return getattr(importlib.import_module(module), attr)
+
+    @property
+    def invariant_id(self) -> str:
+        return self._doc()[0]
+
+    @property
+    def description(self) -> str:
+        return self._doc()[1]
+
+    def _doc(self) -> tuple[str, str]:
+        invariant_id, _, description = (self.factory.__doc__ or "").strip().partition(": ")
+        return invariant_id.split()[0] if invariant_id else "", description.strip()
+
+
+def _entry(name: str, module: str, cls: str, *cases: str) -> Entry:
+    return Entry(name, f"{PACKAGE}.{module}:{cls}", cases)
+
+
+CORPUS: list[Entry] = [
+    # ownership and order
+    _entry("owner-slot-division", "shard", "OwnerBySlotDivision", "decode", "spec"),
+    _entry("unstable-owner-sort", "shard", "UnstableOwnerSort", "decode", "spec"),
+    _entry("src-indices-reversed", "shard", "SourceIndicesReversed", "decode"),
+    # metadata
+    _entry("splits-numpy-ints", "shard", "SplitsAsNumpyInts", "decode"),
+    _entry("splits-count-requests", "shard", "SplitsCountRequests", "spec"),
+    _entry("empty-batch-zero-reqs-per-rank", "shard", "EmptyBatchZeroReqsPerRank", "empty"),
+    # local batch
+    _entry("idx-mapping-int64", "shard", "IdxMappingInt64", "decode"),
+    _entry("idx-mapping-host-stale", "shard", "IdxMappingHostStale", "decode"),
+    _entry("cu-num-logits-device-off-by-one", "shard", "CuNumLogitsDeviceOffByOne", "spec"),
+    _entry("empty-rank-cu-num-logits-empty", "shard", "EmptyRankCuNumLogitsEmpty", "idle-rank"),
+    _entry("logits-indices-leading-rows", "shard", "LogitsIndicesLeadingRows", "spec"),
+    _entry("expanded-local-pos-zero", "shard", "ExpandedLocalPosZero", "spec"),
+    _entry("seq-lens-global", "shard", "SeqLensGlobal", "decode"),
+    _entry("seq-lens-on-host", "shard", "SeqLensOnHost", "decode"),
+    _entry("drafts-not-sliced", "shard", "DraftsNotSliced", "spec"),
+    _entry("query-start-loc-localized", "shard", "QueryStartLocLocalized", "decode"),
+    _entry("misaligned-idx-mapping", "shard", "MisalignedIdxMapping", "decode"),
+    # grammar
+    _entry("grammar-in-batch-order", "shard", "GrammarInBatchOrder", "grammar"),
+    _entry("grammar-empty-instead-of-none", "shard", "GrammarEmptyInsteadOfNone", "grammar-one-rank"),
+    # all-to-all
+    _entry("vocab-blocks-reversed", "exchange", "VocabBlocksReversed", "decode"),
+    _entry("exchange-in-two-halves", "exchange", "ExchangeInTwoHalves", "decode"),
+    # sampled ids, counts, NaN sums, wire
+    _entry("narrow-ids-filled-minus-one", "gather", "NarrowIdsFilledWithMinusOne", "explicit-widths"),
+    _entry("counts-swapped", "gather", "CountsSwapped", "spec"),
+    _entry("nan-sum-of-last-row", "gather", "NanSumOfLastRowOnly", "spec"),
+    _entry("result-width-of-local-sampler", "gather", "ResultWidthOfLocalSampler", "explicit-widths", "spec"),
+    _entry("counts-first-on-the-wire", "gather", "CountsFirstOnTheWire", "decode"),
+    _entry("nan-counts-in-own-gather", "gather", "NanCountsInOwnGather", "decode"),
+    # logprobs
+    _entry("logprob-pad-zero", "logprobs", "LogprobPadZero", "explicit-narrow-logprobs"),
+    _entry("logprob-width-ignores-token-ids", "logprobs", "LogprobWidthIgnoresTokenIds", "token-ids-wider"),
+    _entry("missing-logprobs-as-zeros", "logprobs", "MissingLogprobsAsZeros", "explicit-missing-logprobs"),
+    _entry("selected-ranks-dropped", "logprobs", "SelectedRanksDropped", "explicit-widths"),
+    _entry("cu-num-generated-always-list", "logprobs", "CuNumGeneratedAlwaysList", "decode"),
+    _entry("logprob-values-as-float64", "logprobs", "LogprobValuesAsFloat64", "decode"),
+    # inputs and invalid inputs
+    _entry("sanitizes-logits-in-place", "exchange", "SanitizesLogitsInPlace", "decode"),
+    _entry("accepts-beyond-capacity", "rejection", "AcceptsBeyondCapacity",
+           "error-capacity-reqs", "error-capacity-logits", "error-slot-range"),
+    _entry("anonymous-errors", "rejection", "AnonymousErrors", "error-slot-range", "error-zero-logits"),
+]
+
+BY_NAME = {entry.name: entry for entry in CORPUS}

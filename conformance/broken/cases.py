@@ -1,0 +1,87 @@
+"""Small targeted cases that expose the corpus's defects (tp 2 or 3, at most 5 requests).
+
+Positions and token indices are chosen by hand; comments say what each case
+makes observable.
+"""
+
+from __future__ import annotations
+
+from shardspec.spec.case import Case, ExplicitLocalOutput
+
+
+def _case(case_id: str, **fields) -> Case:
+    fields.setdefault("tp_size", 2)
+    return Case(case_id=case_id, description=f"corpus case {case_id}", **fields)
+
+
+# Ranks own 2 and 3 requests; token 2 holds NaNs.
+DECODE = _case("decode", slots=[0, 1, 2, 3, 5], num_logits_per_req=[1] * 5, nan_tokens=[2])
+
+# W = 3. Rank 0 owns positions 0, 2, 4 (n = 2, 3, 2); rank 1 owns 1, 3 (n = 1, 1), so
+# its toy sampler is the regular one (width 1). Tokens 1 and 7 are non-last rows
+# of requests 0 and 2; token 4 is request 1's only row.
+SPEC = _case("spec", slots=[4, 1, 2, 3, 6], num_logits_per_req=[2, 1, 3, 1, 2], nan_tokens=[1, 4, 7])
+
+# The grammar lists rank 0's requests in an order other than batch order.
+GRAMMAR = _case("grammar", slots=[0, 1, 2, 3, 4], num_logits_per_req=[1, 2, 1, 1, 1],
+                grammar_positions=[4, 1, 0, 2])
+
+# Only rank 0's requests have a grammar.
+GRAMMAR_ONE_RANK = _case("grammar-one-rank", slots=[0, 1, 2, 3], num_logits_per_req=[1, 1, 1, 1],
+                         grammar_positions=[2, 0])
+
+# Rank 2 owns nothing.
+IDLE_RANK = _case("idle-rank", tp_size=3, slots=[0, 3, 1, 4], num_logits_per_req=[1, 2, 1, 1])
+
+EMPTY = _case("empty", slots=[], num_logits_per_req=[])
+
+# Agreed logprob width 1 + max(1, 3) = 4.
+TOKEN_IDS_WIDER = _case("token-ids-wider", slots=[0, 1, 2], num_logits_per_req=[1, 1, 1], logprobs_dims=(1, 3))
+
+# Explicit local outputs. Rank 0 owns positions 0, 2 (n = 2, 3: 5 rows), rank 1
+# owns 1, 3 (n = 1, 1: 2 rows); W = 3.
+_SLOTS, _COUNTS = [0, 1, 2, 3], [2, 1, 3, 1]
+
+
+def _logprobs(first_id: int, rows: int, cols: int) -> dict:
+    return {
+        "logprob_token_ids": [[first_id + 10 * r + c for c in range(cols)] for r in range(rows)],
+        "logprobs": [[-(r + 0.25 * (c + 1)) for c in range(cols)] for r in range(rows)],
+        "selected_token_ranks": [r % 3 for r in range(rows)],
+    }
+
+
+def _explicit(ids: list[list[int]], rows: int, logprob_cols: int | None, first_id: int) -> ExplicitLocalOutput:
+    lp = _logprobs(first_id, rows, logprob_cols) if logprob_cols else {}
+    return ExplicitLocalOutput(sampled_token_ids=ids, num_sampled=[1] * len(ids), num_rejected=[0] * len(ids),
+                               num_nans=[r % 2 for r in range(rows)], **lp)
+
+
+# Rank 0's sampler is 1 wide (narrower than W), rank 1's 4 wide (wider).
+WIDTHS = _case("explicit-widths", slots=_SLOTS, num_logits_per_req=_COUNTS, local_outputs={
+    0: _explicit([[11], [12]], 5, 3, 100),
+    1: _explicit([[21, 22, 23, 24], [25, 26, 27, 28]], 2, 3, 200),
+})
+
+# Agreed logprob width 4: rank 0 supplies 2 columns, rank 1 supplies 5.
+NARROW_LOGPROBS = _case("explicit-narrow-logprobs", slots=_SLOTS, num_logits_per_req=_COUNTS, logprobs_dims=(3, 0),
+                        local_outputs={0: _explicit([[11, 12, 13], [14, 0, 0]], 5, 2, 100),
+                                       1: _explicit([[21], [22]], 2, 5, 200)})
+
+# Rank 1's sampler returns no logprobs.
+MISSING_LOGPROBS = _case("explicit-missing-logprobs", slots=_SLOTS, num_logits_per_req=_COUNTS,
+                         local_outputs={0: _explicit([[11, 12, 13], [14, 0, 0]], 5, 3, 100),
+                                        1: _explicit([[21], [22]], 2, None, 200)})
+
+# Invalid inputs.
+CAPACITY_REQS = _case("error-capacity-reqs", slots=[0, 1, 2, 3, 4], num_logits_per_req=[1] * 5, max_num_reqs=4,
+                      expect_error="PRE-CAPACITY-REQS")
+CAPACITY_LOGITS = _case("error-capacity-logits", slots=[0, 1], num_logits_per_req=[1, 5],
+                        expect_error="PRE-CAPACITY-LOGITS")
+SLOT_RANGE = _case("error-slot-range", slots=[3, 64], num_logits_per_req=[1, 1], expect_error="PRE-SLOT-RANGE")
+ZERO_LOGITS = _case("error-zero-logits", slots=[0, 1, 2], num_logits_per_req=[1, 0, 2],
+                    expect_error="PRE-LOGITS-PER-REQ")
+
+ALL = [DECODE, SPEC, GRAMMAR, GRAMMAR_ONE_RANK, IDLE_RANK, EMPTY, TOKEN_IDS_WIDER, WIDTHS, NARROW_LOGPROBS,
+       MISSING_LOGPROBS, CAPACITY_REQS, CAPACITY_LOGITS, SLOT_RANGE, ZERO_LOGITS]
+BY_ID = {case.case_id: case for case in ALL}

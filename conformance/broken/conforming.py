@@ -1,0 +1,36 @@
+"""Controls: sharders that differ from the reference only where the spec leaves freedom.
+
+They must pass every checker; a checker that flags one judges something the
+spec does not specify.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from shardspec.reference import ReferenceSharder
+
+GARBAGE_ID = 7777
+
+
+class GarbageWirePadding(ReferenceSharder):
+    """Fills every wire padding row (CL-WIRE-PADDING) with junk: ids 7777, logprobs NaN."""
+
+    def gather_sampler_output(self, local_output, metadata, global_batch, local_batch, **kwargs):
+        self._layout = (metadata, np.asarray(local_batch.cu_num_logits_np, dtype=np.int64))
+        self._gathers_issued = 0
+        return super().gather_sampler_output(local_output, metadata, global_batch, local_batch, **kwargs)
+
+    def _all_gather(self, send):
+        metadata, cu = self._layout
+        padding = torch.ones(send.shape[0], dtype=torch.bool, device=send.device)
+        if self._gathers_issued == 0:  # the sampled buffer: one row per local request
+            padding[: metadata.num_local_reqs] = False
+        else:  # logprob buffers: row j * W + p carries local request j's p-th row
+            width = metadata.max_num_logits_per_req
+            for j, count in enumerate(np.diff(cu)):
+                padding[j * width: j * width + int(count)] = False
+        self._gathers_issued += 1
+        junk = float("nan") if send.is_floating_point() else GARBAGE_ID
+        return super()._all_gather(send.masked_fill(padding.unsqueeze(1), junk))

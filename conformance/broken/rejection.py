@@ -1,0 +1,33 @@
+"""Broken handling of invalid inputs. One defect each."""
+
+from __future__ import annotations
+
+from shardspec.reference import ReferenceSharder, preconditions
+from shardspec.spec.errors import PreconditionError
+
+# Bounds so large that no capacity or slot-range check can fail.
+UNBOUNDED = 1 << 62
+
+
+class AcceptsBeyondCapacity(ReferenceSharder):
+    """INV-REJECT-INVALID: capacity and slot range go unchecked; oversized batches are processed."""
+
+    def shard_sampler_inputs(self, batch, grammar):
+        preconditions.check_input_batch(batch, max_num_reqs=UNBOUNDED, max_num_logits_per_req=UNBOUNDED,
+                                        rank=self.rank)
+        preconditions.check_grammar_output(grammar, batch, rank=self.rank)
+        self.check_preconditions = False
+        try:
+            return super().shard_sampler_inputs(batch, grammar)
+        finally:
+            self.check_preconditions = True
+
+
+class AnonymousErrors(ReferenceSharder):
+    """INV-REJECT-NAMES-PRECONDITION: invalid inputs raise ValueError without the precondition ID."""
+
+    def shard_sampler_inputs(self, batch, grammar):
+        try:
+            return super().shard_sampler_inputs(batch, grammar)
+        except PreconditionError:
+            raise ValueError("invalid batch") from None

@@ -1,0 +1,192 @@
+"""Broken shard steps: ownership, order, metadata, local batch, grammar. One defect each."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import torch
+
+from shardspec.conformance.broken.support import MisreportingSharder, PlannedSharder
+from shardspec.reference.plan import build_plan
+from shardspec.spec.model import GrammarOutput
+
+
+# -- ownership and order -------------------------------------------------------
+class OwnerBySlotDivision(PlannedSharder):
+    """INV-OWNER: owner = (slot // tp) mod tp instead of slot mod tp."""
+
+    def plan(self, batch):
+        slots = np.asarray(batch.idx_mapping_np) // self.tp_size
+        return build_plan(slots, np.asarray(batch.cu_num_logits_np, np.int64), self.tp_size, self.rank)
+
+
+class UnstableOwnerSort(PlannedSharder):
+    """INV-SORTED-LOGITS-INDICES: requests of one owner in reverse batch order (not a stable sort)."""
+
+    def plan(self, batch):
+        plan = super().plan(batch)
+        order = np.lexsort((-np.arange(plan.owners.shape[0]), plan.owners))
+        return replace(plan, owner_sorted_reqs=order)
+
+
+class SourceIndicesReversed(PlannedSharder):
+    """INV-GATHERED-SRC-INDICES: index within owner counted from the owner's last request."""
+
+    def plan(self, batch):
+        plan = super().plan(batch)
+        reversed_index = plan.num_reqs_per_rank[plan.owners] - 1 - plan.index_within_owner
+        return replace(plan, index_within_owner=reversed_index)
+
+
+# -- metadata ------------------------------------------------------------------
+class SplitsAsNumpyInts(MisreportingSharder):
+    """INV-SPLITS: num_logits_per_rank holds numpy int64 scalars, not Python ints."""
+
+    def corrupt(self, batch, result):
+        counts = [np.int64(n) for n in result.metadata.num_logits_per_rank]
+        return result._replace(metadata=replace(result.metadata, num_logits_per_rank=counts))
+
+
+class SplitsCountRequests(MisreportingSharder):
+    """INV-SPLITS: num_logits_per_rank counts requests per rank instead of logits rows."""
+
+    def corrupt(self, batch, result):
+        owners = np.asarray(batch.idx_mapping_np) % self.tp_size
+        counts = [int(n) for n in np.bincount(owners, minlength=self.tp_size)]
+        return result._replace(metadata=replace(result.metadata, num_logits_per_rank=counts,
+                                                num_local_logits=counts[self.rank]))
+
+
+class EmptyBatchZeroReqsPerRank(PlannedSharder):
+    """INV-META-SCALARS: an empty batch gets max_num_reqs_per_rank 0 instead of 1."""
+
+    def plan(self, batch):
+        plan = super().plan(batch)
+        return replace(plan, max_num_reqs_per_rank=0) if batch.num_reqs == 0 else plan
+
+
+# -- the local batch ------------------------------------------------------------
+class IdxMappingInt64(MisreportingSharder):
+    """INV-LOCAL-IDX-MAPPING: local idx_mapping keeps the batch's int64 dtype instead of int32."""
+
+    def corrupt(self, batch, result):
+        return self.corrupt_local_batch(result, idx_mapping=result.local_batch.idx_mapping.to(torch.int64))
+
+
+class IdxMappingHostStale(MisreportingSharder):
+    """INV-LOCAL-IDX-MAPPING: the host copy idx_mapping_np is not localized (still the batch's)."""
+
+    def corrupt(self, batch, result):
+        return self.corrupt_local_batch(result, idx_mapping_np=np.asarray(batch.idx_mapping_np).copy())
+
+
+class CuNumLogitsDeviceOffByOne(MisreportingSharder):
+    """INV-LOCAL-CU-NUM-LOGITS: the device copy starts at 1 instead of 0 (host copy right)."""
+
+    def corrupt(self, batch, result):
+        return self.corrupt_local_batch(result, cu_num_logits=result.local_batch.cu_num_logits + 1)
+
+
+class EmptyRankCuNumLogitsEmpty(MisreportingSharder):
+    """INV-LOCAL-CU-NUM-LOGITS: a rank owning nothing returns cu_num_logits [] instead of [0]."""
+
+    def corrupt(self, batch, result):
+        if result.local_batch.num_reqs:
+            return result
+        local = result.local_batch
+        return self.corrupt_local_batch(result, cu_num_logits=local.cu_num_logits[:0],
+                                        cu_num_logits_np=local.cu_num_logits_np[:0])
+
+
+class LogitsIndicesLeadingRows(MisreportingSharder):
+    """INV-LOCAL-LOGITS-INDICES: local logits_indices are the batch's first L_local rows, not the owned ones."""
+
+    def corrupt(self, batch, result):
+        num_local = result.metadata.num_local_logits
+        return self.corrupt_local_batch(result, logits_indices=batch.logits_indices[:num_local].to(torch.int64))
+
+
+class ExpandedLocalPosZero(MisreportingSharder):
+    """INV-LOCAL-EXPANDED: expanded_local_pos is 0 on every row (as if one row per request)."""
+
+    def corrupt(self, batch, result):
+        return self.corrupt_local_batch(result,
+                                        expanded_local_pos=torch.zeros_like(result.local_batch.expanded_local_pos))
+
+
+class SeqLensGlobal(MisreportingSharder):
+    """INV-LOCAL-SEQ-LENS: local seq_lens is the whole batch's, not the owned requests'."""
+
+    def corrupt(self, batch, result):
+        return self.corrupt_local_batch(result, seq_lens=batch.seq_lens.clone())
+
+
+class SeqLensOnHost(MisreportingSharder):
+    """INV-LOCAL-SEQ-LENS: local seq_lens is a host numpy array instead of a device tensor."""
+
+    def corrupt(self, batch, result):
+        return self.corrupt_local_batch(result, seq_lens=result.local_batch.seq_lens.cpu().numpy())
+
+
+class DraftsNotSliced(MisreportingSharder):
+    """INV-LOCAL-DRAFTS: num_draft_tokens_per_req and num_draft_tokens stay the whole batch's."""
+
+    def corrupt(self, batch, result):
+        drafts = batch.num_draft_tokens_per_req
+        return self.corrupt_local_batch(result, num_draft_tokens=batch.num_draft_tokens,
+                                        num_draft_tokens_per_req=None if drafts is None else drafts.copy())
+
+
+class QueryStartLocLocalized(MisreportingSharder):
+    """INV-LOCAL-GLOBAL-FIELDS: query_start_loc rebuilt from the owned requests' query lengths."""
+
+    def corrupt(self, batch, result):
+        qsl = batch.query_start_loc
+        owned = torch.from_numpy(np.flatnonzero(np.asarray(batch.idx_mapping_np) % self.tp_size == self.rank))
+        lengths = (qsl[1:] - qsl[:-1])[owned.to(qsl.device)]
+        local = torch.zeros(lengths.shape[0] + 1, dtype=qsl.dtype, device=qsl.device)
+        local[1:] = torch.cumsum(lengths, 0)
+        return self.corrupt_local_batch(result, query_start_loc=local)
+
+
+class MisalignedIdxMapping(MisreportingSharder):
+    """INV-LOCAL-ALIGNMENT (SHOULD): idx_mapping is a view 4 bytes into a packed buffer."""
+
+    def corrupt(self, batch, result):
+        values = result.local_batch.idx_mapping
+        packed = torch.empty(values.shape[0] + 1, dtype=values.dtype, device=values.device)
+        packed[1:] = values
+        return self.corrupt_local_batch(result, idx_mapping=packed[1:])
+
+
+# -- the local grammar output --------------------------------------------------
+class GrammarInBatchOrder(MisreportingSharder):
+    """INV-LOCAL-GRAMMAR: owned grammar requests listed in batch order, not the grammar output's order."""
+
+    def corrupt(self, batch, result):
+        grammar = result.local_grammar_output
+        if grammar is None:
+            return result
+        position = {req_id: i for i, req_id in enumerate(batch.req_ids)}
+        cu = np.asarray(batch.cu_num_logits_np)
+        ids = list(grammar.structured_output_request_ids)
+        starts = np.cumsum([0] + [int(cu[position[r] + 1] - cu[position[r]]) for r in ids])
+        ordered = sorted(range(len(ids)), key=lambda k: position[ids[k]])
+        rows = [row for k in ordered for row in range(starts[k], starts[k + 1])]
+        bitmask = grammar.grammar_bitmask[torch.tensor(rows, dtype=torch.int64, device=grammar.grammar_bitmask.device)]
+        return result._replace(local_grammar_output=GrammarOutput([ids[k] for k in ordered], bitmask))
+
+
+class GrammarEmptyInsteadOfNone(MisreportingSharder):
+    """INV-LOCAL-GRAMMAR: a rank owning no grammar request gets an empty grammar output, not None."""
+
+    def shard_sampler_inputs(self, batch, grammar):
+        self._grammar = grammar
+        return super().shard_sampler_inputs(batch, grammar)
+
+    def corrupt(self, batch, result):
+        if self._grammar is None or result.local_grammar_output is not None:
+            return result
+        empty = self._grammar.grammar_bitmask[:0]
+        return result._replace(local_grammar_output=GrammarOutput([], empty))

@@ -1,0 +1,75 @@
+"""The checkers catch every defect of the broken corpus, and pass the reference.
+
+Each corpus entry runs on its targeted cases in one process; the invariant its
+docstring names must be among the violations of every one of them. The
+reference and the controls (variants within the spec's freedom) must pass.
+"""
+
+import pathlib
+
+import pytest
+import yaml
+
+from shardspec.conformance.api import ImplChoice
+from shardspec.conformance.broken import CORPUS, cases
+from shardspec.conformance.inprocess import run_case_in_process
+from shardspec.reference import ReferenceSharder
+
+INVARIANTS = pathlib.Path(__file__).resolve().parents[2] / "spec" / "invariants.yaml"
+YAML_IDS = {entry["id"] for entry in yaml.safe_load(INVARIANTS.read_text())["invariants"]}
+CONTROLS = ["reference", "shardspec.conformance.broken.conforming:GarbageWirePadding"]
+
+RUNS = [pytest.param(entry, case_id, id=f"{entry.name}/{case_id}") for entry in CORPUS for case_id in entry.cases]
+
+
+def _violated(result) -> set[str]:
+    return {v["invariant_id"] for v in result.violations}
+
+
+@pytest.mark.parametrize("entry, case_id", RUNS)
+def test_checkers_catch_the_defect(entry, case_id):
+    result = run_case_in_process(cases.BY_ID[case_id], ImplChoice(entry.target))
+    assert not result.errors, f"{entry.name} should fail checks, not crash: {result.errors}"
+    found = _violated(result)
+    assert entry.invariant_id in found, (
+        f"{entry.name} ({entry.description}) on {case_id}: expected {entry.invariant_id}, got {sorted(found)}")
+
+
+@pytest.mark.parametrize("entry", CORPUS, ids=[e.name for e in CORPUS])
+def test_entry_is_documented_reference_subclass(entry):
+    assert issubclass(entry.factory, ReferenceSharder)
+    assert entry.invariant_id in YAML_IDS, f"{entry.target}: docstring must start with an invariant ID"
+    assert entry.description, f"{entry.target}: docstring must describe the defect"
+    assert entry.cases and all(case_id in cases.BY_ID for case_id in entry.cases)
+
+
+def test_corpus_names_are_unique_and_cover_many_invariants():
+    names = [entry.name for entry in CORPUS]
+    assert len(names) == len(set(names))
+    assert len({entry.invariant_id for entry in CORPUS}) >= 28
+
+
+@pytest.mark.parametrize("impl", CONTROLS)
+@pytest.mark.parametrize("case", cases.ALL, ids=[c.case_id for c in cases.ALL])
+def test_controls_pass_targeted_cases(case, impl):
+    result = run_case_in_process(case, ImplChoice(impl))
+    assert (result.errors, result.violations) == ([], [])
+
+
+def _fixture_cases():
+    try:
+        from shardspec.fixtures import load_cases
+    except ImportError:
+        return []
+    return load_cases()
+
+
+FIXTURES = _fixture_cases()
+
+
+@pytest.mark.skipif(not FIXTURES, reason="no fixture catalogue (shardspec.fixtures.load_cases)")
+@pytest.mark.parametrize("impl", CONTROLS)
+@pytest.mark.parametrize("case", FIXTURES, ids=[c.case_id for c in FIXTURES])
+def test_controls_pass_fixture_cases(case, impl):
+    result = run_case_in_process(case, ImplChoice(impl))
+    assert (result.errors, result.violations) == ([], [])
