@@ -55,6 +55,7 @@ CORPUS: list[Entry] = [
     _entry("splits-count-requests", "shard", "SplitsCountRequests", "spec"),
     _entry("empty-batch-zero-reqs-per-rank", "shard", "EmptyBatchZeroReqsPerRank", "empty"),
     # local batch
+    _entry("req-ids-reversed", "shard", "ReqIdsReversed", "decode"),
     _entry("idx-mapping-int64", "shard", "IdxMappingInt64", "decode"),
     _entry("idx-mapping-host-stale", "shard", "IdxMappingHostStale", "decode"),
     _entry("cu-num-logits-device-off-by-one", "shard", "CuNumLogitsDeviceOffByOne", "spec"),
@@ -69,6 +70,7 @@ CORPUS: list[Entry] = [
     # grammar
     _entry("grammar-in-batch-order", "shard", "GrammarInBatchOrder", "grammar"),
     _entry("grammar-empty-instead-of-none", "shard", "GrammarEmptyInsteadOfNone", "grammar-one-rank"),
+    _entry("grammar-dropped", "shard", "GrammarDropped", "grammar"),
     # all-to-all
     _entry("vocab-blocks-reversed", "exchange", "VocabBlocksReversed", "decode"),
     _entry("exchange-in-two-halves", "exchange", "ExchangeInTwoHalves", "decode"),

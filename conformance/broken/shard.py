@@ -67,6 +67,13 @@ class EmptyBatchZeroReqsPerRank(PlannedSharder):
 
 
 # -- the local batch ------------------------------------------------------------
+class ReqIdsReversed(MisreportingSharder):
+    """INV-LOCAL-REQS: local req_ids listed in reverse batch order."""
+
+    def corrupt(self, batch, result):
+        return self.corrupt_local_batch(result, req_ids=list(reversed(result.local_batch.req_ids)))
+
+
 class IdxMappingInt64(MisreportingSharder):
     """INV-LOCAL-IDX-MAPPING: local idx_mapping keeps the batch's int64 dtype instead of int32."""
 
@@ -190,3 +197,10 @@ class GrammarEmptyInsteadOfNone(MisreportingSharder):
             return result
         empty = self._grammar.grammar_bitmask[:0]
         return result._replace(local_grammar_output=GrammarOutput([], empty))
+
+
+class GrammarDropped(MisreportingSharder):
+    """INV-E2E-TRANSPARENCY: the local grammar output is always None, so no bitmask is applied."""
+
+    def corrupt(self, batch, result):
+        return result._replace(local_grammar_output=None)

@@ -24,6 +24,11 @@ def by_request(row: int) -> int:
 
 @rank_check("INV-GATHER-SAMPLED-IDS")
 def check_gather_sampled_ids(record: StepRecord) -> Iterable[Violation]:
+    actual = record.actual
+    if judgeable(record) and actual.error is None and actual.gathered is None:
+        yield Violation("INV-GATHER-SAMPLED-IDS", "gather_sampler_output returned None instead of a SamplerOutput",
+                        rank=record.rank, field="gathered")
+        return
     pair = gathered_pair(record)
     if pair is None:
         return

@@ -1,0 +1,123 @@
+"""How checkers report: once per unexpected exception, naming request and field, across ranks."""
+
+import json
+
+import pytest
+
+from shardspec.comm import LockstepGroup
+from shardspec.conformance.api import ImplChoice
+from shardspec.conformance.broken import BY_NAME, cases
+from shardspec.conformance.checks import GROUP_CHECKERS
+from shardspec.conformance.checks.base import StepRecord
+from shardspec.conformance.checks.common import STEP_REPORTER
+from shardspec.conformance.checks.digest import rank_digest
+from shardspec.conformance.execute import run_rank_checks, run_step
+from shardspec.conformance.expectations import compute_expectation
+from shardspec.conformance.inprocess import run_case_in_process
+from shardspec.reference import ReferenceSharder
+from shardspec.spec.case import Case, build_case_inputs
+
+TP1 = Case(case_id="tp1", tp_size=1, slots=[0, 1, 2], num_logits_per_req=[1, 2, 1])
+
+
+def _raising_in(method: str):
+    class Raising(ReferenceSharder):
+        pass
+
+    def fail(self, *args, **kwargs):
+        raise RuntimeError(f"deliberate failure in {method}")
+
+    setattr(Raising, method, fail)
+    return Raising
+
+
+def _records(case: Case, factory) -> list[StepRecord]:
+    expectation = compute_expectation(case)
+
+    def one_rank(comm):
+        inputs = build_case_inputs(case)
+        outputs = run_step(factory, case, inputs, comm, "cpu").outputs
+        return StepRecord(case=case, rank=comm.rank, inputs=inputs, actual=outputs,
+                          expected=expectation.expected[comm.rank], replicated=expectation.replicated)
+
+    return LockstepGroup(case.tp_size).run(one_rank)
+
+
+@pytest.mark.parametrize("method, step", [("shard_sampler_inputs", "shard"), ("all_to_all_logits", "all_to_all"),
+                                          ("gather_sampler_output", "gather")])
+def test_unexpected_exception_is_reported_once_under_its_step(method, step):
+    (record,) = _records(TP1, _raising_in(method))
+    violations = run_rank_checks(record)
+    assert [v.invariant_id for v in violations] == [STEP_REPORTER[step]]
+    assert "deliberate failure" in violations[0].message
+
+
+def test_reference_records_have_no_violations_and_digests_are_json():
+    records = _records(cases.SPEC, ReferenceSharder)
+    assert all(run_rank_checks(record) == [] for record in records)
+    digests = {record.rank: rank_digest(record) for record in records}
+    json.dumps(digests)
+    for checker in GROUP_CHECKERS.values():
+        assert list(checker(cases.SPEC, digests)) == []
+
+
+def test_violation_names_first_offending_request_and_field():
+    result = run_case_in_process(cases.SPEC, ImplChoice(BY_NAME["counts-swapped"].target))
+    counts = [v for v in result.violations if v["invariant_id"] == "INV-GATHER-COUNTS"]
+    assert {(v["rank"], v["field"]) for v in counts} == {
+        (rank, f"gathered.{name}") for rank in (0, 1) for name in ("num_sampled", "num_rejected")}
+    # Toy sampling of SPEC: num_sampled [2, 1, 1, 1, 2], num_rejected [0, 0, 2, 0, 0]; request 0 differs first.
+    sampled = [v for v in counts if v["field"] == "gathered.num_sampled"]
+    assert all(v["request"] == 0 and "row 0 is 0, expected 2" in v["message"] for v in sampled)
+
+
+def test_owner_violation_names_the_misplaced_request():
+    result = run_case_in_process(cases.DECODE, ImplChoice(BY_NAME["owner-slot-division"].target))
+    owner = [v for v in result.violations if v["invariant_id"] == "INV-OWNER"]
+    slots = cases.DECODE.slots
+    for v in owner:
+        request = v["request"]
+        assert (slots[request] % 2 == v["rank"]) != ((slots[request] // 2) % 2 == v["rank"])
+
+
+def test_device_copy_and_host_copy_are_each_judged():
+    device = run_case_in_process(cases.SPEC, ImplChoice(BY_NAME["cu-num-logits-device-off-by-one"].target))
+    host = run_case_in_process(cases.DECODE, ImplChoice(BY_NAME["idx-mapping-host-stale"].target))
+    assert {v["field"] for v in device.violations} == {"local_batch.cu_num_logits"}
+    assert {v["field"] for v in host.violations} == {"local_batch.idx_mapping_np"}
+
+
+def _digests(case: Case):
+    return {record.rank: rank_digest(record) for record in _records(case, ReferenceSharder)}
+
+
+def test_rank_agreement_ignores_per_rank_metadata_but_not_results():
+    digests = _digests(cases.DECODE)
+    assert digests[0]["metadata"]["num_local_reqs"] != digests[1]["metadata"]["num_local_reqs"]
+    check = GROUP_CHECKERS["INV-RANK-AGREEMENT"]
+    assert list(check(cases.DECODE, digests)) == []
+    digests[1]["gathered"]["num_sampled"] = "int32[5]@cpu:0000"
+    (violation,) = check(cases.DECODE, digests)
+    assert (violation.rank, violation.field) == (1, "gathered.num_sampled")
+
+
+def test_wire_sequence_flags_a_rank_with_other_shapes_or_kinds():
+    check = GROUP_CHECKERS["INV-WIRE-SEQUENCE"]
+    digests = _digests(cases.DECODE)
+    digests[1]["wire"][1]["send_shape"] = [9, 9]
+    (violation,) = check(cases.DECODE, digests)
+    assert violation.rank == 1 and "collective 1" in violation.message
+    digests = _digests(cases.DECODE)
+    digests[0]["wire"].pop()
+    (violation,) = check(cases.DECODE, digests)
+    assert violation.rank == 0
+
+
+class _GatherReturnsNothing(ReferenceSharder):
+    def gather_sampler_output(self, *args, **kwargs):
+        super().gather_sampler_output(*args, **kwargs)
+
+
+def test_a_gather_that_returns_nothing_is_a_violation():
+    (record,) = _records(TP1, _GatherReturnsNothing)
+    assert [v.invariant_id for v in run_rank_checks(record)] == ["INV-GATHER-SAMPLED-IDS"]
