@@ -8,6 +8,7 @@ recomputing it.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 from dataclasses import dataclass, replace
 from typing import Any, Optional
@@ -34,15 +35,34 @@ def reference_factory(max_num_reqs, max_num_logits_per_req, *, comm, device):
     return ReferenceSharder(max_num_reqs, max_num_logits_per_req, comm=comm, device=device)
 
 
+def expectation_device() -> str:
+    """Where ranks run; float results (log-softmax) must come from the same kind of device."""
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+@contextlib.contextmanager
+def single_thread():
+    """Ranks run with one intra-op thread; reductions split differently across threads
+    round differently, so the expectation is computed the same way."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
 def compute_expectation(case: Case, timeout_s: float = 60.0) -> Expectation:
-    inputs = build_case_inputs(case)
-    group = LockstepGroup(case.tp_size, timeout_s=timeout_s)
+    device = expectation_device()
+    with single_thread():
+        inputs = build_case_inputs(case, device)
+        group = LockstepGroup(case.tp_size, timeout_s=timeout_s)
 
-    def one_rank(comm):
-        return run_step(reference_factory, case, inputs, comm, "cpu").outputs
+        def one_rank(comm):
+            return run_step(reference_factory, case, inputs, comm, device).outputs
 
-    expected = run_lockstep(group, one_rank)
-    return Expectation(expected=expected, replicated=_replicated(case, inputs))
+        expected = run_lockstep(group, one_rank)
+        return Expectation(expected=expected, replicated=_replicated(case, inputs))
 
 
 def _replicated(case: Case, inputs) -> Optional[SamplerOutput]:

@@ -13,7 +13,7 @@ from typing import Callable, Iterable, Optional
 from shardspec.comm import LockstepGroup
 from shardspec.conformance.api import ImplChoice, load_implementation
 from shardspec.conformance.execute import check_case_on_rank
-from shardspec.conformance.expectations import Expectation, compute_expectation
+from shardspec.conformance.expectations import Expectation, compute_expectation, expectation_device, single_thread
 from shardspec.conformance.recording import run_lockstep
 from shardspec.conformance.results import CaseResult, combine
 from shardspec.spec.case import Case
@@ -26,10 +26,11 @@ def run_case_in_process(case: Case, choice: ImplChoice, expectation: Optional[Ex
 
     def one_rank(comm):
         impl = impls[choice.for_rank(comm.rank)]
-        return check_case_on_rank(case, comm, impl.name, impl.factory, expectation, "cpu")
+        return check_case_on_rank(case, comm, impl.name, impl.factory, expectation, expectation_device())
 
     try:
-        records = run_lockstep(LockstepGroup(case.tp_size, timeout_s=timeout_s), one_rank)
+        with single_thread():  # like the ranks of a multi-process run, and the expectation
+            records = run_lockstep(LockstepGroup(case.tp_size, timeout_s=timeout_s), one_rank)
     except TimeoutError as exc:
         return combine(case, choice.label, {}, ended=f"in-process run failed: {exc}")
     return combine(case, choice.label, dict(enumerate(records)))

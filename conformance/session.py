@@ -82,18 +82,32 @@ class ConformanceSession:
         parts += [f"warning: {w}" for w in warnings]
         return "\n".join(parts), tables, warnings, int(failed)
 
-    def finish(self, json_path: Optional[str] = None, xfails_file: Optional[str] = None) -> int:
+    def failures(self, impl: str, tp: int, xfails: report.Xfails) -> list[str]:
+        """What fails one implementation at one group size (empty: it conforms there)."""
+        from shardspec.conformance.checks.base import GROUP_CHECKERS, RANK_CHECKERS
+
+        section = report.Section(self.label(impl), [r for r in self.results[impl] if r.tp == tp], [tp])
+        levels = {inv.id: inv.level for inv in self.invariants}
+        rows = report.table_rows(section, self.invariants, set(RANK_CHECKERS) | set(GROUP_CHECKERS), xfails)
+        if not report.failing_invariants(rows):
+            return []
+        return report.describe_failures(section, levels, xfails) or report.failing_invariants(rows)
+
+    def finish(self, json_path: Optional[str] = None, xfails_file: Optional[str] = None,
+               log: Optional[Log] = None) -> int:
         xfails = report.load_xfails(xfails_file)
         text, tables, warnings, exit_code = self.render(xfails)
-        self.log(text)
+        log = log or self.log
+        for line in text.splitlines():
+            log(line)
         wall = time.perf_counter() - self.start
         if json_path:
             metadata = report.run_metadata([s.label for s in self.sections()], self.tp_sizes, self.config.seed,
                                            wall, *self._backend(), self._extra())
             data = report.json_report(metadata, self.sections(), tables, warnings, exit_code)
             pathlib.Path(json_path).write_text(json.dumps(data, indent=1, default=repr))
-            self.log(f"JSON report: {json_path}")
-        self.log(f"{'FAILED' if exit_code else 'PASSED'} in {wall:.1f}s")
+            log(f"JSON report: {json_path}")
+        log(f"{'FAILED' if exit_code else 'PASSED'} in {wall:.1f}s")
         if exit_code == 0 and self.temporary_dir:
             remove_run_dir(self.run_dir)
         return exit_code
@@ -111,3 +125,16 @@ class ConformanceSession:
         return {"mode": "in-process" if self.config.in_process else "torchrun",
                 "cases": len(self.case_set.cases), "max_examples": self.config.max_examples,
                 "run_dir": str(self.run_dir)}
+
+
+# The pytest entry runs one test per implementation and group size in one
+# session, and reports once at the end.
+SHARED: Optional[ConformanceSession] = None
+
+
+def shared_session(config: RunConfig) -> ConformanceSession:
+    global SHARED
+    if SHARED is None:
+        SHARED = ConformanceSession(config, log=print)
+        print(SHARED.header())
+    return SHARED

@@ -104,28 +104,18 @@ def _rank_output(draw, case: Case, owned: list[int], agreed_cols: Optional[int])
 
 
 def generate_cases(tp_size: int, count: int, seed: int) -> list[Case]:
-    """``count`` distinct cases for ``tp_size``, the same for the same seed."""
-    drawn: list[Case] = []
+    """``count`` distinct cases for ``tp_size`` (fewer only if hypothesis runs dry), the same for the same seed."""
+    drawn: dict[str, Case] = {}
 
     @settings(max_examples=count * 3, database=None, deadline=None, phases=[Phase.generate],
               suppress_health_check=list(HealthCheck))
     @given(cases(tp_size))
     def collect(case: Case) -> None:
         if len(drawn) < count:
-            drawn.append(case)
+            drawn.setdefault(repr(case), case)
 
     hypothesis_seed(seed + tp_size)(collect)()
-    unique = _dedupe(drawn)[:count]
+    unique = list(drawn.values())
     for number, case in enumerate(unique):
         case.case_id = f"gen-tp{tp_size}-s{seed}-{number:03d}"
-    return unique
-
-
-def _dedupe(drawn: list[Case]) -> list[Case]:
-    seen, unique = set(), []
-    for case in drawn:
-        key = repr(case)
-        if key not in seen:
-            seen.add(key)
-            unique.append(case)
     return unique

@@ -1,16 +1,14 @@
 """Helpers for the conformance harness tests."""
 
 import os
-import pathlib
 
 import pytest
 
 from shardspec.conformance.checks import base
 from shardspec.conformance.checks.base import Violation
 
-PLUGINS = pathlib.Path(__file__).resolve().parent / "plugins"
-ROOT = pathlib.Path(__file__).resolve().parents[2]
-EXAMPLE = ROOT / "examples" / "out_of_tree_adapter"
+from harness_cases import PLUGINS
+
 
 
 def pytest_configure(config):

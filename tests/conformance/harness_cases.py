@@ -4,6 +4,9 @@ import pathlib
 
 from shardspec.spec.case import Case
 
+PLUGINS = pathlib.Path(__file__).resolve().parent / "plugins"
+EXAMPLE = pathlib.Path(__file__).resolve().parents[2] / "examples" / "out_of_tree_adapter"
+
 
 def small_cases(tp: int) -> list[Case]:
     """Three cases of 2, 3 and 4 requests; the faulty sharders misbehave on the 3-request one."""

@@ -10,8 +10,7 @@ import sys
 
 import pytest
 
-from conftest import EXAMPLE, PLUGINS
-from harness_cases import small_cases, write_cases
+from harness_cases import EXAMPLE, PLUGINS, small_cases, write_cases
 
 pytestmark = pytest.mark.slow
 

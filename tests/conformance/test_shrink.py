@@ -1,0 +1,41 @@
+"""Generated cases: seeded, valid, and shrunk to a small reproducer when they fail."""
+
+from shardspec.conformance.api import ImplChoice
+from shardspec.conformance.inprocess import run_case_in_process
+from shardspec.conformance.results import FAIL
+from shardspec.conformance.shrink import shrink
+from shardspec.conformance.strategies import generate_cases
+from shardspec.fixtures import case_from_yaml, case_to_yaml
+from shardspec.spec.case import Case
+
+
+def test_generation_is_seeded_and_varied():
+    first, again, other = generate_cases(3, 40, 7), generate_cases(3, 40, 7), generate_cases(3, 40, 8)
+    assert repr(first) == repr(again) and repr(first) != repr(other)
+    assert len({c.case_id for c in first}) == len(first) >= 35
+    assert any(c.local_outputs != "toy" for c in first)
+    assert any(c.grammar_positions for c in first) and any(c.nan_tokens for c in first)
+    assert any(c.logprobs_dims and c.logprobs_dims[1] > c.logprobs_dims[0] for c in first)
+    for case in first:
+        assert len(set(case.slots)) == len(case.slots) and all(0 <= s < case.max_num_reqs for s in case.slots)
+        assert all(1 <= n <= case.max_num_logits_per_req for n in case.num_logits_per_req)
+        assert repr(case_from_yaml(case_to_yaml(case))) == repr(case)
+
+
+def test_reference_passes_generated_cases(throwaway_checkers):
+    for case in generate_cases(2, 15, 0):
+        result = run_case_in_process(case, ImplChoice("reference"))
+        assert result.status == "pass", (case, result.errors)
+
+
+def test_shrinks_to_the_smallest_failing_batch(plugins_on_path, throwaway_checkers):
+    choice = ImplChoice("faulty_sharders:WrongCountsSharder")  # wrong for more than two requests
+    big = Case("big", 2, description="six requests", slots=[7, 2, 9, 4, 11, 6],
+               num_logits_per_req=[2, 1, 3, 1, 2, 1], grammar_positions=[4, 1, 0], nan_tokens=[0, 3],
+               logprobs_dims=(3, 5), seed=11)
+    failure = run_case_in_process(big, choice)
+    assert failure.status == FAIL
+    small = shrink(big, failure, lambda c: run_case_in_process(c, choice))
+    assert len(small.slots) == 3 and small.num_logits_per_req == [1, 1, 1]
+    assert small.grammar_positions is None and small.nan_tokens == [] and small.seed == 0
+    assert run_case_in_process(small, choice).status == FAIL
