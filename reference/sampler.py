@@ -81,7 +81,9 @@ def _toy_rejection(greedy: np.ndarray, cu: np.ndarray, counts: np.ndarray, devic
 
 
 def _toy_logprobs(processed: torch.Tensor, greedy: torch.Tensor, num_logprobs: int) -> LogprobsTensors:
-    logprobs = torch.log_softmax(processed, dim=-1)
+    # float64 then rounded: float32 log_softmax differs by an ulp between CPU
+    # builds (vector widths, torch versions), which would make goldens drift.
+    logprobs = torch.log_softmax(processed.double(), dim=-1).float()
     # A stable sort breaks ties by token id, so the result does not depend on
     # which other rows share the batch.
     order = torch.sort(logprobs, dim=-1, descending=True, stable=True).indices[:, :num_logprobs]
