@@ -136,18 +136,24 @@ def _check_drafts(batch: InputBatch, counts: np.ndarray, rank) -> None:
               f"is {batch.num_draft_tokens}, but num_draft_tokens_per_req sums to {int(drafts.sum())}", rank=rank)
 
 
-def check_grammar_output(grammar: GrammarOutput, position: dict, num_reqs: int, counts: np.ndarray, rank) -> None:
+def _first_repeat(items: list) -> int:
+    seen: set = set()
+    return next(k for k, item in enumerate(items) if item in seen or seen.add(item))
+
+
+def check_grammar_output(grammar: GrammarOutput, batch: InputBatch, position: dict, counts: np.ndarray,
+                         rank) -> None:
     """``position`` maps request id to batch position (built by the caller)."""
-    if len(position) != num_reqs:
-        _fail("PRE-REQ-IDS-UNIQUE", "req_ids", "request ids are not unique", rank=rank)
+    if len(position) != batch.num_reqs:
+        _fail("PRE-REQ-IDS-UNIQUE", "req_ids", "request ids are not unique", request=_first_repeat(batch.req_ids),
+              rank=rank)
     ids = grammar.structured_output_request_ids
     for k, req_id in enumerate(ids):
         if req_id not in position:
             _fail("PRE-GRAMMAR-IDS", "structured_output_request_ids", f"entry {k} ({req_id!r}) is not in the batch",
                   rank=rank)
     if len(set(ids)) != len(ids):
-        seen = set()
-        dup = next(k for k, req_id in enumerate(ids) if req_id in seen or seen.add(req_id))
+        dup = _first_repeat(ids)
         _fail("PRE-GRAMMAR-IDS", "structured_output_request_ids", f"entry {dup} repeats a request id",
               request=position[ids[dup]], rank=rank)
     rows = int(counts[[position[r] for r in ids]].sum()) if ids else 0
@@ -159,8 +165,9 @@ def check_grammar_output(grammar: GrammarOutput, position: dict, num_reqs: int, 
 
 def check_local_output(local_output: Optional[SamplerOutput], num_local_reqs: int, num_local_logits: int, *,
                        gather_num_nans: bool, logprobs_dims, rank=None) -> None:
-    if logprobs_dims is not None and min(logprobs_dims) < 0:
-        _fail("PRE-LOGPROBS-DIMS", "logprobs_dims", f"{logprobs_dims} has a negative entry", rank=rank)
+    # Replicated, so checked first: a rank that owns nothing rejects it too.
+    if logprobs_dims is not None and (len(logprobs_dims) != 2 or min(logprobs_dims) < 0):
+        _fail("PRE-LOGPROBS-DIMS", "logprobs_dims", f"{logprobs_dims} is not a pair of non-negative ints", rank=rank)
     if local_output is None:
         if num_local_reqs:
             _fail("PRE-LOCAL-OUTPUT", "local_output", f"is None but this rank owns {num_local_reqs} requests",

@@ -90,7 +90,7 @@ class ProductionSharder:
         if grammar is not None:
             position = {req_id: i for i, req_id in enumerate(batch.req_ids)}
             if self.check_preconditions:
-                checks.check_grammar_output(grammar, position, batch.num_reqs, counts, rank)
+                checks.check_grammar_output(grammar, batch, position, counts, rank)
         num_reqs = batch.num_reqs
         slots = np.asarray(batch.idx_mapping_np)
         owners = slots % tp

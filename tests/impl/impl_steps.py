@@ -1,0 +1,146 @@
+"""Run a case's whole step with a chosen implementation per rank, and compare traces.
+
+Every rank of a :class:`LockstepGroup` runs ``shard -> all_to_all -> local
+sampler -> gather`` with either the reference or the production sharder; what
+each rank returned and sent is kept so two runs can be compared field by field.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable, Optional
+
+import numpy as np
+import torch
+
+from shardspec.comm import LockstepGroup
+from shardspec.fixtures.run import RecordingComm, RankTrace, local_sampler_output
+from shardspec.impl import ProductionSharder
+from shardspec.reference import ReferenceSharder
+from shardspec.spec.case import Case, CaseInputs, build_case_inputs, local_logits_shard
+from shardspec.spec.model import num_logprob_columns
+
+IMPLS = {"reference": ReferenceSharder, "production": ProductionSharder}
+
+
+def all_ranks(name: str) -> Callable[[int], str]:
+    return lambda rank: name
+
+
+def mixed(rank: int) -> str:
+    """Reference on even ranks, production on odd ranks."""
+    return "production" if rank % 2 else "reference"
+
+
+def _rank_step(comm, case: Case, inputs: CaseInputs, impl_of: Callable[[int], str]) -> RankTrace:
+    recording = RecordingComm(comm)
+    sharder = IMPLS[impl_of(comm.rank)](case.max_num_reqs, case.max_num_logits_per_req, comm=recording)
+    shard = sharder.shard_sampler_inputs(inputs.batch, inputs.grammar)
+    logits_shard = local_logits_shard(inputs, shard.sorted_logits_indices, case, comm.rank)
+    full = sharder.all_to_all_logits(logits_shard, shard.metadata)
+    local_output = local_sampler_output(case, comm.rank, full, shard)
+    gathered = sharder.gather_sampler_output(
+        local_output, shard.metadata, inputs.batch, shard.local_batch,
+        gather_num_nans=case.gather_num_nans, logprobs_dims=case.logprobs_dims,
+    )
+    return RankTrace(comm.rank, shard, full, local_output, gathered, recording.sends)
+
+
+def run_case(case: Case, impl_of: Callable[[int], str], inputs: Optional[CaseInputs] = None) -> list[RankTrace]:
+    inputs = build_case_inputs(case) if inputs is None else inputs
+    return LockstepGroup(case.tp_size, timeout_s=60).run(_rank_step, case, inputs, impl_of)
+
+
+# -- comparison ---------------------------------------------------------------
+
+def assert_same(expected, actual, where: str) -> None:
+    """Equal values, dtypes and shapes (NaN equals NaN) for tensors, arrays, dataclasses and tuples."""
+    if isinstance(expected, torch.Tensor):
+        assert isinstance(actual, torch.Tensor), f"{where}: {type(actual)} is not a tensor"
+        assert expected.dtype == actual.dtype, f"{where}: dtype {actual.dtype}, expected {expected.dtype}"
+        assert expected.shape == actual.shape, f"{where}: shape {tuple(actual.shape)}, expected {tuple(expected.shape)}"
+        assert expected.device.type == actual.device.type, f"{where}: device {actual.device}"
+        assert torch.equal(_nan_free(expected), _nan_free(actual)), f"{where}: {actual} != {expected}"
+        assert torch.equal(_nans(expected), _nans(actual)), f"{where}: NaN positions differ"
+    elif isinstance(expected, np.ndarray):
+        assert isinstance(actual, np.ndarray), f"{where}: {type(actual)} is not an array"
+        assert expected.dtype == actual.dtype, f"{where}: dtype {actual.dtype}, expected {expected.dtype}"
+        assert np.array_equal(expected, actual), f"{where}: {actual} != {expected}"
+    elif dataclasses.is_dataclass(expected):
+        assert type(expected) is type(actual), f"{where}: {type(actual)}"
+        for f in dataclasses.fields(expected):
+            assert_same(getattr(expected, f.name), getattr(actual, f.name), f"{where}.{f.name}")
+    elif isinstance(expected, tuple) and hasattr(expected, "_fields"):
+        assert type(expected) is type(actual), f"{where}: {type(actual)}"
+        for name in expected._fields:
+            assert_same(getattr(expected, name), getattr(actual, name), f"{where}.{name}")
+    elif isinstance(expected, list):
+        assert isinstance(actual, list) and len(expected) == len(actual), f"{where}: {actual!r} != {expected!r}"
+        for k, (e, a) in enumerate(zip(expected, actual)):
+            assert_same(e, a, f"{where}[{k}]")
+    else:
+        assert type(expected) is type(actual) and expected == actual, f"{where}: {actual!r} != {expected!r}"
+
+
+def _nan_free(t: torch.Tensor) -> torch.Tensor:
+    return t.nan_to_num(0.0) if t.is_floating_point() else t
+
+
+def _nans(t: torch.Tensor) -> torch.Tensor:
+    return t.isnan() if t.is_floating_point() else torch.zeros(0)
+
+
+def assert_traces_equal(case: Case, expected: list[RankTrace], actual: list[RankTrace]) -> None:
+    """Every output of every rank, and the wire sends on their non-padding rows."""
+    for ref, got in zip(expected, actual):
+        where = f"{case.case_id} rank {ref.rank}"
+        assert_same(ref.shard, got.shard, f"{where} shard")
+        assert_same(ref.full_vocab_logits, got.full_vocab_logits, f"{where} full_vocab_logits")
+        assert_same(ref.gathered, got.gathered, f"{where} gathered")
+        assert_wire_equal(case, ref, got, where)
+
+
+def assert_wire_equal(case: Case, ref: RankTrace, got: RankTrace, where: str) -> None:
+    assert [w.kind for w in ref.wire] == [w.kind for w in got.wire], f"{where}: collective sequence differs"
+    a2a_ref, a2a_got = ref.wire[0], got.wire[0]
+    assert a2a_ref.input_split_sizes == a2a_got.input_split_sizes, f"{where}: all_to_all splits"
+    assert a2a_ref.output_split_sizes == a2a_got.output_split_sizes, f"{where}: all_to_all splits"
+    local = ref.shard.local_batch
+    width = ref.shard.metadata.max_num_logits_per_req
+    for k, (w_ref, w_got) in enumerate(zip(ref.wire[1:], got.wire[1:])):
+        assert w_ref.send.dtype == w_got.send.dtype and w_ref.send.shape == w_got.send.shape, f"{where}: gather {k}"
+        rows = _payload_rows(k, local, width)
+        assert_same(w_ref.send[rows], w_got.send[rows], f"{where}: all_gather {k} payload rows")
+
+
+def _payload_rows(gather_index: int, local, width: int) -> torch.Tensor:
+    """Rows that carry data: local requests (sampled), or their logits rows j*W + p (logprobs)."""
+    if gather_index == 0:
+        return torch.arange(local.num_reqs)
+    counts = np.diff(local.cu_num_logits_np.astype(np.int64))
+    rows = [j * width + p for j, n in enumerate(counts) for p in range(n)]
+    return torch.tensor(rows, dtype=torch.int64)
+
+
+def random_case(seed: int, tp: int, *, max_reqs: int = 24, max_logits: int = 4) -> Case:
+    """A valid random step: slots, drafts, grammar subset and order, NaNs, logprob dims."""
+    rng = np.random.default_rng(seed)
+    num_reqs = int(rng.integers(0, max_reqs + 1))
+    slots = rng.choice(max_reqs * 2, size=num_reqs, replace=False).tolist()
+    spec = bool(rng.integers(0, 2))
+    counts = rng.integers(1, max_logits + 1, size=num_reqs).tolist() if spec else [1] * num_reqs
+    grammar = None
+    if num_reqs and rng.integers(0, 2):
+        grammar = rng.permutation(num_reqs)[: int(rng.integers(0, num_reqs + 1))].tolist()
+    dims = [None, (0, 0), (2, 0), (1, 4), (5, 2)][int(rng.integers(0, 5))]
+    return Case(
+        case_id=f"random-tp{tp}-{seed}", tp_size=tp, slots=slots, num_logits_per_req=counts,
+        max_num_reqs=max_reqs * 2, max_num_logits_per_req=max_logits, spec_decode=spec or None,
+        grammar_positions=grammar, vocab_size=int(rng.integers(40, 200)), seed=seed,
+        nan_tokens=rng.integers(0, 3 * max(1, num_reqs), size=2).tolist(),
+        gather_num_nans=bool(rng.integers(0, 2)), logprobs_dims=dims,
+    )
+
+
+def logprob_columns(case: Case) -> int:
+    return num_logprob_columns(case.logprobs_dims) if case.logprobs_dims is not None else 0

@@ -1,0 +1,149 @@
+"""The production sharder's host-side checks: one violation per precondition it checks.
+
+Each violation starts from a valid batch and breaks one thing; the error names
+the precondition ID, the field and, where there is one, the request at fault.
+Capacity violations raise even with the checks switched off: nothing is truncated.
+"""
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+import torch
+
+from shardspec.comm import LoopbackComm
+from shardspec.impl import ProductionSharder
+from shardspec.spec.builders import build_grammar_output, build_input_batch
+from shardspec.spec.errors import PreconditionError
+from shardspec.spec.model import LogprobsTensors, SamplerOutput
+
+TP = 2
+SLOTS = [4, 1, 6, 3, 0]
+COUNTS = [1, 3, 2, 1, 2]
+
+
+def _batch(**overrides):
+    return replace(build_input_batch(SLOTS, COUNTS), **overrides)
+
+
+def _sharder(rank=0, max_num_reqs=8, max_num_logits_per_req=4, check_preconditions=True):
+    return ProductionSharder(max_num_reqs, max_num_logits_per_req, comm=LoopbackComm(rank, TP),
+                             check_preconditions=check_preconditions)
+
+
+def _shard(batch, grammar=None, **options):
+    return _sharder(**options).shard_sampler_inputs(batch, grammar)
+
+
+def _output(local_batch, num_rows=None, logprob_cols=3):
+    n, rows = local_batch.num_reqs, local_batch.num_logits
+    n = n if num_rows is None else num_rows
+    return SamplerOutput(
+        sampled_token_ids=torch.zeros(n, 2, dtype=torch.int64),
+        logprobs_tensors=LogprobsTensors(torch.zeros(rows, logprob_cols, dtype=torch.int64),
+                                         torch.zeros(rows, logprob_cols), torch.zeros(rows, dtype=torch.int64)),
+        num_nans=torch.zeros(rows, dtype=torch.int32),
+        num_sampled=torch.ones(n, dtype=torch.int32),
+        num_rejected=torch.zeros(n, dtype=torch.int32),
+    )
+
+
+def _gather(make_output, logprobs_dims=None, rank=0, slots=SLOTS, counts=COUNTS):
+    batch = build_input_batch(slots, counts)
+    sharder = _sharder(rank)
+    shard = sharder.shard_sampler_inputs(batch, None)
+    return sharder.gather_sampler_output(make_output(shard.local_batch), shard.metadata, batch, shard.local_batch,
+                                         gather_num_nans=True, logprobs_dims=logprobs_dims)
+
+
+def _grammar(ids=None, row_delta=0):
+    batch = build_input_batch(SLOTS, COUNTS)
+    grammar = build_grammar_output(batch, [2, 0], 100)
+    if ids is not None:
+        grammar = replace(grammar, structured_output_request_ids=ids)
+    bitmask = grammar.grammar_bitmask
+    if row_delta:
+        bitmask = bitmask[:-1] if row_delta < 0 else torch.cat([bitmask, bitmask[:1]])
+    return batch, replace(grammar, grammar_bitmask=bitmask)
+
+
+def _drafts_off_by_one():
+    batch = build_input_batch(SLOTS, COUNTS)
+    drafts = batch.num_draft_tokens_per_req.copy()
+    drafts[3] += 1
+    return replace(batch, num_draft_tokens_per_req=drafts, num_draft_tokens=int(drafts.sum()))
+
+
+# name -> (call that violates a precondition, precondition ID, field, request or None)
+VIOLATIONS = {
+    "batch-size": (lambda: _shard(_batch(num_reqs=4)), "PRE-BATCH-SIZE", "num_reqs", None),
+    "capacity-reqs": (lambda: _shard(build_input_batch(SLOTS, COUNTS), max_num_reqs=4),
+                      "PRE-CAPACITY-REQS", "num_reqs", None),
+    "dtype-host-slots": (lambda: _shard(_batch(idx_mapping_np=np.array(SLOTS, np.float64))),
+                         "PRE-DTYPES", "idx_mapping_np", None),
+    "dtype-device-slots": (lambda: _shard(_batch(idx_mapping=torch.tensor(SLOTS, dtype=torch.float32))),
+                           "PRE-DTYPES", "idx_mapping", None),
+    "slot-range-high": (lambda: _shard(build_input_batch([4, 1, 8], [1, 1, 1])), "PRE-SLOT-RANGE", "idx_mapping", 2),
+    "slot-range-negative": (lambda: _shard(build_input_batch([4, -1, 3], [1, 1, 1])),
+                            "PRE-SLOT-RANGE", "idx_mapping", 1),
+    "slot-unique": (lambda: _shard(build_input_batch([4, 1, 4], [1, 1, 1], req_ids=["a", "b", "c"])),
+                    "PRE-SLOT-UNIQUE", "idx_mapping", 2),
+    "device-slots-shape": (lambda: _shard(_batch(idx_mapping=torch.tensor(SLOTS[:4]))),
+                           "PRE-HOST-DEVICE-MATCH", "idx_mapping", None),
+    "cu-start": (lambda: _shard(_batch(cu_num_logits_np=np.array([1, 1, 4, 6, 7, 9], np.int32))),
+                 "PRE-CU-LOGITS", "cu_num_logits_np", None),
+    "cu-shape": (lambda: _shard(_batch(cu_num_logits_np=np.array([0, 1, 4], np.int32))),
+                 "PRE-CU-LOGITS", "cu_num_logits_np", None),
+    "zero-logits": (lambda: _shard(build_input_batch([4, 1, 6], [2, 0, 1])), "PRE-LOGITS-PER-REQ", "cu_num_logits", 1),
+    "capacity-logits": (lambda: _shard(build_input_batch(SLOTS, COUNTS), max_num_logits_per_req=2),
+                        "PRE-CAPACITY-LOGITS", "cu_num_logits", 1),
+    "query-start-loc-shape": (lambda: _shard(_batch(query_start_loc=torch.zeros(3, dtype=torch.int32))),
+                              "PRE-QUERY-START-LOC", "query_start_loc", None),
+    "field-shapes": (lambda: _shard(_batch(seq_lens=torch.ones(4, dtype=torch.int32))),
+                     "PRE-FIELD-SHAPES", "seq_lens", None),
+    "drafts": (lambda: _shard(_drafts_off_by_one()), "PRE-DRAFTS", "num_draft_tokens_per_req", 3),
+    "drafts-none": (lambda: _shard(_batch(num_draft_tokens_per_req=None, num_draft_tokens=0)),
+                    "PRE-DRAFTS", "num_draft_tokens_per_req", 1),
+    "grammar-unknown-id": (lambda: _shard(*_grammar(ids=["req-99", "req-4"])),
+                           "PRE-GRAMMAR-IDS", "structured_output_request_ids", None),
+    "grammar-repeated-id": (lambda: _shard(*_grammar(ids=["req-6", "req-6"])),
+                            "PRE-GRAMMAR-IDS", "structured_output_request_ids", 2),
+    "grammar-bitmask-rows": (lambda: _shard(*_grammar(row_delta=-1)), "PRE-GRAMMAR-BITMASK", "grammar_bitmask", None),
+    "req-ids-unique-with-grammar": (lambda: _shard(_batch(req_ids=["req-4", "b", "req-6", "b", "e"]),
+                                                   _grammar()[1]), "PRE-REQ-IDS-UNIQUE", "req_ids", 3),
+    "local-output-rows": (lambda: _gather(lambda local: _output(local, num_rows=local.num_reqs + 1)),
+                          "PRE-LOCAL-OUTPUT", "sampled_token_ids", None),
+    "local-output-none": (lambda: _gather(lambda local: None), "PRE-LOCAL-OUTPUT", "local_output", None),
+    "local-output-nans": (lambda: _gather(lambda local: replace(_output(local), num_nans=None)),
+                          "PRE-LOCAL-OUTPUT", "num_nans", None),
+    "logprobs-dims": (lambda: _gather(_output, logprobs_dims=(2, -1)), "PRE-LOGPROBS-DIMS", "logprobs_dims", None),
+    "logprobs-dims-idle-rank": (lambda: _gather(lambda local: None, logprobs_dims=(2,), rank=1, slots=[0, 2],
+                                                counts=[1, 1]), "PRE-LOGPROBS-DIMS", "logprobs_dims", None),
+}
+
+
+@pytest.mark.parametrize("name", sorted(VIOLATIONS))
+def test_violation_is_rejected_with_its_id(name):
+    violate, precondition_id, field, request = VIOLATIONS[name]
+    with pytest.raises(PreconditionError) as caught:
+        violate()
+    error = caught.value
+    assert error.precondition_id == precondition_id, str(error)
+    assert error.field == field, str(error)
+    assert f"[{precondition_id}]" in str(error) and error.rank is not None
+    assert error.request == request, str(error)
+
+
+@pytest.mark.parametrize("capacity, precondition_id", [
+    (dict(max_num_reqs=4), "PRE-CAPACITY-REQS"),
+    (dict(max_num_logits_per_req=2), "PRE-CAPACITY-LOGITS"),
+])
+def test_capacity_is_enforced_with_checks_off(capacity, precondition_id):
+    """Buffers are sized by the capacity: a larger batch is rejected, never truncated."""
+    batch = build_input_batch(SLOTS, COUNTS)
+    before = batch.idx_mapping.clone()
+    with pytest.raises(PreconditionError) as caught:
+        _shard(batch, check_preconditions=False, **capacity)
+    assert caught.value.precondition_id == precondition_id
+    assert torch.equal(batch.idx_mapping, before)
+
