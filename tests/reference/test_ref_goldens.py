@@ -7,7 +7,9 @@ one process through LockstepGroup.
 
 import functools
 
+import numpy as np
 import pytest
+import torch
 
 from shardspec.fixtures import load_cases
 from shardspec.fixtures import load_golden as _load_golden
@@ -50,6 +52,39 @@ def test_all_to_all_rows_come_from_the_owned_tokens(case):
         tokens = rank_golden["shard"]["local_batch"]["logits_indices"]["values"]
         expected = [[token] * case.tp_size for token in tokens]
         assert rank_golden["all_to_all"]["source_tokens"] == expected, f"rank {rank_golden['rank']}"
+
+
+@pytest.mark.parametrize("case", STEP_CASES, ids=lambda c: c.case_id)
+def test_wire_sequence_is_the_same_on_every_rank(case):
+    expected = ["logits", "sampled"] + (["logprob_ids", "logprobs"] if case.logprobs_dims is not None else [])
+    shapes = None
+    for rank_golden in load_golden(case.case_id)["ranks"]:
+        wire = rank_golden["wire"]
+        assert [call["name"] for call in wire] == expected, f"rank {rank_golden['rank']}"
+        gather_shapes = [(call["send"]["dtype"], call["send"]["shape"]) for call in wire[1:]]
+        assert shapes in (None, gather_shapes), f"rank {rank_golden['rank']}: all-gather shapes differ"
+        shapes = gather_shapes
+
+
+def _snapshot(inputs):
+    tensors = [value for value in vars(inputs.batch).values() if isinstance(value, torch.Tensor)]
+    tensors += [value for value in vars(inputs.batch).values() if isinstance(value, np.ndarray)]
+    if inputs.grammar is not None:
+        tensors.append(inputs.grammar.grammar_bitmask)
+    tensors.append(inputs.token_logits)
+    return [value.clone() if isinstance(value, torch.Tensor) else value.copy() for value in tensors]
+
+
+@pytest.mark.parametrize("case", STEP_CASES, ids=lambda c: c.case_id)
+def test_step_leaves_its_inputs_unchanged(case):
+    inputs = build_case_inputs(case)
+    before = _snapshot(inputs)
+    run_reference_case(case, inputs)
+    for old, new in zip(before, _snapshot(inputs)):
+        if isinstance(old, torch.Tensor):
+            assert torch.equal(old.nan_to_num(), new.nan_to_num()) and old.dtype == new.dtype
+        else:
+            assert np.array_equal(old, new) and old.dtype == new.dtype
 
 
 @pytest.mark.parametrize("case", ERROR_CASES, ids=lambda c: c.case_id)
