@@ -55,7 +55,8 @@ def unexpected_error(record: StepRecord, invariant_id: str) -> list[Violation]:
     actual = record.actual
     if not judgeable(record) or actual.error is None:
         return []
-    if STEP_REPORTER.get(actual.failed_step or "shard") != invariant_id:
+    # A step this table does not name is reported with the shard step's.
+    if STEP_REPORTER.get(actual.failed_step, STEP_REPORTER["shard"]) != invariant_id:
         return []
     message = f"raised {type(actual.error).__name__} in step {actual.failed_step}: {actual.error}"
     return [Violation(invariant_id, message, rank=record.rank)]
