@@ -52,7 +52,18 @@ def single_thread():
         torch.set_num_threads(threads)
 
 
+_CACHE: dict[str, Expectation] = {}
+
+
 def compute_expectation(case: Case, timeout_s: float = 60.0) -> Expectation:
+    """The reference's run of ``case``; computed once per process (several implementations share it)."""
+    key = repr(case)
+    if key not in _CACHE:
+        _CACHE[key] = _compute(case, timeout_s)
+    return _CACHE[key]
+
+
+def _compute(case: Case, timeout_s: float) -> Expectation:
     device = expectation_device()
     with single_thread():
         inputs = build_case_inputs(case, device)

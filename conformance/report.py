@@ -133,21 +133,56 @@ def failing_invariants(rows: list[list[str]]) -> list[str]:
 
 # -- failures ----------------------------------------------------------------
 
-def describe_failures(section: Section, levels: dict[str, str], xfails: Xfails) -> list[str]:
-    lines = []
+def describe_failures(section: Section, levels: dict[str, str], xfails: Xfails,
+                      cases_per_invariant: int = 3) -> list[str]:
+    """One entry per violation (ranks that agree are merged), a few cases per invariant."""
+    lines, shown = [], {}
     for result in section.results:
         if result.status == NOT_RUN:
             continue
-        for v in result.violations:
-            if xfails.covers(v["invariant_id"], result.case_id):
+        for (invariant_id, request, field_name, message), ranks in _merged(result.violations).items():
+            if xfails.covers(invariant_id, result.case_id):
                 continue
-            level = levels.get(v["invariant_id"], "MUST")
-            where = ", ".join(f"{k} {v[k]}" for k in ("rank", "request", "field") if v.get(k) is not None)
-            lines.append(f"{'FAIL' if level == 'MUST' else 'warn'} [{v['invariant_id']}] case {result.case_id} "
-                         f"(tp {result.tp}){': ' + where if where else ''}\n"
-                         f"{textwrap.indent(v['message'].rstrip(), '    ')}\n    reproduce: {result.reproduce}")
+            cases = shown.setdefault(invariant_id, set())
+            if result.case_id not in cases and len(cases) >= cases_per_invariant:
+                continue
+            cases.add(result.case_id)
+            level = "FAIL" if levels.get(invariant_id, "MUST") == "MUST" else "warn"
+            where = [_ranks(ranks)] + [f"{k} {v}" for k, v in (("request", request), ("field", field_name))
+                                       if v is not None]
+            lines.append(f"{level} [{invariant_id}] case {result.case_id} (tp {result.tp}): "
+                         f"{', '.join(w for w in where if w)}\n"
+                         f"{textwrap.indent(message.rstrip(), '    ')}\n    reproduce: {result.reproduce}")
         if result.status == ERROR and not xfails.covers("", result.case_id):
             lines.append(_describe_errors(result))
+    lines += _omitted(section, shown, xfails)
+    return lines
+
+
+def _merged(violations: list[dict[str, Any]]) -> dict[tuple, list]:
+    merged: dict[tuple, list] = {}
+    for v in violations:
+        key = (v["invariant_id"], v.get("request"), v.get("field"), v["message"])
+        merged.setdefault(key, []).append(v.get("rank"))
+    return merged
+
+
+def _ranks(ranks: list) -> str:
+    known = sorted(r for r in set(ranks) if r is not None)
+    if not known:
+        return ""
+    return f"rank {known[0]}" if len(known) == 1 else f"ranks {', '.join(map(str, known))}"
+
+
+def _omitted(section: Section, shown: dict[str, set], xfails: Xfails) -> list[str]:
+    lines = []
+    for invariant_id, cases in shown.items():
+        failing = {r.case_id for r in section.results
+                   if any(v["invariant_id"] == invariant_id for v in r.violations)
+                   and not xfails.covers(invariant_id, r.case_id)}
+        if len(failing) > len(cases):
+            lines.append(f"... [{invariant_id}] fails in {len(failing) - len(cases)} more case(s) "
+                         "(all of them in the JSON report)")
     return lines
 
 

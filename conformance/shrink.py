@@ -30,7 +30,7 @@ def shrinkable(result: CaseResult) -> bool:
     return result.status != ERROR or all(e["kind"] in ("raised", "peer", "stopped") for e in result.errors)
 
 
-def shrink(case: Case, failure: CaseResult, run: RunCase, budget_s: float = 60.0, max_runs: int = 300) -> Case:
+def shrink(case: Case, failure: CaseResult, run: RunCase, budget_s: float = 30.0, max_runs: int = 300) -> Case:
     target = signature(failure)
     deadline = time.monotonic() + budget_s
     runs = 0

@@ -34,7 +34,7 @@ def test_must_failure_exits_1_and_lists_a_reproduce_command(tmp_path, plugins_on
     failing = [c for c in report["sections"][0]["cases"] if c["status"] == "fail"]
     assert [c["case_id"] for c in failing] == ["small-tp2-3", "small-tp2-4"]
     out = capsys.readouterr().out
-    assert "FAIL [INV-TEST-COUNTS] case small-tp2-3 (tp 2): rank 0, field num_rejected" in out
+    assert "FAIL [INV-TEST-COUNTS] case small-tp2-3 (tp 2): ranks 0, 1, field num_rejected" in out
     assert "reproduce: python -m shardspec.conformance --impl faulty_sharders:WrongCountsSharder --case-file" in out
 
 
