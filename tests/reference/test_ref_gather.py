@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 
+from shardspec.fixtures import load_cases
 from shardspec.fixtures.run import run_reference_case
 from shardspec.reference.sampler import replicated_output
 from shardspec.spec.case import Case, ExplicitLocalOutput, build_case_inputs
@@ -190,3 +191,28 @@ def test_end_to_end_equals_the_replicated_path(tp, batch):
         assert torch.equal(a, b)
     assert out.logprobs_tensors.cu_num_generated_tokens == expected.logprobs_tensors.cu_num_generated_tokens
     _assert_identical_on_every_rank(gathered)
+
+
+TOY_FIXTURES = [case for case in load_cases() if case.local_outputs == "toy" and case.expect_error is None]
+
+
+@pytest.mark.parametrize("case", TOY_FIXTURES, ids=lambda c: c.case_id)
+def test_every_toy_fixture_equals_the_replicated_path(case):
+    inputs = build_case_inputs(case)
+    out = run_reference_case(case, inputs)[0].gathered
+    logits = inputs.token_logits[inputs.batch.logits_indices][:, : case.vocab_size]
+    expected = replicated_output(logits, inputs.batch, inputs.grammar, gather_num_nans=case.gather_num_nans,
+                                 logprobs_dims=case.logprobs_dims)
+    if expected is None:
+        assert out.num_sampled.shape == (0,)
+        return
+    assert torch.equal(out.num_sampled, expected.num_sampled) and torch.equal(out.num_rejected, expected.num_rejected)
+    assert (out.num_nans is None) == (expected.num_nans is None)
+    if expected.num_nans is not None:
+        assert torch.equal(out.num_nans, expected.num_nans)
+    for i, n in enumerate(expected.num_sampled.tolist()):
+        assert torch.equal(out.sampled_token_ids[i, :n], expected.sampled_token_ids[i, :n]), f"request {i}"
+    assert (out.logprobs_tensors is None) == (expected.logprobs_tensors is None)
+    if expected.logprobs_tensors is not None:
+        for a, b in zip(out.logprobs_tensors, expected.logprobs_tensors):
+            assert a == b if isinstance(b, (list, type(None))) else torch.equal(a, b)
