@@ -12,7 +12,7 @@ from shardspec.conformance.checks.base import StepRecord
 from shardspec.conformance.checks.common import STEP_REPORTER
 from shardspec.conformance.checks.digest import rank_digest
 from shardspec.conformance.execute import run_rank_checks, run_step
-from shardspec.conformance.expectations import compute_expectation
+from shardspec.conformance.expectations import compute_expectation, expectation_device
 from shardspec.conformance.inprocess import run_case_in_process
 from shardspec.reference import ReferenceSharder
 from shardspec.spec.case import Case, build_case_inputs
@@ -33,10 +33,11 @@ def _raising_in(method: str):
 
 def _records(case: Case, factory) -> list[StepRecord]:
     expectation = compute_expectation(case)
+    device = expectation_device()  # ranks run where the expectation was computed
 
     def one_rank(comm):
-        inputs = build_case_inputs(case)
-        outputs = run_step(factory, case, inputs, comm, "cpu").outputs
+        inputs = build_case_inputs(case, device)
+        outputs = run_step(factory, case, inputs, comm, device).outputs
         return StepRecord(case=case, rank=comm.rank, inputs=inputs, actual=outputs,
                           expected=expectation.expected[comm.rank], replicated=expectation.replicated)
 
