@@ -38,16 +38,16 @@ STEP_REPORTER = {
 RowToRequest = Callable[[int], Optional[int]]
 
 
+def judgeable(record: StepRecord) -> bool:
+    """A valid case whose reference run completed."""
+    return record.case.expect_error is None and record.expected.error is None
+
+
 def shards(record: StepRecord):
     """(actual, expected) ShardResults when both exist and the case is judged, else None."""
     if not judgeable(record) or record.actual.shard is None or record.expected.shard is None:
         return None
     return record.actual.shard, record.expected.shard
-
-
-def judgeable(record: StepRecord) -> bool:
-    """A valid case whose reference run completed."""
-    return record.case.expect_error is None and record.expected.error is None
 
 
 def unexpected_error(record: StepRecord, invariant_id: str) -> list[Violation]:
