@@ -51,6 +51,24 @@ def _compare_rows(invariant_id: str, record: StepRecord, field: str, send: torch
                      rank=record.rank, request=row_request(row), field=field)
 
 
+def local_output_matches(record: StepRecord, metadata, local_cu: np.ndarray) -> bool:
+    """Whether the rank's local sampler output has the spec's local batch's shape.
+
+    It does not when the implementation's own local batch was wrong (a shard
+    step violation, reported there); the wire is then not judged.
+    """
+    out, n, num_rows = record.actual.local_output, metadata.num_local_reqs, int(local_cu[-1])
+    if out is None:
+        return n == 0
+    shapes = [(out.sampled_token_ids.shape[0], n), (tuple(out.num_sampled.shape), (n,)),
+              (tuple(out.num_rejected.shape), (n,))]
+    if record.case.gather_num_nans and out.num_nans is not None:
+        shapes.append((tuple(out.num_nans.shape), (num_rows,)))
+    if out.logprobs_tensors is not None:
+        shapes.append((out.logprobs_tensors.logprobs.shape[0], num_rows))
+    return all(got == want for got, want in shapes)
+
+
 def expected_sampled_send(record: StepRecord, metadata, local_cu: np.ndarray) -> torch.Tensor:
     """[M, W + 2 (+1)] int64 with the data rows the spec prescribes; padding rows zero (never compared)."""
     width, n = metadata.max_num_logits_per_req, metadata.num_local_reqs
@@ -85,6 +103,8 @@ def check_wire_sampled(record: StepRecord) -> Iterable[Violation]:
         return
     metadata = pair[1].metadata
     local_cu = np.asarray(pair[1].local_batch.cu_num_logits_np, dtype=np.int64)
+    if not local_output_matches(record, metadata, local_cu):
+        return
     want = expected_sampled_send(record, metadata, local_cu)
     rows = np.arange(metadata.num_local_reqs)
     violation = _compare_rows("INV-WIRE-SAMPLED", record, field, call.send, want, rows,
@@ -123,6 +143,8 @@ def check_wire_logprobs(record: StepRecord) -> Iterable[Violation]:
         return
     metadata = pair[1].metadata
     local_cu = np.asarray(pair[1].local_batch.cu_num_logits_np, dtype=np.int64)
+    if not local_output_matches(record, metadata, local_cu):
+        return
     want_ids, want_values, rows = expected_logprob_sends(record, metadata, local_cu)
     local_reqs = plan_of(record).local_reqs
     width = metadata.max_num_logits_per_req

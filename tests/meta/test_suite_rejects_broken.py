@@ -20,6 +20,8 @@ YAML_IDS = {entry["id"] for entry in yaml.safe_load(INVARIANTS.read_text())["inv
 CONTROLS = ["reference", "shardspec.conformance.broken.conforming:GarbageWirePadding"]
 
 RUNS = [pytest.param(entry, case_id, id=f"{entry.name}/{case_id}") for entry in CORPUS for case_id in entry.cases]
+# Every entry on every targeted case: whatever a defect does, no checker crashes.
+ALL_RUNS = [pytest.param(entry, case, id=f"{entry.name}/{case.case_id}") for entry in CORPUS for case in cases.ALL]
 
 
 def _violated(result) -> set[str]:
@@ -33,6 +35,13 @@ def test_checkers_catch_the_defect(entry, case_id):
     found = _violated(result)
     assert entry.invariant_id in found, (
         f"{entry.name} ({entry.description}) on {case_id}: expected {entry.invariant_id}, got {sorted(found)}")
+
+
+@pytest.mark.parametrize("entry, case", ALL_RUNS)
+def test_checkers_never_crash_on_broken_outputs(entry, case):
+    result = run_case_in_process(case, ImplChoice(entry.target))
+    crashed = [v["message"] for v in result.violations if v["message"].startswith("checker raised")]
+    assert not crashed, f"checkers must judge broken outputs, not crash on them: {crashed}"
 
 
 @pytest.mark.parametrize("entry", CORPUS, ids=[e.name for e in CORPUS])
