@@ -46,7 +46,8 @@ _TILE_ELEMENTS = 1 << 16 if _INTERPRETED else 1 << 12
 
 def _block(per_request_elements: int, cap: int) -> int:
     """Requests per program so that one program's tile holds about _TILE_ELEMENTS values."""
-    return max(1, min(next_power_of_2(cap), _TILE_ELEMENTS // max(1, per_request_elements)))
+    fitting = max(1, _TILE_ELEMENTS // max(1, per_request_elements))
+    return min(next_power_of_2(cap), 1 << (fitting.bit_length() - 1))
 
 
 class ProductionSharder:
@@ -71,6 +72,7 @@ class ProductionSharder:
         self._ws["local_cu_num_logits"][:1].zero_()
         self._rows_pad = next_power_of_2(max_num_logits_per_req)
         self._tp_pad = next_power_of_2(self.tp_size)
+        # Block sizes follow the capacity, never the batch, so no batch size recompiles a kernel.
         self._plan_block = _block(self._tp_pad * 4 + self._rows_pad * 2, max(1, max_num_reqs))
         self._logprob_cols = -1  # columns the logprob wire buffers are sized for
         self._lp_ws: dict = {}
@@ -108,16 +110,18 @@ class ProductionSharder:
         if num_reqs:
             self._launch_plan(batch, num_reqs, max_reqs_per_rank)
         ws = self._ws
-        local_counts = counts[local_reqs]
-        local_cu_np = np.zeros(num_local + 1, dtype=np.int32)
-        np.cumsum(local_counts, out=local_cu_np[1:])
+        if width == 1:
+            local_cu_np = np.arange(num_local + 1, dtype=np.int32)
+        else:
+            local_cu_np = np.zeros(num_local + 1, dtype=np.int32)
+            np.cumsum(counts[local_reqs], out=local_cu_np[1:])
         local_slots = slots[local_reqs].astype(np.intp, copy=False)
         drafts = batch.num_draft_tokens_per_req
         local_drafts = None if drafts is None else np.asarray(drafts)[local_reqs].astype(np.int32, copy=False)
         req_ids = batch.req_ids
         local_batch = replace(
             batch,
-            req_ids=[req_ids[i] for i in local_reqs.tolist()],
+            req_ids=list(map(req_ids.__getitem__, local_reqs.tolist())),
             num_reqs=num_local,
             idx_mapping=ws["local_idx_mapping"][:num_local],
             idx_mapping_np=local_slots,
@@ -244,7 +248,7 @@ class ProductionSharder:
         nans = out.num_nans if has_output and gather_num_nans else send
         local_lp = out.logprobs_tensors if has_output and lp is not None else None
         cols_pad = next_power_of_2(num_cols + 1)
-        block = _block(self._rows_pad * cols_pad + width + 3, per_rank)
+        block = _block(self._rows_pad * cols_pad + self._rows_pad + 3, max(1, self.max_num_reqs))
         if local_lp is not None:
             lp_ids, lp_vals, lp_ranks = local_lp.logprob_token_ids, local_lp.logprobs, local_lp.selected_token_ranks
         else:
@@ -272,7 +276,7 @@ class ProductionSharder:
         out = carve(gathered_layout(num_reqs, num_logits, width, num_cols), self.device)
         if num_reqs:
             cols_pad = next_power_of_2(num_cols + 1)
-            block = _block(self._rows_pad * cols_pad + width, num_reqs)
+            block = _block(self._rows_pad * cols_pad + self._rows_pad, max(1, self.max_num_reqs))
             lp_ids = lp["recv_ids"] if lp is not None else received
             lp_vals = lp["recv_vals"] if lp is not None else received
             unpack_kernel[(-(-num_reqs // block),)](
@@ -289,7 +293,7 @@ class ProductionSharder:
                 logprob_token_ids=out["logprob_token_ids"].view(num_logits, num_cols),
                 logprobs=out["logprobs"].view(num_logits, num_cols),
                 selected_token_ranks=out["selected_token_ranks"],
-                cu_num_generated_tokens=[int(c) for c in cu_np] if num_logits != num_reqs else None,
+                cu_num_generated_tokens=np.asarray(cu_np).tolist() if num_logits != num_reqs else None,
             )
         return SamplerOutput(
             sampled_token_ids=out["sampled_token_ids"].view(num_reqs, width),

@@ -18,9 +18,10 @@ from shardspec.fixtures.run import RecordingComm, RankTrace, local_sampler_outpu
 from shardspec.impl import ProductionSharder
 from shardspec.reference import ReferenceSharder
 from shardspec.spec.case import Case, CaseInputs, build_case_inputs, local_logits_shard
-from shardspec.spec.model import num_logprob_columns
 
 IMPLS = {"reference": ReferenceSharder, "production": ProductionSharder}
+# Compiled kernels on a GPU; the interpreter on CPU tensors elsewhere (tests/conftest.py).
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
 def all_ranks(name: str) -> Callable[[int], str]:
@@ -34,7 +35,8 @@ def mixed(rank: int) -> str:
 
 def _rank_step(comm, case: Case, inputs: CaseInputs, impl_of: Callable[[int], str]) -> RankTrace:
     recording = RecordingComm(comm)
-    sharder = IMPLS[impl_of(comm.rank)](case.max_num_reqs, case.max_num_logits_per_req, comm=recording)
+    sharder = IMPLS[impl_of(comm.rank)](case.max_num_reqs, case.max_num_logits_per_req, comm=recording,
+                                        device=DEVICE)
     shard = sharder.shard_sampler_inputs(inputs.batch, inputs.grammar)
     logits_shard = local_logits_shard(inputs, shard.sorted_logits_indices, case, comm.rank)
     full = sharder.all_to_all_logits(logits_shard, shard.metadata)
@@ -47,7 +49,7 @@ def _rank_step(comm, case: Case, inputs: CaseInputs, impl_of: Callable[[int], st
 
 
 def run_case(case: Case, impl_of: Callable[[int], str], inputs: Optional[CaseInputs] = None) -> list[RankTrace]:
-    inputs = build_case_inputs(case) if inputs is None else inputs
+    inputs = build_case_inputs(case, DEVICE) if inputs is None else inputs
     return LockstepGroup(case.tp_size, timeout_s=60).run(_rank_step, case, inputs, impl_of)
 
 
@@ -78,6 +80,8 @@ def assert_same(expected, actual, where: str) -> None:
         assert isinstance(actual, list) and len(expected) == len(actual), f"{where}: {actual!r} != {expected!r}"
         for k, (e, a) in enumerate(zip(expected, actual)):
             assert_same(e, a, f"{where}[{k}]")
+    elif isinstance(expected, torch.device):
+        assert expected.type == actual.type, f"{where}: {actual} != {expected}"
     else:
         assert type(expected) is type(actual) and expected == actual, f"{where}: {actual!r} != {expected!r}"
 
@@ -116,10 +120,10 @@ def assert_wire_equal(case: Case, ref: RankTrace, got: RankTrace, where: str) ->
 def _payload_rows(gather_index: int, local, width: int) -> torch.Tensor:
     """Rows that carry data: local requests (sampled), or their logits rows j*W + p (logprobs)."""
     if gather_index == 0:
-        return torch.arange(local.num_reqs)
+        return torch.arange(local.num_reqs, device=local.idx_mapping.device)
     counts = np.diff(local.cu_num_logits_np.astype(np.int64))
     rows = [j * width + p for j, n in enumerate(counts) for p in range(n)]
-    return torch.tensor(rows, dtype=torch.int64)
+    return torch.tensor(rows, dtype=torch.int64, device=local.idx_mapping.device)
 
 
 def random_case(seed: int, tp: int, *, max_reqs: int = 24, max_logits: int = 4) -> Case:
@@ -141,6 +145,3 @@ def random_case(seed: int, tp: int, *, max_reqs: int = 24, max_logits: int = 4) 
         gather_num_nans=bool(rng.integers(0, 2)), logprobs_dims=dims,
     )
 
-
-def logprob_columns(case: Case) -> int:
-    return num_logprob_columns(case.logprobs_dims) if case.logprobs_dims is not None else 0

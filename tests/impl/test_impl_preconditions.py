@@ -16,19 +16,24 @@ from shardspec.impl import ProductionSharder
 from shardspec.spec.builders import build_grammar_output, build_input_batch
 from shardspec.spec.errors import PreconditionError
 from shardspec.spec.model import LogprobsTensors, SamplerOutput
+from impl_steps import DEVICE
 
 TP = 2
 SLOTS = [4, 1, 6, 3, 0]
 COUNTS = [1, 3, 2, 1, 2]
 
 
+def _build(slots, counts, **options):
+    return build_input_batch(slots, counts, device=DEVICE, **options)
+
+
 def _batch(**overrides):
-    return replace(build_input_batch(SLOTS, COUNTS), **overrides)
+    return replace(_build(SLOTS, COUNTS), **overrides)
 
 
 def _sharder(rank=0, max_num_reqs=8, max_num_logits_per_req=4, check_preconditions=True):
     return ProductionSharder(max_num_reqs, max_num_logits_per_req, comm=LoopbackComm(rank, TP),
-                             check_preconditions=check_preconditions)
+                             device=DEVICE, check_preconditions=check_preconditions)
 
 
 def _shard(batch, grammar=None, **options):
@@ -38,18 +43,19 @@ def _shard(batch, grammar=None, **options):
 def _output(local_batch, num_rows=None, logprob_cols=3):
     n, rows = local_batch.num_reqs, local_batch.num_logits
     n = n if num_rows is None else num_rows
+    int64, int32 = dict(dtype=torch.int64, device=DEVICE), dict(dtype=torch.int32, device=DEVICE)
     return SamplerOutput(
-        sampled_token_ids=torch.zeros(n, 2, dtype=torch.int64),
-        logprobs_tensors=LogprobsTensors(torch.zeros(rows, logprob_cols, dtype=torch.int64),
-                                         torch.zeros(rows, logprob_cols), torch.zeros(rows, dtype=torch.int64)),
-        num_nans=torch.zeros(rows, dtype=torch.int32),
-        num_sampled=torch.ones(n, dtype=torch.int32),
-        num_rejected=torch.zeros(n, dtype=torch.int32),
+        sampled_token_ids=torch.zeros(n, 2, **int64),
+        logprobs_tensors=LogprobsTensors(torch.zeros(rows, logprob_cols, **int64),
+                                         torch.zeros(rows, logprob_cols, device=DEVICE), torch.zeros(rows, **int64)),
+        num_nans=torch.zeros(rows, **int32),
+        num_sampled=torch.ones(n, **int32),
+        num_rejected=torch.zeros(n, **int32),
     )
 
 
 def _gather(make_output, logprobs_dims=None, rank=0, slots=SLOTS, counts=COUNTS):
-    batch = build_input_batch(slots, counts)
+    batch = _build(slots, counts)
     sharder = _sharder(rank)
     shard = sharder.shard_sampler_inputs(batch, None)
     return sharder.gather_sampler_output(make_output(shard.local_batch), shard.metadata, batch, shard.local_batch,
@@ -57,7 +63,7 @@ def _gather(make_output, logprobs_dims=None, rank=0, slots=SLOTS, counts=COUNTS)
 
 
 def _grammar(ids=None, row_delta=0):
-    batch = build_input_batch(SLOTS, COUNTS)
+    batch = _build(SLOTS, COUNTS)
     grammar = build_grammar_output(batch, [2, 0], 100)
     if ids is not None:
         grammar = replace(grammar, structured_output_request_ids=ids)
@@ -68,7 +74,7 @@ def _grammar(ids=None, row_delta=0):
 
 
 def _drafts_off_by_one():
-    batch = build_input_batch(SLOTS, COUNTS)
+    batch = _build(SLOTS, COUNTS)
     drafts = batch.num_draft_tokens_per_req.copy()
     drafts[3] += 1
     return replace(batch, num_draft_tokens_per_req=drafts, num_draft_tokens=int(drafts.sum()))
@@ -77,29 +83,31 @@ def _drafts_off_by_one():
 # name -> (call that violates a precondition, precondition ID, field, request or None)
 VIOLATIONS = {
     "batch-size": (lambda: _shard(_batch(num_reqs=4)), "PRE-BATCH-SIZE", "num_reqs", None),
-    "capacity-reqs": (lambda: _shard(build_input_batch(SLOTS, COUNTS), max_num_reqs=4),
+    "capacity-reqs": (lambda: _shard(_build(SLOTS, COUNTS), max_num_reqs=4),
                       "PRE-CAPACITY-REQS", "num_reqs", None),
     "dtype-host-slots": (lambda: _shard(_batch(idx_mapping_np=np.array(SLOTS, np.float64))),
                          "PRE-DTYPES", "idx_mapping_np", None),
-    "dtype-device-slots": (lambda: _shard(_batch(idx_mapping=torch.tensor(SLOTS, dtype=torch.float32))),
+    "dtype-device-slots": (lambda: _shard(_batch(idx_mapping=torch.tensor(SLOTS, dtype=torch.float32,
+                                                                          device=DEVICE))),
                            "PRE-DTYPES", "idx_mapping", None),
-    "slot-range-high": (lambda: _shard(build_input_batch([4, 1, 8], [1, 1, 1])), "PRE-SLOT-RANGE", "idx_mapping", 2),
-    "slot-range-negative": (lambda: _shard(build_input_batch([4, -1, 3], [1, 1, 1])),
+    "slot-range-high": (lambda: _shard(_build([4, 1, 8], [1, 1, 1])), "PRE-SLOT-RANGE", "idx_mapping", 2),
+    "slot-range-negative": (lambda: _shard(_build([4, -1, 3], [1, 1, 1])),
                             "PRE-SLOT-RANGE", "idx_mapping", 1),
-    "slot-unique": (lambda: _shard(build_input_batch([4, 1, 4], [1, 1, 1], req_ids=["a", "b", "c"])),
+    "slot-unique": (lambda: _shard(_build([4, 1, 4], [1, 1, 1], req_ids=["a", "b", "c"])),
                     "PRE-SLOT-UNIQUE", "idx_mapping", 2),
-    "device-slots-shape": (lambda: _shard(_batch(idx_mapping=torch.tensor(SLOTS[:4]))),
+    "device-slots-shape": (lambda: _shard(_batch(idx_mapping=torch.tensor(SLOTS[:4], device=DEVICE))),
                            "PRE-HOST-DEVICE-MATCH", "idx_mapping", None),
     "cu-start": (lambda: _shard(_batch(cu_num_logits_np=np.array([1, 1, 4, 6, 7, 9], np.int32))),
                  "PRE-CU-LOGITS", "cu_num_logits_np", None),
     "cu-shape": (lambda: _shard(_batch(cu_num_logits_np=np.array([0, 1, 4], np.int32))),
                  "PRE-CU-LOGITS", "cu_num_logits_np", None),
-    "zero-logits": (lambda: _shard(build_input_batch([4, 1, 6], [2, 0, 1])), "PRE-LOGITS-PER-REQ", "cu_num_logits", 1),
-    "capacity-logits": (lambda: _shard(build_input_batch(SLOTS, COUNTS), max_num_logits_per_req=2),
+    "zero-logits": (lambda: _shard(_build([4, 1, 6], [2, 0, 1])), "PRE-LOGITS-PER-REQ", "cu_num_logits", 1),
+    "capacity-logits": (lambda: _shard(_build(SLOTS, COUNTS), max_num_logits_per_req=2),
                         "PRE-CAPACITY-LOGITS", "cu_num_logits", 1),
-    "query-start-loc-shape": (lambda: _shard(_batch(query_start_loc=torch.zeros(3, dtype=torch.int32))),
+    "query-start-loc-shape": (lambda: _shard(_batch(query_start_loc=torch.zeros(3, dtype=torch.int32,
+                                                                                device=DEVICE))),
                               "PRE-QUERY-START-LOC", "query_start_loc", None),
-    "field-shapes": (lambda: _shard(_batch(seq_lens=torch.ones(4, dtype=torch.int32))),
+    "field-shapes": (lambda: _shard(_batch(seq_lens=torch.ones(4, dtype=torch.int32, device=DEVICE))),
                      "PRE-FIELD-SHAPES", "seq_lens", None),
     "drafts": (lambda: _shard(_drafts_off_by_one()), "PRE-DRAFTS", "num_draft_tokens_per_req", 3),
     "drafts-none": (lambda: _shard(_batch(num_draft_tokens_per_req=None, num_draft_tokens=0)),
@@ -140,7 +148,7 @@ def test_violation_is_rejected_with_its_id(name):
 ])
 def test_capacity_is_enforced_with_checks_off(capacity, precondition_id):
     """Buffers are sized by the capacity: a larger batch is rejected, never truncated."""
-    batch = build_input_batch(SLOTS, COUNTS)
+    batch = _build(SLOTS, COUNTS)
     before = batch.idx_mapping.clone()
     with pytest.raises(PreconditionError) as caught:
         _shard(batch, check_preconditions=False, **capacity)

@@ -9,7 +9,7 @@ from shardspec.fixtures.run import local_sampler_output
 from shardspec.impl import ProductionSharder
 from shardspec.reference import ReferenceSharder
 from shardspec.spec.case import build_case_inputs, local_logits_shard
-from impl_steps import assert_same, random_case
+from impl_steps import DEVICE, assert_same, random_case
 
 ALIGNED_FIELDS = ("idx_mapping", "cu_num_logits", "logits_indices", "expanded_idx_mapping",
                   "expanded_local_pos", "seq_lens")
@@ -30,11 +30,12 @@ def test_consecutive_steps_of_one_sharder_match_reference(tp, rank):
     """Batches grow and shrink, logprob widths change; the sharder is built once."""
     cases = [random_case(seed, tp) for seed in (11, 12, 13, 14, 15)]
     production = ProductionSharder(cases[0].max_num_reqs, cases[0].max_num_logits_per_req,
-                                   comm=LoopbackComm(rank, tp))
+                                   comm=LoopbackComm(rank, tp), device=DEVICE)
     earlier = []
     for case in cases:
-        inputs = build_case_inputs(case)
-        reference = ReferenceSharder(case.max_num_reqs, case.max_num_logits_per_req, comm=LoopbackComm(rank, tp))
+        inputs = build_case_inputs(case, DEVICE)
+        reference = ReferenceSharder(case.max_num_reqs, case.max_num_logits_per_req, comm=LoopbackComm(rank, tp),
+                                     device=DEVICE)
         expected, actual = _step(reference, case, inputs, rank), _step(production, case, inputs, rank)
         for name, e, a in zip(("shard", "full_vocab_logits", "gathered"), expected, actual):
             assert_same(e, a, f"{case.case_id} {name}")
@@ -46,9 +47,10 @@ def test_consecutive_steps_of_one_sharder_match_reference(tp, rank):
 
 def test_local_tensors_and_metadata_are_16_byte_aligned():
     case = random_case(5, 2, max_reqs=24)
-    inputs = build_case_inputs(case)
+    inputs = build_case_inputs(case, DEVICE)
     for rank in range(case.tp_size):
-        sharder = ProductionSharder(case.max_num_reqs, case.max_num_logits_per_req, comm=LoopbackComm(rank, 2))
+        sharder = ProductionSharder(case.max_num_reqs, case.max_num_logits_per_req, comm=LoopbackComm(rank, 2),
+                                     device=DEVICE)
         shard = sharder.shard_sampler_inputs(inputs.batch, inputs.grammar)
         tensors = [getattr(shard.local_batch, name) for name in ALIGNED_FIELDS]
         tensors += [shard.metadata.gathered_src_indices, shard.sorted_logits_indices]
@@ -57,12 +59,33 @@ def test_local_tensors_and_metadata_are_16_byte_aligned():
 
 def test_inputs_are_not_modified():
     case = random_case(7, 4)
-    inputs = build_case_inputs(case)
+    inputs = build_case_inputs(case, DEVICE)
     before = {name: getattr(inputs.batch, name).clone() for name in ("idx_mapping", "cu_num_logits",
                                                                       "logits_indices", "seq_lens")}
     slots_np = inputs.batch.idx_mapping_np.copy()
-    _step(ProductionSharder(case.max_num_reqs, case.max_num_logits_per_req, comm=LoopbackComm(1, 4)),
+    _step(ProductionSharder(case.max_num_reqs, case.max_num_logits_per_req, comm=LoopbackComm(1, 4),
+                            device=DEVICE),
           case, inputs, 1)
     for name, value in before.items():
         assert torch.equal(getattr(inputs.batch, name), value), name
     assert np.array_equal(inputs.batch.idx_mapping_np, slots_np)
+
+
+@pytest.mark.parametrize("tp, rank", [(3, 2), (8, 5)])
+def test_many_small_blocks_match_reference(monkeypatch, tp, rank):
+    """Tiny tiles force many programs per launch (as on a GPU), exercising the cross-block prefix sums."""
+    import shardspec.impl.sharder as sharder_module
+
+    monkeypatch.setattr(sharder_module, "_TILE_ELEMENTS", 64)
+    case = random_case(40 + tp, tp, max_reqs=40)
+    case.num_logits_per_req = [1 + (i * 7) % case.max_num_logits_per_req for i in range(len(case.slots))]
+    case.spec_decode = True
+    inputs = build_case_inputs(case, DEVICE)
+    production = ProductionSharder(case.max_num_reqs, case.max_num_logits_per_req, comm=LoopbackComm(rank, tp),
+                                   device=DEVICE)
+    assert production._plan_block < len(case.slots)
+    reference = ReferenceSharder(case.max_num_reqs, case.max_num_logits_per_req, comm=LoopbackComm(rank, tp),
+                                 device=DEVICE)
+    for name, e, a in zip(("shard", "full", "gathered"), _step(reference, case, inputs, rank),
+                          _step(production, case, inputs, rank)):
+        assert_same(e, a, f"{case.case_id} {name}")

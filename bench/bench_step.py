@@ -1,0 +1,255 @@
+"""Per-step cost of the reference and the production sharder, side by side.
+
+Rank 0 of a simulated tensor-parallel group on one device
+(:class:`shardspec.comm.LoopbackComm`: every peer sends what rank 0 sends,
+each collective costs one local copy). For each batch shape it times
+
+* shard:  ``shard_sampler_inputs``
+* gather: ``gather_sampler_output`` with NaN counts and logprobs
+* step:   shard + ``all_to_all_logits`` + gather
+
+Wall time comes from ``time.perf_counter`` over many calls after a warm-up,
+GPU time from CUDA events around the same calls (both per call, median of
+several repeats). The local sampler is not timed: a synthetic local output of
+the right shapes stands in for it. ``--graph`` also times the production step
+replayed from a captured CUDA graph (fixed shapes).
+
+    python bench/bench_step.py [--out results.json] [--quick] [--graph]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from typing import Callable, Optional
+
+import numpy as np
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from shardspec.comm import LoopbackComm  # noqa: E402
+from shardspec.impl import ProductionSharder  # noqa: E402
+from shardspec.reference import ReferenceSharder  # noqa: E402
+from shardspec.spec.builders import build_input_batch  # noqa: E402
+from shardspec.spec.model import LogprobsTensors, SamplerOutput, num_logprob_columns  # noqa: E402
+
+IMPLS = {"reference": ReferenceSharder, "production": ProductionSharder}
+OPS = ("shard", "gather", "step")
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--out", help="write the results as JSON to this path")
+    parser.add_argument("--quick", action="store_true", help="tiny sizes and few calls (smoke test, CPU)")
+    parser.add_argument("--graph", action="store_true", help="also time the production step as a CUDA graph")
+    parser.add_argument("--num-reqs", type=int, nargs="+", default=[16, 256, 1024])
+    parser.add_argument("--logits-per-req", type=int, nargs="+", default=[1, 4])
+    parser.add_argument("--tp", type=int, nargs="+", default=[2, 8])
+    parser.add_argument("--max-num-reqs", type=int, default=1024, help="sharder capacity")
+    parser.add_argument("--vocab", type=int, default=32768, help="padded vocab size (all ranks)")
+    parser.add_argument("--num-logprobs", type=int, default=20)
+    parser.add_argument("--target-s", type=float, default=0.2, help="time per measurement")
+    parser.add_argument("--repeats", type=int, default=5)
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.num_reqs, args.logits_per_req, args.tp = [4, 16], [1, 2], [2]
+        args.max_num_reqs, args.vocab, args.num_logprobs = 32, 256, 2
+        args.target_s, args.repeats = 0.0, 1
+    return args
+
+
+class Bench:
+    """One batch shape on one device: inputs, synthetic sampler output, and the timed calls."""
+
+    def __init__(self, args, num_reqs: int, logits_per_req: int, tp: int, device: torch.device):
+        rng = np.random.default_rng(num_reqs * 10 + logits_per_req + 1000 * tp)
+        slots = rng.permutation(args.max_num_reqs)[:num_reqs]
+        self.tp, self.device = tp, device
+        self.batch = build_input_batch(slots, [logits_per_req] * num_reqs, device=device)
+        self.dims = (args.num_logprobs, 0)
+        self.capacity = (args.max_num_reqs, max(args.logits_per_req))
+        num_logits = num_reqs * logits_per_req
+        self.logits_shard = torch.randn(num_logits, args.vocab // tp, device=device)
+
+    def sharder(self, impl: str, **options):
+        return IMPLS[impl](*self.capacity, comm=LoopbackComm(0, self.tp), device=self.device, **options)
+
+    def local_output(self, local_batch) -> SamplerOutput:
+        """What a sampler would return for ``local_batch``: right shapes, arbitrary values."""
+        n, rows, width = local_batch.num_reqs, local_batch.num_logits, self.capacity[1]
+        cols = num_logprob_columns(self.dims)
+        gen = torch.Generator(device=self.device).manual_seed(0)
+        ids = torch.randint(0, 1000, (n, width), device=self.device, generator=gen)
+        return SamplerOutput(
+            sampled_token_ids=ids,
+            logprobs_tensors=LogprobsTensors(
+                torch.randint(0, 1000, (rows, cols), device=self.device, generator=gen),
+                torch.randn(rows, cols, device=self.device, generator=gen),
+                torch.randint(0, 10, (rows,), device=self.device, generator=gen),
+            ),
+            num_nans=torch.zeros(rows, dtype=torch.int32, device=self.device),
+            num_sampled=torch.ones(n, dtype=torch.int32, device=self.device),
+            num_rejected=torch.zeros(n, dtype=torch.int32, device=self.device),
+        )
+
+    def calls(self, sharder) -> dict[str, Callable[[], object]]:
+        shard = sharder.shard_sampler_inputs(self.batch, None)
+        out = self.local_output(shard.local_batch)
+
+        def gather(md=shard.metadata, local=shard.local_batch):
+            return sharder.gather_sampler_output(out, md, self.batch, local, gather_num_nans=True,
+                                                 logprobs_dims=self.dims)
+
+        def step():
+            result = sharder.shard_sampler_inputs(self.batch, None)
+            sharder.all_to_all_logits(self.logits_shard, result.metadata)
+            return gather(result.metadata, result.local_batch)
+
+        return {"shard": lambda: sharder.shard_sampler_inputs(self.batch, None), "gather": gather, "step": step}
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def measure(fn: Callable[[], object], device: torch.device, target_s: float, repeats: int) -> dict:
+    """Per-call wall and GPU microseconds (median over repeats)."""
+    for _ in range(3):
+        fn()
+    synchronize(device)
+    start = time.perf_counter()
+    fn()
+    synchronize(device)
+    iters = int(min(2000, max(3, target_s / max(time.perf_counter() - start, 1e-6))))
+    walls, gpus = [], []
+    for _ in range(repeats):
+        events = None
+        if device.type == "cuda":
+            events = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+            events[0].record()
+        start = time.perf_counter()
+        for _ in range(iters):
+            fn()
+        if events is not None:
+            events[1].record()
+        synchronize(device)
+        walls.append((time.perf_counter() - start) / iters * 1e6)
+        if events is not None:
+            gpus.append(events[0].elapsed_time(events[1]) / iters * 1e3)
+    return {"wall_us": statistics.median(walls), "gpu_us": statistics.median(gpus) if gpus else None,
+            "iters": iters, "repeats": repeats}
+
+
+def graph_replay_us(bench: Bench, target_s: float, repeats: int) -> Optional[float]:
+    """The production step captured once as a CUDA graph; GPU microseconds per replay."""
+    sharder = bench.sharder("production")
+    step = bench.calls(sharder)["step"]
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    return measure(graph.replay, bench.device, target_s, repeats)["gpu_us"]
+
+
+def environment(device: torch.device) -> dict:
+    import triton
+
+    env = {"python": platform.python_version(), "torch": torch.__version__, "triton": triton.__version__,
+           "numpy": np.__version__, "device": str(device), "cuda": torch.version.cuda,
+           "triton_interpret": os.environ.get("TRITON_INTERPRET") == "1",
+           "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+    if device.type == "cuda":
+        env["device_name"] = torch.cuda.get_device_name(device)
+    else:
+        env["device_name"] = platform.processor() or platform.machine()
+    try:
+        env["commit"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                                       check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        env["commit"] = None
+    return env
+
+
+def run(args) -> dict:
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    rows = []
+    for tp in args.tp:
+        for logits_per_req in args.logits_per_req:
+            for num_reqs in args.num_reqs:
+                bench = Bench(args, num_reqs, logits_per_req, tp, device)
+                row = {"tp": tp, "num_reqs": num_reqs, "logits_per_req": logits_per_req}
+                for impl in IMPLS:
+                    calls = bench.calls(bench.sharder(impl))
+                    for op in OPS:
+                        row[f"{impl}.{op}"] = measure(calls[op], device, args.target_s, args.repeats)
+                if args.graph and device.type == "cuda":
+                    row["production.step_graph_gpu_us"] = graph_replay_us(bench, args.target_s, args.repeats)
+                rows.append(row)
+                print(format_row(row), flush=True)
+    return {"environment": environment(device), "settings": settings(args), "rows": rows}
+
+
+def settings(args) -> dict:
+    return {"max_num_reqs": args.max_num_reqs, "max_num_logits_per_req": max(args.logits_per_req),
+            "padded_vocab": args.vocab, "logprobs_dims": [args.num_logprobs, 0], "gather_num_nans": True,
+            "grammar": None, "rank": 0, "communicator": "LoopbackComm", "check_preconditions": True}
+
+
+HEADER = (f"{'tp':>3} {'reqs':>5} {'n_i':>3} | " + " | ".join(f"{op:^26}" for op in OPS)
+          + f" | {'graph':>7}\n{'':>14}| " + " | ".join(f"{'ref':>8} {'prod':>8} {'ratio':>7}" for _ in OPS)
+          + " |   prod")
+
+
+def format_row(row: dict) -> str:
+    cells = []
+    for op in OPS:
+        ref, prod = row[f"reference.{op}"]["wall_us"], row[f"production.{op}"]["wall_us"]
+        cells.append(f"{ref:8.1f} {prod:8.1f} {ref / prod:6.1f}x")
+    graph = row.get("production.step_graph_gpu_us")
+    graph_cell = f"{graph:7.1f}" if graph is not None else f"{'-':>7}"
+    return f"{row['tp']:>3} {row['num_reqs']:>5} {row['logits_per_req']:>3} | " + " | ".join(cells) + f" | {graph_cell}"
+
+
+def format_table(result: dict) -> str:
+    env = result["environment"]
+    lines = [f"wall microseconds per call (median); device {env['device_name']}, torch {env['torch']}, "
+             f"triton {env['triton']}, vocab {result['settings']['padded_vocab']}, "
+             f"logprobs {result['settings']['logprobs_dims']}", HEADER]
+    lines += [format_row(row) for row in result["rows"]]
+    gpu = [f"{r['tp']}/{r['num_reqs']}/{r['logits_per_req']}: ref {r['reference.step']['gpu_us']:.1f} "
+           f"prod {r['production.step']['gpu_us']:.1f}" for r in result["rows"] if r["production.step"]["gpu_us"]]
+    if gpu:
+        lines.append("GPU (CUDA events) microseconds per step, tp/reqs/n_i: " + "; ".join(gpu))
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    print(HEADER, flush=True)
+    result = run(args)
+    print("\n" + format_table(result))
+    if args.out:
+        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+        with open(args.out, "w") as handle:
+            json.dump(result, handle, indent=1)
+        print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

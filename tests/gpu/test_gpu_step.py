@@ -1,0 +1,103 @@
+"""On a CUDA device: a production step never waits on the device, and replays from a CUDA graph.
+
+Skipped without a GPU. The sampler is replaced by a synthetic local output made
+on the device, so the step itself is all that runs under the sync check.
+"""
+
+import numpy as np
+import pytest
+import torch
+
+from shardspec.comm import LoopbackComm
+from shardspec.impl import ProductionSharder
+from shardspec.reference import ReferenceSharder
+from shardspec.spec.builders import build_grammar_output, build_input_batch
+from shardspec.spec.model import LogprobsTensors, SamplerOutput
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+TP, RANK, DIMS, VOCAB = 4, 1, (5, 2), 512
+
+
+def _inputs(num_reqs, seed, with_grammar=True):
+    rng = np.random.default_rng(seed)
+    batch = build_input_batch(rng.permutation(256)[:num_reqs], rng.integers(1, 5, size=num_reqs), device="cuda")
+    grammar = None
+    if with_grammar:
+        grammar = build_grammar_output(batch, rng.permutation(num_reqs)[: num_reqs // 2].tolist(), VOCAB, seed=seed)
+    logits_shard = torch.randn(batch.num_logits, VOCAB // TP, device="cuda")
+    return batch, grammar, logits_shard
+
+
+def _local_output(local_batch, seed=0):
+    """A sampler's result for ``local_batch``, made on the device (no host round trip)."""
+    n, rows = local_batch.num_reqs, local_batch.num_logits
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    ints = dict(device="cuda", generator=gen)
+    return SamplerOutput(
+        sampled_token_ids=torch.randint(0, 1000, (n, 3), **ints),
+        logprobs_tensors=LogprobsTensors(torch.randint(0, 1000, (rows, 4), **ints),
+                                         torch.randn(rows, 4, **ints), torch.randint(0, 9, (rows,), **ints)),
+        num_nans=torch.randint(0, 3, (rows,), dtype=torch.int32, **ints),
+        num_sampled=torch.randint(1, 4, (n,), dtype=torch.int32, **ints),
+        num_rejected=torch.randint(0, 3, (n,), dtype=torch.int32, **ints),
+    )
+
+
+def _step(sharder, batch, grammar, logits_shard, output=None):
+    shard = sharder.shard_sampler_inputs(batch, grammar)
+    full = sharder.all_to_all_logits(logits_shard, shard.metadata)
+    output = _local_output(shard.local_batch) if output is None else output
+    gathered = sharder.gather_sampler_output(output, shard.metadata, batch, shard.local_batch,
+                                             gather_num_nans=True, logprobs_dims=DIMS)
+    return shard, full, output, gathered
+
+
+def _assert_gathered_equal(expected, actual):
+    for name in ("sampled_token_ids", "num_sampled", "num_rejected", "num_nans"):
+        e, a = getattr(expected, name), getattr(actual, name)
+        assert e.dtype == a.dtype and torch.equal(e, a), name
+    for e, a in zip(expected.logprobs_tensors, actual.logprobs_tensors):
+        assert e == a if not isinstance(e, torch.Tensor) else (e.dtype == a.dtype and torch.equal(e, a))
+
+
+def test_whole_step_has_no_device_to_host_sync():
+    sharder = ProductionSharder(256, 4, comm=LoopbackComm(RANK, TP), device="cuda")
+    _step(sharder, *_inputs(40, seed=1))  # compiles the kernels outside the check
+    batch, grammar, logits_shard = _inputs(97, seed=2)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        shard, full, output, gathered = _step(sharder, batch, grammar, logits_shard)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    reference = ReferenceSharder(256, 4, comm=LoopbackComm(RANK, TP), device="cuda")
+    ref_shard, ref_full, _, ref_gathered = _step(reference, batch, grammar, logits_shard, output)
+    assert torch.equal(shard.sorted_logits_indices, ref_shard.sorted_logits_indices)
+    assert torch.equal(shard.local_grammar_output.grammar_bitmask, ref_shard.local_grammar_output.grammar_bitmask)
+    assert torch.equal(full, ref_full)
+    _assert_gathered_equal(ref_gathered, gathered)
+
+
+def test_step_replays_from_a_cuda_graph():
+    """Fixed shapes, no grammar: shard + all-to-all + gather captured once and replayed."""
+    batch, _, logits_shard = _inputs(300 % 256, seed=3, with_grammar=False)
+    sharder = ProductionSharder(256, 4, comm=LoopbackComm(RANK, TP), device="cuda")
+    eager = _step(sharder, batch, None, logits_shard)
+    output = eager[2]
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        _step(sharder, batch, None, logits_shard, output)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        _, captured_full, _, captured = _step(sharder, batch, None, logits_shard, output)
+    for tensor in (captured.sampled_token_ids, captured.num_sampled, captured_full):
+        tensor.fill_(-7)
+    graph.replay()
+    torch.cuda.synchronize()
+    expected = _step(ReferenceSharder(256, 4, comm=LoopbackComm(RANK, TP), device="cuda"),
+                     batch, None, logits_shard, output)
+    assert torch.equal(captured_full, expected[1])
+    _assert_gathered_equal(expected[3], captured)
