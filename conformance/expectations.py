@@ -35,9 +35,13 @@ def reference_factory(max_num_reqs, max_num_logits_per_req, *, comm, device):
     return ReferenceSharder(max_num_reqs, max_num_logits_per_req, comm=comm, device=device)
 
 
-def expectation_device() -> str:
-    """Where ranks run; float results (log-softmax) must come from the same kind of device."""
-    return "cuda" if torch.cuda.is_available() else "cpu"
+def rank_device_kind(tp_size: int) -> str:
+    """Where the ranks of a group of ``tp_size`` run: one GPU each (NCCL), else the CPU (gloo).
+
+    The expectation is computed on the same kind of device: float results
+    such as log-softmax differ in the last bits between devices.
+    """
+    return "cuda" if torch.cuda.is_available() and torch.cuda.device_count() >= tp_size else "cpu"
 
 
 @contextlib.contextmanager
@@ -55,16 +59,15 @@ def single_thread():
 _CACHE: dict[str, Expectation] = {}
 
 
-def compute_expectation(case: Case, timeout_s: float = 60.0) -> Expectation:
+def compute_expectation(case: Case, timeout_s: float = 60.0, device: str = "cpu") -> Expectation:
     """The reference's run of ``case``; computed once per process (several implementations share it)."""
-    key = repr(case)
+    key = f"{device}:{case!r}"
     if key not in _CACHE:
-        _CACHE[key] = _compute(case, timeout_s)
+        _CACHE[key] = _compute(case, timeout_s, device)
     return _CACHE[key]
 
 
-def _compute(case: Case, timeout_s: float) -> Expectation:
-    device = expectation_device()
+def _compute(case: Case, timeout_s: float, device: str) -> Expectation:
     with single_thread():
         inputs = build_case_inputs(case, device)
         group = LockstepGroup(case.tp_size, timeout_s=timeout_s)

@@ -22,7 +22,7 @@ from typing import Any, Callable, Optional
 import torch
 
 from shardspec.conformance.api import ImplChoice
-from shardspec.conformance.expectations import compute_expectation, save_expectations
+from shardspec.conformance.expectations import compute_expectation, rank_device_kind, save_expectations
 from shardspec.conformance.results import CaseResult, combine, not_run
 from shardspec.spec.case import Case
 
@@ -44,7 +44,8 @@ def run_cases_multiprocess(cases: list[Case], choice: ImplChoice, tp: int, optio
     """Run ``cases`` (all of group size ``tp``); results in case order."""
     run_dir = options.run_dir
     run_dir.mkdir(parents=True, exist_ok=True)
-    expectations = {case.case_id: compute_expectation(case, options.pg_timeout_s) for case in cases}
+    device_kind = rank_device_kind(tp)
+    expectations = {case.case_id: compute_expectation(case, options.pg_timeout_s, device_kind) for case in cases}
     save_expectations(run_dir / "expectations.pt", expectations)
     torch.save(cases, run_dir / "cases.pt")
     results: dict[int, CaseResult] = {}
@@ -56,7 +57,8 @@ def run_cases_multiprocess(cases: list[Case], choice: ImplChoice, tp: int, optio
         if not remaining:
             break
         log(f"  launch {launch_number + 1}: tp {tp}, {len(remaining)} case(s), {choice.label}")
-        outcome = _launch(cases, remaining, choice, tp, options, f"launch{launch_number}", results, on_result)
+        outcome = _launch(cases, remaining, choice, tp, options, f"launch{launch_number}", results, on_result,
+                          device_kind)
         remaining = [i for i in remaining if i not in results]
         if outcome is not None:  # the group never started: relaunching cannot help
             for index in remaining:
@@ -75,10 +77,10 @@ def _breaks_group(expectation) -> bool:
     return not all(out.error is not None and len(out.wire) == len(outs[0].wire) for out in outs)
 
 
-def _launch(cases, indices, choice, tp, options, name, results, on_result) -> Optional[str]:
+def _launch(cases, indices, choice, tp, options, name, results, on_result, device_kind) -> Optional[str]:
     """One torchrun launch. Returns a reason when the group never became ready."""
     run_dir = options.run_dir
-    spec = {"case_indices": indices, "impl": choice.impl, "impl_odd": choice.impl_odd,
+    spec = {"case_indices": indices, "impl": choice.impl, "impl_odd": choice.impl_odd, "device": device_kind,
             "case_timeout_s": options.case_timeout_s, "pg_timeout_s": options.pg_timeout_s}
     (run_dir / f"{name}.json").write_text(json.dumps(spec))
     log_path = run_dir / f"{name}.log"
@@ -117,6 +119,9 @@ def _follow(proc, limit, follower, cases, indices, choice, results, on_result, p
         _take_complete(cases, indices, choice, results, follower, on_result)
         if exited:
             return f"the launch ended (exit {proc.returncode})"
+        if all(i in results for i in indices):
+            _let_finish(proc, grace_s=3.0)  # every record is in; shutdown adds nothing
+            return "the launch finished"
         if time.monotonic() > deadline:
             _kill_group(proc)
             return f"the launch exceeded its {limit:.0f}s limit and was killed"
@@ -148,6 +153,13 @@ def _settle_broken_case(cases, indices, choice, results, follower, ended, on_res
             if on_result:
                 on_result(results[index])
         return
+
+
+def _let_finish(proc, grace_s: float) -> None:
+    try:
+        proc.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        _kill_group(proc)
 
 
 def _kill_group(proc) -> None:

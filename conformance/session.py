@@ -118,7 +118,9 @@ class ConformanceSession:
         if self.config.in_process:
             return "lockstep threads", "cpu"
         if torch.cuda.is_available():
-            return "nccl", torch.cuda.get_device_name(0)
+            gpus = torch.cuda.device_count()
+            return (f"nccl where tp <= {gpus} GPUs, else gloo on the CPU",
+                    f"{gpus} x {torch.cuda.get_device_name(0)}")
         return "gloo", "cpu"
 
     def _extra(self) -> dict:

@@ -41,8 +41,7 @@ class JsonlWriter:
     def write(self, record: dict) -> None:
         with self._lock:
             self._file.write(json.dumps(record, default=repr) + "\n")
-            self._file.flush()
-            os.fsync(self._file.fileno())
+            self._file.flush()  # the OS keeps it if this process dies
 
 
 class Watchdog:
@@ -78,8 +77,8 @@ class Watchdog:
                 os._exit(EXIT_HUNG)
 
 
-def _init_group(pg_timeout_s: float):
-    use_cuda = torch.cuda.is_available()
+def _init_group(pg_timeout_s: float, device_kind: str):
+    use_cuda = device_kind == "cuda"
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     device = torch.device(f"cuda:{local_rank}") if use_cuda else torch.device("cpu")
     if use_cuda:
@@ -93,18 +92,18 @@ def _init_group(pg_timeout_s: float):
 
 
 def _all_aligned(aligned: bool, control) -> bool:
-    flags = [None] * dist.get_world_size()
+    flag = torch.tensor([0 if aligned else 1])
     try:
-        dist.all_gather_object(flags, aligned, group=control)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=control)
     except Exception:  # a peer left the launch
         return False
-    return all(flags)
+    return int(flag) == 0
 
 
 def main(argv: list[str]) -> int:
     run_dir, launch_file = pathlib.Path(argv[0]), pathlib.Path(argv[1])
     launch = json.loads(launch_file.read_text())
-    device, control = _init_group(launch["pg_timeout_s"])
+    device, control = _init_group(launch["pg_timeout_s"], launch.get("device", "cpu"))
     rank = dist.get_rank()
     writer = JsonlWriter(run_dir / f"{launch_file.stem}-rank{rank}.jsonl")
 
