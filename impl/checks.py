@@ -37,7 +37,7 @@ def check_capacity_reqs(num_reqs: int, max_num_reqs: int, rank) -> None:
 
 def check_capacity_logits(counts: np.ndarray, max_num_logits_per_req: int, rank) -> None:
     """Always on, like :func:`check_capacity_reqs`."""
-    if counts.shape[0] and counts.max() > max_num_logits_per_req:
+    if counts.shape[0] and np.maximum.reduce(counts) > max_num_logits_per_req:
         bad = _first(counts > max_num_logits_per_req)
         _fail("PRE-CAPACITY-LOGITS", "cu_num_logits",
               f"request has {counts[bad]} logits rows, more than the sharder's capacity "
@@ -52,7 +52,7 @@ def cu_counts(batch: InputBatch, rank) -> tuple[np.ndarray, np.ndarray]:
     if cu[0] != 0:
         _fail("PRE-CU-LOGITS", "cu_num_logits_np", f"starts at {int(cu[0])}, not 0", rank=rank)
     cu = cu.astype(np.int64, copy=False)
-    return cu, np.diff(cu)
+    return cu, cu[1:] - cu[:-1]
 
 
 def check_input_batch(batch: InputBatch, *, max_num_reqs: int, max_num_logits_per_req: int,
@@ -66,7 +66,7 @@ def check_input_batch(batch: InputBatch, *, max_num_reqs: int, max_num_logits_pe
     check_capacity_reqs(num_reqs, max_num_reqs, rank)
     _check_slots(batch, max_num_reqs, rank)
     cu, counts = cu_counts(batch, rank)
-    if num_reqs and counts.min() < 1:
+    if num_reqs and np.minimum.reduce(counts) < 1:
         bad = _first(counts < 1)
         _fail("PRE-LOGITS-PER-REQ", "cu_num_logits",
               f"request has {counts[bad]} logits rows; at least 1 is required", request=bad, rank=rank)
@@ -85,11 +85,11 @@ def _check_slots(batch: InputBatch, max_num_reqs: int, rank) -> None:
     slots = batch.idx_mapping_np
     if slots.dtype.kind not in "iu":
         _fail("PRE-DTYPES", "idx_mapping_np", f"dtype {slots.dtype} is not an integer type", rank=rank)
-    if slots.shape[0] and (slots.min() < 0 or slots.max() >= max_num_reqs):
+    if slots.shape[0] and (np.minimum.reduce(slots) < 0 or np.maximum.reduce(slots) >= max_num_reqs):
         bad = _first((slots < 0) | (slots >= max_num_reqs))
         _fail("PRE-SLOT-RANGE", "idx_mapping", f"slot {slots[bad]} is outside [0, {max_num_reqs})",
               request=bad, rank=rank)
-    if slots.shape[0] and np.bincount(slots, minlength=max_num_reqs).max() > 1:
+    if slots.shape[0] and np.maximum.reduce(np.bincount(slots, minlength=max_num_reqs)) > 1:
         _, first_seen = np.unique(slots, return_index=True)
         repeated = np.setdiff1d(np.arange(slots.shape[0]), first_seen)
         _fail("PRE-SLOT-UNIQUE", "idx_mapping", "two requests share a slot", request=int(repeated.min()), rank=rank)
@@ -116,7 +116,7 @@ def _check_shapes(batch: InputBatch, num_logits: int, rank) -> None:
 def _check_drafts(batch: InputBatch, counts: np.ndarray, rank) -> None:
     drafts = batch.num_draft_tokens_per_req
     if drafts is None:
-        if counts.shape[0] and counts.max() != 1:
+        if counts.shape[0] and np.maximum.reduce(counts) != 1:
             _fail("PRE-DRAFTS", "num_draft_tokens_per_req",
                   "is None, so every request must have exactly 1 logits row", request=_first(counts != 1), rank=rank)
         if batch.num_draft_tokens != 0:
@@ -127,13 +127,14 @@ def _check_drafts(batch: InputBatch, counts: np.ndarray, rank) -> None:
     if drafts.shape != (batch.num_reqs,):
         _fail("PRE-DRAFTS", "num_draft_tokens_per_req", f"shape {drafts.shape}, expected ({batch.num_reqs},)",
               rank=rank)
-    mismatch = counts != drafts.astype(np.int64) + 1
-    if mismatch.any():
+    mismatch = counts != drafts + 1
+    if np.logical_or.reduce(mismatch):
         _fail("PRE-DRAFTS", "num_draft_tokens_per_req", "a request's logits rows must be 1 + its draft tokens",
               request=_first(mismatch), rank=rank)
-    if batch.num_draft_tokens != int(drafts.sum()):
+    total = int(np.add.reduce(drafts))
+    if batch.num_draft_tokens != total:
         _fail("PRE-DRAFTS", "num_draft_tokens",
-              f"is {batch.num_draft_tokens}, but num_draft_tokens_per_req sums to {int(drafts.sum())}", rank=rank)
+              f"is {batch.num_draft_tokens}, but num_draft_tokens_per_req sums to {total}", rank=rank)
 
 
 def _first_repeat(items: list) -> int:

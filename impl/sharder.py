@@ -97,12 +97,12 @@ class ProductionSharder:
         slots = np.asarray(batch.idx_mapping_np)
         owners = slots % tp
         reqs_per_rank = np.bincount(owners, minlength=tp)
-        width = int(counts.max()) if num_reqs else 1
+        width = int(np.maximum.reduce(counts)) if num_reqs else 1
         if width == 1:
             rows_per_rank = reqs_per_rank
         else:
             rows_per_rank = np.bincount(owners, weights=counts, minlength=tp).astype(np.int64)
-        max_reqs_per_rank = int(reqs_per_rank.max()) if num_reqs else 1
+        max_reqs_per_rank = int(np.maximum.reduce(reqs_per_rank)) if num_reqs else 1
         local_reqs = np.flatnonzero(owners == rank)
         num_local = local_reqs.shape[0]
         num_logits, num_local_logits = int(cu[-1]), int(rows_per_rank[rank])
@@ -131,7 +131,7 @@ class ProductionSharder:
             logits_indices=ws["local_logits_indices"][:num_local_logits],
             cu_num_logits=ws["local_cu_num_logits"][: num_local + 1],
             cu_num_logits_np=local_cu_np,
-            num_draft_tokens=0 if local_drafts is None else int(local_drafts.sum()),
+            num_draft_tokens=0 if local_drafts is None else int(np.add.reduce(local_drafts)),
             num_draft_tokens_per_req=local_drafts,
         )
         metadata = BatchShardMetadata(
