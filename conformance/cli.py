@@ -14,7 +14,6 @@ import argparse
 import os
 import pathlib
 import sys
-import time
 from typing import Optional
 
 import torch

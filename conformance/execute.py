@@ -15,8 +15,6 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-import torch
-
 from shardspec.conformance.checks.base import RANK_CHECKERS, StepOutputs, StepRecord, Violation
 from shardspec.conformance.recording import CollectiveError, Progress, RecordingComm, changed_fields, snapshot
 from shardspec.reference.sampler import toy_sample

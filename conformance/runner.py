@@ -5,6 +5,7 @@ from __future__ import annotations
 import pathlib
 import shutil
 import tempfile
+import textwrap
 import time
 from dataclasses import dataclass, field, replace
 from typing import Callable, Optional
@@ -33,7 +34,7 @@ class RunConfig:
     in_process: bool = False
     run_dir: Optional[pathlib.Path] = None
     shrink: bool = True
-    max_shrinks: int = 3  # failing generated cases shrunk per implementation
+    max_shrinks: int = 3  # kinds of failure whose generated cases are shrunk, per implementation
     verbose: bool = False
 
     @property
@@ -144,12 +145,15 @@ def _slug(label: str) -> str:
 
 def _shrink_failures(config, choice, results, generated, run_dir, log) -> None:
     from shardspec.conformance.inprocess import run_case_in_process
-    from shardspec.conformance.shrink import shrink, shrinkable
+    from shardspec.conformance.shrink import shrink, shrinkable, signature
 
     failing = [r for r in results if r.case_id in generated and r.status in (FAIL, ERROR)]
-    for result in failing[: config.max_shrinks if config.shrink else 0]:
-        if not shrinkable(result):
+    done: set[frozenset] = set()  # one minimal case per kind of failure
+    for result in failing:
+        kind = frozenset(signature(result))
+        if not config.shrink or len(done) >= config.max_shrinks or kind in done or not shrinkable(result):
             continue
+        done.add(kind)
         log(f"  shrinking {result.case_id} in one process ...")
         try:
             smallest = shrink(result.case, result, lambda c: run_case_in_process(c, choice, timeout_s=10.0))
@@ -158,7 +162,9 @@ def _shrink_failures(config, choice, results, generated, run_dir, log) -> None:
             continue
         path = write_case_file(smallest, run_dir)
         result.reproduce = reproduce_command(choice, smallest, True, run_dir)
-        log(f"  minimal case written to {path}")
+        log(f"  minimal failing case ({path}):")
+        log(textwrap.indent(path.read_text().rstrip(), "    | "))
+        log(f"  reproduce: {result.reproduce}")
 
 
 def write_case_file(case: Case, run_dir: pathlib.Path) -> pathlib.Path:

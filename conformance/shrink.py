@@ -86,6 +86,9 @@ def _simpler_options(case: Case) -> Iterator[Case]:
         yield replace(case, seed=0)
     if case.spec_decode is not None and all(c == 1 for c in case.num_logits_per_req):
         yield replace(case, spec_decode=None)
+    smallest_capacity = (max(case.slots, default=0) + 1, max(case.num_logits_per_req, default=1))
+    if case.expect_error is None and (case.max_num_reqs, case.max_num_logits_per_req) != smallest_capacity:
+        yield replace(case, max_num_reqs=smallest_capacity[0], max_num_logits_per_req=smallest_capacity[1])
 
 
 def _smaller_slots(case: Case) -> Iterator[Case]:
