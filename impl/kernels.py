@@ -10,7 +10,8 @@ request, so the interpreter stays fast on the CPU and a GPU launch stays small):
 * ``unpack_kernel``: the gathered buffers back into batch order.
 
 Every integer that changes from step to step is excluded from specialization,
-so a new batch size never triggers a recompilation.
+so a new batch size never triggers a recompilation, and so is the alignment of
+every pointer a caller supplies (see ``launch.py``).
 """
 
 from __future__ import annotations
@@ -19,7 +20,10 @@ import triton
 import triton.language as tl
 
 
-@triton.jit(do_not_specialize=["num_reqs", "max_reqs_per_rank"])
+@triton.jit(
+    do_not_specialize=["num_reqs", "max_reqs_per_rank"],
+    do_not_specialize_on_alignment=["slots_ptr", "cu_ptr", "logits_indices_ptr", "seq_lens_ptr"],
+)
 def shard_plan_kernel(
     slots_ptr, cu_ptr, logits_indices_ptr, seq_lens_ptr,
     sorted_indices_ptr, src_indices_ptr,
@@ -94,7 +98,11 @@ def shard_plan_kernel(
         "ids_stride0", "ids_stride1", "ids_width", "sampled_stride", "rejected_stride", "nans_stride",
         "lp_ids_stride0", "lp_ids_stride1", "lp_vals_stride0", "lp_vals_stride1", "lp_width", "lp_ranks_stride",
         "num_local_reqs", "max_reqs_per_rank", "width", "sampled_cols", "num_cols",
-    ]
+    ],
+    do_not_specialize_on_alignment=[
+        "local_cu_ptr", "ids_ptr", "sampled_ptr", "rejected_ptr", "nans_ptr", "lp_ids_ptr", "lp_vals_ptr",
+        "lp_ranks_ptr",
+    ],
 )
 def pack_kernel(
     send_ptr, local_cu_ptr,
@@ -175,7 +183,10 @@ def _pack_logprobs(
     tl.store(lp_send_vals_ptr + wire_rows[:, None] * num_cols + cols[None, :], vals, mask=vals_mask)
 
 
-@triton.jit(do_not_specialize=["num_reqs", "width", "sampled_cols", "num_cols"])
+@triton.jit(
+    do_not_specialize=["num_reqs", "width", "sampled_cols", "num_cols"],
+    do_not_specialize_on_alignment=["src_indices_ptr", "cu_ptr"],
+)
 def unpack_kernel(
     gathered_ptr, src_indices_ptr, cu_ptr,
     out_ids_ptr, out_sampled_ptr, out_rejected_ptr, out_nans_ptr,

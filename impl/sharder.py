@@ -28,6 +28,7 @@ import torch
 from shardspec.comm import Communicator
 from shardspec.impl import checks
 from shardspec.impl.kernels import next_power_of_2, pack_kernel, shard_plan_kernel, unpack_kernel
+from shardspec.impl.launch import Launcher
 from shardspec.impl.workspace import carve, gathered_layout, logprobs_layout, plan_layout
 from shardspec.spec.model import (
     BatchShardMetadata,
@@ -42,6 +43,11 @@ from shardspec.spec.model import (
 # The interpreter pays per program, not per element: give it few, large blocks.
 _INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 _TILE_ELEMENTS = 1 << 16 if _INTERPRETED else 1 << 12
+
+
+_launch_plan = Launcher(shard_plan_kernel)
+_launch_pack = Launcher(pack_kernel)
+_launch_unpack = Launcher(unpack_kernel)
 
 
 def _block(per_request_elements: int, cap: int) -> int:
@@ -149,16 +155,17 @@ class ProductionSharder:
         return ShardResult(local_batch, ws["sorted_logits_indices"][:num_logits], local_grammar, metadata)
 
     def _launch_plan(self, batch: InputBatch, num_reqs: int, max_reqs_per_rank: int) -> None:
-        ws = self._ws
-        block = self._plan_block
-        shard_plan_kernel[(-(-num_reqs // block),)](
-            batch.idx_mapping, batch.cu_num_logits, batch.logits_indices, batch.seq_lens,
+        ws, block = self._ws, self._plan_block
+        inputs = (batch.idx_mapping, batch.cu_num_logits, batch.logits_indices, batch.seq_lens)
+        constexprs = dict(TP=self.tp_size, RANK=self.rank, TP_PAD=self._tp_pad, BLOCK=block, ROWS_PAD=self._rows_pad)
+        key = (self.device.index, self.tp_size, self.rank, block, self._rows_pad, *(t.dtype for t in inputs))
+        _launch_plan(-(-num_reqs // block), key, (
+            *inputs,
             ws["sorted_logits_indices"], ws["gathered_src_indices"],
             ws["local_idx_mapping"], ws["local_cu_num_logits"], ws["local_logits_indices"],
             ws["local_expanded_idx_mapping"], ws["local_expanded_local_pos"], ws["local_seq_lens"],
             num_reqs, max_reqs_per_rank,
-            TP=self.tp_size, RANK=self.rank, TP_PAD=self._tp_pad, BLOCK=block, ROWS_PAD=self._rows_pad,
-        )
+        ), constexprs)
 
     def _local_grammar(self, grammar: GrammarOutput, position: dict, owners: np.ndarray,
                        cu: np.ndarray) -> Optional[GrammarOutput]:
@@ -256,18 +263,21 @@ class ProductionSharder:
         lp_send_ids, lp_send_vals = (lp["send_ids"], lp["send_vals"]) if lp is not None else (send, send)
         sampled = out.num_sampled if has_output else send
         rejected = out.num_rejected if has_output else send
-        pack_kernel[(-(-per_rank // block),)](
-            send, local_batch.cu_num_logits if has_output else send,
+        local_cu = local_batch.cu_num_logits if has_output else send
+        constexprs = dict(HAS_OUTPUT=has_output, HAS_NANS=gather_num_nans, HAS_LOGPROBS=lp is not None,
+                          LOCAL_LOGPROBS=local_lp is not None, BLOCK=block, ROWS_PAD=self._rows_pad,
+                          SAMPLED_PAD=next_power_of_2(width + 3), COLS_PAD=cols_pad)
+        caller = (local_cu, ids, sampled, rejected, nans, lp_ids, lp_vals, lp_ranks)
+        key = (self.device.index, *constexprs.values(), *(t.dtype for t in caller))
+        _launch_pack(-(-per_rank // block), key, (
+            send, local_cu,
             ids, ids.stride(0), ids.stride(-1), ids.shape[-1],
             sampled, sampled.stride(0), rejected, rejected.stride(0), nans, nans.stride(0),
             lp_send_ids, lp_send_vals,
             lp_ids, lp_ids.stride(0), lp_ids.stride(-1), lp_vals, lp_vals.stride(0), lp_vals.stride(-1),
             lp_ids.shape[-1], lp_ranks, lp_ranks.stride(0),
             num_local, per_rank, width, send.shape[1], num_cols,
-            HAS_OUTPUT=has_output, HAS_NANS=gather_num_nans, HAS_LOGPROBS=lp is not None,
-            LOCAL_LOGPROBS=local_lp is not None,
-            BLOCK=block, ROWS_PAD=self._rows_pad, SAMPLED_PAD=next_power_of_2(width + 3), COLS_PAD=cols_pad,
-        )
+        ), constexprs)
 
     def _unpack(self, received, lp, metadata, global_batch, width, sampled_cols, num_cols, gather_num_nans):
         num_reqs = metadata.gathered_src_indices.shape[0]
@@ -279,14 +289,16 @@ class ProductionSharder:
             block = _block(self._rows_pad * cols_pad + self._rows_pad, max(1, self.max_num_reqs))
             lp_ids = lp["recv_ids"] if lp is not None else received
             lp_vals = lp["recv_vals"] if lp is not None else received
-            unpack_kernel[(-(-num_reqs // block),)](
-                received, metadata.gathered_src_indices, global_batch.cu_num_logits,
+            src_indices, cu = metadata.gathered_src_indices, global_batch.cu_num_logits
+            constexprs = dict(HAS_NANS=gather_num_nans, HAS_LOGPROBS=lp is not None, BLOCK=block,
+                              ROWS_PAD=self._rows_pad, COLS_PAD=cols_pad)
+            key = (self.device.index, *constexprs.values(), src_indices.dtype, cu.dtype)
+            _launch_unpack(-(-num_reqs // block), key, (
+                received, src_indices, cu,
                 out["sampled_token_ids"], out["num_sampled"], out["num_rejected"], out["num_nans"],
                 lp_ids, lp_vals, out["logprob_token_ids"], out["logprobs"], out["selected_token_ranks"],
                 num_reqs, width, sampled_cols, num_cols,
-                HAS_NANS=gather_num_nans, HAS_LOGPROBS=lp is not None,
-                BLOCK=block, ROWS_PAD=self._rows_pad, COLS_PAD=cols_pad,
-            )
+            ), constexprs)
         logprobs = None
         if lp is not None:
             logprobs = LogprobsTensors(
