@@ -21,7 +21,7 @@ import torch
 from shardspec.conformance.api import IMPL_ENV, ImplementationError, implementation_names
 from shardspec.conformance.runner import RunConfig
 
-QUICK_TP_SIZES = [1, 2, 4]
+QUICK_TP_SIZES = [2, 4]
 QUICK_MAX_EXAMPLES = 10
 
 
