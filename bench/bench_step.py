@@ -44,6 +44,8 @@ from shardspec.spec.model import LogprobsTensors, SamplerOutput, num_logprob_col
 
 IMPLS = {"reference": ReferenceSharder, "production": ProductionSharder}
 OPS = ("shard", "gather", "step")
+# Production with its host-side precondition checks switched off: what the checks cost.
+UNCHECKED = "production_unchecked"
 
 
 def parse_args(argv=None):
@@ -180,8 +182,8 @@ def environment(device: torch.device) -> dict:
     try:
         env["commit"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                                        check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        env["commit"] = None
+    except (OSError, subprocess.CalledProcessError):  # a copy of the tree without git history
+        env["commit"] = os.environ.get("SHARDSPEC_COMMIT")
     return env
 
 
@@ -197,6 +199,9 @@ def run(args) -> dict:
                     calls = bench.calls(bench.sharder(impl))
                     for op in OPS:
                         row[f"{impl}.{op}"] = measure(calls[op], device, args.target_s, args.repeats)
+                calls = bench.calls(bench.sharder("production", check_preconditions=False))
+                for op in ("shard", "step"):
+                    row[f"{UNCHECKED}.{op}"] = measure(calls[op], device, args.target_s, args.repeats)
                 if args.graph and device.type == "cuda":
                     row["production.step_graph_gpu_us"] = graph_replay_us(bench, args.target_s, args.repeats)
                 rows.append(row)
@@ -207,12 +212,13 @@ def run(args) -> dict:
 def settings(args) -> dict:
     return {"max_num_reqs": args.max_num_reqs, "max_num_logits_per_req": max(args.logits_per_req),
             "padded_vocab": args.vocab, "logprobs_dims": [args.num_logprobs, 0], "gather_num_nans": True,
-            "grammar": None, "rank": 0, "communicator": "LoopbackComm", "check_preconditions": True}
+            "grammar": None, "rank": 0, "communicator": "LoopbackComm",
+            "check_preconditions": f"on, except in {UNCHECKED}.*"}
 
 
 HEADER = (f"{'tp':>3} {'reqs':>5} {'n_i':>3} | " + " | ".join(f"{op:^26}" for op in OPS)
-          + f" | {'graph':>7}\n{'':>14}| " + " | ".join(f"{'ref':>8} {'prod':>8} {'ratio':>7}" for _ in OPS)
-          + " |   prod")
+          + f" | {'no checks':^17} | {'graph':>7}\n{'':>14}| "
+          + " | ".join(f"{'ref':>8} {'prod':>8} {'ratio':>7}" for _ in OPS) + f" | {'shard':>8} {'step':>8} |   prod")
 
 
 def format_row(row: dict) -> str:
@@ -220,6 +226,7 @@ def format_row(row: dict) -> str:
     for op in OPS:
         ref, prod = row[f"reference.{op}"]["wall_us"], row[f"production.{op}"]["wall_us"]
         cells.append(f"{ref:8.1f} {prod:8.1f} {ref / prod:6.1f}x")
+    cells.append(f"{row[UNCHECKED + '.shard']['wall_us']:8.1f} {row[UNCHECKED + '.step']['wall_us']:8.1f}")
     graph = row.get("production.step_graph_gpu_us")
     graph_cell = f"{graph:7.1f}" if graph is not None else f"{'-':>7}"
     return f"{row['tp']:>3} {row['num_reqs']:>5} {row['logits_per_req']:>3} | " + " | ".join(cells) + f" | {graph_cell}"
@@ -227,8 +234,9 @@ def format_row(row: dict) -> str:
 
 def format_table(result: dict) -> str:
     env = result["environment"]
-    lines = [f"wall microseconds per call (median); device {env['device_name']}, torch {env['torch']}, "
-             f"triton {env['triton']}, vocab {result['settings']['padded_vocab']}, "
+    lines = [f"wall microseconds per call (median; graph: GPU us per replay of the captured production step); "
+             f"device {env['device_name']}, torch {env['torch']}, triton {env['triton']}, "
+             f"vocab {result['settings']['padded_vocab']}, "
              f"logprobs {result['settings']['logprobs_dims']}", HEADER]
     lines += [format_row(row) for row in result["rows"]]
     gpu = [f"{r['tp']}/{r['num_reqs']}/{r['logits_per_req']}: ref {r['reference.step']['gpu_us']:.1f} "

@@ -13,11 +13,12 @@ from __future__ import annotations
 from typing import Optional
 
 import numpy as np
+import torch
 
 from shardspec.spec.errors import PreconditionError
 from shardspec.spec.model import GrammarOutput, InputBatch, SamplerOutput
 
-_INT_DTYPE_NAMES = ("torch.int32", "torch.int64")
+_INT_DTYPES = (torch.int32, torch.int64)
 
 
 def _fail(pid: str, field: str, message: str, request=None, rank=None) -> None:
@@ -71,9 +72,9 @@ def check_input_batch(batch: InputBatch, *, max_num_reqs: int, max_num_logits_pe
         _fail("PRE-LOGITS-PER-REQ", "cu_num_logits",
               f"request has {counts[bad]} logits rows; at least 1 is required", request=bad, rank=rank)
     check_capacity_logits(counts, max_num_logits_per_req, rank)
-    if str(batch.cu_num_logits.dtype) not in _INT_DTYPE_NAMES:
+    if batch.cu_num_logits.dtype not in _INT_DTYPES:
         _fail("PRE-DTYPES", "cu_num_logits", f"dtype {batch.cu_num_logits.dtype} is not int32/int64", rank=rank)
-    if tuple(batch.cu_num_logits.shape) != cu.shape:
+    if batch.cu_num_logits.shape != cu.shape:
         _fail("PRE-HOST-DEVICE-MATCH", "cu_num_logits", "device copy differs in shape from cu_num_logits_np",
               rank=rank)
     _check_shapes(batch, int(cu[-1]), rank)
@@ -93,24 +94,24 @@ def _check_slots(batch: InputBatch, max_num_reqs: int, rank) -> None:
         _, first_seen = np.unique(slots, return_index=True)
         repeated = np.setdiff1d(np.arange(slots.shape[0]), first_seen)
         _fail("PRE-SLOT-UNIQUE", "idx_mapping", "two requests share a slot", request=int(repeated.min()), rank=rank)
-    if str(batch.idx_mapping.dtype) not in _INT_DTYPE_NAMES:
+    if batch.idx_mapping.dtype not in _INT_DTYPES:
         _fail("PRE-DTYPES", "idx_mapping", f"dtype {batch.idx_mapping.dtype} is not int32/int64", rank=rank)
-    if tuple(batch.idx_mapping.shape) != slots.shape:
+    if batch.idx_mapping.shape != slots.shape:
         _fail("PRE-HOST-DEVICE-MATCH", "idx_mapping", "device copy differs in shape from idx_mapping_np", rank=rank)
 
 
 def _check_shapes(batch: InputBatch, num_logits: int, rank) -> None:
     """Shapes of the device fields the kernels read (metadata only)."""
     num_reqs = batch.num_reqs
-    if tuple(batch.query_start_loc.shape) != (num_reqs + 1,):
+    if batch.query_start_loc.shape != (num_reqs + 1,):
         _fail("PRE-QUERY-START-LOC", "query_start_loc",
               f"shape {tuple(batch.query_start_loc.shape)} is not ({num_reqs + 1},)", rank=rank)
     expected = {"seq_lens": (num_reqs,), "logits_indices": (num_logits,), "expanded_idx_mapping": (num_logits,),
                 "expanded_local_pos": (num_logits,)}
     for name, shape in expected.items():
-        actual = tuple(getattr(batch, name).shape)
+        actual = getattr(batch, name).shape
         if actual != shape:
-            _fail("PRE-FIELD-SHAPES", name, f"shape {actual}, expected {shape}", rank=rank)
+            _fail("PRE-FIELD-SHAPES", name, f"shape {tuple(actual)}, expected {shape}", rank=rank)
 
 
 def _check_drafts(batch: InputBatch, counts: np.ndarray, rank) -> None:

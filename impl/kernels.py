@@ -185,7 +185,10 @@ def _pack_logprobs(
 
 @triton.jit(
     do_not_specialize=["num_reqs", "width", "sampled_cols", "num_cols"],
-    do_not_specialize_on_alignment=["src_indices_ptr", "cu_ptr"],
+    do_not_specialize_on_alignment=[
+        "src_indices_ptr", "cu_ptr", "out_ids_ptr", "out_sampled_ptr", "out_rejected_ptr", "out_nans_ptr",
+        "out_lp_ids_ptr", "out_lp_vals_ptr", "out_lp_ranks_ptr",
+    ],
 )
 def unpack_kernel(
     gathered_ptr, src_indices_ptr, cu_ptr,

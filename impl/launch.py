@@ -2,9 +2,9 @@
 
 A ``kernel[grid](...)`` call binds and specializes every argument and looks the
 compiled kernel up on each launch. The kernels of this package mark every
-runtime integer ``do_not_specialize`` and every pointer that a caller supplies
-``do_not_specialize_on_alignment``, so the compiled kernel depends only on the
-constexpr values and the dtypes of those caller tensors. :class:`Launcher`
+runtime integer ``do_not_specialize`` and every pointer that is not the start of
+a workspace region ``do_not_specialize_on_alignment``, so the compiled kernel
+depends only on the constexpr values and the dtypes of the caller's tensors. :class:`Launcher`
 keys the compiled kernel by exactly these and launches it directly; the first
 launch of a key (and every launch under the interpreter) goes through Triton.
 ``SHARDSPEC_DIRECT_LAUNCH=0`` sends every launch through Triton (for comparison).

@@ -29,7 +29,7 @@ from shardspec.comm import Communicator
 from shardspec.impl import checks
 from shardspec.impl.kernels import next_power_of_2, pack_kernel, shard_plan_kernel, unpack_kernel
 from shardspec.impl.launch import Launcher
-from shardspec.impl.workspace import carve, gathered_layout, logprobs_layout, plan_layout
+from shardspec.impl.workspace import carve, logprobs_layout, plan_layout
 from shardspec.spec.model import (
     BatchShardMetadata,
     GrammarOutput,
@@ -45,6 +45,7 @@ _INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 _TILE_ELEMENTS = 1 << 16 if _INTERPRETED else 1 << 12
 
 
+_MAX_CACHED_VIEWS = 256
 _launch_plan = Launcher(shard_plan_kernel)
 _launch_pack = Launcher(pack_kernel)
 _launch_unpack = Launcher(unpack_kernel)
@@ -82,6 +83,7 @@ class ProductionSharder:
         self._plan_block = _block(self._tp_pad * 4 + self._rows_pad * 2, max(1, max_num_reqs))
         self._logprob_cols = -1  # columns the logprob wire buffers are sized for
         self._lp_ws: dict = {}
+        self._views: dict = {}  # shapes -> views of the workspace
         self._a2a_recv = torch.empty(0, device=self.device)
 
     # -- step 1 ------------------------------------------------------------
@@ -115,7 +117,7 @@ class ProductionSharder:
 
         if num_reqs:
             self._launch_plan(batch, num_reqs, max_reqs_per_rank)
-        ws = self._ws
+        views = self._shard_views(num_reqs, num_logits, num_local, num_local_logits)
         if width == 1:
             local_cu_np = np.arange(num_local + 1, dtype=np.int32)
         else:
@@ -129,13 +131,13 @@ class ProductionSharder:
             batch,
             req_ids=list(map(req_ids.__getitem__, local_reqs.tolist())),
             num_reqs=num_local,
-            idx_mapping=ws["local_idx_mapping"][:num_local],
+            idx_mapping=views["local_idx_mapping"],
             idx_mapping_np=local_slots,
-            expanded_idx_mapping=ws["local_expanded_idx_mapping"][:num_local_logits],
-            expanded_local_pos=ws["local_expanded_local_pos"][:num_local_logits],
-            seq_lens=ws["local_seq_lens"][:num_local],
-            logits_indices=ws["local_logits_indices"][:num_local_logits],
-            cu_num_logits=ws["local_cu_num_logits"][: num_local + 1],
+            expanded_idx_mapping=views["local_expanded_idx_mapping"],
+            expanded_local_pos=views["local_expanded_local_pos"],
+            seq_lens=views["local_seq_lens"],
+            logits_indices=views["local_logits_indices"],
+            cu_num_logits=views["local_cu_num_logits"],
             cu_num_logits_np=local_cu_np,
             num_draft_tokens=0 if local_drafts is None else int(np.add.reduce(local_drafts)),
             num_draft_tokens_per_req=local_drafts,
@@ -146,13 +148,31 @@ class ProductionSharder:
             num_local_logits=num_local_logits,
             num_local_reqs=num_local,
             max_num_reqs_per_rank=max_reqs_per_rank,
-            gathered_src_indices=ws["gathered_src_indices"][:num_reqs],
+            gathered_src_indices=views["gathered_src_indices"],
             max_num_logits_per_req=width,
         )
         local_grammar = None
         if grammar is not None:
             local_grammar = self._local_grammar(grammar, position, owners, cu)
-        return ShardResult(local_batch, ws["sorted_logits_indices"][:num_logits], local_grammar, metadata)
+        return ShardResult(local_batch, views["sorted_logits_indices"], local_grammar, metadata)
+
+    def _shard_views(self, num_reqs: int, num_logits: int, num_local: int, num_local_logits: int) -> dict:
+        """Leading slices of the plan regions; cached, since batch shapes recur from step to step."""
+        key = (num_reqs, num_logits, num_local, num_local_logits)
+        views = self._views.get(key)
+        if views is None:
+            lengths = {"sorted_logits_indices": num_logits, "gathered_src_indices": num_reqs,
+                       "local_idx_mapping": num_local, "local_cu_num_logits": num_local + 1,
+                       "local_seq_lens": num_local, "local_logits_indices": num_local_logits,
+                       "local_expanded_idx_mapping": num_local_logits, "local_expanded_local_pos": num_local_logits}
+            views = self._remember(key, {name: self._ws[name][:n] for name, n in lengths.items()})
+        return views
+
+    def _remember(self, key: tuple, value):
+        if len(self._views) >= _MAX_CACHED_VIEWS:
+            self._views.clear()
+        self._views[key] = value
+        return value
 
     def _launch_plan(self, batch: InputBatch, num_reqs: int, max_reqs_per_rank: int) -> None:
         ws, block = self._ws, self._plan_block
@@ -222,25 +242,37 @@ class ProductionSharder:
         if self.check_preconditions:
             checks.check_local_output(local_output, num_local, local_batch.num_logits,
                                       gather_num_nans=gather_num_nans, logprobs_dims=logprobs_dims, rank=self.rank)
-        tp, width, per_rank = self.tp_size, metadata.max_num_logits_per_req, metadata.max_num_reqs_per_rank
+        width, per_rank = metadata.max_num_logits_per_req, metadata.max_num_reqs_per_rank
         sampled_cols = width + 2 + (1 if gather_num_nans else 0)
         num_cols = num_logprob_columns(logprobs_dims) if logprobs_dims is not None else 0
-        send = self._ws["send_sampled"][: per_rank * sampled_cols].view(per_rank, sampled_cols)
-        lp = self._logprob_buffers(num_cols, per_rank * width) if logprobs_dims is not None else None
+        send, received, lp = self._wire_views(per_rank, width, sampled_cols,
+                                              num_cols if logprobs_dims is not None else None)
         self._launch_pack(local_output, local_batch, send, lp, num_local, per_rank, width, num_cols,
                           gather_num_nans)
-        received = self._ws["recv_sampled"][: tp * send.numel()].view(tp * per_rank, sampled_cols)
         self.comm.all_gather_into_tensor(received, send)
         if lp is not None:
             self.comm.all_gather_into_tensor(lp["recv_ids"], lp["send_ids"])
             self.comm.all_gather_into_tensor(lp["recv_vals"], lp["send_vals"])
         return self._unpack(received, lp, metadata, global_batch, width, sampled_cols, num_cols, gather_num_nans)
 
+    def _wire_views(self, per_rank: int, width: int, sampled_cols: int, num_cols: Optional[int]):
+        """(send, receive, logprob buffers or None) of the all-gathers, shaped for this step; cached."""
+        key = ("wire", per_rank, width, sampled_cols, num_cols)
+        views = self._views.get(key)
+        if views is None:
+            tp = self.tp_size
+            send = self._ws["send_sampled"][: per_rank * sampled_cols].view(per_rank, sampled_cols)
+            received = self._ws["recv_sampled"][: tp * send.numel()].view(tp * per_rank, sampled_cols)
+            lp = None if num_cols is None else self._logprob_buffers(num_cols, per_rank * width)
+            views = self._remember(key, (send, received, lp))
+        return views
+
     def _logprob_buffers(self, num_cols: int, send_rows: int) -> dict:
         """Views of the logprob wire buffers for ``send_rows`` rows; grown when columns grow."""
         if num_cols > self._logprob_cols:
             layout = logprobs_layout(self.max_num_reqs, self.max_num_logits_per_req, self.tp_size, num_cols)
             self._lp_ws, self._logprob_cols = carve(layout, self.device), num_cols
+            self._views.clear()  # views of the replaced buffers
         tp, lp = self.tp_size, self._lp_ws
         return {
             "send_ids": lp["send_ids"][: send_rows * (num_cols + 1)].view(send_rows, num_cols + 1),
@@ -283,37 +315,45 @@ class ProductionSharder:
         num_reqs = metadata.gathered_src_indices.shape[0]
         cu_np = global_batch.cu_num_logits_np
         num_logits = int(cu_np[-1])
-        out = carve(gathered_layout(num_reqs, num_logits, width, num_cols), self.device)
+        out = _gathered_outputs(num_reqs, num_logits, width, num_cols, self.device)
         if num_reqs:
             cols_pad = next_power_of_2(num_cols + 1)
             block = _block(self._rows_pad * cols_pad + self._rows_pad, max(1, self.max_num_reqs))
-            lp_ids = lp["recv_ids"] if lp is not None else received
-            lp_vals = lp["recv_vals"] if lp is not None else received
             src_indices, cu = metadata.gathered_src_indices, global_batch.cu_num_logits
             constexprs = dict(HAS_NANS=gather_num_nans, HAS_LOGPROBS=lp is not None, BLOCK=block,
                               ROWS_PAD=self._rows_pad, COLS_PAD=cols_pad)
             key = (self.device.index, *constexprs.values(), src_indices.dtype, cu.dtype)
             _launch_unpack(-(-num_reqs // block), key, (
-                received, src_indices, cu,
-                out["sampled_token_ids"], out["num_sampled"], out["num_rejected"], out["num_nans"],
-                lp_ids, lp_vals, out["logprob_token_ids"], out["logprobs"], out["selected_token_ranks"],
+                received, src_indices, cu, *out[:4],
+                lp["recv_ids"] if lp is not None else received, lp["recv_vals"] if lp is not None else received,
+                *out[4:],
                 num_reqs, width, sampled_cols, num_cols,
             ), constexprs)
+        sampled_token_ids, num_sampled, num_rejected, num_nans, lp_ids, lp_vals, lp_ranks = out
         logprobs = None
         if lp is not None:
-            logprobs = LogprobsTensors(
-                logprob_token_ids=out["logprob_token_ids"].view(num_logits, num_cols),
-                logprobs=out["logprobs"].view(num_logits, num_cols),
-                selected_token_ranks=out["selected_token_ranks"],
-                cu_num_generated_tokens=np.asarray(cu_np).tolist() if num_logits != num_reqs else None,
-            )
+            generated = np.asarray(cu_np).tolist() if num_logits != num_reqs else None
+            logprobs = LogprobsTensors(lp_ids, lp_vals, lp_ranks, generated)
         return SamplerOutput(
-            sampled_token_ids=out["sampled_token_ids"].view(num_reqs, width),
+            sampled_token_ids=sampled_token_ids,
             logprobs_tensors=logprobs,
-            num_nans=out["num_nans"] if gather_num_nans else None,
-            num_sampled=out["num_sampled"],
-            num_rejected=out["num_rejected"],
+            num_nans=num_nans if gather_num_nans else None,
+            num_sampled=num_sampled,
+            num_rejected=num_rejected,
         )
+
+
+def _gathered_outputs(num_reqs: int, num_logits: int, width: int, num_cols: int, device) -> tuple:
+    """Fresh tensors for one step's results, from three allocations.
+
+    (sampled_token_ids [N, W], num_sampled, num_rejected, num_nans [N] int32,
+    logprob_token_ids [L, C], logprobs [L, C], selected_token_ranks [L]).
+    """
+    int64 = torch.empty(num_reqs * width + num_logits * (num_cols + 1), dtype=torch.int64, device=device)
+    ids, lp_ids, lp_ranks = int64.split([num_reqs * width, num_logits * num_cols, num_logits])
+    counts = torch.empty(3, num_reqs, dtype=torch.int32, device=device).unbind(0)
+    lp_vals = torch.empty(num_logits, num_cols, dtype=torch.float32, device=device)
+    return (ids.view(num_reqs, width), *counts, lp_ids.view(num_logits, num_cols), lp_vals, lp_ranks)
 
 
 def _to_device(values: np.ndarray, device: torch.device) -> torch.Tensor:

@@ -66,15 +66,3 @@ def logprobs_layout(max_num_reqs: int, max_num_logits_per_req: int, tp_size: int
         ("recv_vals", torch.float32, tp_size * rows * num_cols),
     ]
 
-
-def gathered_layout(num_reqs: int, num_logits: int, width: int, num_cols: int) -> list:
-    """Regions of one step's gathered outputs (a fresh buffer each step)."""
-    return [
-        ("sampled_token_ids", torch.int64, num_reqs * width),
-        ("logprob_token_ids", torch.int64, num_logits * num_cols),
-        ("selected_token_ranks", torch.int64, num_logits),
-        ("logprobs", torch.float32, num_logits * num_cols),
-        ("num_sampled", torch.int32, num_reqs),
-        ("num_rejected", torch.int32, num_reqs),
-        ("num_nans", torch.int32, num_reqs),
-    ]
