@@ -125,8 +125,10 @@ def synchronize(device: torch.device) -> None:
 
 
 def measure(fn: Callable[[], object], device: torch.device, target_s: float, repeats: int) -> dict:
-    """Per-call wall and GPU microseconds (median over repeats)."""
-    for _ in range(3):
+    """Per-call wall and GPU microseconds (median over repeats), after a warm-up of target_s / 2."""
+    fn()
+    warm_until = time.perf_counter() + target_s / 2
+    while time.perf_counter() < warm_until:
         fn()
     synchronize(device)
     start = time.perf_counter()
@@ -187,8 +189,20 @@ def environment(device: torch.device) -> dict:
     return env
 
 
+def warm_up_device(device: torch.device, seconds: float = 2.0) -> None:
+    """Busy the GPU for a while so that clocks have ramped up before the first measurement."""
+    if device.type != "cuda":
+        return
+    a = torch.randn(4096, 4096, device=device)
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        a = (a @ a).clamp_(-1, 1)
+        synchronize(device)
+
+
 def run(args) -> dict:
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    warm_up_device(device)
     rows = []
     for tp in args.tp:
         for logits_per_req in args.logits_per_req:
