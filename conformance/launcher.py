@@ -88,7 +88,8 @@ def _launch(cases, indices, choice, tp, options, name, results, on_result, devic
     follower = _Follower(run_dir, name, tp)
     with open(log_path, "w") as log_file:
         proc = subprocess.Popen(_torchrun_command(run_dir, name, tp), stdout=log_file,
-                                stderr=subprocess.STDOUT, start_new_session=True, env=_worker_env())
+                                stderr=subprocess.STDOUT, start_new_session=True,
+                                env=_worker_env(device_kind))
         ended = _follow(proc, limit, follower, cases, indices, choice, results, on_result, options.poll_s)
     follower.read()
     if not follower.ready:
@@ -102,11 +103,13 @@ def _torchrun_command(run_dir: pathlib.Path, name: str, tp: int) -> list[str]:
             "-m", "shardspec.conformance.worker", str(run_dir), str(run_dir / f"{name}.json")]
 
 
-def _worker_env() -> dict[str, str]:
+def _worker_env(device_kind: str) -> dict[str, str]:
     env = dict(os.environ)
     env["OMP_NUM_THREADS"] = "1"  # the expectations are computed with one thread too
-    if not torch.cuda.is_available():
-        env.setdefault("TRITON_INTERPRET", "1")
+    if device_kind == "cpu":
+        # Ranks on the CPU (no GPU, or fewer GPUs than ranks): Triton kernels
+        # can only run in its interpreter there.
+        env["TRITON_INTERPRET"] = "1"
     return env
 
 
