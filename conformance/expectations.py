@@ -59,8 +59,14 @@ def single_thread():
 _CACHE: dict[str, Expectation] = {}
 
 
-def compute_expectation(case: Case, timeout_s: float = 60.0, device: str = "cpu") -> Expectation:
+def expectation_device() -> str:
+    """The default device of :func:`compute_expectation`: in-process runs keep every rank on the CPU."""
+    return "cpu"
+
+
+def compute_expectation(case: Case, timeout_s: float = 60.0, device: Optional[str] = None) -> Expectation:
     """The reference's run of ``case``; computed once per process (several implementations share it)."""
+    device = device or expectation_device()
     key = f"{device}:{case!r}"
     if key not in _CACHE:
         _CACHE[key] = _compute(case, timeout_s, device)

@@ -13,7 +13,7 @@ from typing import Callable, Iterable, Optional
 from shardspec.comm import LockstepGroup
 from shardspec.conformance.api import ImplChoice, load_implementation
 from shardspec.conformance.execute import check_case_on_rank
-from shardspec.conformance.expectations import Expectation, compute_expectation, single_thread
+from shardspec.conformance.expectations import Expectation, compute_expectation, expectation_device, single_thread
 from shardspec.conformance.recording import run_lockstep
 from shardspec.conformance.results import CaseResult, combine
 from shardspec.spec.case import Case
@@ -21,13 +21,12 @@ from shardspec.spec.case import Case
 
 def run_case_in_process(case: Case, choice: ImplChoice, expectation: Optional[Expectation] = None,
                         timeout_s: float = 60.0) -> CaseResult:
-    # One process: every rank on the CPU, whatever GPUs exist.
-    expectation = expectation or compute_expectation(case, timeout_s, "cpu")
+    expectation = expectation or compute_expectation(case, timeout_s, expectation_device())
     impls = {name: load_implementation(name) for name in {choice.impl, choice.impl_odd} if name}
 
     def one_rank(comm):
         impl = impls[choice.for_rank(comm.rank)]
-        return check_case_on_rank(case, comm, impl.name, impl.factory, expectation, "cpu")
+        return check_case_on_rank(case, comm, impl.name, impl.factory, expectation, expectation_device())
 
     try:
         with single_thread():  # like the ranks of a multi-process run, and the expectation
