@@ -16,9 +16,10 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from shardspec.conformance.checks.base import RANK_CHECKERS, StepOutputs, StepRecord, Violation
+from shardspec.conformance.digest import step_digest
 from shardspec.conformance.recording import CollectiveError, Progress, RecordingComm, changed_fields, snapshot
 from shardspec.reference.sampler import toy_sample
-from shardspec.spec.case import Case, CaseInputs, local_logits_shard
+from shardspec.spec.case import Case, CaseInputs, build_case_inputs, local_logits_shard
 
 STEPS = ("shard", "all_to_all", "sample", "gather")
 
@@ -159,9 +160,6 @@ def continue_after(case: Case, run: RankRun, expected: list[StepOutputs]) -> boo
 def check_case_on_rank(case: Case, comm, impl_name: str, make_sharder, expectation, device,
                        progress: Optional[Progress] = None) -> dict[str, Any]:
     """Run ``case`` on ``comm.rank`` and judge it; a JSON-able per-rank result."""
-    from shardspec.conformance.digest import step_digest
-    from shardspec.spec.case import build_case_inputs
-
     rank = comm.rank
     inputs = build_case_inputs(case, device)
     run = run_step(make_sharder, case, inputs, comm, device, progress)
