@@ -81,9 +81,15 @@ class ProductionSharder:
         self._tp_pad = next_power_of_2(self.tp_size)
         # Block sizes follow the capacity, never the batch, so no batch size recompiles a kernel.
         self._plan_block = _block(self._tp_pad * 4 + self._rows_pad * 2, max(1, max_num_reqs))
+        self._plan_constexprs = dict(TP=self.tp_size, RANK=self.rank, TP_PAD=self._tp_pad, BLOCK=self._plan_block,
+                                     ROWS_PAD=self._rows_pad)
+        self._plan_key = (self.device.index, *self._plan_constexprs.values())
+        self._plan_outputs = tuple(self._ws[name] for name in (
+            "sorted_logits_indices", "gathered_src_indices", "local_idx_mapping", "local_cu_num_logits",
+            "local_logits_indices", "local_expanded_idx_mapping", "local_expanded_local_pos", "local_seq_lens"))
         self._logprob_cols = -1  # columns the logprob wire buffers are sized for
         self._lp_ws: dict = {}
-        self._views: dict = {}  # shapes -> views of the workspace
+        self._views: dict = {}  # step shapes -> views of the workspace and launch configurations
         self._a2a_recv = torch.empty(0, device=self.device)
 
     # -- step 1 ------------------------------------------------------------
@@ -175,17 +181,10 @@ class ProductionSharder:
         return value
 
     def _launch_plan(self, batch: InputBatch, num_reqs: int, max_reqs_per_rank: int) -> None:
-        ws, block = self._ws, self._plan_block
         inputs = (batch.idx_mapping, batch.cu_num_logits, batch.logits_indices, batch.seq_lens)
-        constexprs = dict(TP=self.tp_size, RANK=self.rank, TP_PAD=self._tp_pad, BLOCK=block, ROWS_PAD=self._rows_pad)
-        key = (self.device.index, self.tp_size, self.rank, block, self._rows_pad, *(t.dtype for t in inputs))
-        _launch_plan(-(-num_reqs // block), key, (
-            *inputs,
-            ws["sorted_logits_indices"], ws["gathered_src_indices"],
-            ws["local_idx_mapping"], ws["local_cu_num_logits"], ws["local_logits_indices"],
-            ws["local_expanded_idx_mapping"], ws["local_expanded_local_pos"], ws["local_seq_lens"],
-            num_reqs, max_reqs_per_rank,
-        ), constexprs)
+        key = (*self._plan_key, *(t.dtype for t in inputs))
+        _launch_plan(-(-num_reqs // self._plan_block), key, (*inputs, *self._plan_outputs, num_reqs, max_reqs_per_rank),
+                     self._plan_constexprs)
 
     def _local_grammar(self, grammar: GrammarOutput, position: dict, owners: np.ndarray,
                        cu: np.ndarray) -> Optional[GrammarOutput]:
@@ -286,8 +285,8 @@ class ProductionSharder:
         ids = out.sampled_token_ids if has_output else send
         nans = out.num_nans if has_output and gather_num_nans else send
         local_lp = out.logprobs_tensors if has_output and lp is not None else None
-        cols_pad = next_power_of_2(num_cols + 1)
-        block = _block(self._rows_pad * cols_pad + self._rows_pad + 3, max(1, self.max_num_reqs))
+        block, constexprs = self._pack_config(has_output, gather_num_nans, lp is not None, local_lp is not None,
+                                              width, num_cols)
         if local_lp is not None:
             lp_ids, lp_vals, lp_ranks = local_lp.logprob_token_ids, local_lp.logprobs, local_lp.selected_token_ranks
         else:
@@ -296,9 +295,6 @@ class ProductionSharder:
         sampled = out.num_sampled if has_output else send
         rejected = out.num_rejected if has_output else send
         local_cu = local_batch.cu_num_logits if has_output else send
-        constexprs = dict(HAS_OUTPUT=has_output, HAS_NANS=gather_num_nans, HAS_LOGPROBS=lp is not None,
-                          LOCAL_LOGPROBS=local_lp is not None, BLOCK=block, ROWS_PAD=self._rows_pad,
-                          SAMPLED_PAD=next_power_of_2(width + 3), COLS_PAD=cols_pad)
         caller = (local_cu, ids, sampled, rejected, nans, lp_ids, lp_vals, lp_ranks)
         key = (self.device.index, *constexprs.values(), *(t.dtype for t in caller))
         _launch_pack(-(-per_rank // block), key, (
@@ -311,17 +307,39 @@ class ProductionSharder:
             num_local, per_rank, width, send.shape[1], num_cols,
         ), constexprs)
 
+    def _pack_config(self, has_output, gather_num_nans, has_logprobs, local_logprobs, width, num_cols):
+        """(requests per program, constexprs) of pack_kernel; cached per configuration."""
+        key = ("pack", has_output, gather_num_nans, has_logprobs, local_logprobs, width, num_cols)
+        config = self._views.get(key)
+        if config is None:
+            cols_pad = next_power_of_2(num_cols + 1)
+            block = _block(self._rows_pad * cols_pad + self._rows_pad + 3, max(1, self.max_num_reqs))
+            constexprs = dict(HAS_OUTPUT=has_output, HAS_NANS=gather_num_nans, HAS_LOGPROBS=has_logprobs,
+                              LOCAL_LOGPROBS=local_logprobs, BLOCK=block, ROWS_PAD=self._rows_pad,
+                              SAMPLED_PAD=next_power_of_2(width + 3), COLS_PAD=cols_pad)
+            config = self._remember(key, (block, constexprs))
+        return config
+
+    def _unpack_config(self, gather_num_nans, has_logprobs, num_cols):
+        """(requests per program, constexprs) of unpack_kernel; cached per configuration."""
+        key = ("unpack", gather_num_nans, has_logprobs, num_cols)
+        config = self._views.get(key)
+        if config is None:
+            cols_pad = next_power_of_2(num_cols + 1)
+            block = _block(self._rows_pad * cols_pad + self._rows_pad, max(1, self.max_num_reqs))
+            constexprs = dict(HAS_NANS=gather_num_nans, HAS_LOGPROBS=has_logprobs, BLOCK=block,
+                              ROWS_PAD=self._rows_pad, COLS_PAD=cols_pad)
+            config = self._remember(key, (block, constexprs))
+        return config
+
     def _unpack(self, received, lp, metadata, global_batch, width, sampled_cols, num_cols, gather_num_nans):
         num_reqs = metadata.gathered_src_indices.shape[0]
         cu_np = global_batch.cu_num_logits_np
         num_logits = int(cu_np[-1])
         out = _gathered_outputs(num_reqs, num_logits, width, num_cols, self.device)
         if num_reqs:
-            cols_pad = next_power_of_2(num_cols + 1)
-            block = _block(self._rows_pad * cols_pad + self._rows_pad, max(1, self.max_num_reqs))
+            block, constexprs = self._unpack_config(gather_num_nans, lp is not None, num_cols)
             src_indices, cu = metadata.gathered_src_indices, global_batch.cu_num_logits
-            constexprs = dict(HAS_NANS=gather_num_nans, HAS_LOGPROBS=lp is not None, BLOCK=block,
-                              ROWS_PAD=self._rows_pad, COLS_PAD=cols_pad)
             key = (self.device.index, *constexprs.values(), src_indices.dtype, cu.dtype)
             _launch_unpack(-(-num_reqs // block), key, (
                 received, src_indices, cu, *out[:4],
