@@ -1,0 +1,167 @@
+"""The specification documents as frozen Python objects (built by ``loader``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional, Union
+
+
+@dataclass(frozen=True)
+class Invariant:
+    id: str
+    level: str
+    step: str
+    statement: str
+    rationale: str
+    fields: tuple[str, ...]
+    retired: bool = False
+
+
+@dataclass(frozen=True)
+class Precondition:
+    id: str
+    level: str
+    step: str
+    statement: str
+    fields: tuple[str, ...]
+    error: str
+    rationale: Optional[str] = None
+    retired: bool = False
+
+
+@dataclass(frozen=True)
+class Clarification:
+    id: str
+    topic: str
+    question: str
+    decision: str
+    rationale: str
+    enforced_by: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class LocalView:
+    """How a field of the batch appears in the local batch."""
+
+    scope: str  # "localized" | "global"
+    dtype: Optional[str] = None
+    shape: Optional[tuple[str, ...]] = None
+    note: Optional[str] = None
+
+
+@dataclass(frozen=True)
+class FieldSpec:
+    name: str
+    type: str
+    placement: str
+    meaning: str
+    dtype: Optional[str] = None
+    shape: Optional[tuple[str, ...]] = None
+    received_shape: Optional[tuple[str, ...]] = None
+    optional: bool = False
+    ref: Optional[str] = None
+    local: Optional[LocalView] = None
+    step: Optional[str] = None
+    view: Optional[str] = None
+    expand: bool = False
+    layout: Optional[str] = None
+    fields: tuple["FieldSpec", ...] = ()
+
+
+@dataclass(frozen=True)
+class TypeSpec:
+    name: str
+    meaning: str
+    fields: tuple[FieldSpec, ...]
+    python: Optional[str] = None
+
+
+@dataclass(frozen=True)
+class Symbol:
+    name: str
+    meaning: str
+
+
+@dataclass(frozen=True)
+class DataModel:
+    symbols: tuple[Symbol, ...]
+    types: tuple[TypeSpec, ...]
+    arguments: tuple[FieldSpec, ...]
+    outputs: tuple[FieldSpec, ...]
+
+    def type(self, name: str) -> TypeSpec:
+        for spec in self.types:
+            if spec.name == name:
+                return spec
+        raise KeyError(f"no type {name!r} in the data model")
+
+    def resolve_output(self, path: str) -> Optional[FieldSpec]:
+        """The output (or sub-field of one) a dotted path names, or None."""
+        return self._resolve(self.outputs, path)
+
+    def resolve_argument(self, path: str) -> Optional[FieldSpec]:
+        return self._resolve(self.arguments, path)
+
+    def output_leaves(self) -> list[tuple[str, FieldSpec]]:
+        """Every output that must be constrained: expanded outputs by their fields."""
+        leaves = []
+        for output in self.outputs:
+            leaves.extend(self._leaves(output.name, output) if output.expand else [(output.name, output)])
+        return leaves
+
+    def _leaves(self, path: str, node: FieldSpec) -> list[tuple[str, FieldSpec]]:
+        leaves = []
+        for child in self._children(node):
+            child_path = f"{path}.{child.name}"
+            leaves.extend(self._leaves(child_path, child) if child.ref else [(child_path, child)])
+        return leaves
+
+    def _children(self, node: FieldSpec) -> tuple[FieldSpec, ...]:
+        return self.type(node.ref).fields if node.ref else node.fields
+
+    def _resolve(self, roots: tuple[FieldSpec, ...], path: str) -> Optional[FieldSpec]:
+        # Root names may contain dots ("wire.all_to_all"): take the longest match.
+        for root in sorted(roots, key=lambda r: -len(r.name)):
+            if path == root.name:
+                return root
+            if path.startswith(root.name + "."):
+                return self._walk(root, path[len(root.name) + 1 :].split("."))
+        return None
+
+    def _walk(self, node: FieldSpec, names: list[str]) -> Optional[FieldSpec]:
+        for name in names:
+            node = next((c for c in self._children(node) if c.name == name), None)
+            if node is None:
+                return None
+        return node
+
+
+@dataclass(frozen=True)
+class Document:
+    name: str
+    file: str
+    title: str
+
+
+@dataclass(frozen=True)
+class Spec:
+    name: str
+    title: str
+    version: str
+    documents: tuple[Document, ...]
+    sections: tuple[tuple[str, str], ...]
+    example: dict
+    data_model: DataModel
+    invariants: tuple[Invariant, ...] = ()
+    preconditions: tuple[Precondition, ...] = ()
+    clarifications: tuple[Clarification, ...] = ()
+
+    def by_id(self, entry_id: str) -> Union[Invariant, Precondition, Clarification]:
+        for entry in (*self.invariants, *self.preconditions, *self.clarifications):
+            if entry.id == entry_id:
+                return entry
+        raise KeyError(f"no spec entry with ID {entry_id!r}")
+
+    @property
+    def ids(self) -> tuple[str, ...]:
+        return tuple(e.id for e in (*self.invariants, *self.preconditions, *self.clarifications))
