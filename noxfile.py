@@ -1,6 +1,7 @@
 """Sessions of shardspec.
 
     nox -s conformance        # the main job: check implementations against the spec
+    SHARDSPEC_QUICK=1 nox -s conformance   # the quick profile (about a minute)
     nox -s tests              # shardspec's own tests
     nox -s fixtures [-- --check]
     nox -s spec [-- --check]  # render spec/SPEC.md
@@ -44,9 +45,23 @@ def tests(session: nox.Session) -> None:
 
 @nox.session
 def conformance(session: nox.Session) -> None:
-    """Run the conformance suite (arguments after -- go to the suite's CLI)."""
+    """The conformance suite through pytest: one test per implementation and tp size.
+
+    Both bundled implementations by default; choose with SHARDSPEC_IMPL (e.g.
+    "my_pkg.adapter:make_sharder"), SHARDSPEC_QUICK=1 for the quick profile,
+    SHARDSPEC_TP=2,4 for tp sizes (docs/validate-your-implementation.md lists
+    all). Arguments after -- go to pytest. Writes reports/conformance-junit.xml
+    and reports/conformance.json.
+    """
     install(session)
-    session.run("python", "-m", "shardspec.conformance", *session.posargs)
+    env = {
+        "SHARDSPEC_IMPL": os.environ.get("SHARDSPEC_IMPL", "reference,production"),
+        "SHARDSPEC_JSON": os.environ.get("SHARDSPEC_JSON", "reports/conformance.json"),
+    }
+    session.run(
+        "pytest", "--pyargs", "shardspec.conformance", "-p", "no:cacheprovider", "-s",
+        "--junitxml=reports/conformance-junit.xml", *session.posargs, env=env,
+    )
 
 
 @nox.session
