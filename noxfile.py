@@ -47,15 +47,17 @@ def tests(session: nox.Session) -> None:
 def conformance(session: nox.Session) -> None:
     """The conformance suite through pytest: one test per implementation and tp size.
 
-    Both bundled implementations by default; choose with SHARDSPEC_IMPL (e.g.
-    "my_pkg.adapter:make_sharder"), SHARDSPEC_QUICK=1 for the quick profile,
+    By default both bundled implementations, alone and mixed in one group
+    ("reference/production": even ranks run the reference, odd ranks production);
+    choose with SHARDSPEC_IMPL (e.g. "my_pkg.adapter:make_sharder,reference/my_pkg.adapter:make_sharder"),
+    SHARDSPEC_QUICK=1 for the quick profile,
     SHARDSPEC_TP=2,4 for tp sizes (docs/validate-your-implementation.md lists
     all). Arguments after -- go to pytest. Writes reports/conformance-junit.xml
     and reports/conformance.json.
     """
     install(session)
     env = {
-        "SHARDSPEC_IMPL": os.environ.get("SHARDSPEC_IMPL", "reference,production"),
+        "SHARDSPEC_IMPL": os.environ.get("SHARDSPEC_IMPL", "reference,production,reference/production"),
         "SHARDSPEC_JSON": os.environ.get("SHARDSPEC_JSON", "reports/conformance.json"),
     }
     session.run(

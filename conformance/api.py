@@ -18,7 +18,9 @@ communicator without ``.group``: such implementations must use the
 multi-process mode (the default).
 
 An implementation is named by a string: ``reference``, ``production`` or
-``package.module:attr`` (``attr`` may be dotted).
+``package.module:attr`` (``attr`` may be dotted). An *entry* of a run is one
+name, or ``A/B``: a mixed group where even ranks run ``A`` and odd ranks run
+``B`` (they must interoperate through the wire layout of the spec).
 """
 
 from __future__ import annotations
@@ -84,13 +86,16 @@ def load_implementation(name: str) -> Implementation:
     return Implementation(name=name.strip(), target=target, factory=factory)
 
 
-def implementation_names(cli_value: str | None) -> list[str]:
-    """``--impl`` (comma-separated) or ``$SHARDSPEC_IMPL``; ``reference`` when neither is set."""
+def implementation_names(cli_value: str | None, impl_odd: str | None = None) -> list[str]:
+    """The run's entries: ``--impl`` (comma-separated) or ``$SHARDSPEC_IMPL``; ``reference`` when
+    neither is set. ``impl_odd`` turns every single-name entry ``A`` into ``A/impl_odd``."""
     raw = cli_value or os.environ.get(IMPL_ENV) or "reference"
     names = [part.strip() for part in raw.split(",") if part.strip()]
+    if impl_odd:
+        names = [name if ImplChoice.parse(name).mixed else f"{name}/{impl_odd.strip()}" for name in names]
     for name in names:
-        target_of(name)  # fail early on a malformed name
-    return names
+        ImplChoice.parse(name)  # fail early on a malformed entry
+    return list(dict.fromkeys(names))
 
 
 @dataclass(frozen=True)
@@ -100,15 +105,33 @@ class ImplChoice:
     impl: str
     impl_odd: str | None = None
 
+    @classmethod
+    def parse(cls, entry: str) -> "ImplChoice":
+        """``A`` or ``A/B`` (even ranks ``A``, odd ranks ``B``); the names are checked, not imported."""
+        parts = [part.strip() for part in entry.split("/")]
+        if len(parts) > 2 or not all(parts):
+            raise ImplementationError(f"malformed implementation entry {entry!r}: use 'A' or 'A/B'")
+        for name in parts:
+            target_of(name)
+        return cls(parts[0], parts[1] if len(parts) == 2 else None)
+
+    @property
+    def mixed(self) -> bool:
+        return self.impl_odd is not None
+
     def for_rank(self, rank: int) -> str:
         return self.impl_odd if self.impl_odd and rank % 2 == 1 else self.impl
 
+    def names(self) -> list[str]:
+        return [self.impl] + ([self.impl_odd] if self.impl_odd else [])
+
+    def applies_to(self, tp_size: int) -> bool:
+        """A mixed group needs an odd rank: tp 1 has none."""
+        return not self.mixed or tp_size > 1
+
     @property
     def label(self) -> str:
-        return self.impl if not self.impl_odd else f"{self.impl} (even ranks) + {self.impl_odd} (odd ranks)"
+        return "/".join(self.names())
 
     def cli_args(self) -> list[str]:
-        args = ["--impl", self.impl]
-        if self.impl_odd:
-            args += ["--impl-odd", self.impl_odd]
-        return args
+        return ["--impl", self.label]

@@ -4,7 +4,7 @@ Exit code 0 when every MUST invariant holds, every case ran and no rank
 failed; 1 otherwise; 2 for a usage error. SHOULD violations are warnings.
 Options may also come from the environment (``SHARDSPEC_IMPL``,
 ``SHARDSPEC_IMPL_ODD``, ``SHARDSPEC_TP``, ``SHARDSPEC_QUICK``,
-``SHARDSPEC_MAX_EXAMPLES``, ``SHARDSPEC_SEED``, ``SHARDSPEC_TIMEOUT``,
+``SHARDSPEC_MAX_EXAMPLES``, ``SHARDSPEC_MIXED_MAX_EXAMPLES``, ``SHARDSPEC_SEED``, ``SHARDSPEC_TIMEOUT``,
 ``SHARDSPEC_XFAILS``); a command-line option wins.
 """
 
@@ -23,6 +23,7 @@ from shardspec.conformance.runner import RunConfig
 
 QUICK_TP_SIZES = [2, 4]
 QUICK_MAX_EXAMPLES = 10
+MIXED_MAX_EXAMPLES = 25
 
 
 def _env_flag(name: str) -> bool:
@@ -32,15 +33,19 @@ def _env_flag(name: str) -> bool:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m shardspec.conformance", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--impl", help="implementation(s), comma-separated: reference (default), production, "
-                        f"or package.module:attr [env {IMPL_ENV}]")
+    parser.add_argument("--impl", help="entries, comma-separated; each an implementation (reference (default), "
+                        "production, or package.module:attr) or A/B: even ranks run A, odd ranks B "
+                        f"[env {IMPL_ENV}]")
     parser.add_argument("--impl-odd", default=os.environ.get("SHARDSPEC_IMPL_ODD"),
-                        help="run this implementation on odd ranks (mixed groups)")
+                        help="turn every entry A into the mixed entry A/IMPL_ODD")
     parser.add_argument("--tp", default=os.environ.get("SHARDSPEC_TP"), help="group sizes, e.g. 1,2,3,4,8")
     parser.add_argument("--quick", action="store_true", default=_env_flag("SHARDSPEC_QUICK"),
                         help=f"tp {','.join(map(str, QUICK_TP_SIZES))}, {QUICK_MAX_EXAMPLES} generated cases per size")
     parser.add_argument("--max-examples", type=int, default=_env_int("SHARDSPEC_MAX_EXAMPLES"),
                         help="generated cases per group size (default 100)")
+    parser.add_argument("--mixed-max-examples", type=int, default=_env_int("SHARDSPEC_MIXED_MAX_EXAMPLES"),
+                        help=f"generated cases per group size of a mixed entry A/B (default {MIXED_MAX_EXAMPLES}, "
+                        "never more than --max-examples)")
     parser.add_argument("--seed", type=int, default=_env_int("SHARDSPEC_SEED") or 0)
     parser.add_argument("--fixtures-only", action="store_true", help="only the golden fixtures")
     parser.add_argument("--case", action="append", default=[], metavar="ID", help="run this fixture case only")
@@ -71,9 +76,11 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
         tp_sizes = sorted({int(part) for part in str(args.tp).split(",") if part.strip()})
     max_examples = args.max_examples if args.max_examples is not None else (
         QUICK_MAX_EXAMPLES if args.quick else 100)
+    mixed_max_examples = min(max_examples, MIXED_MAX_EXAMPLES if args.mixed_max_examples is None
+                             else args.mixed_max_examples)
     return RunConfig(
-        impls=implementation_names(args.impl), impl_odd=args.impl_odd, tp_sizes=tp_sizes, seed=args.seed,
-        max_examples=max_examples, fixtures_only=args.fixtures_only, case_ids=args.case,
+        impls=implementation_names(args.impl, args.impl_odd), tp_sizes=tp_sizes, seed=args.seed,
+        max_examples=max_examples, mixed_max_examples=mixed_max_examples, fixtures_only=args.fixtures_only, case_ids=args.case,
         case_files=args.case_file, case_timeout_s=args.timeout,
         pg_timeout_s=args.pg_timeout or args.timeout, in_process=args.in_process, run_dir=args.run_dir,
         shrink=not args.no_shrink, verbose=args.verbose,

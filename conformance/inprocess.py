@@ -36,11 +36,12 @@ def run_case_in_process(case: Case, choice: ImplChoice, expectation: Optional[Ex
     return combine(case, choice.label, dict(enumerate(records)))
 
 
-def run_cases_in_process(cases: Iterable[Case], choice: ImplChoice, timeout_s: float = 60.0,
-                         on_result: Optional[Callable[[CaseResult], None]] = None) -> list[CaseResult]:
+def run_jobs_in_process(jobs: Iterable, timeout_s: float = 60.0,
+                        on_result: Optional[Callable[[CaseResult], None]] = None) -> list[CaseResult]:
+    """Run :class:`shardspec.conformance.launcher.Job` s one after the other."""
     results = []
-    for case in cases:
-        result = run_case_in_process(case, choice, timeout_s=timeout_s)
+    for job in jobs:
+        result = run_case_in_process(job.case, job.choice, timeout_s=timeout_s)
         results.append(result)
         if on_result:
             on_result(result)

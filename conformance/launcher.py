@@ -1,10 +1,13 @@
-"""Multi-process runs: ``torchrun --nproc-per-node tp`` over many cases.
+"""Multi-process runs: one process per rank (like ``torchrun``, see :mod:`.spawn`) over many jobs.
 
-The parent computes the reference expectations once per case, saves them
-with the cases into a run directory, and launches the group. Every rank
-appends one JSON line per case; the parent follows those files while the
-group runs, combines the ranks of each case, and relaunches after a launch
-ends early (a rank raised, hung or died) for the cases not yet run.
+A job is one case run by one entry (``A`` or ``A/B``); every entry of a run
+shares one launch per group size, since starting the ranks (importing torch
+on every one) costs more than most cases. The parent computes the reference
+expectations once per case, saves them with the cases and the jobs into a
+run directory, and launches the group. Every rank appends one JSON line per
+job; the parent follows those files while the group runs, combines the ranks
+of each job, and relaunches after a launch ends early (a rank raised, hung
+or died) for the jobs not yet run.
 """
 
 from __future__ import annotations
@@ -34,40 +37,62 @@ class LaunchOptions:
     run_dir: pathlib.Path
     case_timeout_s: float = 60.0
     pg_timeout_s: float = 60.0
-    max_relaunches: int = 5
+    max_relaunches: int = 5  # besides one launch per job known to end a launch
     poll_s: float = 0.3
+
+
+@dataclass(frozen=True)
+class Job:
+    choice: ImplChoice
+    case: Case
 
 
 def run_cases_multiprocess(cases: list[Case], choice: ImplChoice, tp: int, options: LaunchOptions,
                            on_result: Optional[Callable[[CaseResult], None]] = None,
                            log: Callable[[str], None] = print) -> list[CaseResult]:
-    """Run ``cases`` (all of group size ``tp``); results in case order."""
+    """Run ``cases`` (all of group size ``tp``) for one entry; results in case order."""
+    return run_jobs_multiprocess([Job(choice, case) for case in cases], tp, options, on_result, log)
+
+
+def run_jobs_multiprocess(jobs: list[Job], tp: int, options: LaunchOptions,
+                          on_result: Optional[Callable[[CaseResult], None]] = None,
+                          log: Callable[[str], None] = print) -> list[CaseResult]:
+    """Run ``jobs`` (all of group size ``tp``) in as few launches as possible; results in job order."""
     run_dir = options.run_dir
     run_dir.mkdir(parents=True, exist_ok=True)
     device_kind = rank_device_kind(tp)
+    cases = list({job.case.case_id: job.case for job in jobs}.values())
     expectations = {case.case_id: compute_expectation(case, options.pg_timeout_s, device_kind) for case in cases}
     save_expectations(run_dir / "expectations.pt", expectations)
     torch.save(cases, run_dir / "cases.pt")
+    position = {case.case_id: i for i, case in enumerate(cases)}
+    (run_dir / "jobs.json").write_text(json.dumps(
+        [{"impl": job.choice.impl, "impl_odd": job.choice.impl_odd, "case": position[job.case.case_id]}
+         for job in jobs]))
     results: dict[int, CaseResult] = {}
-    # Cases after which the reference itself leaves peers waiting in a
+    # Jobs after which the reference itself leaves peers waiting in a
     # collective end a launch: run them last, so they cost fewer relaunches.
-    breaking = {i for i, case in enumerate(cases) if _breaks_group(expectations[case.case_id])}
-    remaining = [i for i in range(len(cases)) if i not in breaking] + sorted(breaking)
-    for launch_number in range(options.max_relaunches + 1):
+    breaking = {i for i, job in enumerate(jobs) if _breaks_group(expectations[job.case.case_id])}
+    remaining = [i for i in range(len(jobs)) if i not in breaking] + sorted(breaking)
+    launches = options.max_relaunches + len(breaking) + 1
+    for launch_number in range(launches):
         if not remaining:
             break
-        log(f"  launch {launch_number + 1}: tp {tp}, {len(remaining)} case(s), {choice.label}")
-        outcome = _launch(cases, remaining, choice, tp, options, f"launch{launch_number}", results, on_result,
-                          device_kind)
+        log(f"  launch {launch_number + 1}: tp {tp}, {len(remaining)} job(s), {_labels(jobs, remaining)}")
+        outcome = _launch(jobs, remaining, tp, options, f"launch{launch_number}", results, on_result, device_kind)
         remaining = [i for i in remaining if i not in results]
         if outcome is not None:  # the group never started: relaunching cannot help
             for index in remaining:
-                results[index] = not_run(cases[index], choice.label, outcome)
+                results[index] = not_run(jobs[index].case, jobs[index].choice.label, outcome)
             remaining = []
     for index in remaining:
-        results[index] = not_run(cases[index], choice.label,
-                                 f"not run: {options.max_relaunches} relaunches used up")
-    return [results[i] for i in range(len(cases))]
+        results[index] = not_run(jobs[index].case, jobs[index].choice.label,
+                                 f"not run: {launches - 1} relaunches used up")
+    return [results[i] for i in range(len(jobs))]
+
+
+def _labels(jobs: list[Job], indices: list[int]) -> str:
+    return ", ".join(dict.fromkeys(jobs[i].choice.label for i in indices))
 
 
 def _breaks_group(expectation) -> bool:
@@ -77,30 +102,32 @@ def _breaks_group(expectation) -> bool:
     return not all(out.error is not None and len(out.wire) == len(outs[0].wire) for out in outs)
 
 
-def _launch(cases, indices, choice, tp, options, name, results, on_result, device_kind) -> Optional[str]:
-    """One torchrun launch. Returns a reason when the group never became ready."""
+def _launch(jobs, indices, tp, options, name, results, on_result, device_kind) -> Optional[str]:
+    """One launch of the group. Returns a reason when the group never became ready."""
     run_dir = options.run_dir
-    spec = {"case_indices": indices, "impl": choice.impl, "impl_odd": choice.impl_odd, "device": device_kind,
+    spec = {"job_indices": indices, "device": device_kind,
             "case_timeout_s": options.case_timeout_s, "pg_timeout_s": options.pg_timeout_s}
     (run_dir / f"{name}.json").write_text(json.dumps(spec))
     log_path = run_dir / f"{name}.log"
     limit = STARTUP_S + len(indices) * (options.case_timeout_s + 5.0)
     follower = _Follower(run_dir, name, tp)
     with open(log_path, "w") as log_file:
-        proc = subprocess.Popen(_torchrun_command(run_dir, name, tp), stdout=log_file,
+        proc = subprocess.Popen(_launch_command(run_dir, name, tp, device_kind), stdout=log_file,
                                 stderr=subprocess.STDOUT, start_new_session=True,
                                 env=_worker_env(device_kind))
-        ended = _follow(proc, limit, follower, cases, indices, choice, results, on_result, options.poll_s)
+        ended = _follow(proc, limit, follower, jobs, indices, results, on_result, options.poll_s)
     follower.read()
     if not follower.ready:
         return f"the group did not start (exit {proc.returncode}); log {log_path}:\n{_tail(log_path)}"
-    _settle_broken_case(cases, indices, choice, results, follower, ended, on_result)
+    _settle_broken_job(jobs, indices, results, follower, ended, on_result)
     return None
 
 
-def _torchrun_command(run_dir: pathlib.Path, name: str, tp: int) -> list[str]:
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={tp}",
-            "-m", "shardspec.conformance.worker", str(run_dir), str(run_dir / f"{name}.json")]
+def _launch_command(run_dir: pathlib.Path, name: str, tp: int, device_kind: str) -> list[str]:
+    # Ranks on the CPU are forks of one process that imported everything once.
+    fork = ["--fork"] if device_kind == "cpu" else []
+    return [sys.executable, "-m", "shardspec.conformance.spawn", str(tp), *fork,
+            "shardspec.conformance.worker", str(run_dir), str(run_dir / f"{name}.json")]
 
 
 def _worker_env(device_kind: str) -> dict[str, str]:
@@ -113,13 +140,13 @@ def _worker_env(device_kind: str) -> dict[str, str]:
     return env
 
 
-def _follow(proc, limit, follower, cases, indices, choice, results, on_result, poll_s) -> str:
-    """Combine cases as their records arrive; returns how the launch ended."""
+def _follow(proc, limit, follower, jobs, indices, results, on_result, poll_s) -> str:
+    """Combine jobs as their records arrive; returns how the launch ended."""
     deadline = time.monotonic() + limit
     while True:
         exited = proc.poll() is not None
         follower.read()
-        _take_complete(cases, indices, choice, results, follower, on_result)
+        _take_complete(jobs, indices, results, follower, on_result)
         if exited:
             return f"the launch ended (exit {proc.returncode})"
         if all(i in results for i in indices):
@@ -131,30 +158,32 @@ def _follow(proc, limit, follower, cases, indices, choice, results, on_result, p
         time.sleep(poll_s)
 
 
-def _take_complete(cases, indices, choice, results, follower, on_result) -> None:
+def _take_complete(jobs, indices, results, follower, on_result) -> None:
     for index in indices:
         if index in results:
             continue
-        case = cases[index]
-        records = follower.records.get(case.case_id, {})
-        if len(records) < case.tp_size:
-            return  # cases finish in order: nothing later is complete either
-        results[index] = combine(case, choice.label, records)
-        if on_result:
-            on_result(results[index])
+        job = jobs[index]
+        records = follower.records.get(index, {})
+        if len(records) < job.case.tp_size:
+            return  # jobs finish in order: nothing later is complete either
+        _settle(jobs, index, results, records, on_result)
 
 
-def _settle_broken_case(cases, indices, choice, results, follower, ended, on_result) -> None:
-    """The first unfinished case fails with what is known, unless a rank left on purpose before it."""
+def _settle(jobs, index, results, records, on_result, ended: Optional[str] = None) -> None:
+    job = jobs[index]
+    results[index] = combine(job.case, job.choice.label, records, ended=ended)
+    if on_result:
+        on_result(results[index])
+
+
+def _settle_broken_job(jobs, indices, results, follower, ended, on_result) -> None:
+    """The first unfinished job fails with what is known, unless a rank left on purpose before it."""
     for index in indices:
         if index in results:
             continue
-        case = cases[index]
-        records = follower.records.get(case.case_id, {})
+        records = follower.records.get(index, {})
         if records or not follower.left_on_purpose:
-            results[index] = combine(case, choice.label, records, ended=ended)
-            if on_result:
-                on_result(results[index])
+            _settle(jobs, index, results, records, on_result, ended)
         return
 
 
@@ -186,7 +215,7 @@ class _Follower:
     def __init__(self, run_dir: pathlib.Path, name: str, tp: int):
         self.paths = [run_dir / f"{name}-rank{rank}.jsonl" for rank in range(tp)]
         self.offsets = [0] * tp
-        self.records: dict[str, dict[int, dict[str, Any]]] = {}
+        self.records: dict[int, dict[int, dict[str, Any]]] = {}  # job index -> rank -> record
         self.ready: set[int] = set()
         # A rank recorded why it left the launch (error, hang, suite failure).
         self.left_on_purpose = False
@@ -210,7 +239,7 @@ class _Follower:
             return
         if record.get("event") == "ready":
             self.ready.add(rank)
-        elif "case_id" in record:
-            self.records.setdefault(record["case_id"], {})[rank] = record
+        elif "job" in record:
+            self.records.setdefault(record["job"], {})[rank] = record
             if record.get("timeout") or record.get("harness_error") or not record.get("aligned", True):
                 self.left_on_purpose = True

@@ -3,7 +3,8 @@
 A cell of the table is the result of one invariant over every case run at
 one group size: ``pass``, ``FAIL`` (a MUST invariant was violated), ``warn``
 (a SHOULD invariant was violated), ``xfail`` (violated and listed in the
-xfails file) or ``not-run`` (no case ran there, or no checker exists).
+xfails file), ``not-run`` (no case ran there, or no checker exists) or
+``n/a`` (the entry does not apply at that size: a mixed ``A/B`` group at tp 1).
 Cases whose run failed (a rank raised, hung or died) are listed on the
 ``(run errors)`` row: they fail the run like a MUST violation.
 """
@@ -88,9 +89,15 @@ class Section:
     label: str
     results: list[CaseResult]
     tp_sizes: list[int]
+    not_applicable: dict[int, str] = field(default_factory=dict)  # tp -> why the entry does not apply
+
+
+NOT_APPLICABLE = "n/a"
 
 
 def cell(section: Section, invariant: InvariantInfo, tp: int, checked: set[str], xfails: Xfails) -> str:
+    if tp in section.not_applicable:
+        return NOT_APPLICABLE
     ran = [r for r in section.results if r.tp == tp and r.status != NOT_RUN]
     if not ran or invariant.id not in checked:
         return "not-run"
@@ -112,6 +119,8 @@ def table_rows(section: Section, invariants: list[InvariantInfo], checked: set[s
 
 
 def _count_cell(section: Section, tp: int, status: str, xfails: Xfails) -> str:
+    if tp in section.not_applicable:
+        return NOT_APPLICABLE
     hits = [r for r in section.results if r.tp == tp and r.status == status]
     if not hits:
         return "pass" if status == ERROR else "0"
@@ -238,6 +247,7 @@ def json_report(metadata: dict[str, Any], sections: list[Section], tables: list[
             {
                 "implementation": section.label,
                 "tp_sizes": section.tp_sizes,
+                "not_applicable": {str(tp): why for tp, why in section.not_applicable.items()},
                 "table": [{"invariant": row[0], "level": row[1],
                            "results": {str(tp): c for tp, c in zip(section.tp_sizes, row[2:])}} for row in rows],
                 "cases": [r.to_json() for r in section.results],

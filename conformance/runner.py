@@ -11,7 +11,7 @@ from dataclasses import dataclass, field, replace
 from typing import Callable, Optional
 
 from shardspec.conformance.api import ImplChoice, ImplementationError, load_implementation
-from shardspec.conformance.launcher import LaunchOptions, run_cases_multiprocess
+from shardspec.conformance.launcher import Job, LaunchOptions, run_jobs_multiprocess
 from shardspec.conformance.results import ERROR, FAIL, NOT_RUN, CaseResult, not_run
 from shardspec.spec.case import Case
 
@@ -21,11 +21,13 @@ Log = Callable[[str], None]
 
 @dataclass
 class RunConfig:
-    impls: list[str] = field(default_factory=lambda: ["reference"])
-    impl_odd: Optional[str] = None
+    impls: list[str] = field(default_factory=lambda: ["reference"])  # entries: "A" or "A/B"
     tp_sizes: list[int] = field(default_factory=lambda: list(ALL_TP_SIZES))
     seed: int = 0
     max_examples: int = 100  # generated cases per group size
+    # Mixed entries mostly test the wire layout between implementations, which
+    # the fixtures and a few generated cases already cover.
+    mixed_max_examples: int = 25
     fixtures_only: bool = False
     case_ids: list[str] = field(default_factory=list)
     case_files: list[str] = field(default_factory=list)
@@ -93,54 +95,83 @@ def tp_sizes_of(config: RunConfig, cases: list[Case]) -> list[int]:
     return sorted({c.tp_size for c in cases}) if config.selected else list(config.tp_sizes)
 
 
-def run_implementation(config: RunConfig, impl: str, case_set: CaseSet, run_dir: pathlib.Path,
-                       log: Log, tp_sizes: Optional[list[int]] = None) -> list[CaseResult]:
-    """The cases of ``tp_sizes`` (default: all) for one implementation choice, size by size."""
-    choice = ImplChoice(impl, config.impl_odd)
+def cases_of_entry(config: RunConfig, choice: ImplChoice, case_set: CaseSet, tp: int) -> list[Case]:
+    """The cases ``choice`` runs at group size ``tp``: none where it does not apply; a mixed
+    entry runs every fixture but only the first ``mixed_max_examples`` generated cases."""
+    if not choice.applies_to(tp):
+        return []
+    cases = [c for c in case_set.cases if c.tp_size == tp]
+    if not choice.mixed or config.selected:
+        return cases
+    generated = [c for c in cases if c.case_id in case_set.generated][config.mixed_max_examples:]
+    dropped = {c.case_id for c in generated}
+    return [c for c in cases if c.case_id not in dropped]
+
+
+def run_group_size(config: RunConfig, entries: list[str], case_set: CaseSet, run_dir: pathlib.Path,
+                   log: Log, tp: int) -> dict[str, list[CaseResult]]:
+    """Every entry's cases of group size ``tp``; in the multi-process mode all of them share
+    the launches (starting the ranks costs more than most cases)."""
+    results: dict[str, list[CaseResult]] = {entry: [] for entry in entries}
+    jobs, owners = [], []
+    for entry in entries:
+        choice = ImplChoice.parse(entry)
+        cases = cases_of_entry(config, choice, case_set, tp)
+        problem = _loading_problem(choice)
+        if problem:
+            log(f"cannot run {choice.label}: {problem}")
+            results[entry] = [not_run(case, choice.label, problem) for case in cases]
+            continue
+        jobs += [Job(choice, case) for case in cases]
+        owners += [entry] * len(cases)
+    if jobs:
+        for entry, result in zip(owners, _run_jobs(config, tp, jobs, run_dir, log)):
+            results[entry].append(result)
+    for entry in entries:
+        _finish_results(config, ImplChoice.parse(entry), results[entry], case_set, run_dir, log)
+    return results
+
+
+def _loading_problem(choice: ImplChoice) -> Optional[str]:
     try:
-        for name in filter(None, (choice.impl, choice.impl_odd)):
+        for name in choice.names():
             load_implementation(name)
     except ImplementationError as exc:
-        log(f"cannot run {choice.label}: {exc}")
-        return [not_run(case, choice.label, str(exc)) for case in case_set.cases
-                if tp_sizes is None or case.tp_size in tp_sizes]
-    results: list[CaseResult] = []
-    for tp in tp_sizes or tp_sizes_of(config, case_set.cases):
-        cases = [c for c in case_set.cases if c.tp_size == tp]
-        if cases:
-            results += _run_group_size(config, choice, tp, cases, run_dir, log)
+        return str(exc)
+    return None
+
+
+def _finish_results(config, choice, results, case_set, run_dir, log) -> None:
+    """Shrink failing generated cases, and say how to reproduce every result."""
     _shrink_failures(config, choice, results, case_set.generated, run_dir, log)
     for result in results:
         result.generated = result.case_id in case_set.generated
         if not result.reproduce and result.case_id in case_set.files:
             result.reproduce = _command(choice, f"--case-file {case_set.files[result.case_id]}")
         result.reproduce = result.reproduce or reproduce_command(choice, result.case, result.generated, run_dir)
-    return results
 
 
-def _run_group_size(config, choice, tp, cases, run_dir, log) -> list[CaseResult]:
+def _run_jobs(config, tp, jobs, run_dir, log) -> list[CaseResult]:
     start = time.perf_counter()
 
     def on_result(result: CaseResult) -> None:
         if config.verbose or result.status in (FAIL, ERROR):
-            log(f"    {result.status:7s} {result.case_id} (tp {tp})")
+            log(f"    {result.status:7s} {result.case_id} (tp {tp}, {result.impl})")
 
     if config.in_process:
-        from shardspec.conformance.inprocess import run_cases_in_process
+        from shardspec.conformance.inprocess import run_jobs_in_process
 
-        results = run_cases_in_process(cases, choice, config.pg_timeout_s, on_result)
+        results = run_jobs_in_process(jobs, config.pg_timeout_s, on_result)
     else:
-        folder = run_dir / f"{_slug(choice.label)}-tp{tp}"
-        options = LaunchOptions(folder, config.case_timeout_s, config.pg_timeout_s)
-        results = run_cases_multiprocess(cases, choice, tp, options, on_result, log)
-    counts = {s: sum(r.status == s for r in results) for s in ("pass", FAIL, ERROR, NOT_RUN)}
-    summary = ", ".join(f"{n} {s}" for s, n in counts.items() if n)
-    log(f"  tp {tp}: {len(results)} case(s): {summary} ({time.perf_counter() - start:.1f}s)")
+        options = LaunchOptions(run_dir / f"tp{tp}", config.case_timeout_s, config.pg_timeout_s)
+        results = run_jobs_multiprocess(jobs, tp, options, on_result, log)
+    for label in dict.fromkeys(job.choice.label for job in jobs):
+        mine = [r for r in results if r.impl == label]
+        counts = {s: sum(r.status == s for r in mine) for s in ("pass", FAIL, ERROR, NOT_RUN)}
+        summary = ", ".join(f"{n} {s}" for s, n in counts.items() if n)
+        log(f"  tp {tp}, {label}: {len(mine)} case(s): {summary}")
+    log(f"  tp {tp}: {len(results)} job(s) in {time.perf_counter() - start:.1f}s")
     return results
-
-
-def _slug(label: str) -> str:
-    return "".join(ch if ch.isalnum() else "_" for ch in label)[:60]
 
 
 def _shrink_failures(config, choice, results, generated, run_dir, log) -> None:

@@ -15,7 +15,7 @@ from shardspec.conformance import report
 from shardspec.conformance.api import ImplChoice
 from shardspec.conformance.results import CaseResult
 from shardspec.conformance.runner import (
-    Log, RunConfig, collect_cases, make_run_dir, remove_run_dir, run_implementation, tp_sizes_of,
+    Log, RunConfig, cases_of_entry, collect_cases, make_run_dir, remove_run_dir, run_group_size, tp_sizes_of,
 )
 
 
@@ -32,30 +32,61 @@ class ConformanceSession:
             log(f"note: {note}")
         self.tp_sizes = tp_sizes_of(config, self.case_set.cases)
         self.results: dict[str, list[CaseResult]] = {impl: [] for impl in config.impls}
+        self.sizes_run: set[int] = set()
         self.invariants = report.load_invariants()
 
     def label(self, impl: str) -> str:
-        return ImplChoice(impl, self.config.impl_odd).label
+        return ImplChoice.parse(impl).label
+
+    def case_counts(self, impl: str) -> dict[int, int]:
+        """Cases per group size of one entry (0 where the entry does not apply)."""
+        choice = ImplChoice.parse(impl)
+        return {tp: len(cases_of_entry(self.config, choice, self.case_set, tp)) for tp in self.tp_sizes}
+
+    def not_applicable(self, impl: str) -> dict[int, str]:
+        choice = ImplChoice.parse(impl)
+        return {tp: "a mixed group needs an odd rank" for tp in self.tp_sizes if not choice.applies_to(tp)}
 
     def header(self) -> str:
-        counts = {tp: sum(c.tp_size == tp for c in self.case_set.cases) for tp in self.tp_sizes}
-        mode = "in-process (lockstep threads)" if self.config.in_process else "torchrun, one process per rank"
-        return (f"shardspec conformance: implementation(s): {'; '.join(self.label(i) for i in self.config.impls)}\n"
-                f"  mode: {mode}; cases per tp: {counts}; seed {self.config.seed}; run dir {self.run_dir}")
+        mode = "in-process (lockstep threads)" if self.config.in_process else "one process per rank (gloo or NCCL)"
+        lines = [f"shardspec conformance: implementation(s): {', '.join(self.label(i) for i in self.config.impls)}",
+                 f"  mode: {mode}; seed {self.config.seed}; run dir {self.run_dir}"]
+        for impl in self.config.impls:
+            counts = self.case_counts(impl)
+            cells = ", ".join(f"tp {tp}: {'n/a' if tp in self.not_applicable(impl) else n}"
+                              for tp, n in counts.items())
+            lines.append(f"  {self.label(impl)}: cases per tp: {cells}")
+        if any(ImplChoice.parse(i).mixed for i in self.config.impls) and not self.config.selected:
+            lines.append(f"  mixed entries (A/B: even ranks A, odd ranks B) run every fixture and "
+                         f"{self.config.mixed_max_examples} generated case(s) per tp (others "
+                         f"{self.config.max_examples}); tp 1 is not applicable to them")
+        return "\n".join(lines)
 
     def run(self, impl: str, tp_sizes: Optional[list[int]] = None) -> list[CaseResult]:
-        self.log(f"== {self.label(impl)}")
-        results = run_implementation(self.config, impl, self.case_set, self.run_dir, self.log, tp_sizes)
-        self.results[impl].extend(results)
-        return results
+        """The results of entry ``impl`` at ``tp_sizes`` (default: all); every entry runs
+        at a group size the first time any of them is asked for it."""
+        sizes = tp_sizes or self.tp_sizes
+        for tp in sizes:
+            self.run_size(tp)
+        return [r for r in self.results[impl] if r.tp in sizes]
+
+    def run_size(self, tp: int) -> None:
+        if tp in self.sizes_run:
+            return
+        self.sizes_run.add(tp)
+        self.log(f"== tp {tp}: {', '.join(self.label(i) for i in self.config.impls)}")
+        by_entry = run_group_size(self.config, self.config.impls, self.case_set, self.run_dir, self.log, tp)
+        for impl, results in by_entry.items():
+            self.results[impl].extend(results)
 
     def run_all(self) -> None:
         self.log(self.header())
-        for impl in self.config.impls:
-            self.run(impl)
+        for tp in self.tp_sizes:
+            self.run_size(tp)
 
     def sections(self) -> list[report.Section]:
-        return [report.Section(self.label(impl), results, self.tp_sizes)
+        return [report.Section(self.label(impl), sorted(results, key=lambda r: r.tp), self.tp_sizes,
+                               self.not_applicable(impl))
                 for impl, results in self.results.items() if results]
 
     def render(self, xfails: report.Xfails) -> tuple[str, list[list[list[str]]], list[str], int]:
@@ -86,7 +117,8 @@ class ConformanceSession:
         """What fails one implementation at one group size (empty: it conforms there)."""
         from shardspec.conformance.checks.base import GROUP_CHECKERS, RANK_CHECKERS
 
-        section = report.Section(self.label(impl), [r for r in self.results[impl] if r.tp == tp], [tp])
+        section = report.Section(self.label(impl), [r for r in self.results[impl] if r.tp == tp], [tp],
+                                 self.not_applicable(impl))
         levels = {inv.id: inv.level for inv in self.invariants}
         rows = report.table_rows(section, self.invariants, set(RANK_CHECKERS) | set(GROUP_CHECKERS), xfails)
         if not report.failing_invariants(rows):
@@ -124,8 +156,10 @@ class ConformanceSession:
         return "gloo", "cpu"
 
     def _extra(self) -> dict:
-        return {"mode": "in-process" if self.config.in_process else "torchrun",
+        return {"mode": "in-process" if self.config.in_process else "multi-process",
                 "cases": len(self.case_set.cases), "max_examples": self.config.max_examples,
+                "mixed_max_examples": self.config.mixed_max_examples,
+                "cases_per_tp": {self.label(i): self.case_counts(i) for i in self.config.impls},
                 "run_dir": str(self.run_dir)}
 
 

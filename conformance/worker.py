@@ -1,9 +1,9 @@
-"""One rank of a multi-process conformance run (started by torchrun).
+"""One rank of a multi-process conformance run (started by :mod:`.spawn`).
 
 ``python -m shardspec.conformance.worker RUN_DIR LAUNCH_FILE``. Reads the
-cases and the reference expectations from RUN_DIR, runs the cases listed in
-LAUNCH_FILE in order, and appends one JSON line per case to
-``RUN_DIR/<launch>-rank<R>.jsonl``.
+cases, the jobs (an entry and a case each) and the reference expectations
+from RUN_DIR, runs the jobs listed in LAUNCH_FILE in order, and appends one
+JSON line per job to ``RUN_DIR/<launch>-rank<R>.jsonl``.
 
 After an unexpected error the group's collectives are misaligned, so the
 rank writes its record and leaves the launch (the launcher relaunches for
@@ -50,13 +50,13 @@ class Watchdog:
     def __init__(self, timeout_s: float, progress, writer: JsonlWriter, rank: int):
         self.timeout_s, self.progress, self.writer, self.rank = timeout_s, progress, writer, rank
         self._deadline = None
-        self._case_id = None
+        self._job = None
         self._lock = threading.Lock()
         threading.Thread(target=self._watch, daemon=True).start()
 
-    def arm(self, case_id: str) -> None:
+    def arm(self, job: int, case_id: str) -> None:
         with self._lock:
-            self._case_id, self._deadline = case_id, time.monotonic() + self.timeout_s
+            self._job, self._deadline = (job, case_id), time.monotonic() + self.timeout_s
 
     def disarm(self) -> None:
         with self._lock:
@@ -67,11 +67,11 @@ class Watchdog:
             time.sleep(0.2)
             with self._lock:
                 expired = self._deadline is not None and time.monotonic() > self._deadline
-                case_id = self._case_id
+                job, case_id = self._job or (None, None)
             if expired:
                 where = self.progress.where()
                 self.writer.write({
-                    "case_id": case_id, "rank": self.rank, "in_collective": self.progress.collective is not None,
+                    "job": job, "case_id": case_id, "rank": self.rank, "in_collective": self.progress.collective is not None,
                     "timeout": f"rank {self.rank} made no progress for {self.timeout_s:.0f}s in {where}",
                 })
                 os._exit(EXIT_HUNG)
@@ -100,6 +100,20 @@ def _all_aligned(aligned: bool, control) -> bool:
     return int(flag) == 0
 
 
+def preload(argv: list[str]) -> None:
+    """Import what the ranks need, before :mod:`.spawn` forks them: once instead of once per rank."""
+    run_dir, launch_file = pathlib.Path(argv[0]), pathlib.Path(argv[1])
+    import shardspec.conformance.checks  # noqa: F401
+    import shardspec.conformance.execute  # noqa: F401
+    import shardspec.conformance.expectations  # noqa: F401
+    from shardspec.conformance.api import ImplChoice, load_implementation
+
+    jobs = json.loads((run_dir / "jobs.json").read_text())
+    indices = json.loads(launch_file.read_text())["job_indices"]
+    for name in {name for i in indices for name in ImplChoice(jobs[i]["impl"], jobs[i]["impl_odd"]).names()}:
+        load_implementation(name)
+
+
 def main(argv: list[str]) -> int:
     run_dir, launch_file = pathlib.Path(argv[0]), pathlib.Path(argv[1])
     launch = json.loads(launch_file.read_text())
@@ -114,25 +128,31 @@ def main(argv: list[str]) -> int:
     from shardspec.conformance.expectations import load_expectations
     from shardspec.conformance.recording import Progress
 
-    choice = ImplChoice(launch["impl"], launch.get("impl_odd"))
-    impl = load_implementation(choice.for_rank(rank))
+    jobs = json.loads((run_dir / "jobs.json").read_text())
     cases = torch.load(run_dir / "cases.pt", weights_only=False)
     expectations = load_expectations(run_dir / "expectations.pt", device)
     comm = TorchDistComm(dist.group.WORLD)
     progress = Progress()
     watchdog = Watchdog(launch["case_timeout_s"], progress, writer, rank)
+    implementations: dict[str, object] = {}  # loaded once per launch
     writer.write({"event": "ready", "rank": rank, "device": str(device), "backend": dist.get_backend()})
-    for index in launch["case_indices"]:
-        case = cases[index]
-        watchdog.arm(case.case_id)
+    for index in launch["job_indices"]:
+        job = jobs[index]
+        case = cases[job["case"]]
+        name = ImplChoice(job["impl"], job["impl_odd"]).for_rank(rank)
+        if name not in implementations:
+            implementations[name] = load_implementation(name)
+        impl = implementations[name]
+        watchdog.arm(index, case.case_id)
         progress.enter(case_id=case.case_id)
         try:
             record = check_case_on_rank(case, comm, impl.name, impl.factory, expectations[case.case_id],
                                         device, progress)
         except Exception:  # a defect of the suite itself, not of the implementation
-            writer.write({"case_id": case.case_id, "rank": rank, "harness_error": traceback.format_exc()})
+            writer.write({"job": index, "case_id": case.case_id, "rank": rank,
+                          "harness_error": traceback.format_exc()})
             os._exit(0)
-        writer.write(record)
+        writer.write({"job": index, **record})
         if not record["aligned"]:
             # Peers may wait in a collective this rank will never enter: leave
             # without a graceful shutdown, which could itself hang.

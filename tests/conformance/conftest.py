@@ -12,7 +12,7 @@ from harness_cases import PLUGINS
 
 
 def pytest_configure(config):
-    config.addinivalue_line("markers", "slow: launches torchrun (several seconds each)")
+    config.addinivalue_line("markers", "slow: launches rank processes (several seconds each)")
 
 
 @pytest.fixture

@@ -44,6 +44,24 @@ def test_missing_production_is_named(monkeypatch):
 
 
 def test_mixed_choice_assigns_odd_ranks():
-    choice = ImplChoice("reference", "x.y:z")
+    choice = ImplChoice.parse("reference/x.y:z")
+    assert choice == ImplChoice("reference", "x.y:z") and choice.mixed
     assert [choice.for_rank(r) for r in range(4)] == ["reference", "x.y:z", "reference", "x.y:z"]
-    assert choice.cli_args() == ["--impl", "reference", "--impl-odd", "x.y:z"]
+    assert choice.label == "reference/x.y:z"
+    assert choice.cli_args() == ["--impl", "reference/x.y:z"]
+    assert not choice.applies_to(1) and choice.applies_to(2)
+    assert ImplChoice.parse("production").applies_to(1)
+
+
+def test_mixed_entries_and_impl_odd_sugar(monkeypatch):
+    monkeypatch.delenv("SHARDSPEC_IMPL", raising=False)
+    assert implementation_names("reference,production, reference/production") == [
+        "reference", "production", "reference/production"]
+    assert implementation_names("reference,production/reference", impl_odd="x.y:z") == [
+        "reference/x.y:z", "production/reference"]
+
+
+@pytest.mark.parametrize("entry", ["reference/", "a/b/c", "reference/nonsense"])
+def test_malformed_mixed_entries(entry):
+    with pytest.raises(ImplementationError):
+        implementation_names(entry)
