@@ -27,9 +27,11 @@ import torch
 from shardspec.conformance.api import ImplChoice
 from shardspec.conformance.expectations import compute_expectation, rank_device_kind, save_expectations
 from shardspec.conformance.results import CaseResult, combine, not_run
+from shardspec.conformance.spawn import RankServer
 from shardspec.spec.case import Case
 
 STARTUP_S = 90.0  # torch import and rendezvous, generous for 8 ranks on 2 cores
+WORKER = "shardspec.conformance.worker"
 
 
 @dataclass
@@ -75,16 +77,20 @@ def run_jobs_multiprocess(jobs: list[Job], tp: int, options: LaunchOptions,
     breaking = {i for i, job in enumerate(jobs) if _breaks_group(expectations[job.case.case_id])}
     remaining = [i for i in range(len(jobs)) if i not in breaking] + sorted(breaking)
     launches = options.max_relaunches + len(breaking) + 1
-    for launch_number in range(launches):
-        if not remaining:
-            break
-        log(f"  launch {launch_number + 1}: tp {tp}, {len(remaining)} job(s), {_labels(jobs, remaining)}")
-        outcome = _launch(jobs, remaining, tp, options, f"launch{launch_number}", results, on_result, device_kind)
-        remaining = [i for i in remaining if i not in results]
-        if outcome is not None:  # the group never started: relaunching cannot help
-            for index in remaining:
-                results[index] = not_run(jobs[index].case, jobs[index].choice.label, outcome)
-            remaining = []
+    starter = _GroupStarter(run_dir, device_kind)
+    try:
+        for launch_number in range(launches):
+            if not remaining:
+                break
+            log(f"  launch {launch_number + 1}: tp {tp}, {len(remaining)} job(s), {_labels(jobs, remaining)}")
+            outcome = _launch(jobs, remaining, tp, options, f"launch{launch_number}", results, on_result, starter)
+            remaining = [i for i in remaining if i not in results]
+            if outcome is not None:  # the group never started: relaunching cannot help
+                for index in remaining:
+                    results[index] = not_run(jobs[index].case, jobs[index].choice.label, outcome)
+                remaining = []
+    finally:
+        starter.close()
     for index in remaining:
         results[index] = not_run(jobs[index].case, jobs[index].choice.label,
                                  f"not run: {launches - 1} relaunches used up")
@@ -102,32 +108,47 @@ def _breaks_group(expectation) -> bool:
     return not all(out.error is not None and len(out.wire) == len(outs[0].wire) for out in outs)
 
 
-def _launch(jobs, indices, tp, options, name, results, on_result, device_kind) -> Optional[str]:
+class _GroupStarter:
+    """Starts the group of each launch: forks of one rank server on the CPU (a new server after
+    one was killed), fresh processes on GPUs."""
+
+    def __init__(self, run_dir: pathlib.Path, device_kind: str):
+        self.run_dir, self.device_kind = run_dir, device_kind
+        self.server: Optional[RankServer] = None
+
+    def start(self, tp: int, name: str, log_path: pathlib.Path):
+        args = [str(self.run_dir), str(self.run_dir / f"{name}.json")]
+        env = _worker_env(self.device_kind)
+        if self.device_kind != "cpu":
+            with open(log_path, "w") as log_file:
+                return subprocess.Popen([sys.executable, "-m", "shardspec.conformance.spawn", str(tp), WORKER, *args],
+                                        stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True, env=env)
+        if self.server is None or not self.server.alive:
+            self.server = RankServer(WORKER, [str(self.run_dir)], env, self.run_dir / f"server-{name}.log")
+        log_path.write_text("")
+        return self.server.start(tp, args, log_path)
+
+    def close(self) -> None:
+        if self.server is not None:
+            self.server.close()
+
+
+def _launch(jobs, indices, tp, options, name, results, on_result, starter) -> Optional[str]:
     """One launch of the group. Returns a reason when the group never became ready."""
     run_dir = options.run_dir
-    spec = {"job_indices": indices, "device": device_kind,
+    spec = {"job_indices": indices, "device": starter.device_kind,
             "case_timeout_s": options.case_timeout_s, "pg_timeout_s": options.pg_timeout_s}
     (run_dir / f"{name}.json").write_text(json.dumps(spec))
     log_path = run_dir / f"{name}.log"
     limit = STARTUP_S + len(indices) * (options.case_timeout_s + 5.0)
     follower = _Follower(run_dir, name, tp)
-    with open(log_path, "w") as log_file:
-        proc = subprocess.Popen(_launch_command(run_dir, name, tp, device_kind), stdout=log_file,
-                                stderr=subprocess.STDOUT, start_new_session=True,
-                                env=_worker_env(device_kind))
-        ended = _follow(proc, limit, follower, jobs, indices, results, on_result, options.poll_s)
+    proc = starter.start(tp, name, log_path)
+    ended = _follow(proc, limit, follower, jobs, indices, results, on_result, options.poll_s)
     follower.read()
     if not follower.ready:
         return f"the group did not start (exit {proc.returncode}); log {log_path}:\n{_tail(log_path)}"
     _settle_broken_job(jobs, indices, results, follower, ended, on_result)
     return None
-
-
-def _launch_command(run_dir: pathlib.Path, name: str, tp: int, device_kind: str) -> list[str]:
-    # Ranks on the CPU are forks of one process that imported everything once.
-    fork = ["--fork"] if device_kind == "cpu" else []
-    return [sys.executable, "-m", "shardspec.conformance.spawn", str(tp), *fork,
-            "shardspec.conformance.worker", str(run_dir), str(run_dir / f"{name}.json")]
 
 
 def _worker_env(device_kind: str) -> dict[str, str]:

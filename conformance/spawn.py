@@ -1,4 +1,4 @@
-"""``python -m shardspec.conformance.spawn TP [--fork] MODULE ARGS...``: start TP ranks of MODULE.
+"""Starting the ranks of a group: ``python -m shardspec.conformance.spawn TP MODULE ARGS...``.
 
 What the suite needs of ``torchrun --standalone``, at a fraction of its cost
 on a small machine: torchrun imports torch in one more process and runs a
@@ -6,21 +6,25 @@ rendezvous, and every rank imports torch again. This starts the ranks with
 the environment ``torch.distributed``'s ``env://`` initialisation reads and,
 like torchrun, stops the others once a rank exits with a failure.
 
-With ``--fork`` (ranks on the CPU only: CUDA does not survive a fork) the
-imports happen once here: MODULE's ``preload(ARGS)`` runs, then every rank is
-a fork that calls MODULE's ``main(ARGS)``.
+On the CPU, ``--serve MODULE ARGS...`` does better: MODULE's ``preload(ARGS)``
+imports everything once, then every rank of every group is a fork calling
+MODULE's ``main(args)`` (CUDA does not survive a fork: GPUs get processes).
+A group per line read from stdin, see :class:`RankServer`.
 """
 
 from __future__ import annotations
 
 import importlib
+import json
 import os
+import pathlib
 import signal
 import socket
 import subprocess
 import sys
 import time
 import traceback
+from typing import Optional
 
 
 def free_port() -> int:
@@ -41,21 +45,29 @@ def start_processes(world_size: int, module: str, args: list[str], port: int) ->
     return [proc.pid for proc in ranks]
 
 
-def start_forks(world_size: int, module_name: str, args: list[str], port: int) -> list[int]:
+def preloaded(module_name: str, args: list[str]):
     module = importlib.import_module(module_name)
     if hasattr(module, "preload"):
         module.preload(args)
     sys.stdout.flush()
+    return module
+
+
+def fork_group(module, world_size: int, args: list[str], port: int, log_path: Optional[str] = None) -> list[int]:
     pids = []
     for rank in range(world_size):
         pid = os.fork()
         if pid == 0:
-            os._exit(_run_fork(module, args, rank_env(rank, world_size, port)))
+            os._exit(_run_fork(module, args, rank_env(rank, world_size, port), log_path))
         pids.append(pid)
     return pids
 
 
-def _run_fork(module, args: list[str], env: dict[str, str]) -> int:
+def _run_fork(module, args: list[str], env: dict[str, str], log_path: Optional[str]) -> int:
+    if log_path:
+        log = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+        os.dup2(log, 1)
+        os.dup2(log, 2)
     os.environ.update(env)
     try:
         code = module.main(args) or 0
@@ -85,13 +97,77 @@ def wait_all(pids: list[int]) -> int:
     return 0
 
 
+def serve(module_name: str, args: list[str]) -> int:
+    """Fork one group per request line ``{"world_size", "args", "log", "exit"}``; the group's exit
+    status goes to the file ``exit`` (written whole, by a rename)."""
+    module = preloaded(module_name, args)
+    for line in sys.stdin:
+        request = json.loads(line)
+        code = wait_all(fork_group(module, request["world_size"], request["args"], free_port(), request["log"]))
+        partial = request["exit"] + ".partial"
+        pathlib.Path(partial).write_text(str(code))
+        os.replace(partial, request["exit"])
+    return 0
+
+
+class RankServer:
+    """A ``--serve`` process: imports once, then starts a group per :meth:`start` in a fraction of a second."""
+
+    def __init__(self, module: str, args: list[str], env: dict[str, str], log_path: pathlib.Path):
+        with open(log_path, "w") as log:
+            self.proc = subprocess.Popen([sys.executable, "-u", "-m", __name__, "--serve", module, *args],
+                                         stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT, text=True,
+                                         start_new_session=True, env=env)
+
+    @property
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def start(self, world_size: int, args: list[str], log_path: pathlib.Path) -> "ServedGroup":
+        exit_path = log_path.with_suffix(".exit")
+        request = {"world_size": world_size, "args": args, "log": str(log_path), "exit": str(exit_path)}
+        self.proc.stdin.write(json.dumps(request) + "\n")
+        self.proc.stdin.flush()
+        return ServedGroup(self.proc, exit_path)
+
+    def close(self) -> None:
+        if self.alive:
+            self.proc.stdin.close()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+
+
+class ServedGroup:
+    """One group of a :class:`RankServer`, with the part of ``subprocess.Popen`` the launcher uses;
+    killing it (``os.killpg(pid)``) kills the server too."""
+
+    def __init__(self, server: subprocess.Popen, exit_path: pathlib.Path):
+        self.server, self.exit_path, self.pid, self.returncode = server, exit_path, server.pid, None
+
+    def poll(self) -> Optional[int]:
+        if self.returncode is None and self.exit_path.exists():
+            self.returncode = int(self.exit_path.read_text())
+        elif self.returncode is None and self.server.poll() is not None:
+            self.returncode = self.server.returncode
+        return self.returncode
+
+    def wait(self, timeout: Optional[float] = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired("rank server group", timeout)
+            time.sleep(0.05)
+        return self.returncode
+
+
 def main(argv: list[str]) -> int:
-    world_size, rest = int(argv[0]), argv[1:]
-    fork = rest[0] == "--fork"
-    module, args = (rest[1], rest[2:]) if fork else (rest[0], rest[1:])
-    port = free_port()
-    start = start_forks if fork else start_processes
-    return wait_all(start(world_size, module, args, port))
+    if argv[0] == "--serve":
+        return serve(argv[1], argv[2:])
+    world_size, module, args = int(argv[0]), argv[1], argv[2:]
+    return wait_all(start_processes(world_size, module, args, free_port()))
 
 
 if __name__ == "__main__":

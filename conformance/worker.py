@@ -101,16 +101,16 @@ def _all_aligned(aligned: bool, control) -> bool:
 
 
 def preload(argv: list[str]) -> None:
-    """Import what the ranks need, before :mod:`.spawn` forks them: once instead of once per rank."""
-    run_dir, launch_file = pathlib.Path(argv[0]), pathlib.Path(argv[1])
+    """Import what the ranks need (for every job of RUN_DIR), before :mod:`.spawn` forks them:
+    once instead of once per rank."""
+    run_dir = pathlib.Path(argv[0])
     import shardspec.conformance.checks  # noqa: F401
     import shardspec.conformance.execute  # noqa: F401
     import shardspec.conformance.expectations  # noqa: F401
     from shardspec.conformance.api import ImplChoice, load_implementation
 
     jobs = json.loads((run_dir / "jobs.json").read_text())
-    indices = json.loads(launch_file.read_text())["job_indices"]
-    for name in {name for i in indices for name in ImplChoice(jobs[i]["impl"], jobs[i]["impl_odd"]).names()}:
+    for name in {name for job in jobs for name in ImplChoice(job["impl"], job["impl_odd"]).names()}:
         load_implementation(name)
 
 
