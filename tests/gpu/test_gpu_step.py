@@ -81,7 +81,7 @@ def test_whole_step_has_no_device_to_host_sync():
 
 def test_step_replays_from_a_cuda_graph():
     """Fixed shapes, no grammar: shard + all-to-all + gather captured once and replayed."""
-    batch, _, logits_shard = _inputs(300 % 256, seed=3, with_grammar=False)
+    batch, _, logits_shard = _inputs(44, seed=3, with_grammar=False)
     sharder = ProductionSharder(256, 4, comm=LoopbackComm(RANK, TP), device="cuda")
     eager = _step(sharder, batch, None, logits_shard)
     output = eager[2]
