@@ -8,16 +8,17 @@ each rank returned and sent is kept so two runs can be compared field by field.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Callable, Optional
 
 import numpy as np
 import torch
 
 from shardspec.comm import LockstepGroup
-from shardspec.fixtures.run import RecordingComm, RankTrace, local_sampler_output
+from shardspec.fixtures.run import RankTrace, run_rank_step
 from shardspec.impl import ProductionSharder
 from shardspec.reference import ReferenceSharder
-from shardspec.spec.case import Case, CaseInputs, build_case_inputs, local_logits_shard
+from shardspec.spec.case import Case, CaseInputs, build_case_inputs
 
 IMPLS = {"reference": ReferenceSharder, "production": ProductionSharder}
 # Compiled kernels on a GPU; the interpreter on CPU tensors elsewhere (tests/conftest.py).
@@ -34,18 +35,8 @@ def mixed(rank: int) -> str:
 
 
 def _rank_step(comm, case: Case, inputs: CaseInputs, impl_of: Callable[[int], str]) -> RankTrace:
-    recording = RecordingComm(comm)
-    sharder = IMPLS[impl_of(comm.rank)](case.max_num_reqs, case.max_num_logits_per_req, comm=recording,
-                                        device=DEVICE)
-    shard = sharder.shard_sampler_inputs(inputs.batch, inputs.grammar)
-    logits_shard = local_logits_shard(inputs, shard.sorted_logits_indices, case, comm.rank)
-    full = sharder.all_to_all_logits(logits_shard, shard.metadata)
-    local_output = local_sampler_output(case, comm.rank, full, shard)
-    gathered = sharder.gather_sampler_output(
-        local_output, shard.metadata, inputs.batch, shard.local_batch,
-        gather_num_nans=case.gather_num_nans, logprobs_dims=case.logprobs_dims,
-    )
-    return RankTrace(comm.rank, shard, full, local_output, gathered, recording.sends)
+    impl = IMPLS[impl_of(comm.rank)]
+    return run_rank_step(comm, case, inputs, functools.partial(impl, device=DEVICE))
 
 
 def run_case(case: Case, impl_of: Callable[[int], str], inputs: Optional[CaseInputs] = None) -> list[RankTrace]:
