@@ -29,7 +29,7 @@ import torch
 
 from shardspec.comm import Communicator
 from shardspec.reference import preconditions
-from shardspec.reference.plan import build_plan
+from shardspec.reference.plan import ShardPlan, build_plan
 from shardspec.spec.model import (
     BatchShardMetadata,
     GrammarOutput,
@@ -76,7 +76,7 @@ class ReferenceSharder:
             )
             preconditions.check_grammar_output(grammar, batch, rank=self.rank)
         cu_num_logits = np.asarray(batch.cu_num_logits_np, dtype=np.int64)
-        plan = build_plan(batch.idx_mapping_np, cu_num_logits, self.tp_size, self.rank)
+        plan = self.plan(batch)
         local_reqs = plan.local_reqs
         # Owner-sorted logits rows, mapped to the token each one reads.
         sorted_rows = plan.logits_rows_of(plan.owner_sorted_reqs, cu_num_logits)
@@ -94,6 +94,11 @@ class ReferenceSharder:
         )
         local_grammar = _local_grammar_output(grammar, batch, local_reqs, cu_num_logits)
         return ShardResult(local_batch, sorted_logits_indices, local_grammar, metadata)
+
+    def plan(self, batch: InputBatch) -> ShardPlan:
+        """This rank's plan: a pure function of the replicated host copies."""
+        cu_num_logits = np.asarray(batch.cu_num_logits_np, dtype=np.int64)
+        return build_plan(batch.idx_mapping_np, cu_num_logits, self.tp_size, self.rank)
 
     def _local_batch(self, batch, plan, local_reqs, cu_num_logits, logits_indices) -> InputBatch:
         device = self.device

@@ -7,13 +7,14 @@ from dataclasses import replace
 import numpy as np
 import torch
 
-from shardspec.conformance.broken.support import MisreportingSharder, PlannedSharder
+from shardspec.conformance.broken.support import MisreportingSharder
+from shardspec.reference import ReferenceSharder
 from shardspec.reference.plan import build_plan
 from shardspec.spec.model import GrammarOutput
 
 
 # -- ownership and order -------------------------------------------------------
-class OwnerBySlotDivision(PlannedSharder):
+class OwnerBySlotDivision(ReferenceSharder):
     """INV-OWNER: owner = (slot // tp) mod tp instead of slot mod tp."""
 
     def plan(self, batch):
@@ -21,7 +22,7 @@ class OwnerBySlotDivision(PlannedSharder):
         return build_plan(slots, np.asarray(batch.cu_num_logits_np, np.int64), self.tp_size, self.rank)
 
 
-class UnstableOwnerSort(PlannedSharder):
+class UnstableOwnerSort(ReferenceSharder):
     """INV-SORTED-LOGITS-INDICES: requests of one owner in reverse batch order (not a stable sort)."""
 
     def plan(self, batch):
@@ -30,7 +31,7 @@ class UnstableOwnerSort(PlannedSharder):
         return replace(plan, owner_sorted_reqs=order)
 
 
-class SourceIndicesReversed(PlannedSharder):
+class SourceIndicesReversed(ReferenceSharder):
     """INV-GATHERED-SRC-INDICES: index within owner counted from the owner's last request."""
 
     def plan(self, batch):
@@ -58,7 +59,7 @@ class SplitsCountRequests(MisreportingSharder):
                                                 num_local_logits=counts[self.rank]))
 
 
-class EmptyBatchZeroReqsPerRank(PlannedSharder):
+class EmptyBatchZeroReqsPerRank(ReferenceSharder):
     """INV-META-SCALARS: an empty batch gets max_num_reqs_per_rank 0 instead of 1."""
 
     def plan(self, batch):

@@ -1,50 +1,12 @@
-"""Building blocks for the broken sharders: a plan override and a misreporting shard step."""
+"""Building block for broken sharders whose shard result misreports a correct step."""
 
 from __future__ import annotations
 
 from dataclasses import replace
 from typing import Optional
 
-import numpy as np
-import torch
-
-from shardspec.reference import ReferenceSharder, preconditions
-from shardspec.reference.plan import ShardPlan, build_plan
-from shardspec.reference.sharder import _local_grammar_output
-from shardspec.spec.model import BatchShardMetadata, GrammarOutput, InputBatch, ShardResult
-
-
-class PlannedSharder(ReferenceSharder):
-    """The reference shard step driven by a plan that :meth:`plan` may alter."""
-
-    def plan(self, batch: InputBatch) -> ShardPlan:
-        return build_plan(batch.idx_mapping_np, np.asarray(batch.cu_num_logits_np, np.int64), self.tp_size, self.rank)
-
-    def shard_sampler_inputs(self, batch: InputBatch, grammar: Optional[GrammarOutput]) -> ShardResult:
-        if self.check_preconditions:
-            preconditions.check_input_batch(batch, max_num_reqs=self.max_num_reqs,
-                                            max_num_logits_per_req=self.max_num_logits_per_req, rank=self.rank)
-            preconditions.check_grammar_output(grammar, batch, rank=self.rank)
-        cu = np.asarray(batch.cu_num_logits_np, dtype=np.int64)
-        plan = self.plan(batch)
-        logits_indices = batch.logits_indices.to(self.device, torch.int64)
-        sorted_rows = torch.from_numpy(plan.logits_rows_of(plan.owner_sorted_reqs, cu)).to(self.device)
-        local_reqs = plan.local_reqs
-        metadata = BatchShardMetadata(
-            tp_size=self.tp_size,
-            num_logits_per_rank=[int(n) for n in plan.num_logits_per_rank],
-            num_local_logits=int(plan.num_logits_per_rank[self.rank]),
-            num_local_reqs=int(local_reqs.shape[0]),
-            max_num_reqs_per_rank=plan.max_num_reqs_per_rank,
-            gathered_src_indices=torch.from_numpy(plan.gathered_src_indices.astype(np.int64)).to(self.device),
-            max_num_logits_per_req=plan.max_num_logits_per_req,
-        )
-        return ShardResult(
-            self._local_batch(batch, plan, local_reqs, cu, logits_indices),
-            logits_indices[sorted_rows],
-            _local_grammar_output(grammar, batch, local_reqs, cu),
-            metadata,
-        )
+from shardspec.reference import ReferenceSharder
+from shardspec.spec.model import GrammarOutput, InputBatch, ShardResult
 
 
 class MisreportingSharder(ReferenceSharder):
