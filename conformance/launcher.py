@@ -12,6 +12,7 @@ or died) for the jobs not yet run.
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import pathlib
@@ -78,19 +79,16 @@ def run_jobs_multiprocess(jobs: list[Job], tp: int, options: LaunchOptions,
     remaining = [i for i in range(len(jobs)) if i not in breaking] + sorted(breaking)
     launches = options.max_relaunches + len(breaking) + 1
     starter = _GroupStarter(run_dir, device_kind)
-    try:
-        for launch_number in range(launches):
-            if not remaining:
-                break
-            log(f"  launch {launch_number + 1}: tp {tp}, {len(remaining)} job(s), {_labels(jobs, remaining)}")
-            outcome = _launch(jobs, remaining, tp, options, f"launch{launch_number}", results, on_result, starter)
-            remaining = [i for i in remaining if i not in results]
-            if outcome is not None:  # the group never started: relaunching cannot help
-                for index in remaining:
-                    results[index] = not_run(jobs[index].case, jobs[index].choice.label, outcome)
-                remaining = []
-    finally:
-        starter.close()
+    for launch_number in range(launches):
+        if not remaining:
+            break
+        log(f"  launch {launch_number + 1}: tp {tp}, {len(remaining)} job(s), {_labels(jobs, remaining)}")
+        outcome = _launch(jobs, remaining, tp, options, f"launch{launch_number}", results, on_result, starter)
+        remaining = [i for i in remaining if i not in results]
+        if outcome is not None:  # the group never started: relaunching cannot help
+            for index in remaining:
+                results[index] = not_run(jobs[index].case, jobs[index].choice.label, outcome)
+            remaining = []
     for index in remaining:
         results[index] = not_run(jobs[index].case, jobs[index].choice.label,
                                  f"not run: {launches - 1} relaunches used up")
@@ -108,13 +106,25 @@ def _breaks_group(expectation) -> bool:
     return not all(out.error is not None and len(out.wire) == len(outs[0].wire) for out in outs)
 
 
+_SERVER: Optional[RankServer] = None  # shared by the launches of this process, while its environment holds
+
+
+def _rank_server(env: dict[str, str], run_dir: pathlib.Path, name: str) -> RankServer:
+    global _SERVER
+    if _SERVER is None or not _SERVER.alive or _SERVER.env != env:
+        if _SERVER is not None:
+            _SERVER.close()
+        _SERVER = RankServer(WORKER, [str(run_dir)], env, run_dir / f"server-{name}.log")
+        atexit.register(_SERVER.close)
+    return _SERVER
+
+
 class _GroupStarter:
     """Starts the group of each launch: forks of one rank server on the CPU (a new server after
     one was killed), fresh processes on GPUs."""
 
     def __init__(self, run_dir: pathlib.Path, device_kind: str):
         self.run_dir, self.device_kind = run_dir, device_kind
-        self.server: Optional[RankServer] = None
 
     def start(self, tp: int, name: str, log_path: pathlib.Path):
         args = [str(self.run_dir), str(self.run_dir / f"{name}.json")]
@@ -123,14 +133,8 @@ class _GroupStarter:
             with open(log_path, "w") as log_file:
                 return subprocess.Popen([sys.executable, "-m", "shardspec.conformance.spawn", str(tp), WORKER, *args],
                                         stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True, env=env)
-        if self.server is None or not self.server.alive:
-            self.server = RankServer(WORKER, [str(self.run_dir)], env, self.run_dir / f"server-{name}.log")
         log_path.write_text("")
-        return self.server.start(tp, args, log_path)
-
-    def close(self) -> None:
-        if self.server is not None:
-            self.server.close()
+        return _rank_server(env, self.run_dir, name).start(tp, args, log_path)
 
 
 def _launch(jobs, indices, tp, options, name, results, on_result, starter) -> Optional[str]:

@@ -114,6 +114,7 @@ class RankServer:
     """A ``--serve`` process: imports once, then starts a group per :meth:`start` in a fraction of a second."""
 
     def __init__(self, module: str, args: list[str], env: dict[str, str], log_path: pathlib.Path):
+        self.env = env
         with open(log_path, "w") as log:
             self.proc = subprocess.Popen([sys.executable, "-u", "-m", __name__, "--serve", module, *args],
                                          stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT, text=True,
