@@ -1,7 +1,7 @@
 """Sessions of shardspec.
 
     nox -s conformance        # the main job: check implementations against the spec
-    SHARDSPEC_QUICK=1 nox -s conformance   # the quick profile (about a minute)
+    SHARDSPEC_QUICK=1 nox -s conformance   # the quick profile (under a minute)
     nox -s tests              # shardspec's own tests
     nox -s fixtures [-- --check]
     nox -s spec [-- --check]  # render spec/SPEC.md

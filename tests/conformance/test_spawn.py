@@ -1,0 +1,42 @@
+"""Starting groups of ranks: the rank server forks every group from one preloaded process."""
+
+import json
+import os
+
+from shardspec.conformance.spawn import RankServer
+
+
+def _server(tmp_path):
+    return RankServer("rank_probe", [], dict(os.environ), tmp_path / "server.log")
+
+
+def _ranks(folder, world_size):
+    return [json.loads((folder / f"rank{r}.json").read_text()) for r in range(world_size)]
+
+
+def test_groups_of_any_size_are_forked_from_one_preloaded_server(tmp_path, plugins_on_path):
+    server = _server(tmp_path)
+    try:
+        for world_size in (3, 2):
+            folder = tmp_path / f"group{world_size}"
+            folder.mkdir()
+            group = server.start(world_size, [str(folder), "-1"], tmp_path / f"group{world_size}.log")
+            assert group.wait(timeout=60) == 0
+            ranks = _ranks(folder, world_size)
+            assert [int(r["RANK"]) for r in ranks] == list(range(world_size))
+            assert {r["WORLD_SIZE"] for r in ranks} == {str(world_size)}
+            assert len({r["MASTER_PORT"] for r in ranks}) == 1
+            assert {tuple(r["preloaded_by"]) for r in ranks} == {(server.proc.pid,)}
+    finally:
+        server.close()
+    assert not server.alive
+
+
+def test_a_failing_rank_stops_its_peers_and_gives_the_status(tmp_path, plugins_on_path):
+    server = _server(tmp_path)
+    try:
+        group = server.start(3, [str(tmp_path), "1"], tmp_path / "group.log")
+        assert group.wait(timeout=20) == 3  # the peers sleep 30 s unless stopped
+        assert server.alive  # ready for the next launch
+    finally:
+        server.close()
