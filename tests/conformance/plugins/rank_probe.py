@@ -29,3 +29,9 @@ def main(args):
     if failing_rank >= 0:
         time.sleep(30)
     return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(main(sys.argv[1:]))
