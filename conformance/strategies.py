@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import HealthCheck, Phase, Verbosity, given, settings
 from hypothesis import seed as hypothesis_seed
 from hypothesis import strategies as st
 
@@ -103,18 +103,30 @@ def _rank_output(draw, case: Case, owned: list[int], agreed_cols: Optional[int])
     return out
 
 
+class _Enough(Exception):
+    """Ends the drawing once ``count`` distinct cases are in: the rest of the budget would only be
+    drawn and thrown away (most of the cost of generating)."""
+
+
 def generate_cases(tp_size: int, count: int, seed: int) -> list[Case]:
     """``count`` distinct cases for ``tp_size`` (fewer only if hypothesis runs dry), the same for the same seed."""
     drawn: dict[str, Case] = {}
 
+    # The budget stays count * 3 even though drawing stops early: hypothesis
+    # adapts what it draws to the budget, and the cases must not change.
     @settings(max_examples=count * 3, database=None, deadline=None, phases=[Phase.generate],
-              suppress_health_check=list(HealthCheck))
+              suppress_health_check=list(HealthCheck), verbosity=Verbosity.quiet)
     @given(cases(tp_size))
     def collect(case: Case) -> None:
         if len(drawn) < count:
             drawn.setdefault(repr(case), case)
+        if len(drawn) >= count:
+            raise _Enough
 
-    hypothesis_seed(seed + tp_size)(collect)()
+    try:
+        hypothesis_seed(seed + tp_size)(collect)()
+    except _Enough:
+        pass
     unique = list(drawn.values())
     for number, case in enumerate(unique):
         case.case_id = f"gen-tp{tp_size}-s{seed}-{number:03d}"
