@@ -59,6 +59,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="process-group timeout in seconds (default: --timeout)")
     parser.add_argument("--in-process", action="store_true",
                         help="all ranks as threads of this process (pure-torch or interpreted Triton only)")
+    parser.add_argument("--launcher", choices=["auto", "torchrun", "fork"],
+                        default=os.environ.get("SHARDSPEC_LAUNCHER", "auto"),
+                        help="how rank processes start: torchrun, fork of one preloaded process (CPU only), "
+                             "or auto: fork on the CPU, torchrun on GPUs (default)")
     parser.add_argument("--run-dir", type=pathlib.Path, help="keep the run's files here")
     parser.add_argument("--no-shrink", action="store_true", help="do not shrink failing generated cases")
     parser.add_argument("-v", "--verbose", action="store_true", help="one line per case")
@@ -82,7 +86,8 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
         impls=implementation_names(args.impl, args.impl_odd), tp_sizes=tp_sizes, seed=args.seed,
         max_examples=max_examples, mixed_max_examples=mixed_max_examples, fixtures_only=args.fixtures_only, case_ids=args.case,
         case_files=args.case_file, case_timeout_s=args.timeout,
-        pg_timeout_s=args.pg_timeout or args.timeout, in_process=args.in_process, run_dir=args.run_dir,
+        pg_timeout_s=args.pg_timeout or args.timeout, in_process=args.in_process, launcher=args.launcher,
+        run_dir=args.run_dir,
         shrink=not args.no_shrink, verbose=args.verbose,
     )
 

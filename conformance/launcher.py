@@ -42,6 +42,7 @@ class LaunchOptions:
     pg_timeout_s: float = 60.0
     max_relaunches: int = 5  # besides one launch per job known to end a launch
     poll_s: float = 0.3
+    launcher: str = "auto"  # "torchrun" | "fork" | "auto" (see RunConfig.launcher)
 
 
 @dataclass(frozen=True)
@@ -78,7 +79,7 @@ def run_jobs_multiprocess(jobs: list[Job], tp: int, options: LaunchOptions,
     breaking = {i for i, job in enumerate(jobs) if _breaks_group(expectations[job.case.case_id])}
     remaining = [i for i in range(len(jobs)) if i not in breaking] + sorted(breaking)
     launches = options.max_relaunches + len(breaking) + 1
-    starter = _GroupStarter(run_dir, device_kind)
+    starter = _GroupStarter(run_dir, device_kind, options.launcher)
     for launch_number in range(launches):
         if not remaining:
             break
@@ -120,21 +121,30 @@ def _rank_server(env: dict[str, str], run_dir: pathlib.Path, name: str) -> RankS
 
 
 class _GroupStarter:
-    """Starts the group of each launch: forks of one rank server on the CPU (a new server after
-    one was killed), fresh processes on GPUs."""
+    """Starts the group of each launch: ``torchrun --standalone``, or forks of one preloaded rank
+    server on the CPU (a new server after one was killed). CUDA does not survive a fork, so ranks
+    on GPUs always get fresh processes."""
 
-    def __init__(self, run_dir: pathlib.Path, device_kind: str):
+    def __init__(self, run_dir: pathlib.Path, device_kind: str, launcher: str = "auto"):
+        if launcher not in ("auto", "torchrun", "fork"):
+            raise ValueError(f"launcher {launcher!r}: expected auto, torchrun or fork")
         self.run_dir, self.device_kind = run_dir, device_kind
+        self.use_torchrun = launcher == "torchrun" or (launcher == "auto" and device_kind != "cpu")
 
     def start(self, tp: int, name: str, log_path: pathlib.Path):
         args = [str(self.run_dir), str(self.run_dir / f"{name}.json")]
         env = _worker_env(self.device_kind)
-        if self.device_kind != "cpu":
-            with open(log_path, "w") as log_file:
-                return subprocess.Popen([sys.executable, "-m", "shardspec.conformance.spawn", str(tp), WORKER, *args],
-                                        stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True, env=env)
-        log_path.write_text("")
-        return _rank_server(env, self.run_dir, name).start(tp, args, log_path)
+        if self.use_torchrun:
+            command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--max-restarts", "0",
+                       "--nproc-per-node", str(tp), "-m", WORKER, *args]
+        elif self.device_kind != "cpu":
+            command = [sys.executable, "-m", "shardspec.conformance.spawn", str(tp), WORKER, *args]
+        else:
+            log_path.write_text("")
+            return _rank_server(env, self.run_dir, name).start(tp, args, log_path)
+        with open(log_path, "w") as log_file:
+            return subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True,
+                                    env=env)
 
 
 def _launch(jobs, indices, tp, options, name, results, on_result, starter) -> Optional[str]:

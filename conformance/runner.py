@@ -34,6 +34,9 @@ class RunConfig:
     case_timeout_s: float = 60.0
     pg_timeout_s: float = 60.0
     in_process: bool = False
+    # How rank processes start: "torchrun", "fork" (CPU only), or "auto"
+    # (fork on the CPU, where starting ranks dominates; torchrun on GPUs).
+    launcher: str = "auto"
     run_dir: Optional[pathlib.Path] = None
     shrink: bool = True
     max_shrinks: int = 3  # kinds of failure whose generated cases are shrunk, per implementation
@@ -163,7 +166,8 @@ def _run_jobs(config, tp, jobs, run_dir, log) -> list[CaseResult]:
 
         results = run_jobs_in_process(jobs, config.pg_timeout_s, on_result)
     else:
-        options = LaunchOptions(run_dir / f"tp{tp}", config.case_timeout_s, config.pg_timeout_s)
+        options = LaunchOptions(run_dir / f"tp{tp}", config.case_timeout_s, config.pg_timeout_s,
+                                launcher=config.launcher)
         results = run_jobs_multiprocess(jobs, tp, options, on_result, log)
     for label in dict.fromkeys(job.choice.label for job in jobs):
         mine = [r for r in results if r.impl == label]

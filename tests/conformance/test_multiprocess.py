@@ -61,3 +61,12 @@ def test_example_adapter_passes_alone_and_mixed_with_the_reference(tmp_path):
     assert report["metadata"]["implementations"] == [adapter, f"{adapter}/reference"]
     assert {c["status"] for c in report["sections"][1]["cases"]} == {"pass"}
     assert {c["status"] for c in report["sections"][0]["cases"]} == {"pass"}
+
+
+def test_torchrun_launcher_reports_a_raising_rank_and_goes_on(tmp_path):
+    proc, report = _suite(tmp_path, 2, "--impl", "faulty_sharders:RaisingSharder", "--launcher", "torchrun")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    cases = _cases(report)
+    assert cases["small-tp2-2"]["status"] == "pass" and cases["small-tp2-4"]["status"] == "pass"
+    first = cases["small-tp2-3"]["errors"][0]
+    assert (first["rank"], first["kind"], first["step"]) == (1, "raised", "gather")
