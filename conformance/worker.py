@@ -50,6 +50,7 @@ class Watchdog:
     def __init__(self, timeout_s: float, progress, writer: JsonlWriter, rank: int):
         self.timeout_s, self.progress, self.writer, self.rank = timeout_s, progress, writer, rank
         self._deadline = None
+        self._extended = False
         self._job = None
         self._lock = threading.Lock()
         threading.Thread(target=self._watch, daemon=True).start()
@@ -57,6 +58,10 @@ class Watchdog:
     def arm(self, job: int, case_id: str) -> None:
         with self._lock:
             self._job, self._deadline = (job, case_id), time.monotonic() + self.timeout_s
+            self._extended = False
+
+    def _waiting_for_peers(self) -> bool:
+        return self.progress.collective is not None or self.progress.step is None
 
     def disarm(self) -> None:
         with self._lock:
@@ -68,6 +73,11 @@ class Watchdog:
             with self._lock:
                 expired = self._deadline is not None and time.monotonic() > self._deadline
                 job, case_id = self._job or (None, None)
+                if expired and self._waiting_for_peers() and not self._extended:
+                    # Every rank armed at the same moment: let a rank that is stuck in its
+                    # own code report first, rather than a peer that only waits for it.
+                    self._deadline += max(2.0, self.timeout_s / 2)
+                    self._extended, expired = True, False
             if expired:
                 where = self.progress.where()
                 self.writer.write({
