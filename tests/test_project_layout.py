@@ -41,21 +41,20 @@ def _imported_modules(path: pathlib.Path):
             yield node.module
 
 
-def test_impl_imports_neither_reference_nor_conformance():
-    offenders = [
+def _forbidden_imports(folder: str, forbidden: tuple[str, ...]) -> list[str]:
+    return [
         f"{path.relative_to(ROOT)} imports {module}"
-        for path in (ROOT / "impl").rglob("*.py")
+        for path in (ROOT / folder).rglob("*.py")
         for module in _imported_modules(path)
-        if module.startswith(("shardspec.reference", "shardspec.conformance"))
+        if module.startswith(forbidden)
     ]
+
+
+def test_impl_imports_neither_reference_nor_conformance():
+    offenders = _forbidden_imports("impl", ("shardspec.reference", "shardspec.conformance"))
     assert not offenders, offenders
 
 
 def test_reference_does_not_import_conformance_or_impl():
-    offenders = [
-        f"{path.relative_to(ROOT)} imports {module}"
-        for path in (ROOT / "reference").rglob("*.py")
-        for module in _imported_modules(path)
-        if module.startswith(("shardspec.conformance", "shardspec.impl"))
-    ]
+    offenders = _forbidden_imports("reference", ("shardspec.conformance", "shardspec.impl"))
     assert not offenders, offenders
