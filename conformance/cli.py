@@ -59,6 +59,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="process-group timeout in seconds (default: --timeout)")
     parser.add_argument("--in-process", action="store_true",
                         help="all ranks as threads of this process (pure-torch or interpreted Triton only)")
+    parser.add_argument("--in-process-device", choices=["auto", "cpu", "cuda"],
+                        default=os.environ.get("SHARDSPEC_IN_PROCESS_DEVICE", "auto"),
+                        help="where in-process runs (and shrinking) put the ranks: cuda (one GPU, ranks take "
+                             "turns, compiled kernels), cpu, or auto: cuda where there is a GPU (default)")
     parser.add_argument("--launcher", choices=["auto", "torchrun", "fork"],
                         default=os.environ.get("SHARDSPEC_LAUNCHER", "auto"),
                         help="how rank processes start: torchrun, fork of one preloaded process (CPU only), "
@@ -97,6 +101,9 @@ def main(argv: Optional[list[str]] = None) -> int:
         os.environ.setdefault("TRITON_INTERPRET", "1")  # before any Triton kernel is defined
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.in_process_device == "cuda" and not torch.cuda.is_available():
+        parser.error("--in-process-device cuda: no CUDA device is available")
+    os.environ["SHARDSPEC_IN_PROCESS_DEVICE"] = args.in_process_device  # read by the in-process runner
     try:
         config = config_from_args(args)
     except (ImplementationError, ValueError) as exc:

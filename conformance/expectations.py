@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import os
 from dataclasses import dataclass, replace
 from typing import Any, Optional
 
@@ -60,8 +61,16 @@ _CACHE: dict[str, Expectation] = {}
 
 
 def expectation_device() -> str:
-    """The default device of :func:`compute_expectation`: in-process runs keep every rank on the CPU."""
-    return "cpu"
+    """Where in-process runs put every rank, and so the default device of :func:`compute_expectation`.
+
+    ``SHARDSPEC_IN_PROCESS_DEVICE`` (set by ``--in-process-device``): ``cpu``, ``cuda`` (all ranks
+    on the current GPU, taking turns, so compiled kernels run), or ``auto`` (default): cuda where
+    there is a GPU, since compiled Triton kernels cannot read CPU tensors.
+    """
+    choice = os.environ.get("SHARDSPEC_IN_PROCESS_DEVICE", "auto")
+    if choice == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return choice
 
 
 def compute_expectation(case: Case, timeout_s: float = 60.0, device: Optional[str] = None) -> Expectation:

@@ -13,6 +13,7 @@ from typing import Optional
 
 from shardspec.conformance import report
 from shardspec.conformance.api import ImplChoice
+from shardspec.conformance.expectations import expectation_device
 from shardspec.conformance.results import CaseResult
 from shardspec.conformance.runner import (
     Log, RunConfig, cases_of_entry, collect_cases, make_run_dir, remove_run_dir, run_group_size, tp_sizes_of,
@@ -48,7 +49,8 @@ class ConformanceSession:
         return {tp: "a mixed group needs an odd rank" for tp in self.tp_sizes if not choice.applies_to(tp)}
 
     def header(self) -> str:
-        mode = "in-process (lockstep threads)" if self.config.in_process else "one process per rank (gloo or NCCL)"
+        mode = (f"in-process (lockstep threads on {expectation_device()})" if self.config.in_process
+                else "one process per rank (gloo or NCCL)")
         lines = [f"shardspec conformance: implementation(s): {', '.join(self.label(i) for i in self.config.impls)}",
                  f"  mode: {mode}; seed {self.config.seed}; run dir {self.run_dir}"]
         for impl in self.config.impls:
@@ -148,7 +150,8 @@ class ConformanceSession:
         import torch
 
         if self.config.in_process:
-            return "lockstep threads", "cpu"
+            device = expectation_device()
+            return "lockstep threads", torch.cuda.get_device_name(0) if device == "cuda" else device
         if torch.cuda.is_available():
             gpus = torch.cuda.device_count()
             return (f"nccl where tp <= {gpus} GPUs, else gloo on the CPU",

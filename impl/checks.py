@@ -36,9 +36,9 @@ def check_capacity_reqs(num_reqs: int, max_num_reqs: int, rank) -> None:
               f"{num_reqs} requests exceed the sharder's capacity max_num_reqs={max_num_reqs}", rank=rank)
 
 
-def check_capacity_logits(counts: np.ndarray, max_num_logits_per_req: int, rank) -> None:
-    """Always on, like :func:`check_capacity_reqs`."""
-    if counts.shape[0] and np.maximum.reduce(counts) > max_num_logits_per_req:
+def check_capacity_logits(width: int, counts: np.ndarray, max_num_logits_per_req: int, rank) -> None:
+    """Always on, like :func:`check_capacity_reqs`; ``width`` is the largest count."""
+    if width > max_num_logits_per_req:
         bad = _first(counts > max_num_logits_per_req)
         _fail("PRE-CAPACITY-LOGITS", "cu_num_logits",
               f"request has {counts[bad]} logits rows, more than the sharder's capacity "
@@ -46,19 +46,29 @@ def check_capacity_logits(counts: np.ndarray, max_num_logits_per_req: int, rank)
 
 
 def cu_counts(batch: InputBatch, rank) -> tuple[np.ndarray, np.ndarray]:
-    """(cu_num_logits_np as int64, n_i per request); PRE-CU-LOGITS on the way."""
-    cu = np.asarray(batch.cu_num_logits_np)
+    """(cu_num_logits_np, n_i per request); PRE-CU-LOGITS on the way."""
+    cu = batch.cu_num_logits_np
     if cu.shape != (batch.num_reqs + 1,):
         _fail("PRE-CU-LOGITS", "cu_num_logits_np", f"shape {cu.shape}, expected ({batch.num_reqs + 1},)", rank=rank)
     if cu[0] != 0:
         _fail("PRE-CU-LOGITS", "cu_num_logits_np", f"starts at {int(cu[0])}, not 0", rank=rank)
-    cu = cu.astype(np.int64, copy=False)
-    return cu, cu[1:] - cu[:-1]
+    return cu, np.subtract(cu[1:], cu[:-1])
+
+
+def largest_count(counts: np.ndarray, num_logits: int) -> int:
+    """The agreed width W: the largest n_i, or 1 for an empty batch.
+
+    Where every n_i >= 1 (checked, or promised by the caller), n_i summing to N means all are 1,
+    which spares the reduction in the common one-row-per-request step.
+    """
+    if num_logits == counts.shape[0]:
+        return 1
+    return int(np.maximum.reduce(counts))
 
 
 def check_input_batch(batch: InputBatch, *, max_num_reqs: int, max_num_logits_per_req: int,
-                      rank=None) -> tuple[np.ndarray, np.ndarray]:
-    """Every host-side check of the batch; returns :func:`cu_counts`."""
+                      rank=None) -> tuple[np.ndarray, np.ndarray, int]:
+    """Every host-side check of the batch; returns :func:`cu_counts` and the width W."""
     num_reqs = batch.num_reqs
     slots = batch.idx_mapping_np
     if len(batch.req_ids) != num_reqs or slots.shape != (num_reqs,):
@@ -71,29 +81,39 @@ def check_input_batch(batch: InputBatch, *, max_num_reqs: int, max_num_logits_pe
         bad = _first(counts < 1)
         _fail("PRE-LOGITS-PER-REQ", "cu_num_logits",
               f"request has {counts[bad]} logits rows; at least 1 is required", request=bad, rank=rank)
-    check_capacity_logits(counts, max_num_logits_per_req, rank)
+    num_logits = int(cu[-1])
+    width = largest_count(counts, num_logits)
+    check_capacity_logits(width, counts, max_num_logits_per_req, rank)
     if batch.cu_num_logits.dtype not in _INT_DTYPES:
         _fail("PRE-DTYPES", "cu_num_logits", f"dtype {batch.cu_num_logits.dtype} is not int32/int64", rank=rank)
     if batch.cu_num_logits.shape != cu.shape:
         _fail("PRE-HOST-DEVICE-MATCH", "cu_num_logits", "device copy differs in shape from cu_num_logits_np",
               rank=rank)
-    _check_shapes(batch, int(cu[-1]), rank)
-    _check_drafts(batch, counts, rank)
-    return cu, counts
+    _check_shapes(batch, num_logits, rank)
+    _check_drafts(batch, counts, width, rank)
+    return cu, counts, width
 
 
 def _check_slots(batch: InputBatch, max_num_reqs: int, rank) -> None:
     slots = batch.idx_mapping_np
     if slots.dtype.kind not in "iu":
         _fail("PRE-DTYPES", "idx_mapping_np", f"dtype {slots.dtype} is not an integer type", rank=rank)
-    if slots.shape[0] and (np.minimum.reduce(slots) < 0 or np.maximum.reduce(slots) >= max_num_reqs):
-        bad = _first((slots < 0) | (slots >= max_num_reqs))
-        _fail("PRE-SLOT-RANGE", "idx_mapping", f"slot {slots[bad]} is outside [0, {max_num_reqs})",
-              request=bad, rank=rank)
-    if slots.shape[0] and np.maximum.reduce(np.bincount(slots, minlength=max_num_reqs)) > 1:
-        _, first_seen = np.unique(slots, return_index=True)
-        repeated = np.setdiff1d(np.arange(slots.shape[0]), first_seen)
-        _fail("PRE-SLOT-UNIQUE", "idx_mapping", "two requests share a slot", request=int(repeated.min()), rank=rank)
+    if slots.shape[0]:
+        # One histogram answers both questions: bincount rejects a negative slot, grows past
+        # max_num_reqs for a slot too large, and counts 2 for a shared one.
+        try:
+            histogram = np.bincount(slots.astype(np.intp, copy=False), minlength=max_num_reqs)
+        except ValueError:
+            histogram = None
+        if histogram is None or histogram.shape[0] > max_num_reqs:
+            bad = _first((slots < 0) | (slots >= max_num_reqs))
+            _fail("PRE-SLOT-RANGE", "idx_mapping", f"slot {slots[bad]} is outside [0, {max_num_reqs})",
+                  request=bad, rank=rank)
+        if np.maximum.reduce(histogram) > 1:
+            _, first_seen = np.unique(slots, return_index=True)
+            repeated = np.setdiff1d(np.arange(slots.shape[0]), first_seen)
+            _fail("PRE-SLOT-UNIQUE", "idx_mapping", "two requests share a slot", request=int(repeated.min()),
+                  rank=rank)
     if batch.idx_mapping.dtype not in _INT_DTYPES:
         _fail("PRE-DTYPES", "idx_mapping", f"dtype {batch.idx_mapping.dtype} is not int32/int64", rank=rank)
     if batch.idx_mapping.shape != slots.shape:
@@ -106,18 +126,17 @@ def _check_shapes(batch: InputBatch, num_logits: int, rank) -> None:
     if batch.query_start_loc.shape != (num_reqs + 1,):
         _fail("PRE-QUERY-START-LOC", "query_start_loc",
               f"shape {tuple(batch.query_start_loc.shape)} is not ({num_reqs + 1},)", rank=rank)
-    expected = {"seq_lens": (num_reqs,), "logits_indices": (num_logits,), "expanded_idx_mapping": (num_logits,),
-                "expanded_local_pos": (num_logits,)}
-    for name, shape in expected.items():
+    for name, length in (("seq_lens", num_reqs), ("logits_indices", num_logits),
+                         ("expanded_idx_mapping", num_logits), ("expanded_local_pos", num_logits)):
         actual = getattr(batch, name).shape
-        if actual != shape:
-            _fail("PRE-FIELD-SHAPES", name, f"shape {tuple(actual)}, expected {shape}", rank=rank)
+        if actual != (length,):
+            _fail("PRE-FIELD-SHAPES", name, f"shape {tuple(actual)}, expected ({length},)", rank=rank)
 
 
-def _check_drafts(batch: InputBatch, counts: np.ndarray, rank) -> None:
+def _check_drafts(batch: InputBatch, counts: np.ndarray, width: int, rank) -> None:
     drafts = batch.num_draft_tokens_per_req
     if drafts is None:
-        if counts.shape[0] and np.maximum.reduce(counts) != 1:
+        if width != 1:
             _fail("PRE-DRAFTS", "num_draft_tokens_per_req",
                   "is None, so every request must have exactly 1 logits row", request=_first(counts != 1), rank=rank)
         if batch.num_draft_tokens != 0:

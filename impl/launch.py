@@ -1,12 +1,20 @@
 """Kernel launches with less Python per call.
 
 A ``kernel[grid](...)`` call binds and specializes every argument and looks the
-compiled kernel up on each launch. The kernels of this package mark every
-runtime integer ``do_not_specialize`` and every pointer that is not the start of
-a workspace region ``do_not_specialize_on_alignment``, so the compiled kernel
-depends only on the constexpr values and the dtypes of the caller's tensors. :class:`Launcher`
-keys the compiled kernel by exactly these and launches it directly; the first
-launch of a key (and every launch under the interpreter) goes through Triton.
+compiled kernel up on each launch; even ``compiled[grid](...)`` builds a
+closure, asks the driver for the current device and stream and prepares launch
+metadata each time. The kernels of this package mark every runtime integer
+``do_not_specialize`` and every pointer that is not the start of a workspace
+region ``do_not_specialize_on_alignment``, so the compiled kernel depends only
+on the constexpr values and the dtypes of the caller's tensors.
+:class:`Launcher` keys the compiled kernel by exactly these and afterwards
+calls its launcher (``CompiledKernel.run``) itself, with the stream read
+straight from torch. Once a key is :meth:`Launcher.ready`, callers may pass a
+pointer as a plain integer (``tensor.data_ptr()``, cached for buffers that
+never move), which spares the launcher its own pointer lookup.
+
+The first launch of a key, every launch under the interpreter and every launch
+while a Triton launch hook is installed (profilers) go through Triton.
 ``SHARDSPEC_DIRECT_LAUNCH=0`` sends every launch through Triton (for comparison).
 """
 
@@ -14,23 +22,66 @@ from __future__ import annotations
 
 import os
 
+import torch
+
 _DIRECT = os.environ.get("TRITON_INTERPRET") != "1" and os.environ.get("SHARDSPEC_DIRECT_LAUNCH") != "0"
+
+
+def _runtime_knobs():
+    """Triton's launch-hook settings (``triton.knobs.runtime``), or None where this Triton has none."""
+    try:
+        from triton import knobs
+    except ImportError:
+        return None
+    runtime = getattr(knobs, "runtime", None)
+    return runtime if hasattr(runtime, "launch_enter_hook") else None
+
+
+def _active(hook) -> bool:
+    """A hook is None, a callable, or (Triton >= 3.5) a chain that may be empty."""
+    return hook is not None and bool(getattr(hook, "calls", True))
 
 
 class Launcher:
     def __init__(self, kernel):
         self.kernel = kernel
-        self._compiled: dict = {}
+        self._direct: dict = {}
+        self._knobs = _runtime_knobs() if _DIRECT else None
+
+    def ready(self, key: tuple) -> bool:
+        """Whether launches of ``key`` go direct, so that pointers may be given as integers."""
+        return key in self._direct and not self._hooked()
 
     def __call__(self, num_programs: int, key: tuple, args: tuple, constexprs: dict) -> None:
-        """Launch ``num_programs`` programs. ``key`` must hold every constexpr value and caller dtype."""
-        compiled = self._compiled.get(key)
-        if compiled is not None:
-            compiled[(num_programs, 1, 1)](*args, *constexprs.values())
+        """Launch ``num_programs`` programs on CUDA device ``key[0]`` (an index; None on the CPU).
+
+        ``key`` must also hold every constexpr value and caller dtype. Pointers are tensors
+        unless :meth:`ready` said True for this key.
+        """
+        direct = self._direct.get(key)
+        if direct is not None and not self._hooked():
+            direct(num_programs, args)
             return
         result = self.kernel[(num_programs,)](*args, **constexprs)
-        if _DIRECT and hasattr(result, "packed_metadata") and _constexprs_last(self.kernel, constexprs):
-            self._compiled[key] = result
+        if (self._knobs is not None and hasattr(result, "packed_metadata")
+                and _constexprs_last(self.kernel, constexprs)):
+            self._direct[key] = _direct_launch(result, key[0], tuple(constexprs.values()))
+
+    def _hooked(self) -> bool:
+        return _active(self._knobs.launch_enter_hook) or _active(self._knobs.launch_exit_hook)
+
+
+def _direct_launch(compiled, device_index: int, constexpr_values: tuple):
+    """A launch of ``compiled`` on the device's current stream, as Triton's runner does it."""
+    run, function, metadata = compiled.run, compiled.function, compiled.packed_metadata
+    current_stream = torch._C._cuda_getCurrentRawStream
+
+    def launch(num_programs: int, args: tuple) -> None:
+        # No launch hook is active (checked by the caller): no launch metadata, no hooks to call.
+        run(num_programs, 1, 1, current_stream(device_index), function, metadata, None, None, None,
+            *args, *constexpr_values)
+
+    return launch
 
 
 def _constexprs_last(kernel, constexprs: dict) -> bool:

@@ -19,7 +19,6 @@ agree byte for byte). What differs is how:
 from __future__ import annotations
 
 import os
-from dataclasses import replace
 from typing import Optional
 
 import numpy as np
@@ -72,7 +71,7 @@ class ProductionSharder:
         self.comm = comm
         self.rank = comm.rank
         self.tp_size = comm.world_size
-        self.device = torch.device(device)
+        self.device = _indexed(torch.device(device))
         self.check_preconditions = check_preconditions
         self._ws = carve(plan_layout(max_num_reqs, max_num_logits_per_req, self.tp_size), self.device)
         # Entry 0 of the local prefix sum is 0 forever; the kernel writes entries 1..n.
@@ -87,6 +86,7 @@ class ProductionSharder:
         self._plan_outputs = tuple(self._ws[name] for name in (
             "sorted_logits_indices", "gathered_src_indices", "local_idx_mapping", "local_cu_num_logits",
             "local_logits_indices", "local_expanded_idx_mapping", "local_expanded_local_pos", "local_seq_lens"))
+        self._plan_output_addresses = tuple(t.data_ptr() for t in self._plan_outputs)
         self._logprob_cols = -1  # columns the logprob wire buffers are sized for
         self._lp_ws: dict = {}
         self._views: dict = {}  # step shapes -> views of the workspace and launch configurations
@@ -96,30 +96,33 @@ class ProductionSharder:
     def shard_sampler_inputs(self, batch: InputBatch, grammar: Optional[GrammarOutput]) -> ShardResult:
         rank, tp = self.rank, self.tp_size
         if self.check_preconditions:
-            cu, counts = checks.check_input_batch(batch, max_num_reqs=self.max_num_reqs,
-                                                  max_num_logits_per_req=self.max_num_logits_per_req, rank=rank)
+            cu, counts, width = checks.check_input_batch(batch, max_num_reqs=self.max_num_reqs,
+                                                         max_num_logits_per_req=self.max_num_logits_per_req,
+                                                         rank=rank)
         else:
+            # Capacity is checked even so: the workspace is sized by it. The largest count is taken
+            # as it is, since nothing here promises n_i >= 1.
             checks.check_capacity_reqs(batch.num_reqs, self.max_num_reqs, rank)
             cu, counts = checks.cu_counts(batch, rank)
-            checks.check_capacity_logits(counts, self.max_num_logits_per_req, rank)
+            width = int(np.maximum.reduce(counts)) if batch.num_reqs else 1
+            checks.check_capacity_logits(width, counts, self.max_num_logits_per_req, rank)
         position = None
         if grammar is not None:
             position = {req_id: i for i, req_id in enumerate(batch.req_ids)}
             if self.check_preconditions:
                 checks.check_grammar_output(grammar, batch, position, counts, rank)
         num_reqs = batch.num_reqs
-        slots = np.asarray(batch.idx_mapping_np)
-        owners = slots % tp
+        slots = batch.idx_mapping_np.astype(np.intp, copy=False)
+        # tp is usually a power of two, and a mask is cheaper than a division.
+        owners = np.bitwise_and(slots, tp - 1) if tp & (tp - 1) == 0 else np.remainder(slots, tp)
+        num_logits = int(cu[-1])
         reqs_per_rank = np.bincount(owners, minlength=tp)
-        width = int(np.maximum.reduce(counts)) if num_reqs else 1
-        if width == 1:
-            rows_per_rank = reqs_per_rank
-        else:
-            rows_per_rank = np.bincount(owners, weights=counts, minlength=tp).astype(np.int64)
+        rows_per_rank = reqs_per_rank if width == 1 else np.bincount(owners, weights=counts, minlength=tp).astype(
+            np.int64)
         max_reqs_per_rank = int(np.maximum.reduce(reqs_per_rank)) if num_reqs else 1
         local_reqs = np.flatnonzero(owners == rank)
         num_local = local_reqs.shape[0]
-        num_logits, num_local_logits = int(cu[-1]), int(rows_per_rank[rank])
+        num_local_logits = int(rows_per_rank[rank])
 
         if num_reqs:
             self._launch_plan(batch, num_reqs, max_reqs_per_rank)
@@ -129,18 +132,17 @@ class ProductionSharder:
         else:
             local_cu_np = np.zeros(num_local + 1, dtype=np.int32)
             np.cumsum(counts[local_reqs], out=local_cu_np[1:])
-        local_slots = slots[local_reqs].astype(np.intp, copy=False)
         drafts = batch.num_draft_tokens_per_req
         local_drafts = None if drafts is None else np.asarray(drafts)[local_reqs].astype(np.int32, copy=False)
         req_ids = batch.req_ids
-        local_batch = replace(
-            batch,
-            req_ids=list(map(req_ids.__getitem__, local_reqs.tolist())),
+        local_batch = InputBatch(
+            req_ids=[req_ids[i] for i in local_reqs.tolist()],
             num_reqs=num_local,
             idx_mapping=views["local_idx_mapping"],
-            idx_mapping_np=local_slots,
+            idx_mapping_np=slots[local_reqs],
             expanded_idx_mapping=views["local_expanded_idx_mapping"],
             expanded_local_pos=views["local_expanded_local_pos"],
+            query_start_loc=batch.query_start_loc,
             seq_lens=views["local_seq_lens"],
             logits_indices=views["local_logits_indices"],
             cu_num_logits=views["local_cu_num_logits"],
@@ -183,7 +185,9 @@ class ProductionSharder:
     def _launch_plan(self, batch: InputBatch, num_reqs: int, max_reqs_per_rank: int) -> None:
         inputs = (batch.idx_mapping, batch.cu_num_logits, batch.logits_indices, batch.seq_lens)
         key = (*self._plan_key, *(t.dtype for t in inputs))
-        _launch_plan(-(-num_reqs // self._plan_block), key, (*inputs, *self._plan_outputs, num_reqs, max_reqs_per_rank),
+        # The plan's outputs never move: once launches go direct, their addresses stand for them.
+        outputs = self._plan_output_addresses if _launch_plan.ready(key) else self._plan_outputs
+        _launch_plan(-(-num_reqs // self._plan_block), key, (*inputs, *outputs, num_reqs, max_reqs_per_rank),
                      self._plan_constexprs)
 
     def _local_grammar(self, grammar: GrammarOutput, position: dict, owners: np.ndarray,
@@ -211,20 +215,29 @@ class ProductionSharder:
     def all_to_all_logits(self, logits_shard: torch.Tensor, metadata: BatchShardMetadata) -> torch.Tensor:
         """[L, V/tp] owner-sorted rows of this rank's vocab shard -> [L_local, V]."""
         tp, num_local = metadata.tp_size, metadata.num_local_logits
-        width = logits_shard.shape[-1]
-        received = self._recv_logits(tp * num_local * width, logits_shard.dtype).view(tp * num_local, width)
+        received, by_row = self._recv_logits(num_local, logits_shard.shape[-1], logits_shard.dtype)
         self.comm.all_to_all_single(received, logits_shard.contiguous(), [num_local] * tp,
                                     metadata.num_logits_per_rank)
-        # Chunk r came from rank r, which holds vocab columns [r*Vs, (r+1)*Vs).
-        full = torch.empty(num_local, tp * width, dtype=logits_shard.dtype, device=received.device)
-        full.view(num_local, tp, width).copy_(received.view(tp, num_local, width).transpose(0, 1))
-        return full
+        full_shape = (num_local, tp * logits_shard.shape[-1])
+        if num_local > 1 and tp > 1:
+            # Chunk r came from rank r, which holds vocab columns [r*Vs, (r+1)*Vs): ``by_row`` views the
+            # chunks row-major, and reshaping it is the one copy that lays each row's shards side by side.
+            return by_row.reshape(full_shape)
+        # One row (or one rank) is laid out as [L_local, V] already; a copy, since the buffer is reused.
+        return received.view(full_shape).clone()
 
-    def _recv_logits(self, numel: int, dtype: torch.dtype) -> torch.Tensor:
-        """A reused receive buffer; the returned logits are a fresh copy, never a view of it."""
-        if self._a2a_recv.dtype != dtype or self._a2a_recv.numel() < numel:
-            self._a2a_recv = torch.empty(max(numel, self._a2a_recv.numel()), dtype=dtype, device=self.device)
-        return self._a2a_recv[:numel]
+    def _recv_logits(self, num_local: int, width: int, dtype: torch.dtype) -> tuple:
+        """(receive buffer [tp*L_local, Vs], the same as [L_local, tp, Vs]); reused, so never returned."""
+        key = ("a2a", num_local, width, dtype)
+        views = self._views.get(key)
+        if views is None:
+            tp, numel = self.tp_size, self.tp_size * num_local * width
+            if self._a2a_recv.dtype != dtype or self._a2a_recv.numel() < numel:
+                self._a2a_recv = torch.empty(max(numel, self._a2a_recv.numel()), dtype=dtype, device=self.device)
+                self._views = {k: v for k, v in self._views.items() if k[0] != "a2a"}  # views of the old buffer
+            received = self._a2a_recv[:numel].view(tp * num_local, width)
+            views = self._remember(key, (received, received.view(tp, num_local, width).transpose(0, 1)))
+        return views
 
     # -- step 3 ------------------------------------------------------------
     def gather_sampler_output(
@@ -336,42 +349,42 @@ class ProductionSharder:
         num_reqs = metadata.gathered_src_indices.shape[0]
         cu_np = global_batch.cu_num_logits_np
         num_logits = int(cu_np[-1])
-        out = _gathered_outputs(num_reqs, num_logits, width, num_cols, self.device)
+        device = self.device
+        sampled_token_ids = torch.empty((num_reqs, width), dtype=torch.int64, device=device)
+        # num_sampled, num_rejected (and num_nans): rows of one allocation.
+        counts = torch.empty((3 if gather_num_nans else 2, num_reqs), dtype=torch.int32, device=device).unbind(0)
+        logprobs = None
+        if lp is not None:
+            logprobs = LogprobsTensors(
+                torch.empty((num_logits, num_cols), dtype=torch.int64, device=device),
+                torch.empty((num_logits, num_cols), dtype=torch.float32, device=device),
+                torch.empty(num_logits, dtype=torch.int64, device=device),
+                np.asarray(cu_np).tolist() if num_logits != num_reqs else None,
+            )
         if num_reqs:
             block, constexprs = self._unpack_config(gather_num_nans, lp is not None, num_cols)
             src_indices, cu = metadata.gathered_src_indices, global_batch.cu_num_logits
-            key = (self.device.index, *constexprs.values(), src_indices.dtype, cu.dtype)
+            key = (device.index, *constexprs.values(), src_indices.dtype, cu.dtype)
+            # Absent outputs are never written (their constexpr flag is off): any tensor stands in.
+            lp_args = (lp["recv_ids"], lp["recv_vals"], *logprobs[:3]) if lp is not None else (received,) * 5
             _launch_unpack(-(-num_reqs // block), key, (
-                received, src_indices, cu, *out[:4],
-                lp["recv_ids"] if lp is not None else received, lp["recv_vals"] if lp is not None else received,
-                *out[4:],
+                received, src_indices, cu, sampled_token_ids, *counts[:2], counts[-1], *lp_args,
                 num_reqs, width, sampled_cols, num_cols,
             ), constexprs)
-        sampled_token_ids, num_sampled, num_rejected, num_nans, lp_ids, lp_vals, lp_ranks = out
-        logprobs = None
-        if lp is not None:
-            generated = np.asarray(cu_np).tolist() if num_logits != num_reqs else None
-            logprobs = LogprobsTensors(lp_ids, lp_vals, lp_ranks, generated)
         return SamplerOutput(
             sampled_token_ids=sampled_token_ids,
             logprobs_tensors=logprobs,
-            num_nans=num_nans if gather_num_nans else None,
-            num_sampled=num_sampled,
-            num_rejected=num_rejected,
+            num_nans=counts[2] if gather_num_nans else None,
+            num_sampled=counts[0],
+            num_rejected=counts[1],
         )
 
 
-def _gathered_outputs(num_reqs: int, num_logits: int, width: int, num_cols: int, device) -> tuple:
-    """Fresh tensors for one step's results, from three allocations.
-
-    (sampled_token_ids [N, W], num_sampled, num_rejected, num_nans [N] int32,
-    logprob_token_ids [L, C], logprobs [L, C], selected_token_ranks [L]).
-    """
-    int64 = torch.empty(num_reqs * width + num_logits * (num_cols + 1), dtype=torch.int64, device=device)
-    ids, lp_ids, lp_ranks = int64.split([num_reqs * width, num_logits * num_cols, num_logits])
-    counts = torch.empty(3, num_reqs, dtype=torch.int32, device=device).unbind(0)
-    lp_vals = torch.empty(num_logits, num_cols, dtype=torch.float32, device=device)
-    return (ids.view(num_reqs, width), *counts, lp_ids.view(num_logits, num_cols), lp_vals, lp_ranks)
+def _indexed(device: torch.device) -> torch.device:
+    """A CUDA device with its index (the current one where none is given): launches name their device."""
+    if device.type == "cuda" and device.index is None:
+        return torch.device("cuda", torch.cuda.current_device())
+    return device
 
 
 def _to_device(values: np.ndarray, device: torch.device) -> torch.Tensor:

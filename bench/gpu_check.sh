@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Everything this project checks on one CUDA GPU, in one go, with logs under OUT (default ./gpu-check):
+# the GPU tests, the benchmark table, and the conformance suite against the production implementation
+# (tp 1 on NCCL through torchrun; tp 1-8 in-process on the one GPU with compiled kernels; tp 2 on gloo
+# with the Triton interpreter). Each part has its own time limit; the exit status is the worst part's.
+#   bash bench/gpu_check.sh [PART ...]     (default: every part)
+set -u
+OUT=${OUT:-gpu-check}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+status=0
+parts=" ${*:-gpu-tests bench conformance-tp1-nccl conformance-in-process-cuda conformance-tp2-gloo-interpreted} "
+part() {  # part NAME SECONDS COMMAND...
+  local name=$1 limit=$2; shift 2
+  [[ "$parts" == *" $name "* ]] || return 0
+  local start=$SECONDS
+  timeout "$limit" "$@" >"$OUT/$name.log" 2>&1
+  local rc=$?
+  echo "== $name: exit $rc in $((SECONDS - start)) s"; tail -n "${TAIL:-6}" "$OUT/$name.log"
+  [ "$rc" -ne 0 ] && status=$rc
+  return 0
+}
+part gpu-tests 240 python -m pytest -q -x tests/gpu tests/impl
+part bench 300 python bench/bench_step.py --graph --repeats 5 --target-s 0.1 --out "$OUT/bench.json"
+part conformance-tp1-nccl 300 python -m shardspec.conformance --impl production --tp 1 --json "$OUT/conformance-tp1.json"
+part conformance-in-process-cuda 400 python -m shardspec.conformance --in-process --in-process-device cuda \
+  --impl production,reference/production --tp 1,2,3,4,8 --json "$OUT/conformance-in-process.json"
+part conformance-tp2-gloo-interpreted 200 python -m shardspec.conformance --impl production --tp 2 --fixtures-only
+exit $status
