@@ -30,14 +30,18 @@ def shard_plan_kernel(
     local_slots_ptr, local_cu_ptr, local_indices_ptr, local_row_slots_ptr, local_row_pos_ptr, local_seq_lens_ptr,
     num_reqs, max_reqs_per_rank,
     TP: tl.constexpr, RANK: tl.constexpr, TP_PAD: tl.constexpr, BLOCK: tl.constexpr, ROWS_PAD: tl.constexpr,
+    LOOP_END: tl.constexpr,
 ):
+    """LOOP_END bounds the count loop (requests past num_reqs are masked): the capacity when
+    compiled, so no batch size recompiles; num_reqs under the interpreter, where a constexpr costs
+    nothing and a runtime loop bound fails in Triton 3.6 with numpy >= 2.5."""
     block_start = tl.program_id(0) * BLOCK
     ranks = tl.arange(0, TP_PAD)
     # Per-rank request and row counts: before this block, and over the batch.
     reqs_before = tl.zeros([TP_PAD], dtype=tl.int32)
     rows_before = tl.zeros([TP_PAD], dtype=tl.int32)
     rows_total = tl.zeros([TP_PAD], dtype=tl.int32)
-    for start in range(0, num_reqs, BLOCK):
+    for start in range(0, LOOP_END, BLOCK):
         reqs = start + tl.arange(0, BLOCK)
         valid = reqs < num_reqs
         owners = tl.load(slots_ptr + reqs, mask=valid, other=0) % TP

@@ -81,7 +81,7 @@ class ProductionSharder:
         # Block sizes follow the capacity, never the batch, so no batch size recompiles a kernel.
         self._plan_block = _block(self._tp_pad * 4 + self._rows_pad * 2, max(1, max_num_reqs))
         self._plan_constexprs = dict(TP=self.tp_size, RANK=self.rank, TP_PAD=self._tp_pad, BLOCK=self._plan_block,
-                                     ROWS_PAD=self._rows_pad)
+                                     ROWS_PAD=self._rows_pad, LOOP_END=max(1, max_num_reqs))
         self._plan_key = (self.device.index, *self._plan_constexprs.values())
         self._plan_outputs = tuple(self._ws[name] for name in (
             "sorted_logits_indices", "gathered_src_indices", "local_idx_mapping", "local_cu_num_logits",
@@ -187,8 +187,9 @@ class ProductionSharder:
         key = (*self._plan_key, *(t.dtype for t in inputs))
         # The plan's outputs never move: once launches go direct, their addresses stand for them.
         outputs = self._plan_output_addresses if _launch_plan.ready(key) else self._plan_outputs
+        constexprs = {**self._plan_constexprs, "LOOP_END": num_reqs} if _INTERPRETED else self._plan_constexprs
         _launch_plan(-(-num_reqs // self._plan_block), key, (*inputs, *outputs, num_reqs, max_reqs_per_rank),
-                     self._plan_constexprs)
+                     constexprs)
 
     def _local_grammar(self, grammar: GrammarOutput, position: dict, owners: np.ndarray,
                        cu: np.ndarray) -> Optional[GrammarOutput]:
@@ -310,12 +311,13 @@ class ProductionSharder:
         local_cu = local_batch.cu_num_logits if has_output else send
         caller = (local_cu, ids, sampled, rejected, nans, lp_ids, lp_vals, lp_ranks)
         key = (self.device.index, *constexprs.values(), *(t.dtype for t in caller))
+        ids_strides, lp_ids_strides, lp_vals_strides = ids.stride(), lp_ids.stride(), lp_vals.stride()
         _launch_pack(-(-per_rank // block), key, (
             send, local_cu,
-            ids, ids.stride(0), ids.stride(-1), ids.shape[-1],
+            ids, ids_strides[0], ids_strides[-1], ids.shape[-1],
             sampled, sampled.stride(0), rejected, rejected.stride(0), nans, nans.stride(0),
             lp_send_ids, lp_send_vals,
-            lp_ids, lp_ids.stride(0), lp_ids.stride(-1), lp_vals, lp_vals.stride(0), lp_vals.stride(-1),
+            lp_ids, lp_ids_strides[0], lp_ids_strides[-1], lp_vals, lp_vals_strides[0], lp_vals_strides[-1],
             lp_ids.shape[-1], lp_ranks, lp_ranks.stride(0),
             num_local, per_rank, width, send.shape[1], num_cols,
         ), constexprs)
