@@ -8,6 +8,7 @@ A rank that hangs cannot be interrupted here; use the multi-process runner.
 
 from __future__ import annotations
 
+import traceback
 from typing import Callable, Iterable, Optional
 
 from shardspec.comm import LockstepGroup
@@ -26,7 +27,10 @@ def run_case_in_process(case: Case, choice: ImplChoice, expectation: Optional[Ex
 
     def one_rank(comm):
         impl = impls[choice.for_rank(comm.rank)]
-        return check_case_on_rank(case, comm, impl.name, impl.factory, expectation, expectation_device())
+        try:
+            return check_case_on_rank(case, comm, impl.name, impl.factory, expectation, expectation_device())
+        except Exception:  # outside the implementation's calls (e.g. a device error surfacing in a checker)
+            return {"harness_error": traceback.format_exc()}
 
     try:
         with single_thread():  # like the ranks of a multi-process run, and the expectation

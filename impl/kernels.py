@@ -32,16 +32,19 @@ def shard_plan_kernel(
     TP: tl.constexpr, RANK: tl.constexpr, TP_PAD: tl.constexpr, BLOCK: tl.constexpr, ROWS_PAD: tl.constexpr,
     LOOP_END: tl.constexpr,
 ):
-    """LOOP_END bounds the count loop (requests past num_reqs are masked): the capacity when
-    compiled, so no batch size recompiles; num_reqs under the interpreter, where a constexpr costs
-    nothing and a runtime loop bound fails in Triton 3.6 with numpy >= 2.5."""
+    """LOOP_END, if not 0, stands for num_reqs as the count loop's bound: the interpreter gets
+    num_reqs so (a constexpr costs it nothing), since a runtime loop bound fails there in Triton 3.6
+    with numpy >= 2.5. Compiled kernels get 0 and the runtime bound, so no batch size recompiles."""
     block_start = tl.program_id(0) * BLOCK
+    loop_end = num_reqs
+    if LOOP_END > 0:
+        loop_end = LOOP_END
     ranks = tl.arange(0, TP_PAD)
     # Per-rank request and row counts: before this block, and over the batch.
     reqs_before = tl.zeros([TP_PAD], dtype=tl.int32)
     rows_before = tl.zeros([TP_PAD], dtype=tl.int32)
     rows_total = tl.zeros([TP_PAD], dtype=tl.int32)
-    for start in range(0, LOOP_END, BLOCK):
+    for start in range(0, loop_end, BLOCK):
         reqs = start + tl.arange(0, BLOCK)
         valid = reqs < num_reqs
         owners = tl.load(slots_ptr + reqs, mask=valid, other=0) % TP

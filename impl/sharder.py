@@ -81,7 +81,7 @@ class ProductionSharder:
         # Block sizes follow the capacity, never the batch, so no batch size recompiles a kernel.
         self._plan_block = _block(self._tp_pad * 4 + self._rows_pad * 2, max(1, max_num_reqs))
         self._plan_constexprs = dict(TP=self.tp_size, RANK=self.rank, TP_PAD=self._tp_pad, BLOCK=self._plan_block,
-                                     ROWS_PAD=self._rows_pad, LOOP_END=max(1, max_num_reqs))
+                                     ROWS_PAD=self._rows_pad, LOOP_END=0)
         self._plan_key = (self.device.index, *self._plan_constexprs.values())
         self._plan_outputs = tuple(self._ws[name] for name in (
             "sorted_logits_indices", "gathered_src_indices", "local_idx_mapping", "local_cu_num_logits",

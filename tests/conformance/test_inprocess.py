@@ -65,3 +65,21 @@ def test_checker_that_crashes_is_reported(monkeypatch, throwaway_checkers):
     result = run_case_in_process(small_cases(1)[0], ImplChoice("reference"))
     assert result.status == FAIL
     assert "checker raised KeyError" in result.violations[0]["message"]
+
+
+def test_error_outside_the_implementation_is_a_harness_error_not_a_crash(monkeypatch):
+    """E.g. a device error that surfaces in a checker: the case is an ERROR naming the rank."""
+    from shardspec.conformance import inprocess
+
+    original = inprocess.check_case_on_rank
+
+    def broken_harness(case, comm, *args, **kwargs):
+        if comm.rank == 1:
+            raise RuntimeError("device-side assert surfaced in a checker")
+        return original(case, comm, *args, **kwargs)
+
+    monkeypatch.setattr(inprocess, "check_case_on_rank", broken_harness)
+    result = run_case_in_process(small_cases(2)[0], ImplChoice("reference"), timeout_s=10.0)
+    assert result.status == ERROR
+    harness = [e for e in result.errors if e["kind"] == "harness"]
+    assert [e["rank"] for e in harness] == [1] and "device-side assert" in harness[0]["traceback"]
