@@ -120,7 +120,7 @@ class ProductionSharder:
         rows_per_rank = reqs_per_rank if width == 1 else np.bincount(owners, weights=counts, minlength=tp).astype(
             np.int64)
         max_reqs_per_rank = int(np.maximum.reduce(reqs_per_rank)) if num_reqs else 1
-        local_reqs = np.flatnonzero(owners == rank)
+        local_reqs = (owners == rank).nonzero()[0]  # owners is 1-D: no flatnonzero wrapper needed
         num_local = local_reqs.shape[0]
         num_local_logits = int(rows_per_rank[rank])
 
@@ -136,7 +136,7 @@ class ProductionSharder:
         local_drafts = None if drafts is None else np.asarray(drafts)[local_reqs].astype(np.int32, copy=False)
         req_ids = batch.req_ids
         local_batch = InputBatch(
-            req_ids=[req_ids[i] for i in local_reqs.tolist()],
+            req_ids=list(map(req_ids.__getitem__, local_reqs.tolist())),
             num_reqs=num_local,
             idx_mapping=views["local_idx_mapping"],
             idx_mapping_np=slots[local_reqs],
