@@ -181,11 +181,14 @@ def environment(device: torch.device) -> dict:
         env["device_name"] = torch.cuda.get_device_name(device)
     else:
         env["device_name"] = platform.processor() or platform.machine()
+    env["commit"] = os.environ.get("SHARDSPEC_COMMIT")  # wins: a copied tree may carry another checkout's .git
+    if env["commit"]:
+        return env
     try:
         env["commit"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                                        check=True).stdout.strip()
     except (OSError, subprocess.CalledProcessError):  # a copy of the tree without git history
-        env["commit"] = os.environ.get("SHARDSPEC_COMMIT")
+        pass
     return env
 
 
