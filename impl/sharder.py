@@ -235,7 +235,7 @@ class ProductionSharder:
             tp, numel = self.tp_size, self.tp_size * num_local * width
             if self._a2a_recv.dtype != dtype or self._a2a_recv.numel() < numel:
                 self._a2a_recv = torch.empty(max(numel, self._a2a_recv.numel()), dtype=dtype, device=self.device)
-                self._views = {k: v for k, v in self._views.items() if k[0] != "a2a"}  # views of the old buffer
+                self._views.clear()  # views of the replaced buffer, as in _logprob_buffers
             received = self._a2a_recv[:numel].view(tp * num_local, width)
             views = self._remember(key, (received, received.view(tp, num_local, width).transpose(0, 1)))
         return views
