@@ -1,4 +1,7 @@
-"""Where a production step spends its host time: cProfile over many steps, and each launch alone.
+"""Where a production step spends its host time: each part alone, each part inside whole steps, cProfile.
+
+A part timed alone repeats one call with warm caches; inside whole steps the same call runs
+between the others, as an engine runs it, and usually costs more.
 
     python bench/profile_step.py [--num-reqs 1024] [--logits-per-req 1] [--tp 8]
 """
@@ -29,6 +32,28 @@ def per_call_us(fn, device, iters: int) -> float:
     return (time.perf_counter() - start) / iters * 1e6
 
 
+def step_segments(sharder, bench, device, iters: int) -> dict:
+    """Mean wall time of shard, all-to-all and gather inside consecutive whole steps."""
+    shard = sharder.shard_sampler_inputs(bench.batch, None)
+    local_output = bench.local_output(shard.local_batch)
+    clock, totals = time.perf_counter, [0.0, 0.0, 0.0]
+    for step in range(min(20, iters) + iters):
+        start = clock()
+        result = sharder.shard_sampler_inputs(bench.batch, None)
+        sharded = clock()
+        sharder.all_to_all_logits(bench.logits_shard, result.metadata)
+        exchanged = clock()
+        sharder.gather_sampler_output(local_output, result.metadata, bench.batch, result.local_batch,
+                                      gather_num_nans=True, logprobs_dims=bench.dims)
+        gathered = clock()
+        if step >= min(20, iters):  # the first steps warm up
+            totals[0] += sharded - start
+            totals[1] += exchanged - sharded
+            totals[2] += gathered - exchanged
+    synchronize(device)
+    return {name: total / iters * 1e6 for name, total in zip(("shard", "all_to_all_logits", "gather"), totals)}
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--num-reqs", type=int, default=1024)
@@ -50,7 +75,9 @@ def main(argv=None) -> int:
         **calls,
     }
     for name, fn in parts.items():
-        print(f"{name:>20}: {per_call_us(fn, device, own.iters):8.1f} us wall per call", flush=True)
+        print(f"{name:>26}: {per_call_us(fn, device, own.iters):8.1f} us wall per call", flush=True)
+    for name, mean in step_segments(sharder, bench, device, own.iters).items():
+        print(f"{name + ' in step':>26}: {mean:8.1f} us wall per call", flush=True)
     profile = cProfile.Profile()
     profile.enable()
     for _ in range(own.steps):

@@ -109,7 +109,7 @@ def _check_slots(batch: InputBatch, max_num_reqs: int, rank) -> None:
             bad = _first((slots < 0) | (slots >= max_num_reqs))
             _fail("PRE-SLOT-RANGE", "idx_mapping", f"slot {slots[bad]} is outside [0, {max_num_reqs})",
                   request=bad, rank=rank)
-        if np.maximum.reduce(histogram) > 1:
+        if np.count_nonzero(histogram) != slots.shape[0]:  # some slot counted twice
             _, first_seen = np.unique(slots, return_index=True)
             repeated = np.setdiff1d(np.arange(slots.shape[0]), first_seen)
             _fail("PRE-SLOT-UNIQUE", "idx_mapping", "two requests share a slot", request=int(repeated.min()),
@@ -198,12 +198,12 @@ def check_local_output(local_output: Optional[SamplerOutput], num_local_reqs: in
     if ids.dim() != 2 or ids.shape[0] != num_local_reqs:
         _fail("PRE-LOCAL-OUTPUT", "sampled_token_ids", f"shape {tuple(ids.shape)}; expected ({num_local_reqs}, "
               "width)", rank=rank)
-    expected = {"num_sampled": num_local_reqs, "num_rejected": num_local_reqs}
+    expected = (("num_sampled", num_local_reqs), ("num_rejected", num_local_reqs))
     if gather_num_nans:
-        expected["num_nans"] = num_local_logits
-    for name, length in expected.items():
+        expected += (("num_nans", num_local_logits),)
+    for name, length in expected:
         value = getattr(local_output, name)
-        if value is None or tuple(value.shape) != (length,):
+        if value is None or value.shape != (length,):
             shape = None if value is None else tuple(value.shape)
             _fail("PRE-LOCAL-OUTPUT", name, f"is {shape}; expected shape ({length},)", rank=rank)
     lp = local_output.logprobs_tensors
@@ -215,6 +215,6 @@ def check_local_output(local_output: Optional[SamplerOutput], num_local_reqs: in
                       "columns)", rank=rank)
         if lp.logprob_token_ids.shape != lp.logprobs.shape:
             _fail("PRE-LOCAL-OUTPUT", "logprobs", "logprob_token_ids and logprobs differ in shape", rank=rank)
-        if tuple(lp.selected_token_ranks.shape) != (num_local_logits,):
+        if lp.selected_token_ranks.shape != (num_local_logits,):
             _fail("PRE-LOCAL-OUTPUT", "selected_token_ranks", f"shape {tuple(lp.selected_token_ranks.shape)}",
                   rank=rank)

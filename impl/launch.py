@@ -9,9 +9,11 @@ region ``do_not_specialize_on_alignment``, so the compiled kernel depends only
 on the constexpr values and the dtypes of the caller's tensors.
 :class:`Launcher` keys the compiled kernel by exactly these and afterwards
 calls its launcher (``CompiledKernel.run``) itself, with the stream read
-straight from torch. Once a key is :meth:`Launcher.ready`, callers may pass a
-pointer as a plain integer (``tensor.data_ptr()``, cached for buffers that
-never move), which spares the launcher its own pointer lookup.
+straight from torch. A caller may give a second argument tuple for direct
+launches in which pointers are plain integers (``tensor.data_ptr()``, cached
+for buffers that never move), which spares the launcher its pointer lookups;
+which tuple is used is decided once per launch, so a hook installed between
+two launches never sees integers where Triton expects tensors.
 
 The first launch of a key, every launch under the interpreter and every launch
 while a Triton launch hook is installed (profilers) go through Triton.
@@ -48,19 +50,17 @@ class Launcher:
         self._direct: dict = {}
         self._knobs = _runtime_knobs() if _DIRECT else None
 
-    def ready(self, key: tuple) -> bool:
-        """Whether launches of ``key`` go direct, so that pointers may be given as integers."""
-        return key in self._direct and not self._hooked()
-
-    def __call__(self, num_programs: int, key: tuple, args: tuple, constexprs: dict) -> None:
+    def __call__(self, num_programs: int, key: tuple, args: tuple, constexprs: dict,
+                 direct_args: tuple | None = None) -> None:
         """Launch ``num_programs`` programs on CUDA device ``key[0]`` (an index; None on the CPU).
 
-        ``key`` must also hold every constexpr value and caller dtype. Pointers are tensors
-        unless :meth:`ready` said True for this key.
+        ``key`` must also hold every constexpr value and caller dtype. ``args`` hold tensors;
+        ``direct_args``, where given, the same arguments with some pointers as integers, used
+        only by a direct launch.
         """
         direct = self._direct.get(key)
         if direct is not None and not self._hooked():
-            direct(num_programs, args)
+            direct(num_programs, args if direct_args is None else direct_args)
             return
         result = self.kernel[(num_programs,)](*args, **constexprs)
         if (self._knobs is not None and hasattr(result, "packed_metadata")

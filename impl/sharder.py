@@ -184,12 +184,12 @@ class ProductionSharder:
 
     def _launch_plan(self, batch: InputBatch, num_reqs: int, max_reqs_per_rank: int) -> None:
         inputs = (batch.idx_mapping, batch.cu_num_logits, batch.logits_indices, batch.seq_lens)
-        key = (*self._plan_key, *(t.dtype for t in inputs))
-        # The plan's outputs never move: once launches go direct, their addresses stand for them.
-        outputs = self._plan_output_addresses if _launch_plan.ready(key) else self._plan_outputs
+        key = (*self._plan_key, inputs[0].dtype, inputs[1].dtype, inputs[2].dtype, inputs[3].dtype)
         constexprs = {**self._plan_constexprs, "LOOP_END": num_reqs} if _INTERPRETED else self._plan_constexprs
-        _launch_plan(-(-num_reqs // self._plan_block), key, (*inputs, *outputs, num_reqs, max_reqs_per_rank),
-                     constexprs)
+        sizes = (num_reqs, max_reqs_per_rank)
+        # The plan's outputs never move: a direct launch takes their addresses instead.
+        _launch_plan(-(-num_reqs // self._plan_block), key, (*inputs, *self._plan_outputs, *sizes), constexprs,
+                     (*inputs, *self._plan_output_addresses, *sizes))
 
     def _local_grammar(self, grammar: GrammarOutput, position: dict, owners: np.ndarray,
                        cu: np.ndarray) -> Optional[GrammarOutput]:
@@ -299,8 +299,8 @@ class ProductionSharder:
         ids = out.sampled_token_ids if has_output else send
         nans = out.num_nans if has_output and gather_num_nans else send
         local_lp = out.logprobs_tensors if has_output and lp is not None else None
-        block, constexprs = self._pack_config(has_output, gather_num_nans, lp is not None, local_lp is not None,
-                                              width, num_cols)
+        block, constexprs, key_prefix = self._pack_config(has_output, gather_num_nans, lp is not None,
+                                                          local_lp is not None, width, num_cols)
         if local_lp is not None:
             lp_ids, lp_vals, lp_ranks = local_lp.logprob_token_ids, local_lp.logprobs, local_lp.selected_token_ranks
         else:
@@ -309,8 +309,8 @@ class ProductionSharder:
         sampled = out.num_sampled if has_output else send
         rejected = out.num_rejected if has_output else send
         local_cu = local_batch.cu_num_logits if has_output else send
-        caller = (local_cu, ids, sampled, rejected, nans, lp_ids, lp_vals, lp_ranks)
-        key = (self.device.index, *constexprs.values(), *(t.dtype for t in caller))
+        key = (*key_prefix, local_cu.dtype, ids.dtype, sampled.dtype, rejected.dtype, nans.dtype, lp_ids.dtype,
+               lp_vals.dtype, lp_ranks.dtype)
         ids_strides, lp_ids_strides, lp_vals_strides = ids.stride(), lp_ids.stride(), lp_vals.stride()
         _launch_pack(-(-per_rank // block), key, (
             send, local_cu,
@@ -323,7 +323,7 @@ class ProductionSharder:
         ), constexprs)
 
     def _pack_config(self, has_output, gather_num_nans, has_logprobs, local_logprobs, width, num_cols):
-        """(requests per program, constexprs) of pack_kernel; cached per configuration."""
+        """(requests per program, constexprs, launch key prefix) of pack_kernel; cached per configuration."""
         key = ("pack", has_output, gather_num_nans, has_logprobs, local_logprobs, width, num_cols)
         config = self._views.get(key)
         if config is None:
@@ -332,11 +332,11 @@ class ProductionSharder:
             constexprs = dict(HAS_OUTPUT=has_output, HAS_NANS=gather_num_nans, HAS_LOGPROBS=has_logprobs,
                               LOCAL_LOGPROBS=local_logprobs, BLOCK=block, ROWS_PAD=self._rows_pad,
                               SAMPLED_PAD=next_power_of_2(width + 3), COLS_PAD=cols_pad)
-            config = self._remember(key, (block, constexprs))
+            config = self._remember(key, (block, constexprs, (self.device.index, *constexprs.values())))
         return config
 
     def _unpack_config(self, gather_num_nans, has_logprobs, num_cols):
-        """(requests per program, constexprs) of unpack_kernel; cached per configuration."""
+        """(requests per program, constexprs, launch key prefix) of unpack_kernel; cached per configuration."""
         key = ("unpack", gather_num_nans, has_logprobs, num_cols)
         config = self._views.get(key)
         if config is None:
@@ -344,7 +344,7 @@ class ProductionSharder:
             block = _block(self._rows_pad * cols_pad + self._rows_pad, max(1, self.max_num_reqs))
             constexprs = dict(HAS_NANS=gather_num_nans, HAS_LOGPROBS=has_logprobs, BLOCK=block,
                               ROWS_PAD=self._rows_pad, COLS_PAD=cols_pad)
-            config = self._remember(key, (block, constexprs))
+            config = self._remember(key, (block, constexprs, (self.device.index, *constexprs.values())))
         return config
 
     def _unpack(self, received, lp, metadata, global_batch, width, sampled_cols, num_cols, gather_num_nans):
@@ -364,9 +364,9 @@ class ProductionSharder:
                 np.asarray(cu_np).tolist() if num_logits != num_reqs else None,
             )
         if num_reqs:
-            block, constexprs = self._unpack_config(gather_num_nans, lp is not None, num_cols)
+            block, constexprs, key_prefix = self._unpack_config(gather_num_nans, lp is not None, num_cols)
             src_indices, cu = metadata.gathered_src_indices, global_batch.cu_num_logits
-            key = (device.index, *constexprs.values(), src_indices.dtype, cu.dtype)
+            key = (*key_prefix, src_indices.dtype, cu.dtype)
             # Absent outputs are never written (their constexpr flag is off): any tensor stands in.
             lp_args = (lp["recv_ids"], lp["recv_vals"], *logprobs[:3]) if lp is not None else (received,) * 5
             _launch_unpack(-(-num_reqs // block), key, (

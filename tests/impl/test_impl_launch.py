@@ -21,13 +21,20 @@ def test_hook_is_active_only_when_something_would_be_called():
 
 
 def test_launcher_goes_through_triton_while_a_hook_is_active():
+    """A direct launch takes the integer-pointer arguments; with a hook, Triton gets the tensors."""
+    launched = []
     launcher = launch.Launcher(shard_plan_kernel)
     launcher._knobs = SimpleNamespace(launch_enter_hook=Chain(), launch_exit_hook=Chain())
-    launcher._direct[("key",)] = lambda *args: None
-    assert launcher.ready(("key",))
-    launcher._knobs.launch_enter_hook = Chain(print)  # e.g. a profiler
-    assert not launcher.ready(("key",))
-    assert not launcher.ready(("other",))
+    launcher._direct[("key",)] = lambda num_programs, args: launched.append(("direct", args))
+    launcher.kernel = {(3,): lambda *args, **constexprs: launched.append(("triton", args))}
+    launcher(3, ("key",), ("tensor",), {}, ("address",))
+    launcher(3, ("key",), ("tensor",), {})
+    launcher._knobs.launch_exit_hook = Chain(print)  # e.g. a profiler
+    launcher(3, ("key",), ("tensor",), {}, ("address",))
+    launcher._knobs.launch_exit_hook = Chain()
+    launcher(3, ("other",), ("tensor",), {}, ("address",))
+    assert launched == [("direct", ("address",)), ("direct", ("tensor",)), ("triton", ("tensor",)),
+                        ("triton", ("tensor",))]
 
 
 def test_constexprs_are_the_last_parameters_of_every_kernel():
