@@ -10,11 +10,12 @@ each collective costs one local copy). For each batch shape it times
 
 Wall time comes from ``time.perf_counter`` over many calls after a warm-up,
 GPU time from CUDA events around the same calls (both per call, median of
-several repeats). The local sampler is not timed: a synthetic local output of
+several repeats). ``--upstream FILE`` adds vLLM's own ``batch_shard.py`` (run
+through ``examples/upstream_vllm``) as a third column, timed the same way. The local sampler is not timed: a synthetic local output of
 the right shapes stands in for it. ``--graph`` also times the production step
 replayed from a captured CUDA graph (fixed shapes).
 
-    python bench/bench_step.py [--out results.json] [--quick] [--graph]
+    python bench/bench_step.py [--out results.json] [--quick] [--graph] [--upstream FILE]
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from shardspec.spec.builders import build_input_batch  # noqa: E402
 from shardspec.spec.model import LogprobsTensors, SamplerOutput, num_logprob_columns  # noqa: E402
 
 IMPLS = {"reference": ReferenceSharder, "production": ProductionSharder}
+UPSTREAM = "upstream"
 OPS = ("shard", "gather", "step")
 # Production with its host-side precondition checks switched off: what the checks cost.
 UNCHECKED = "production_unchecked"
@@ -61,6 +63,7 @@ def parse_args(argv=None):
     parser.add_argument("--num-logprobs", type=int, default=20)
     parser.add_argument("--target-s", type=float, default=0.2, help="time per measurement")
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--upstream", metavar="FILE", help="also time vLLM's batch_shard.py at this path")
     args = parser.parse_args(argv)
     if args.quick:
         args.num_reqs, args.logits_per_req, args.tp = [4, 16], [1, 2], [2]
@@ -83,7 +86,7 @@ class Bench:
         self.logits_shard = torch.randn(num_logits, args.vocab // tp, device=device)
 
     def sharder(self, impl: str, **options):
-        return IMPLS[impl](*self.capacity, comm=LoopbackComm(0, self.tp), device=self.device, **options)
+        return implementations()[impl](*self.capacity, comm=LoopbackComm(0, self.tp), device=self.device, **options)
 
     def local_output(self, local_batch) -> SamplerOutput:
         """What a sampler would return for ``local_batch``: right shapes, arbitrary values."""
@@ -203,7 +206,22 @@ def warm_up_device(device: torch.device, seconds: float = 2.0) -> None:
         synchronize(device)
 
 
+def implementations(upstream_file: Optional[str] = None) -> dict:
+    """The timed sharders by name; the upstream one once ``upstream_file`` has been given."""
+    if upstream_file is not None:
+        sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples",
+                                        "upstream_vllm"))
+        import shardspec_upstream
+
+        shardspec_upstream.load_upstream(upstream_file)  # fails here, not in the first row, for a bad path
+        IMPLS[UPSTREAM] = lambda *capacity, **options: shardspec_upstream.UpstreamSharder(
+            *capacity, path=upstream_file, **options)
+    return IMPLS
+
+
 def run(args) -> dict:
+    implementations(args.upstream)
+    print(header(UPSTREAM in IMPLS), flush=True)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     warm_up_device(device)
     rows = []
@@ -212,7 +230,7 @@ def run(args) -> dict:
             for num_reqs in args.num_reqs:
                 bench = Bench(args, num_reqs, logits_per_req, tp, device)
                 row = {"tp": tp, "num_reqs": num_reqs, "logits_per_req": logits_per_req}
-                for impl in IMPLS:
+                for impl in implementations():
                     calls = bench.calls(bench.sharder(impl))
                     for op in OPS:
                         row[f"{impl}.{op}"] = measure(calls[op], device, args.target_s, args.repeats)
@@ -230,19 +248,27 @@ def settings(args) -> dict:
     return {"max_num_reqs": args.max_num_reqs, "max_num_logits_per_req": max(args.logits_per_req),
             "padded_vocab": args.vocab, "logprobs_dims": [args.num_logprobs, 0], "gather_num_nans": True,
             "grammar": None, "rank": 0, "communicator": "LoopbackComm",
-            "check_preconditions": f"on, except in {UNCHECKED}.*"}
+            "check_preconditions": f"on, except in {UNCHECKED}.*", "upstream": args.upstream}
 
 
-HEADER = (f"{'tp':>3} {'reqs':>5} {'n_i':>3} | " + " | ".join(f"{op:^26}" for op in OPS)
-          + f" | {'no checks':^17} | {'graph':>7}\n{'':>14}| "
-          + " | ".join(f"{'ref':>8} {'prod':>8} {'ratio':>7}" for _ in OPS) + f" | {'shard':>8} {'step':>8} |   prod")
+def header(with_upstream: bool) -> str:
+    per_op = f"{'ref':>8} {'prod':>8} {'ratio':>7}" + (f" {'up':>8} {'ratio':>7}" if with_upstream else "")
+    width = len(per_op)
+    return (f"{'tp':>3} {'reqs':>5} {'n_i':>3} | " + " | ".join(f"{op:^{width}}" for op in OPS)
+            + f" | {'no checks':^17} | {'graph':>7}\n{'':>14}| " + " | ".join(per_op for _ in OPS)
+            + f" | {'shard':>8} {'step':>8} |   prod")
 
 
 def format_row(row: dict) -> str:
+    """Wall us of each op: reference, production, their ratio (and upstream, its ratio to production)."""
     cells = []
     for op in OPS:
         ref, prod = row[f"reference.{op}"]["wall_us"], row[f"production.{op}"]["wall_us"]
-        cells.append(f"{ref:8.1f} {prod:8.1f} {ref / prod:6.1f}x")
+        cell = f"{ref:8.1f} {prod:8.1f} {ref / prod:6.1f}x"
+        if f"{UPSTREAM}.{op}" in row:
+            upstream = row[f"{UPSTREAM}.{op}"]["wall_us"]
+            cell += f" {upstream:8.1f} {upstream / prod:6.1f}x"
+        cells.append(cell)
     cells.append(f"{row[UNCHECKED + '.shard']['wall_us']:8.1f} {row[UNCHECKED + '.step']['wall_us']:8.1f}")
     graph = row.get("production.step_graph_gpu_us")
     graph_cell = f"{graph:7.1f}" if graph is not None else f"{'-':>7}"
@@ -254,7 +280,7 @@ def format_table(result: dict) -> str:
     lines = [f"wall microseconds per call (median; graph: GPU us per replay of the captured production step); "
              f"device {env['device_name']}, torch {env['torch']}, triton {env['triton']}, "
              f"vocab {result['settings']['padded_vocab']}, "
-             f"logprobs {result['settings']['logprobs_dims']}", HEADER]
+             f"logprobs {result['settings']['logprobs_dims']}", header(result["settings"]["upstream"] is not None)]
     lines += [format_row(row) for row in result["rows"]]
     gpu = [f"{r['tp']}/{r['num_reqs']}/{r['logits_per_req']}: ref {r['reference.step']['gpu_us']:.1f} "
            f"prod {r['production.step']['gpu_us']:.1f}" for r in result["rows"] if r["production.step"]["gpu_us"]]
@@ -265,7 +291,6 @@ def format_table(result: dict) -> str:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    print(HEADER, flush=True)
     result = run(args)
     print("\n" + format_table(result))
     if args.out:

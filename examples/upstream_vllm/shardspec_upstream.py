@@ -1,0 +1,168 @@
+"""Adapter: vLLM's own ``batch_shard.py`` (a copy of the file, without vLLM) behind shardspec's API.
+
+Point ``SHARDSPEC_UPSTREAM_FILE`` at the file and run the suite against it::
+
+    SHARDSPEC_UPSTREAM_FILE=/path/to/vllm/v1/worker/gpu/sample/batch_shard.py \\
+    PYTHONPATH=examples/upstream_vllm \\
+        python -m shardspec.conformance --impl shardspec_upstream:make_sharder
+
+or time it beside shardspec's sharders: ``python bench/bench_step.py --upstream FILE``.
+
+The file imports a few vLLM modules. This adapter registers small stand-ins for
+them under their vLLM names before it loads the file: the data types are
+shardspec's own (their field names follow vLLM's), and the tensor-parallel
+group is a thin object that sends the file's collectives to the rank's
+shardspec :class:`~shardspec.comm.Communicator`. The stand-ins do less Python
+work per collective than vLLM's group coordinator does, so timings of the file
+here are, if anything, lower than in vLLM. Nothing of the file is copied into
+this repository.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+import threading
+import types
+
+import torch
+import triton
+import triton.language as tl
+
+from shardspec.spec import model
+from shardspec.spec.model import ShardResult
+
+_FILE_VARIABLE = "SHARDSPEC_UPSTREAM_FILE"
+# The rank whose thread is running: in-process groups run every rank as a thread of one process.
+_current = threading.local()
+
+
+class _TensorParallelGroup:
+    """What the file reads of vLLM's group coordinator, for the calling thread's rank."""
+
+    def __init__(self, comm):
+        self.comm = comm
+        self.rank_in_group = comm.rank
+        self.world_size = comm.world_size
+        self.device_group = self  # handed back to the ``torch.distributed`` stand-in below
+
+
+def get_tp_group() -> _TensorParallelGroup:
+    group = getattr(_current, "group", None)
+    if group is None:
+        raise RuntimeError("the upstream file ran outside an UpstreamSharder call: no tensor-parallel group")
+    return group
+
+
+def tensor_model_parallel_all_gather(tensor: torch.Tensor, dim: int = -1) -> torch.Tensor:
+    """vLLM's all-gather along ``dim`` (only dim 0 is used by the file): a fresh, rank-major tensor."""
+    if dim != 0:
+        raise NotImplementedError(f"all-gather along dim {dim}: the adapter only gathers along dim 0")
+    group = get_tp_group()
+    gathered = tensor.new_empty((group.world_size * tensor.shape[0], *tensor.shape[1:]))
+    group.comm.all_gather_into_tensor(gathered, tensor.contiguous())
+    return gathered
+
+
+def _all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=None, group=None, **_):
+    group.comm.all_to_all_single(output, input, output_split_sizes, input_split_sizes)
+
+
+def _torch_for_the_file() -> types.ModuleType:
+    """A copy of the ``torch`` namespace whose ``distributed.all_to_all_single`` goes to the group's comm.
+
+    A real module copy rather than a proxy: attribute lookups on it cost what they cost on ``torch``.
+    """
+    copied = types.ModuleType("torch")
+    copied.__dict__.update(torch.__dict__)
+    distributed = types.ModuleType("torch.distributed")
+    distributed.__dict__.update(torch.distributed.__dict__)
+    distributed.all_to_all_single = _all_to_all_single
+    copied.distributed = distributed
+    return copied
+
+
+def _register_vllm_stand_ins() -> None:
+    names = {
+        "vllm.distributed.communication_op": {"tensor_model_parallel_all_gather": tensor_model_parallel_all_gather},
+        "vllm.distributed.parallel_state": {"get_tp_group": get_tp_group},
+        "vllm.triton_utils": {"tl": tl, "triton": triton},
+        "vllm.v1.core.sched.output": {"GrammarOutput": model.GrammarOutput},
+        "vllm.v1.outputs": {"LogprobsTensors": model.LogprobsTensors},
+        "vllm.v1.worker.gpu.input_batch": {"InputBatch": model.InputBatch},
+        "vllm.v1.worker.gpu.sample.output": {"SamplerOutput": model.SamplerOutput},
+    }
+    for dotted, attributes in names.items():
+        parts = dotted.split(".")
+        for depth in range(1, len(parts) + 1):
+            sys.modules.setdefault(".".join(parts[:depth]), types.ModuleType(".".join(parts[:depth])))
+        vars(sys.modules[dotted]).update(attributes)
+
+
+_loaded: dict = {}
+
+
+def load_upstream(path: str | None = None) -> types.ModuleType:
+    """The upstream file as a module (loaded once per path), with the stand-ins in place."""
+    path = path or os.environ.get(_FILE_VARIABLE)
+    if not path:
+        raise RuntimeError(f"set {_FILE_VARIABLE} to the path of vLLM's batch_shard.py")
+    path = os.path.abspath(path)
+    if path not in _loaded:
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f"{_FILE_VARIABLE}={path}: no such file")
+        _register_vllm_stand_ins()
+        spec = importlib.util.spec_from_file_location(f"_shardspec_upstream_{len(_loaded)}", path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        module.torch = _torch_for_the_file()  # the file calls torch.distributed.all_to_all_single itself
+        _loaded[path] = module
+    return _loaded[path]
+
+
+class UpstreamSharder:
+    """The file's ``BatchSharder`` and module functions as one shardspec sharder."""
+
+    def __init__(self, max_num_reqs: int, max_num_logits_per_req: int, *, comm, device="cpu", path=None):
+        self.upstream = load_upstream(path)
+        self.group = _TensorParallelGroup(comm)
+        self.device = torch.device(device)
+        with self._rank():
+            self.sharder = self.upstream.BatchSharder(max_num_reqs, max_num_logits_per_req, self.device)
+
+    def _rank(self):
+        return _Entered(self.group)
+
+    def shard_sampler_inputs(self, batch, grammar) -> ShardResult:
+        with self._rank():
+            return ShardResult(*self.sharder.shard_sampler_inputs(batch, grammar))
+
+    def all_to_all_logits(self, logits_shard, metadata):
+        with self._rank():
+            return self.upstream.all_to_all_logits(logits_shard, metadata)
+
+    def gather_sampler_output(self, local_output, metadata, global_batch, local_batch, *,
+                              gather_num_nans=False, logprobs_dims=None):
+        with self._rank():
+            return self.upstream.gather_sampler_output(local_output, metadata, self.device, global_batch, local_batch,
+                                                       gather_num_nans=gather_num_nans, logprobs_dims=logprobs_dims)
+
+
+class _Entered:
+    """Makes ``group`` the calling thread's group for the duration of one call."""
+
+    __slots__ = ("group", "previous")
+
+    def __init__(self, group):
+        self.group = group
+
+    def __enter__(self):
+        self.previous = getattr(_current, "group", None)
+        _current.group = self.group
+
+    def __exit__(self, *exc):
+        _current.group = self.previous
+
+
+make_sharder = UpstreamSharder

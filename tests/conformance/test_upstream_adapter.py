@@ -1,0 +1,63 @@
+"""examples/upstream_vllm: vLLM's batch_shard.py run by the suite without vLLM installed.
+
+The file itself is not part of this repository; a file shaped like it
+(``plugins/vllm_style_batch_shard.py``) stands in, so these tests check the
+adapter's wiring: the vLLM stand-in modules, the collectives routed to each
+rank's communicator, and one tensor-parallel group per rank thread.
+"""
+
+import pathlib
+import sys
+
+import pytest
+
+from shardspec.conformance.api import ImplChoice
+from shardspec.conformance.inprocess import run_case_in_process
+from shardspec.conformance.results import PASS
+
+from harness_cases import PLUGINS, small_cases
+
+ADAPTER = pathlib.Path(__file__).resolve().parents[2] / "examples" / "upstream_vllm"
+STAND_IN = PLUGINS / "vllm_style_batch_shard.py"
+
+
+@pytest.fixture
+def adapter(monkeypatch):
+    monkeypatch.syspath_prepend(str(ADAPTER))
+    monkeypatch.setenv("SHARDSPEC_UPSTREAM_FILE", str(STAND_IN))
+    import shardspec_upstream
+
+    yield shardspec_upstream
+    sys.modules.pop("shardspec_upstream", None)
+
+
+@pytest.mark.parametrize("tp", [1, 2, 3])
+def test_suite_passes_a_vllm_style_file_through_the_adapter(adapter, tp):
+    for case in small_cases(tp):
+        result = run_case_in_process(case, ImplChoice("shardspec_upstream:make_sharder"))
+        assert result.status == PASS, result.errors or result.violations
+
+
+def test_the_file_sees_its_own_rank_in_each_thread(adapter):
+    from shardspec.comm import LockstepGroup
+
+    group = LockstepGroup(2)
+    sharders = [adapter.make_sharder(8, 2, comm=group.comm(rank)) for rank in range(2)]
+    with sharders[1]._rank():
+        assert adapter.get_tp_group().rank_in_group == 1
+        with sharders[0]._rank():
+            assert adapter.get_tp_group().rank_in_group == 0
+        assert adapter.get_tp_group().rank_in_group == 1
+
+
+def test_missing_file_is_named(adapter, monkeypatch, tmp_path):
+    monkeypatch.delenv("SHARDSPEC_UPSTREAM_FILE")
+    with pytest.raises(RuntimeError, match="SHARDSPEC_UPSTREAM_FILE"):
+        adapter.load_upstream()
+    with pytest.raises(FileNotFoundError, match="no-such-file.py"):
+        adapter.load_upstream(str(tmp_path / "no-such-file.py"))
+
+
+def test_outside_a_sharder_call_there_is_no_group(adapter):
+    with pytest.raises(RuntimeError, match="outside an UpstreamSharder call"):
+        adapter.get_tp_group()
