@@ -35,3 +35,30 @@ def test_bad_upstream_path_is_named_before_any_timing(tmp_path):
                           capture_output=True, text=True, timeout=120, env=dict(os.environ, TRITON_INTERPRET="1"))
     assert proc.returncode != 0
     assert "missing.py: no such file" in proc.stderr
+
+
+def _site_of_this_tree(site: pathlib.Path) -> pathlib.Path:
+    """What ``pip install --target site .`` lays out, as links into the tree (pyproject's package-dir)."""
+    package = site / "shardspec"
+    package.mkdir(parents=True)
+    for module in (ROOT / "src" / "shardspec").glob("*.py"):
+        (package / module.name).symlink_to(module)
+    for folder in ("spec", "reference", "impl", "conformance", "fixtures"):
+        (package / folder).symlink_to(ROOT / folder)
+    return site
+
+
+def test_in_process_ab_loads_two_installs_side_by_side(tmp_path):
+    site = _site_of_this_tree(tmp_path / "site")
+    ab = [sys.executable, str(ROOT / "bench" / "ab_inprocess.py")]
+    small = ["--quick", "--num-reqs", "4", "--tp", "2", "--rounds", "2", "--calls", "1"]
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    proc = subprocess.run([*ab, str(site), str(site), *small], capture_output=True, text=True, timeout=300,
+                          env=env, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert [line.split(":")[0].strip() for line in proc.stdout.splitlines()[1:]] == ["shard", "gather", "step"]
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    proc = subprocess.run([*ab, str(empty), str(site), *small], capture_output=True, text=True, timeout=300,
+                          env=env, cwd=tmp_path)
+    assert proc.returncode != 0 and f"{empty} holds no shardspec" in proc.stderr
