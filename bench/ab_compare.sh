@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The benchmark of two source trees on one machine, alternating, so that machine-to-machine
-# differences (often 1.5x on shared GPU hosts) do not pass for a speed-up.
+# differences (often 1.5x on shared GPU hosts) do not pass for a speed-up. Whole tables, reference
+# included; for differences of a few percent use bench/ab_inprocess.py (one process, alternating bursts).
 #   bash bench/ab_compare.sh OLD_TREE [NEW_TREE] [-- bench_step.py options]
 # A tree is a directory holding this project, e.g. `git archive COMMIT | tar -x -C old`.
 # Each tree is installed (no dependencies) into its own directory under ${AB_DIR:-/tmp/ab}, with
