@@ -10,7 +10,11 @@ drift of the machine hits both alike. Reported per operation: each version's
 median per-call wall time over the bursts, and the median of the per-round
 ratios new / old with its interquartile range.
 
+Either side may instead be ``upstream:FILE``: vLLM's own ``batch_shard.py``
+through ``examples/upstream_vllm``, for a precise ratio to upstream.
+
     python bench/ab_inprocess.py OLD_SITE NEW_SITE [--tp 8] [--num-reqs 1024] [--logits-per-req 1]
+    python bench/ab_inprocess.py upstream:FILE NEW_SITE
 """
 
 from __future__ import annotations
@@ -51,6 +55,15 @@ def sharder_class(site: str):
             sys.modules[name[len("_ab_previous."):]] = sys.modules.pop(name)
 
 
+def sharder_factory(side: str):
+    """A site directory (its ``ProductionSharder``) or ``upstream:FILE`` (vLLM's file, adapted)."""
+    if not side.startswith("upstream:"):
+        return sharder_class(side)
+    from bench_step import implementations
+
+    return implementations(side[len("upstream:"):])["upstream"]
+
+
 def burst_us(fn, device: torch.device, calls: int) -> float:
     synchronize(device)
     start = time.perf_counter()
@@ -81,7 +94,7 @@ def main(argv=None) -> int:
     bench = Bench(args, own.num_reqs, own.logits_per_req, own.tp, device)
     sides = {}
     for side, site in (("old", own.old_site), ("new", own.new_site)):
-        sharder = sharder_class(site)(*bench.capacity, comm=LoopbackComm(0, own.tp), device=device)
+        sharder = sharder_factory(site)(*bench.capacity, comm=LoopbackComm(0, own.tp), device=device)
         sides[side] = bench.calls(sharder)
     print(f"tp {own.tp}, {own.num_reqs} requests x {own.logits_per_req} rows, {own.rounds} rounds of "
           f"{own.calls} calls per side and operation; device {device}")

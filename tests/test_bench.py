@@ -57,6 +57,9 @@ def test_in_process_ab_loads_two_installs_side_by_side(tmp_path):
                           env=env, cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert [line.split(":")[0].strip() for line in proc.stdout.splitlines()[1:]] == ["shard", "gather", "step"]
+    proc = subprocess.run([*ab, f"upstream:{STAND_IN}", str(site), *small], capture_output=True, text=True,
+                          timeout=300, env=env, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
     empty = tmp_path / "empty"
     empty.mkdir()
     proc = subprocess.run([*ab, str(empty), str(site), *small], capture_output=True, text=True, timeout=300,
