@@ -19,6 +19,7 @@ agree byte for byte). What differs is how:
 from __future__ import annotations
 
 import os
+from operator import itemgetter
 from typing import Optional
 
 import numpy as np
@@ -26,6 +27,7 @@ import torch
 
 from shardspec.comm import Communicator
 from shardspec.impl import checks
+from shardspec.impl.grammar import local_grammar_output
 from shardspec.impl.kernels import next_power_of_2, pack_kernel, shard_plan_kernel, unpack_kernel
 from shardspec.impl.launch import Launcher
 from shardspec.impl.workspace import carve, logprobs_layout, plan_layout
@@ -116,13 +118,15 @@ class ProductionSharder:
         # tp is usually a power of two, and a mask is cheaper than a division.
         owners = np.bitwise_and(slots, tp - 1) if tp & (tp - 1) == 0 else np.remainder(slots, tp)
         num_logits = int(cu[-1])
-        reqs_per_rank = np.bincount(owners, minlength=tp)
-        rows_per_rank = reqs_per_rank if width == 1 else np.bincount(owners, weights=counts, minlength=tp).astype(
-            np.int64)
-        max_reqs_per_rank = int(np.maximum.reduce(reqs_per_rank)) if num_reqs else 1
-        local_reqs = (owners == rank).nonzero()[0]  # owners is 1-D: no flatnonzero wrapper needed
+        # Per-rank counts as Python lists: tp is small, and list max / indexing cost far less than numpy's.
+        reqs_per_rank = np.bincount(owners, minlength=tp).tolist()
+        rows_per_rank = reqs_per_rank if width == 1 else np.bincount(
+            owners, weights=counts, minlength=tp).astype(np.int64).tolist()
+        max_reqs_per_rank = max(reqs_per_rank) if num_reqs else 1
+        owned = owners == rank
+        local_reqs = owned.nonzero()[0]  # owned is 1-D: no flatnonzero wrapper needed
         num_local = local_reqs.shape[0]
-        num_local_logits = int(rows_per_rank[rank])
+        num_local_logits = rows_per_rank[rank]
 
         if num_reqs:
             self._launch_plan(batch, num_reqs, max_reqs_per_rank)
@@ -136,7 +140,7 @@ class ProductionSharder:
         local_drafts = None if drafts is None else np.asarray(drafts)[local_reqs].astype(np.int32, copy=False)
         req_ids = batch.req_ids
         local_batch = InputBatch(
-            req_ids=list(map(req_ids.__getitem__, local_reqs.tolist())),
+            req_ids=_pick(req_ids, local_reqs.tolist()),
             num_reqs=num_local,
             idx_mapping=views["local_idx_mapping"],
             idx_mapping_np=slots[local_reqs],
@@ -152,7 +156,7 @@ class ProductionSharder:
         )
         metadata = BatchShardMetadata(
             tp_size=tp,
-            num_logits_per_rank=rows_per_rank.tolist(),
+            num_logits_per_rank=rows_per_rank,
             num_local_logits=num_local_logits,
             num_local_reqs=num_local,
             max_num_reqs_per_rank=max_reqs_per_rank,
@@ -161,7 +165,7 @@ class ProductionSharder:
         )
         local_grammar = None
         if grammar is not None:
-            local_grammar = self._local_grammar(grammar, position, owners, cu)
+            local_grammar = local_grammar_output(grammar, position, owned, cu)
         return ShardResult(local_batch, views["sorted_logits_indices"], local_grammar, metadata)
 
     def _shard_views(self, num_reqs: int, num_logits: int, num_local: int, num_local_logits: int) -> dict:
@@ -190,27 +194,6 @@ class ProductionSharder:
         # The plan's outputs never move: a direct launch takes their addresses instead.
         _launch_plan(-(-num_reqs // self._plan_block), key, (*inputs, *self._plan_outputs, *sizes), constexprs,
                      (*inputs, *self._plan_output_addresses, *sizes))
-
-    def _local_grammar(self, grammar: GrammarOutput, position: dict, owners: np.ndarray,
-                       cu: np.ndarray) -> Optional[GrammarOutput]:
-        """The owned requests' ids (grammar order) and a copy of their bitmask rows."""
-        ids = grammar.structured_output_request_ids
-        if not ids:
-            return None
-        listed = np.fromiter((position[r] for r in ids), dtype=np.int64, count=len(ids))
-        counts = cu[listed + 1] - cu[listed]
-        starts = np.cumsum(counts) - counts
-        kept = owners[listed] == self.rank
-        if not kept.any():
-            return None
-        kept_counts = counts[kept]
-        offsets = np.arange(int(kept_counts.sum())) - np.repeat(np.cumsum(kept_counts) - kept_counts, kept_counts)
-        rows = np.repeat(starts[kept], kept_counts) + offsets
-        bitmask = grammar.grammar_bitmask
-        return GrammarOutput(
-            structured_output_request_ids=[ids[k] for k in np.flatnonzero(kept).tolist()],
-            grammar_bitmask=bitmask.index_select(0, _to_device(rows, bitmask.device)),
-        )
 
     # -- step 2 ------------------------------------------------------------
     def all_to_all_logits(self, logits_shard: torch.Tensor, metadata: BatchShardMetadata) -> torch.Tensor:
@@ -382,18 +365,15 @@ class ProductionSharder:
         )
 
 
+def _pick(items: list, indices: list) -> list:
+    """``[items[i] for i in indices]`` in one C-level call, about 4x faster for a batch's worth."""
+    if len(indices) > 1:
+        return list(itemgetter(*indices)(items))
+    return [items[i] for i in indices]
+
+
 def _indexed(device: torch.device) -> torch.device:
     """A CUDA device with its index (the current one where none is given): launches name their device."""
     if device.type == "cuda" and device.index is None:
         return torch.device("cuda", torch.cuda.current_device())
     return device
-
-
-def _to_device(values: np.ndarray, device: torch.device) -> torch.Tensor:
-    """int64 host values on ``device`` without a synchronizing copy (pinned staging on CUDA)."""
-    host = torch.from_numpy(np.ascontiguousarray(values, dtype=np.int64))
-    if device.type != "cuda":
-        return host.to(device)
-    staged = torch.empty(host.shape, dtype=torch.int64, pin_memory=True)
-    staged.copy_(host)
-    return staged.to(device, non_blocking=True)
