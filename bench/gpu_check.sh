@@ -3,13 +3,18 @@
 # the GPU tests, the benchmark table, and the conformance suite against the production implementation
 # (tp 1 on NCCL through torchrun; tp 1-8 in-process on the one GPU with compiled kernels; tp 2 on gloo
 # with the Triton interpreter). Each part has its own time limit; the exit status is the worst part's.
+# With SHARDSPEC_UPSTREAM_FILE set (vLLM's batch_shard.py), the benchmark times it too and the part
+# upstream-tp1-nccl runs the suite over it, its known failures (examples/upstream_vllm) as xfails.
 #   bash bench/gpu_check.sh [PART ...]     (default: every part)
 set -u
 OUT=${OUT:-gpu-check}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 status=0
-parts=" ${*:-gpu-tests bench conformance-tp1-nccl conformance-in-process-cuda conformance-tp2-gloo-interpreted} "
+upstream=${SHARDSPEC_UPSTREAM_FILE:-}
+default="gpu-tests bench conformance-tp1-nccl conformance-in-process-cuda conformance-tp2-gloo-interpreted"
+[ -n "$upstream" ] && default="$default upstream-tp1-nccl"
+parts=" ${*:-$default} "
 part() {  # part NAME SECONDS COMMAND...
   local name=$1 limit=$2; shift 2
   [[ "$parts" == *" $name "* ]] || return 0
@@ -21,9 +26,13 @@ part() {  # part NAME SECONDS COMMAND...
   return 0
 }
 part gpu-tests 240 python -m pytest -q -x tests/gpu tests/impl
-part bench 300 python bench/bench_step.py --graph --repeats 5 --target-s 0.1 --out "$OUT/bench.json"
+part bench 300 python bench/bench_step.py --graph --repeats 5 --target-s 0.1 --out "$OUT/bench.json" \
+  ${upstream:+--upstream "$upstream"}
 part conformance-tp1-nccl 300 python -m shardspec.conformance --impl production --tp 1 --json "$OUT/conformance-tp1.json"
 part conformance-in-process-cuda 400 python -m shardspec.conformance --in-process --in-process-device cuda \
   --impl production,reference/production --tp 1,2,3,4,8 --json "$OUT/conformance-in-process.json"
 part conformance-tp2-gloo-interpreted 200 python -m shardspec.conformance --impl production --tp 2 --fixtures-only
+part upstream-tp1-nccl 300 env PYTHONPATH="examples/upstream_vllm${PYTHONPATH:+:$PYTHONPATH}" \
+  python -m shardspec.conformance --impl shardspec_upstream:make_sharder --tp 1 \
+  --xfails-file examples/upstream_vllm/known_failures.yaml --json "$OUT/upstream-tp1.json"
 exit $status
