@@ -24,7 +24,6 @@ import importlib
 import os
 import statistics
 import sys
-import time
 
 import torch
 
@@ -32,7 +31,7 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_step import OPS, Bench, parse_args, synchronize  # noqa: E402
+from bench_step import OPS, Bench, add_upstream, burst_us, parse_args  # noqa: E402
 
 from shardspec.comm import LoopbackComm  # noqa: E402
 
@@ -59,18 +58,7 @@ def sharder_factory(side: str):
     """A site directory (its ``ProductionSharder``) or ``upstream:FILE`` (vLLM's file, adapted)."""
     if not side.startswith("upstream:"):
         return sharder_class(side)
-    from bench_step import implementations
-
-    return implementations(side[len("upstream:"):])["upstream"]
-
-
-def burst_us(fn, device: torch.device, calls: int) -> float:
-    synchronize(device)
-    start = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    synchronize(device)
-    return (time.perf_counter() - start) / calls * 1e6
+    return add_upstream(side[len("upstream:"):])
 
 
 def quartiles(values: list[float]) -> tuple[float, float, float]:

@@ -86,7 +86,7 @@ class Bench:
         self.logits_shard = torch.randn(num_logits, args.vocab // tp, device=device)
 
     def sharder(self, impl: str, **options):
-        return implementations()[impl](*self.capacity, comm=LoopbackComm(0, self.tp), device=self.device, **options)
+        return IMPLS[impl](*self.capacity, comm=LoopbackComm(0, self.tp), device=self.device, **options)
 
     def local_output(self, local_batch) -> SamplerOutput:
         """What a sampler would return for ``local_batch``: right shapes, arbitrary values."""
@@ -125,6 +125,16 @@ class Bench:
 def synchronize(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+
+
+def burst_us(fn: Callable[[], object], device: torch.device, calls: int) -> float:
+    """Wall microseconds per call of ``calls`` back-to-back calls, the device's queue drained at both ends."""
+    synchronize(device)
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    synchronize(device)
+    return (time.perf_counter() - start) / calls * 1e6
 
 
 def measure(fn: Callable[[], object], device: torch.device, target_s: float, repeats: int) -> dict:
@@ -206,21 +216,20 @@ def warm_up_device(device: torch.device, seconds: float = 2.0) -> None:
         synchronize(device)
 
 
-def implementations(upstream_file: Optional[str] = None) -> dict:
-    """The timed sharders by name; the upstream one once ``upstream_file`` has been given."""
-    if upstream_file is not None:
-        sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples",
-                                        "upstream_vllm"))
-        import shardspec_upstream
+def add_upstream(upstream_file: str):
+    """Adds vLLM's file (through examples/upstream_vllm) to IMPLS as ``upstream``; returns its factory."""
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples", "upstream_vllm"))
+    import shardspec_upstream
 
-        shardspec_upstream.load_upstream(upstream_file)  # fails here, not in the first row, for a bad path
-        IMPLS[UPSTREAM] = lambda *capacity, **options: shardspec_upstream.UpstreamSharder(
-            *capacity, path=upstream_file, **options)
-    return IMPLS
+    shardspec_upstream.load_upstream(upstream_file)  # fails here, not in the first row, for a bad path
+    IMPLS[UPSTREAM] = lambda *capacity, **options: shardspec_upstream.UpstreamSharder(
+        *capacity, path=upstream_file, **options)
+    return IMPLS[UPSTREAM]
 
 
 def run(args) -> dict:
-    implementations(args.upstream)
+    if args.upstream is not None:
+        add_upstream(args.upstream)
     print(header(UPSTREAM in IMPLS), flush=True)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     warm_up_device(device)
@@ -230,7 +239,7 @@ def run(args) -> dict:
             for num_reqs in args.num_reqs:
                 bench = Bench(args, num_reqs, logits_per_req, tp, device)
                 row = {"tp": tp, "num_reqs": num_reqs, "logits_per_req": logits_per_req}
-                for impl in implementations():
+                for impl in IMPLS:
                     calls = bench.calls(bench.sharder(impl))
                     for op in OPS:
                         row[f"{impl}.{op}"] = measure(calls[op], device, args.target_s, args.repeats)

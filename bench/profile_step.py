@@ -18,18 +18,13 @@ import time
 import torch
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
-from bench_step import Bench, parse_args, synchronize  # noqa: E402
+from bench_step import Bench, burst_us, parse_args, synchronize  # noqa: E402
 
 
 def per_call_us(fn, device, iters: int) -> float:
-    for _ in range(min(20, iters)):
+    for _ in range(min(20, iters)):  # warm-up
         fn()
-    synchronize(device)
-    start = time.perf_counter()
-    for _ in range(iters):
-        fn()
-    synchronize(device)
-    return (time.perf_counter() - start) / iters * 1e6
+    return burst_us(fn, device, iters)
 
 
 def step_segments(sharder, bench, device, iters: int) -> dict:
