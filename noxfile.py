@@ -82,6 +82,13 @@ def spec(session: nox.Session) -> None:
 
 @nox.session
 def bench(session: nox.Session) -> None:
-    """Reference vs production per-step timings (see bench/)."""
+    """Reference vs production per-step timings, then what a step does, counted (see bench/).
+
+    Arguments after -- go to bench_step.py; its --upstream FILE (vLLM's batch_shard.py) goes to the
+    counts too.
+    """
     install(session)
     session.run("python", "bench/bench_step.py", *session.posargs)
+    args = list(session.posargs)
+    upstream = args[args.index("--upstream") : args.index("--upstream") + 2] if "--upstream" in args else []
+    session.run("python", "bench/step_counts.py", *upstream)

@@ -15,14 +15,21 @@ for buffers that never move), which spares the launcher its pointer lookups;
 which tuple is used is decided once per launch, so a hook installed between
 two launches never sees integers where Triton expects tensors.
 
+Under Triton 3.6, whose launcher's argument layout was read and checked, a
+kernel that needs no scratch memory is launched through the C function behind
+``CompiledKernel.run`` (its Python frame only allocates scratch memory and
+forwards the arguments); other versions keep ``run``.
+
 The first launch of a key, every launch under the interpreter and every launch
 while a Triton launch hook is installed (profilers) go through Triton.
-``SHARDSPEC_DIRECT_LAUNCH=0`` sends every launch through Triton (for comparison).
+``SHARDSPEC_DIRECT_LAUNCH=0`` sends every launch through Triton (for comparison),
+``SHARDSPEC_BARE_LAUNCH=0`` keeps ``run`` on Triton 3.6.
 """
 
 from __future__ import annotations
 
 import os
+import sys
 
 import torch
 
@@ -75,6 +82,16 @@ def _direct_launch(compiled, device_index: int, constexpr_values: tuple):
     """A launch of ``compiled`` on the device's current stream, as Triton's runner does it."""
     run, function, metadata = compiled.run, compiled.function, compiled.packed_metadata
     current_stream = torch._C._cuda_getCurrentRawStream
+    bare = _bare_launch(run)
+    if bare is not None:
+        cooperative, pdl = run.launch_cooperative_grid, run.launch_pdl
+
+        def launch(num_programs: int, args: tuple) -> None:
+            # No scratch memory and no hooks: what run() would pass, without its Python frame.
+            bare(num_programs, 1, 1, current_stream(device_index), function, cooperative, pdl, None, None,
+                 metadata, None, None, None, *args, *constexpr_values)
+
+        return launch
 
     def launch(num_programs: int, args: tuple) -> None:
         # No launch hook is active (checked by the caller): no launch metadata, no hooks to call.
@@ -82,6 +99,24 @@ def _direct_launch(compiled, device_index: int, constexpr_values: tuple):
             *args, *constexpr_values)
 
     return launch
+
+
+# The argument format of the C launch function behind Triton 3.6's CudaLauncher: grid, stream, function,
+# cooperative and PDL flags, then global scratch, profile scratch, kernel metadata, launch metadata and
+# the two hooks. Other Triton versions order these differently: they keep run().
+_BARE_VERSION, _BARE_FORMAT = "3.6.", "iiiKKppOOOOOO"
+
+
+def _bare_launch(run):
+    """``run``'s C launch function where calling it directly is known to equal ``run(...)``, else None."""
+    import triton
+
+    driver = sys.modules.get(type(run).__module__)
+    if (not triton.__version__.startswith(_BARE_VERSION) or getattr(driver, "_BASE_ARGS_FORMAT", None) != _BARE_FORMAT
+            or getattr(run, "global_scratch_size", 1) or getattr(run, "profile_scratch_size", 1)
+            or os.environ.get("SHARDSPEC_BARE_LAUNCH") == "0"):
+        return None  # scratch memory would have to be allocated per launch, as run() does
+    return getattr(run, "launch", None)
 
 
 def _constexprs_last(kernel, constexprs: dict) -> bool:

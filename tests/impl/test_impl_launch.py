@@ -44,3 +44,37 @@ def test_constexprs_are_the_last_parameters_of_every_kernel():
     assert not launch._constexprs_last(shard_plan_kernel, dict(reversed(list(plan.items()))))
     assert launch._constexprs_last(pack_kernel, dict.fromkeys(
         ["HAS_OUTPUT", "HAS_NANS", "HAS_LOGPROBS", "LOCAL_LOGPROBS", "BLOCK", "ROWS_PAD", "SAMPLED_PAD", "COLS_PAD"]))
+
+
+def _fake_run(module_name: str, fmt, global_scratch=0, profile_scratch=0):
+    """An object shaped like Triton's CudaLauncher, whose class lives in a module with ``fmt``."""
+    import sys
+    import types
+
+    module = types.ModuleType(module_name)
+    if fmt is not None:
+        module._BASE_ARGS_FORMAT = fmt
+    cls = type("CudaLauncher", (), {"__module__": module_name})
+    sys.modules[module_name] = module
+    run = cls()
+    run.launch, run.global_scratch_size, run.profile_scratch_size = print, global_scratch, profile_scratch
+    return run
+
+
+def test_bare_launch_only_where_the_launcher_layout_is_known(monkeypatch):
+    import triton
+
+    name = "shardspec_test_fake_driver"
+    monkeypatch.delitem(__import__("sys").modules, name, raising=False)
+    monkeypatch.delenv("SHARDSPEC_BARE_LAUNCH", raising=False)
+    monkeypatch.setattr(triton, "__version__", "3.6.0")
+    assert launch._bare_launch(_fake_run(name, launch._BARE_FORMAT)) is print
+    assert launch._bare_launch(_fake_run(name, "iiiKKOOOOOO")) is None  # another argument layout
+    assert launch._bare_launch(_fake_run(name, None)) is None
+    assert launch._bare_launch(_fake_run(name, launch._BARE_FORMAT, global_scratch=64)) is None
+    assert launch._bare_launch(_fake_run(name, launch._BARE_FORMAT, profile_scratch=64)) is None
+    monkeypatch.setenv("SHARDSPEC_BARE_LAUNCH", "0")
+    assert launch._bare_launch(_fake_run(name, launch._BARE_FORMAT)) is None
+    monkeypatch.delenv("SHARDSPEC_BARE_LAUNCH")
+    monkeypatch.setattr(triton, "__version__", "3.9.0")  # same format string, other order of its objects
+    assert launch._bare_launch(_fake_run(name, launch._BARE_FORMAT)) is None
