@@ -75,10 +75,12 @@ def aten_operators(fn: Callable[[], object], calls: int) -> float:
 def allocations_and_device_ops(fn: Callable[[], object], calls: int, device: torch.device) -> tuple[float, float]:
     """(tensor allocations, GPU operations) per call, from torch's profiler."""
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
-    with profile(activities=activities, profile_memory=True) as prof:
-        for _ in range(calls):
-            fn()
-        synchronize(device)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*Profiler clears events")  # torch 2.11, one cycle here
+        with profile(activities=activities, profile_memory=True) as prof:
+            for _ in range(calls):
+                fn()
+            synchronize(device)
     allocations = device_ops = 0
     for event in prof.events():
         # An allocation is reported on the operator that made it (its self memory), or as a lone
