@@ -303,11 +303,15 @@ def main(argv=None) -> int:
     result = run(args)
     print("\n" + format_table(result))
     if args.out:
-        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-        with open(args.out, "w") as handle:
-            json.dump(result, handle, indent=1)
-        print(f"wrote {args.out}")
+        save_json(args.out, result)
     return 0
+
+
+def save_json(path: str, result: dict) -> None:
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w") as handle:
+        json.dump(result, handle, indent=1)
+    print(f"wrote {path}")
 
 
 if __name__ == "__main__":

@@ -20,7 +20,6 @@ on a GPU. Each implementation runs warmed up, and its counts are averaged over -
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import warnings
@@ -29,7 +28,8 @@ from typing import Callable
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_step import IMPLS, OPS, Bench, add_upstream, environment, parse_args, synchronize  # noqa: E402
+from bench_step import (  # noqa: E402
+    IMPLS, OPS, Bench, add_upstream, environment, parse_args, save_json, synchronize)
 
 from torch.profiler import ProfilerActivity, profile  # noqa: E402
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
@@ -165,10 +165,7 @@ def main(argv=None) -> int:
     result = run(args, own)
     print(format_table(result))
     if own.out:
-        os.makedirs(os.path.dirname(os.path.abspath(own.out)), exist_ok=True)
-        with open(own.out, "w") as handle:
-            json.dump(result, handle, indent=1)
-        print(f"wrote {own.out}")
+        save_json(own.out, result)
     return 0
 
 
