@@ -2,10 +2,10 @@
 # Everything this project checks on one CUDA GPU, in one go, with logs under OUT (default ./gpu-check):
 # the GPU tests, the benchmark table, the per-step counts (bench/step_counts.py), and the conformance
 # suite against the production implementation (tp 1 on NCCL through torchrun; tp 1-8 in-process on the
-# one GPU with compiled kernels; tp 2 on gloo with the Triton interpreter). Each part has its own time
-# limit; the exit status is the worst part's. With SHARDSPEC_UPSTREAM_FILE set (vLLM's batch_shard.py),
-# the benchmark times and counts it too and the part upstream-tp1-nccl runs the suite over it, its
-# known failures (examples/upstream_vllm) as xfails.
+# one GPU with compiled kernels, in the lockstep and the torch-threads group; tp 2 on gloo with the
+# Triton interpreter). Each part has its own time limit; the exit status is the worst part's. With
+# SHARDSPEC_UPSTREAM_FILE set (vLLM's batch_shard.py), the benchmark times and counts it too and the
+# part upstream-tp1-nccl runs the suite over it, its known failures (examples/upstream_vllm) as xfails.
 #   bash bench/gpu_check.sh [PART ...]     (default: every part)
 set -u
 OUT=${OUT:-gpu-check}
@@ -13,7 +13,8 @@ mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 status=0
 upstream=${SHARDSPEC_UPSTREAM_FILE:-}
-default="gpu-tests bench counts conformance-tp1-nccl conformance-in-process-cuda conformance-tp2-gloo-interpreted"
+default="gpu-tests bench counts conformance-tp1-nccl conformance-in-process-cuda conformance-torch-threads-cuda"
+default="$default conformance-tp2-gloo-interpreted"
 [ -n "$upstream" ] && default="$default upstream-tp1-nccl"
 parts=" ${*:-$default} "
 part() {  # part NAME SECONDS COMMAND...
@@ -33,6 +34,8 @@ part counts 200 python bench/step_counts.py --out "$OUT/counts.json" ${upstream:
 part conformance-tp1-nccl 300 python -m shardspec.conformance --impl production --tp 1 --json "$OUT/conformance-tp1.json"
 part conformance-in-process-cuda 400 python -m shardspec.conformance --in-process --in-process-device cuda \
   --impl production,reference/production --tp 1,2,3,4,8 --json "$OUT/conformance-in-process.json"
+part conformance-torch-threads-cuda 400 python -m shardspec.conformance --in-process-group torch-threads \
+  --in-process-device cuda --impl production,reference/production --tp 2,3,4,8 --json "$OUT/conformance-torch-threads.json"
 part conformance-tp2-gloo-interpreted 200 python -m shardspec.conformance --impl production --tp 2 --fixtures-only
 part upstream-tp1-nccl 300 env PYTHONPATH="examples/upstream_vllm${PYTHONPATH:+:$PYTHONPATH}" \
   python -m shardspec.conformance --impl shardspec_upstream:make_sharder --tp 1 \

@@ -13,9 +13,10 @@ A class whose constructor has that signature is a factory.
 is a :class:`shardspec.comm.TorchDistComm`; its ``.group`` attribute is the
 ``torch.distributed`` ProcessGroup of the run, so an implementation that calls
 ``torch.distributed`` itself passes ``group=comm.group`` to every collective.
-In the in-process mode every rank is a thread and ``comm`` is a lockstep
-communicator without ``.group``: such implementations must use the
-multi-process mode (the default).
+In the in-process mode every rank is a thread; with the default lockstep
+group ``comm`` has no ``.group``, so such implementations use the
+multi-process mode (the default) or the in-process torch-threads group, where
+``comm`` is a TorchDistComm of torch's threaded backend.
 
 An implementation is named by a string: ``reference``, ``production`` or
 ``package.module:attr`` (``attr`` may be dotted). An *entry* of a run is one

@@ -19,7 +19,7 @@ from typing import Optional
 import torch
 
 from shardspec.conformance.api import IMPL_ENV, ImplementationError, implementation_names
-from shardspec.conformance.runner import RunConfig
+from shardspec.conformance.runner import IN_PROCESS_GROUPS, RunConfig
 
 QUICK_TP_SIZES = [2, 4]
 QUICK_MAX_EXAMPLES = 10
@@ -58,7 +58,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--pg-timeout", type=float, default=None,
                         help="process-group timeout in seconds (default: --timeout)")
     parser.add_argument("--in-process", action="store_true",
-                        help="all ranks as threads of this process (pure-torch or interpreted Triton only)")
+                        help="all ranks as threads of this process, taking turns (see --in-process-group)")
+    parser.add_argument("--in-process-group", choices=list(IN_PROCESS_GROUPS), default=None,
+                        help="implies --in-process. lockstep (default): shardspec's own group, for implementations "
+                             "that use only the comm they are given; torch-threads: a torch.distributed group of "
+                             "torch's threaded backend, also for implementations that call torch.distributed")
     parser.add_argument("--in-process-device", choices=["auto", "cpu", "cuda"],
                         default=os.environ.get("SHARDSPEC_IN_PROCESS_DEVICE", "auto"),
                         help="where in-process runs (and shrinking) put the ranks: cuda (one GPU, ranks take "
@@ -90,7 +94,8 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
         impls=implementation_names(args.impl, args.impl_odd), tp_sizes=tp_sizes, seed=args.seed,
         max_examples=max_examples, mixed_max_examples=mixed_max_examples, fixtures_only=args.fixtures_only, case_ids=args.case,
         case_files=args.case_file, case_timeout_s=args.timeout,
-        pg_timeout_s=args.pg_timeout or args.timeout, in_process=args.in_process, launcher=args.launcher,
+        pg_timeout_s=args.pg_timeout or args.timeout, in_process=args.in_process or args.in_process_group is not None,
+        in_process_group=args.in_process_group or "lockstep", launcher=args.launcher,
         run_dir=args.run_dir,
         shrink=not args.no_shrink, verbose=args.verbose,
     )

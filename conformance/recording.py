@@ -95,36 +95,80 @@ class RecordingComm:
 
         Implementations that call ``torch.distributed.all_to_all_single`` /
         ``all_gather_into_tensor`` / ``all_gather_single`` directly (looked up
-        at call time) are recorded like calls through the Communicator.
+        at call time) are recorded like calls through the Communicator. The
+        functions are replaced once for all threads and route each call to the
+        recorder of the calling thread, so ranks that are threads of one
+        process record their own calls.
         """
-        import torch.distributed as dist
+        with _DIRECT_CALLS.routed_to(self):
+            yield
 
-        names = [n for n in ("all_to_all_single", "all_gather_into_tensor", "all_gather_single") if hasattr(dist, n)]
-        originals = {name: getattr(dist, name) for name in names}
-        for name in names:
-            setattr(dist, name, self._recording(name, originals[name]))
+    def record_direct(self, name: str, original, output, input, *args, **kwargs):
+        """One direct ``torch.distributed`` call, recorded unless it is this recorder's own."""
+        if getattr(self._inside, "active", False):
+            return original(output, input, *args, **kwargs)  # already recorded by the Communicator
+        kind = "all_to_all_single" if name == "all_to_all_single" else "all_gather_into_tensor"
+        splits = dict(zip(("output_split_sizes", "input_split_sizes"), args))
+        splits.update({k: kwargs[k] for k in ("output_split_sizes", "input_split_sizes") if k in kwargs})
+        self.calls.append(WireCall(
+            kind=kind, send=input.detach().clone(), output_shape=tuple(output.shape),
+            output_split_sizes=_int_list(splits.get("output_split_sizes"), kind),
+            input_split_sizes=_int_list(splits.get("input_split_sizes"), kind),
+        ))
+        return self._run(kind, original, output, input, *args, **kwargs)
+
+
+class _DirectCalls:
+    """torch.distributed's collectives replaced while any thread records; each call goes to its thread's recorder."""
+
+    NAMES = ("all_to_all_single", "all_gather_into_tensor", "all_gather_single")
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._users = 0
+        self._originals: dict = {}
+        self._current = threading.local()
+
+    @contextlib.contextmanager
+    def routed_to(self, recorder: RecordingComm):
+        self._acquire()
+        self._current.recorder = recorder
         try:
             yield
         finally:
-            for name, fn in originals.items():
-                setattr(dist, name, fn)
+            self._current.recorder = None
+            self._release()
 
-    def _recording(self, name: str, original):
-        kind = "all_to_all_single" if name == "all_to_all_single" else "all_gather_into_tensor"
+    def _acquire(self) -> None:
+        import torch.distributed as dist
 
+        with self._lock:
+            if self._users == 0:
+                self._originals = {name: getattr(dist, name) for name in self.NAMES if hasattr(dist, name)}
+                for name, original in self._originals.items():
+                    setattr(dist, name, self._router(name, original))
+            self._users += 1
+
+    def _release(self) -> None:
+        import torch.distributed as dist
+
+        with self._lock:
+            self._users -= 1
+            if self._users == 0:
+                for name, original in self._originals.items():
+                    setattr(dist, name, original)
+
+    def _router(self, name: str, original):
         def call(output, input, *args, **kwargs):
-            if getattr(self._inside, "active", False):
-                return original(output, input, *args, **kwargs)  # already recorded by the Communicator
-            splits = dict(zip(("output_split_sizes", "input_split_sizes"), args))
-            splits.update({k: kwargs[k] for k in ("output_split_sizes", "input_split_sizes") if k in kwargs})
-            self.calls.append(WireCall(
-                kind=kind, send=input.detach().clone(), output_shape=tuple(output.shape),
-                output_split_sizes=_int_list(splits.get("output_split_sizes"), kind),
-                input_split_sizes=_int_list(splits.get("input_split_sizes"), kind),
-            ))
-            return self._run(kind, original, output, input, *args, **kwargs)
+            recorder = getattr(self._current, "recorder", None)
+            if recorder is None:  # a thread that records nothing
+                return original(output, input, *args, **kwargs)
+            return recorder.record_direct(name, original, output, input, *args, **kwargs)
 
         return call
+
+
+_DIRECT_CALLS = _DirectCalls()
 
 
 def _int_list(sizes, kind: str):

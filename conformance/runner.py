@@ -34,6 +34,8 @@ class RunConfig:
     case_timeout_s: float = 60.0
     pg_timeout_s: float = 60.0
     in_process: bool = False
+    # Which in-process group: "lockstep" (shardspec's own) or "torch-threads" (torch's threaded backend).
+    in_process_group: str = "lockstep"
     # How rank processes start: "torchrun", "fork" (CPU only), or "auto"
     # (fork on the CPU, where starting ranks dominates; torchrun on GPUs).
     launcher: str = "auto"
@@ -46,6 +48,10 @@ class RunConfig:
     def selected(self) -> bool:
         """Cases were named explicitly: run exactly those."""
         return bool(self.case_ids or self.case_files)
+
+
+# Groups whose ranks are threads of one process (conformance/inprocess.py).
+IN_PROCESS_GROUPS = ("lockstep", "torch-threads")
 
 
 @dataclass
@@ -164,7 +170,7 @@ def _run_jobs(config, tp, jobs, run_dir, log) -> list[CaseResult]:
     if config.in_process:
         from shardspec.conformance.inprocess import run_jobs_in_process
 
-        results = run_jobs_in_process(jobs, config.pg_timeout_s, on_result)
+        results = run_jobs_in_process(jobs, config.pg_timeout_s, on_result, group=config.in_process_group)
     else:
         options = LaunchOptions(run_dir / f"tp{tp}", config.case_timeout_s, config.pg_timeout_s,
                                 launcher=config.launcher)
@@ -191,7 +197,8 @@ def _shrink_failures(config, choice, results, generated, run_dir, log) -> None:
         done.add(kind)
         log(f"  shrinking {result.case_id} in one process ...")
         try:
-            smallest = shrink(result.case, result, lambda c: run_case_in_process(c, choice, timeout_s=10.0))
+            smallest = shrink(result.case, result, lambda c: run_case_in_process(
+                c, choice, timeout_s=10.0, group=config.in_process_group))
         except Exception as exc:  # the failure is still reported, unshrunk
             log(f"  could not shrink {result.case_id}: {exc}")
             continue

@@ -49,7 +49,8 @@ class ConformanceSession:
         return {tp: "a mixed group needs an odd rank" for tp in self.tp_sizes if not choice.applies_to(tp)}
 
     def header(self) -> str:
-        mode = (f"in-process (lockstep threads on {expectation_device()})" if self.config.in_process
+        mode = (f"in-process ({self.config.in_process_group} group, ranks as threads on {expectation_device()})"
+                if self.config.in_process
                 else "one process per rank (gloo or NCCL)")
         lines = [f"shardspec conformance: implementation(s): {', '.join(self.label(i) for i in self.config.impls)}",
                  f"  mode: {mode}; seed {self.config.seed}; run dir {self.run_dir}"]
@@ -151,7 +152,8 @@ class ConformanceSession:
 
         if self.config.in_process:
             device = expectation_device()
-            return "lockstep threads", torch.cuda.get_device_name(0) if device == "cuda" else device
+            return (f"{self.config.in_process_group} group (ranks as threads)",
+                    torch.cuda.get_device_name(0) if device == "cuda" else device)
         if torch.cuda.is_available():
             gpus = torch.cuda.device_count()
             return (f"nccl where tp <= {gpus} GPUs, else gloo on the CPU",
@@ -159,7 +161,7 @@ class ConformanceSession:
         return "gloo", "cpu"
 
     def _extra(self) -> dict:
-        return {"mode": "in-process" if self.config.in_process else "multi-process",
+        return {"mode": f"in-process ({self.config.in_process_group})" if self.config.in_process else "multi-process",
                 "cases": len(self.case_set.cases), "max_examples": self.config.max_examples,
                 "mixed_max_examples": self.config.mixed_max_examples,
                 "cases_per_tp": {self.label(i): self.case_counts(i) for i in self.config.impls},

@@ -75,3 +75,11 @@ def test_missing_implementation_is_not_run(tmp_path, throwaway_checkers, capsys)
     assert code == 1
     assert {c["status"] for c in report["sections"][0]["cases"]} == {"not-run"}
     assert "cannot import 'no_such_pkg_xyz'" in capsys.readouterr().out
+
+
+def test_torch_threads_group_runs_from_the_command_line(tmp_path, plugins_on_path, throwaway_checkers, capsys):
+    """--in-process-group implies --in-process; the report names the group; failures are reported alike."""
+    code, report = _run(tmp_path, "--in-process-group", "torch-threads", "--impl", "faulty_sharders:WrongCountsSharder")
+    assert code == 1 and report["metadata"]["backend"] == "torch-threads group (ranks as threads)"
+    assert report["metadata"]["mode"] == "in-process (torch-threads)"
+    assert "in-process (torch-threads group, ranks as threads on cpu)" in capsys.readouterr().out

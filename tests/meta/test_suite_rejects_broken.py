@@ -28,9 +28,11 @@ def _violated(result) -> set[str]:
     return {v["invariant_id"] for v in result.violations}
 
 
+@pytest.mark.parametrize("group", ["lockstep", "torch-threads"])
 @pytest.mark.parametrize("entry, case_id", RUNS)
-def test_checkers_catch_the_defect(entry, case_id):
-    result = run_case_in_process(cases.BY_ID[case_id], ImplChoice(entry.target))
+def test_checkers_catch_the_defect(entry, case_id, group):
+    """In both in-process groups: a defect in the wire sequence must be reported, not hang the run."""
+    result = run_case_in_process(cases.BY_ID[case_id], ImplChoice(entry.target), group=group)
     assert not result.errors, f"{entry.name} should fail checks, not crash: {result.errors}"
     found = _violated(result)
     assert entry.invariant_id in found, (
@@ -59,10 +61,11 @@ def test_corpus_names_are_unique_and_every_invariant_has_an_entry():
     assert not uncovered, f"invariants no corpus entry proves: {sorted(uncovered)}"
 
 
+@pytest.mark.parametrize("group", ["lockstep", "torch-threads"])
 @pytest.mark.parametrize("impl", CONTROLS)
 @pytest.mark.parametrize("case", cases.ALL, ids=[c.case_id for c in cases.ALL])
-def test_controls_pass_targeted_cases(case, impl):
-    result = run_case_in_process(case, ImplChoice(impl))
+def test_controls_pass_targeted_cases(case, impl, group):
+    result = run_case_in_process(case, ImplChoice(impl), group=group)
     assert (result.errors, result.violations) == ([], [])
 
 
