@@ -57,8 +57,9 @@ def test_quick_run_writes_every_count_for_every_implementation(tmp_path):
     assert set(counts) == {"reference", "production", "upstream"}
     for per_op in counts.values():
         assert set(per_op) == {"shard", "gather", "step"}
-        for op in ("shard", "gather", "step"):
-            assert per_op[op]["python"] > 0 and per_op[op]["aten"] > 0
+        assert all(per_op[op]["python"] > 0 for op in ("shard", "gather", "step"))
+        # Production's shard may issue no operator at all (cached views); a gather always allocates.
+        assert per_op["gather"]["aten"] > 0 and per_op["gather"]["allocs"] > 0
         # A step is shard, all-to-all and gather: never fewer operators than shard and gather.
         assert per_op["step"]["aten"] > per_op["shard"]["aten"] + per_op["gather"]["aten"]
     assert "shard   reference" in proc.stdout

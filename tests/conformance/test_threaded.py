@@ -1,5 +1,6 @@
 """The in-process torch-threads group: torch.distributed semantics, one rank at a time, no hang."""
 
+import sys
 import time
 
 import pytest
@@ -71,7 +72,9 @@ def test_the_process_is_left_as_it_was(throwaway_checkers):
 
     world, join = dist.distributed_c10d._world, multi_threaded_pg.Collective.join
     gathers = (dist.all_gather_into_tensor, dist.all_to_all_single)
+    excepthook = sys.excepthook
     run_case_in_process(small_cases(2)[0], ImplChoice("reference"), group=GROUP)
+    assert sys.excepthook is excepthook  # creating a group wraps it with a "[rankN]" prefix
     assert dist.distributed_c10d._world is world
     assert multi_threaded_pg.Collective.join is join
     assert (dist.all_gather_into_tensor, dist.all_to_all_single) == gathers
