@@ -103,13 +103,13 @@ class _Turns:
 
 
 @contextlib.contextmanager
-def _threaded_world(turns_of_run: list):
-    """torch's threaded world installed, its collectives taking turns; everything restored after."""
+def _threaded_world(world_size: int):
+    """torch's threaded world installed, its collectives taking turns (yields the turns); restored after."""
     pg = _threaded_pg()
     original_join = pg.Collective.join
+    turns = _Turns(world_size, pg.ProcessLocalGroup.exception_handle)
 
     def join(collective, rank, data):
-        turns = turns_of_run[0]
         turns.wait_in(rank, collective)
         try:
             return original_join(collective, rank, data)
@@ -124,7 +124,7 @@ def _threaded_world(turns_of_run: list):
     pg._install_threaded_pg()
     pg.Collective.join = join
     try:
-        yield pg
+        yield turns
     finally:
         sys.excepthook = excepthook
         pg.Collective.join = original_join
@@ -141,12 +141,8 @@ def run_torch_threads(world_size: int, fn: Callable, timeout_s: float = 60.0) ->
 
     Raises TimeoutError naming the ranks that did not finish within ``timeout_s``.
     """
-    with _ONE_RUN:
-        turns_of_run: list = [None]
-        with _threaded_world(turns_of_run) as pg:
-            turns = _Turns(world_size, pg.ProcessLocalGroup.exception_handle)
-            turns_of_run[0] = turns
-            return _run_ranks(world_size, fn, timeout_s, turns)
+    with _ONE_RUN, _threaded_world(world_size) as turns:
+        return _run_ranks(world_size, fn, timeout_s, turns)
 
 
 def _run_ranks(world_size: int, fn: Callable, timeout_s: float, turns: _Turns) -> list:
