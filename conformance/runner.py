@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import pathlib
 import shutil
 import tempfile
@@ -153,11 +154,13 @@ def _loading_problem(choice: ImplChoice) -> Optional[str]:
 def _finish_results(config, choice, results, case_set, run_dir, log) -> None:
     """Shrink failing generated cases, and say how to reproduce every result."""
     _shrink_failures(config, choice, results, case_set.generated, run_dir, log)
+    mode = mode_args(config)
     for result in results:
         result.generated = result.case_id in case_set.generated
         if not result.reproduce and result.case_id in case_set.files:
-            result.reproduce = _command(choice, f"--case-file {case_set.files[result.case_id]}")
-        result.reproduce = result.reproduce or reproduce_command(choice, result.case, result.generated, run_dir)
+            result.reproduce = _command(choice, f"--case-file {case_set.files[result.case_id]}", mode)
+        result.reproduce = result.reproduce or reproduce_command(choice, result.case, result.generated, run_dir,
+                                                                 mode)
 
 
 def _run_jobs(config, tp, jobs, run_dir, log) -> list[CaseResult]:
@@ -203,7 +206,7 @@ def _shrink_failures(config, choice, results, generated, run_dir, log) -> None:
             log(f"  could not shrink {result.case_id}: {exc}")
             continue
         path = write_case_file(smallest, run_dir)
-        result.reproduce = reproduce_command(choice, smallest, True, run_dir)
+        result.reproduce = reproduce_command(choice, smallest, True, run_dir, mode_args(config))
         log(f"  minimal failing case ({path}):")
         log(textwrap.indent(path.read_text().rstrip(), "    | "))
         log(f"  reproduce: {result.reproduce}")
@@ -219,17 +222,27 @@ def write_case_file(case: Case, run_dir: pathlib.Path) -> pathlib.Path:
     return path
 
 
-def reproduce_command(choice: ImplChoice, case: Case, generated: bool, run_dir: pathlib.Path) -> str:
+def reproduce_command(choice: ImplChoice, case: Case, generated: bool, run_dir: pathlib.Path,
+                      mode: tuple = ()) -> str:
     if not generated:
-        return _command(choice, f"--case {case.case_id}")
+        return _command(choice, f"--case {case.case_id}", mode)
     path = run_dir / "failing" / f"{case.case_id}.yaml"
     if not path.exists():
         write_case_file(case, run_dir)
-    return _command(choice, f"--case-file {path} --tp {case.tp_size}")
+    return _command(choice, f"--case-file {path} --tp {case.tp_size}", mode)
 
 
-def _command(choice: ImplChoice, selection: str) -> str:
-    return " ".join(["python -m shardspec.conformance", *choice.cli_args(), selection])
+def mode_args(config: RunConfig) -> tuple:
+    """The options that make a reproducing run use the same kind of group as this run."""
+    if not config.in_process:
+        return ()
+    device = os.environ.get("SHARDSPEC_IN_PROCESS_DEVICE", "auto")  # set by --in-process-device
+    chosen_device = ("--in-process-device", device) if device != "auto" else ()
+    return ("--in-process-group", config.in_process_group, *chosen_device)
+
+
+def _command(choice: ImplChoice, selection: str, mode: tuple = ()) -> str:
+    return " ".join(["python -m shardspec.conformance", *choice.cli_args(), *mode, selection])
 
 
 def make_run_dir(config: RunConfig) -> tuple[pathlib.Path, bool]:

@@ -35,7 +35,8 @@ def test_must_failure_exits_1_and_lists_a_reproduce_command(tmp_path, plugins_on
     assert [c["case_id"] for c in failing] == ["small-tp2-3", "small-tp2-4"]
     out = capsys.readouterr().out
     assert "FAIL [INV-TEST-COUNTS] case small-tp2-3 (tp 2): ranks 0, 1, field num_rejected" in out
-    assert "reproduce: python -m shardspec.conformance --impl faulty_sharders:WrongCountsSharder --case-file" in out
+    assert ("reproduce: python -m shardspec.conformance --impl faulty_sharders:WrongCountsSharder "
+            "--in-process-group lockstep --case-file") in out  # the same kind of group as this run
 
 
 def test_xfails_turn_failures_into_xfail_and_warn_about_stale_entries(tmp_path, plugins_on_path,
@@ -82,4 +83,6 @@ def test_torch_threads_group_runs_from_the_command_line(tmp_path, plugins_on_pat
     code, report = _run(tmp_path, "--in-process-group", "torch-threads", "--impl", "faulty_sharders:WrongCountsSharder")
     assert code == 1 and report["metadata"]["backend"] == "torch-threads group (ranks as threads)"
     assert report["metadata"]["mode"] == "in-process (torch-threads)"
-    assert "in-process (torch-threads group, ranks as threads on cpu)" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "in-process (torch-threads group, ranks as threads on cpu)" in out
+    assert "--impl faulty_sharders:WrongCountsSharder --in-process-group torch-threads --case-file" in out
