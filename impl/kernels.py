@@ -20,6 +20,23 @@ import triton
 import triton.language as tl
 
 
+@triton.jit
+def _count_block(reqs_before, rows_before, rows_total, slots_ptr, cu_ptr, start, block_start, num_reqs,
+                 TP: tl.constexpr, TP_PAD: tl.constexpr, BLOCK: tl.constexpr):
+    """Per rank: requests before block_start, rows before it, rows in all; requests [start, start + BLOCK) added."""
+    reqs = start + tl.arange(0, BLOCK)
+    valid = reqs < num_reqs
+    owners = tl.load(slots_ptr + reqs, mask=valid, other=0) % TP
+    first = tl.load(cu_ptr + reqs, mask=valid, other=0)
+    counts = (tl.load(cu_ptr + reqs + 1, mask=valid, other=0) - first).to(tl.int32)
+    owned = (owners[:, None] == tl.arange(0, TP_PAD)[None, :]) & valid[:, None]
+    reqs_per_rank = tl.sum(owned.to(tl.int32), axis=0)
+    rows_per_rank = tl.sum(tl.where(owned, counts[:, None], 0), axis=0)
+    earlier = start < block_start
+    return (reqs_before + tl.where(earlier, reqs_per_rank, 0), rows_before + tl.where(earlier, rows_per_rank, 0),
+            rows_total + rows_per_rank)
+
+
 @triton.jit(
     do_not_specialize=["num_reqs", "max_reqs_per_rank"],
     do_not_specialize_on_alignment=["slots_ptr", "cu_ptr", "logits_indices_ptr", "seq_lens_ptr"],
@@ -33,30 +50,25 @@ def shard_plan_kernel(
     LOOP_END: tl.constexpr,
 ):
     """LOOP_END, if not 0, stands for num_reqs as the count loop's bound: the interpreter gets
-    num_reqs so (a constexpr costs it nothing), since a runtime loop bound fails there in Triton 3.6
-    with numpy >= 2.5. Compiled kernels get 0 and the runtime bound, so no batch size recompiles."""
+    num_reqs so (a constexpr costs it nothing), since in Triton 3.6 with numpy >= 2.5 it fails on a
+    loop bound that is, or was ever assigned from, a runtime value. Compiled kernels get 0 and the
+    runtime bound, so no batch size recompiles."""
     block_start = tl.program_id(0) * BLOCK
-    loop_end = num_reqs
-    if LOOP_END > 0:
-        loop_end = LOOP_END
     ranks = tl.arange(0, TP_PAD)
     # Per-rank request and row counts: before this block, and over the batch.
     reqs_before = tl.zeros([TP_PAD], dtype=tl.int32)
     rows_before = tl.zeros([TP_PAD], dtype=tl.int32)
     rows_total = tl.zeros([TP_PAD], dtype=tl.int32)
-    for start in range(0, loop_end, BLOCK):
-        reqs = start + tl.arange(0, BLOCK)
-        valid = reqs < num_reqs
-        owners = tl.load(slots_ptr + reqs, mask=valid, other=0) % TP
-        first = tl.load(cu_ptr + reqs, mask=valid, other=0)
-        counts = (tl.load(cu_ptr + reqs + 1, mask=valid, other=0) - first).to(tl.int32)
-        owned = (owners[:, None] == ranks[None, :]) & valid[:, None]
-        reqs_per_rank = tl.sum(owned.to(tl.int32), axis=0)
-        rows_per_rank = tl.sum(tl.where(owned, counts[:, None], 0), axis=0)
-        rows_total += rows_per_rank
-        earlier = start < block_start
-        reqs_before += tl.where(earlier, reqs_per_rank, 0)
-        rows_before += tl.where(earlier, rows_per_rank, 0)
+    if LOOP_END > 0:
+        for start in range(0, LOOP_END, BLOCK):
+            reqs_before, rows_before, rows_total = _count_block(
+                reqs_before, rows_before, rows_total, slots_ptr, cu_ptr, start, block_start, num_reqs, TP, TP_PAD,
+                BLOCK)
+    else:
+        for start in range(0, num_reqs, BLOCK):
+            reqs_before, rows_before, rows_total = _count_block(
+                reqs_before, rows_before, rows_total, slots_ptr, cu_ptr, start, block_start, num_reqs, TP, TP_PAD,
+                BLOCK)
     # Rank r's rows start after every row of lower ranks (owner-sorted order).
     rank_row_start = tl.cumsum(rows_total, axis=0) - rows_total
 
