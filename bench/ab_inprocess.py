@@ -1,8 +1,8 @@
 """Two builds of the production sharder timed in alternation inside one process.
 
 On shared GPU hosts the same code runs up to 2x slower from one process (or one
-minute) to the next, so separate runs of two versions (``ab_compare.sh``)
-cannot resolve differences of a few percent. Here both versions live in one
+minute) to the next, so separate runs of two versions (tried first, see
+bench/NOTES.md) cannot resolve differences of a few percent. Here both versions live in one
 process: each is imported from its own install directory (``pip install
 --target DIR TREE``), both get the same batches from this tree's benchmark
 harness, and short timed bursts alternate between them (ABBA order), so slow
