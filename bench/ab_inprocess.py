@@ -25,13 +25,8 @@ import os
 import statistics
 import sys
 
-import torch
-
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
-
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_step import OPS, Bench, add_upstream, burst_us, parse_args  # noqa: E402
+from bench_step import OPS, Bench, add_upstream, bench_device, burst_us, parse_args  # noqa: E402
 
 from shardspec.comm import LoopbackComm  # noqa: E402
 
@@ -78,7 +73,7 @@ def main(argv=None) -> int:
     parser.add_argument("--quick", action="store_true", help="tiny sizes (smoke test, CPU)")
     own = parser.parse_args(argv)
     args = parse_args(["--quick"] if own.quick else [])
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = bench_device()
     bench = Bench(args, own.num_reqs, own.logits_per_req, own.tp, device)
     sides = {}
     for side, site in (("old", own.old_site), ("new", own.new_site)):

@@ -11,8 +11,9 @@ each collective costs one local copy). For each batch shape it times
 Wall time comes from ``time.perf_counter`` over many calls after a warm-up,
 GPU time from CUDA events around the same calls (both per call, median of
 several repeats). ``--upstream FILE`` adds vLLM's own ``batch_shard.py`` (run
-through ``examples/upstream_vllm``) as a third column, timed the same way. The local sampler is not timed: a synthetic local output of
-the right shapes stands in for it. ``--graph`` also times the production step
+through ``examples/upstream_vllm``) as a third column, timed the same way. The
+local sampler is not timed: a synthetic local output of the right shapes stands
+in for it. ``--graph`` also times the production step
 replayed from a captured CUDA graph (fixed shapes).
 
     python bench/bench_step.py [--out results.json] [--quick] [--graph] [--upstream FILE]
@@ -120,6 +121,11 @@ class Bench:
             return gather(result.metadata, result.local_batch)
 
         return {"shard": lambda: sharder.shard_sampler_inputs(self.batch, None), "gather": gather, "step": step}
+
+
+def bench_device() -> torch.device:
+    """The GPU where there is one, else the CPU (where this module selected the Triton interpreter)."""
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
 def synchronize(device: torch.device) -> None:
@@ -231,7 +237,7 @@ def run(args) -> dict:
     if args.upstream is not None:
         add_upstream(args.upstream)
     print(header(UPSTREAM in IMPLS), flush=True)
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = bench_device()
     warm_up_device(device)
     rows = []
     for tp in args.tp:

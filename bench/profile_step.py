@@ -15,10 +15,8 @@ import pstats
 import sys
 import time
 
-import torch
-
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
-from bench_step import Bench, burst_us, parse_args, synchronize  # noqa: E402
+from bench_step import Bench, bench_device, burst_us, parse_args, synchronize  # noqa: E402
 
 
 def per_call_us(fn, device, iters: int) -> float:
@@ -58,7 +56,7 @@ def main(argv=None) -> int:
     parser.add_argument("--iters", type=int, default=2000, help="calls per timed part")
     own = parser.parse_args(argv)
     args = parse_args([])
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = bench_device()
     bench = Bench(args, own.num_reqs, own.logits_per_req, own.tp, device)
     sharder = bench.sharder("production")
     calls = bench.calls(sharder)

@@ -29,7 +29,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_step import (  # noqa: E402
-    IMPLS, OPS, Bench, add_upstream, environment, parse_args, save_json, synchronize)
+    IMPLS, OPS, Bench, add_upstream, bench_device, environment, parse_args, save_json, synchronize)
 
 from torch.profiler import ProfilerActivity, profile  # noqa: E402
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
@@ -119,7 +119,7 @@ def count_op(fn: Callable[[], object], calls: int, device: torch.device) -> dict
 def run(args, own) -> dict:
     if own.upstream is not None:
         add_upstream(own.upstream)
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = bench_device()
     bench = Bench(args, own.num_reqs, own.logits_per_req, own.tp, device)
     counts = {impl: {op: count_op(fn, own.calls, device) for op, fn in bench.calls(bench.sharder(impl)).items()}
               for impl in IMPLS}
