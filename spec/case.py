@@ -15,6 +15,7 @@ from typing import Optional, Union
 import torch
 
 from shardspec.spec.builders import build_grammar_output, build_input_batch, build_token_logits
+from shardspec.spec.layouts import check_case_layout, lay_out_batch, lay_out_grammar, lay_out_tensor, logits_dtype_of
 from shardspec.spec.model import GrammarOutput, InputBatch, LogprobsTensors, SamplerOutput
 
 
@@ -76,6 +77,10 @@ class Case:
     local_outputs: Union[str, dict[int, ExplicitLocalOutput]] = "toy"
     # A precondition ID the inputs violate on purpose; the step must raise.
     expect_error: Optional[str] = None
+    # Input field -> "strided" | "offset" (spec/layouts.py); fields not named are contiguous.
+    layouts: dict[str, str] = field(default_factory=dict)
+    # dtype of the logits (the logits shard handed to all_to_all_logits): float32, bfloat16, float16.
+    logits_dtype: str = "float32"
 
     @property
     def padded_vocab_size(self) -> int:
@@ -98,6 +103,7 @@ class CaseInputs:
 
 
 def build_case_inputs(case: Case, device: torch.device | str = "cpu") -> CaseInputs:
+    check_case_layout(case.layouts, case.logits_dtype)
     batch = build_input_batch(case.slots, case.num_logits_per_req, spec_decode=case.spec_decode, device=device)
     grammar = None
     if case.grammar_positions is not None:
@@ -105,11 +111,13 @@ def build_case_inputs(case: Case, device: torch.device | str = "cpu") -> CaseInp
     num_tokens = int(batch.query_start_loc[-1]) if batch.num_reqs else 0
     logits = build_token_logits(max(num_tokens, 1), case.padded_vocab_size, seed=case.seed,
                                 nan_rows=[t for t in case.nan_tokens if t < num_tokens])
-    return CaseInputs(batch=batch, grammar=grammar, token_logits=logits.to(device))
+    return CaseInputs(batch=lay_out_batch(batch, case.layouts), grammar=lay_out_grammar(grammar, case.layouts),
+                      token_logits=logits.to(device, logits_dtype_of(case.logits_dtype)))
 
 
 def local_logits_shard(inputs: CaseInputs, sorted_logits_indices: torch.Tensor, case: Case, rank: int) -> torch.Tensor:
     """What compute_logits_local yields on ``rank``: its vocab shard of the owner-sorted rows."""
     width = case.shard_width
     rows = inputs.token_logits[sorted_logits_indices.to(inputs.token_logits.device)]
-    return rows[:, rank * width : (rank + 1) * width].contiguous()
+    shard = rows[:, rank * width : (rank + 1) * width].contiguous()
+    return lay_out_tensor(shard, case.layouts.get("logits_shard", "contiguous"))
