@@ -10,10 +10,11 @@ An exception is recorded with its step and traceback instead of propagating.
 from __future__ import annotations
 
 import contextlib
+import functools
 import time
 import traceback
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from shardspec.conformance.checks.base import RANK_CHECKERS, StepOutputs, StepRecord, Violation
 from shardspec.conformance.digest import step_digest
@@ -33,6 +34,7 @@ class RankRun:
     # The error was raised inside a collective (possibly a peer's fault).
     error_in_collective: bool = False
     step: str = "construct"  # the step running now, or the last one
+    on_step: Optional[StepCallback] = None
 
 
 def local_sampler_output(case: Case, rank: int, full_vocab_logits, shard, device):
@@ -45,10 +47,21 @@ def local_sampler_output(case: Case, rank: int, full_vocab_logits, shard, device
     return None if explicit is None else explicit.to_sampler_output(device)
 
 
-def run_step(make_sharder, case: Case, inputs: CaseInputs, comm, device, progress: Optional[Progress] = None) -> RankRun:
-    """Run the whole step for ``comm.rank``; never raises for the implementation's errors."""
+# What each step adds to the StepOutputs (the construct step adds nothing).
+STEP_OUTPUT = {"shard": "shard", "all_to_all": "full_vocab_logits", "sample": "local_output", "gather": "gathered"}
+StepCallback = Callable[[str, "RankRun"], None]
+
+
+def run_step(make_sharder, case: Case, inputs: CaseInputs, comm, device, progress: Optional[Progress] = None,
+             on_step: Optional[StepCallback] = None) -> RankRun:
+    """Run the whole step for ``comm.rank``; never raises for the implementation's errors.
+
+    ``on_step(step, run)`` is called after each step that returned, so a
+    transcript can leave the rank before a later step crashes it.
+    """
     recorder = RecordingComm(comm, progress)
     run = RankRun(outputs=StepOutputs(wire=recorder.calls))
+    run.on_step = on_step
     before = {"batch": snapshot(inputs.batch), "grammar": snapshot(inputs.grammar)}
     watched = {"batch": inputs.batch, "grammar": inputs.grammar}
     # Multi-process runs also record collectives issued on comm.group directly.
@@ -92,9 +105,14 @@ def _timed(run: RankRun, progress: Progress, step: str, fn, *args, **kwargs):
     progress.enter(step=step)
     start = time.perf_counter()
     try:
-        return fn(*args, **kwargs)
+        result = fn(*args, **kwargs)
     finally:
         run.timings[step] = time.perf_counter() - start
+    if step in STEP_OUTPUT:
+        setattr(run.outputs, STEP_OUTPUT[step], result)
+    if run.on_step is not None:
+        run.on_step(step, run)
+    return result
 
 
 def should_check(case: Case, outputs: StepOutputs) -> bool:
@@ -157,30 +175,82 @@ def continue_after(case: Case, run: RankRun, expected: list[StepOutputs]) -> boo
     return all(ref.error is not None and len(ref.wire) == len(out.wire) for ref in expected)
 
 
-def check_case_on_rank(case: Case, comm, impl_name: str, make_sharder, expectation, device,
-                       progress: Optional[Progress] = None) -> dict[str, Any]:
-    """Run ``case`` on ``comm.rank`` and judge it; a JSON-able per-rank result."""
+def run_case_on_rank(case: Case, comm, impl_name: str, make_sharder, expectation, device,
+                     progress: Optional[Progress] = None, on_step: Optional[StepCallback] = None) -> dict[str, Any]:
+    """Run ``case`` on ``comm.rank``, unjudged: the record carries the raw ``outputs``.
+
+    The expectation only decides whether the group can go on after an error
+    (the reference's collectives); judging is :func:`judge_rank`'s.
+    """
     rank = comm.rank
     inputs = build_case_inputs(case, device)
-    run = run_step(make_sharder, case, inputs, comm, device, progress)
-    violations: list[Violation] = []
-    start = time.perf_counter()
-    if should_check(case, run.outputs):
-        record = StepRecord(case=case, rank=rank, inputs=inputs, actual=run.outputs,
-                            expected=expectation.expected[rank], replicated=expectation.replicated)
-        violations = run_rank_checks(record)
-    run.timings["checks"] = time.perf_counter() - start
+    run = run_step(make_sharder, case, inputs, comm, device, progress, on_step)
     return {
         "case_id": case.case_id,
         "rank": rank,
         "impl": impl_name,
-        "violations": [violation_dict(v) for v in violations],
         "error": None if case.expect_error is not None else error_summary(run),
         "rejection": error_summary(run) if case.expect_error is not None else None,
         "timings": {k: round(v, 6) for k, v in run.timings.items()},
-        "digest": step_digest(run.outputs, rank=rank, impl=impl_name, error_in_collective=run.error_in_collective),
+        "error_in_collective": run.error_in_collective,
         "aligned": continue_after(case, run, expectation.expected),
+        "outputs": run.outputs,
     }
+
+
+def judge_rank(case: Case, record: dict[str, Any], expectation, inputs: CaseInputs,
+               completed: Optional[set[str]] = None) -> dict[str, Any]:
+    """``record`` with its ``outputs`` judged: ``violations`` and the group checkers' ``digest`` instead.
+
+    ``completed``: the steps a rank that died mid-step finished; only
+    invariants of those steps are judged then (the rest cannot be).
+    """
+    record = dict(record)
+    outputs: StepOutputs = record.pop("outputs")
+    rank = record["rank"]
+    start = time.perf_counter()
+    violations: list[Violation] = []
+    if completed is not None:
+        violations = _judge_partial(case, rank, outputs, expectation, inputs, completed)
+    elif should_check(case, outputs):
+        violations = run_rank_checks(StepRecord(case=case, rank=rank, inputs=inputs, actual=outputs,
+                                                expected=expectation.expected[rank],
+                                                replicated=expectation.replicated))
+    record["timings"] = {**record.get("timings", {}), "checks": round(time.perf_counter() - start, 6)}
+    record["violations"] = [violation_dict(v) for v in violations]
+    record["digest"] = step_digest(outputs, rank=rank, impl=record["impl"],
+                                   error_in_collective=record.get("error_in_collective", False))
+    return record
+
+
+def _judge_partial(case, rank, outputs, expectation, inputs, completed: set[str]) -> list[Violation]:
+    """The invariants of the steps a dead rank completed; a checker that needs more is not judged."""
+    steps = invariant_steps()
+    record = StepRecord(case=case, rank=rank, inputs=inputs, actual=outputs, expected=expectation.expected[rank],
+                        replicated=expectation.replicated)
+    violations = []
+    for invariant_id, checker in RANK_CHECKERS.items():
+        if steps.get(invariant_id) not in completed:
+            continue
+        try:
+            violations.extend(checker(record) or ())
+        except Exception:  # needs outputs of a step the rank never finished
+            continue
+    return violations
+
+
+@functools.lru_cache(maxsize=1)
+def invariant_steps() -> dict[str, str]:
+    from shardspec.spec.loader import load_spec
+
+    return {inv.id: inv.step for inv in load_spec().invariants}
+
+
+def check_case_on_rank(case: Case, comm, impl_name: str, make_sharder, expectation, device,
+                       progress: Optional[Progress] = None) -> dict[str, Any]:
+    """Run ``case`` on ``comm.rank`` and judge it in this process (the in-process groups)."""
+    record = run_case_on_rank(case, comm, impl_name, make_sharder, expectation, device, progress)
+    return judge_rank(case, record, expectation, build_case_inputs(case, device))
 
 
 def violation_dict(v: Violation) -> dict[str, Any]:

@@ -27,8 +27,10 @@ import torch
 
 from shardspec.conformance.api import ImplChoice
 from shardspec.conformance.expectations import compute_expectation, rank_device_kind, save_expectations
-from shardspec.conformance.results import CaseResult, combine, not_run
+from shardspec.conformance.judge import Judge, RankTranscript
+from shardspec.conformance.results import CaseResult, not_run
 from shardspec.conformance.spawn import RankServer
+from shardspec.conformance.transcript import read_frames
 from shardspec.spec.case import Case
 
 STARTUP_S = 90.0  # torch import and rendezvous, generous for 8 ranks on 2 cores
@@ -49,13 +51,6 @@ class LaunchOptions:
 class Job:
     choice: ImplChoice
     case: Case
-
-
-def run_cases_multiprocess(cases: list[Case], choice: ImplChoice, tp: int, options: LaunchOptions,
-                           on_result: Optional[Callable[[CaseResult], None]] = None,
-                           log: Callable[[str], None] = print) -> list[CaseResult]:
-    """Run ``cases`` (all of group size ``tp``) for one entry; results in case order."""
-    return run_jobs_multiprocess([Job(choice, case) for case in cases], tp, options, on_result, log)
 
 
 def run_jobs_multiprocess(jobs: list[Job], tp: int, options: LaunchOptions,
@@ -80,11 +75,12 @@ def run_jobs_multiprocess(jobs: list[Job], tp: int, options: LaunchOptions,
     remaining = [i for i in range(len(jobs)) if i not in breaking] + sorted(breaking)
     launches = options.max_relaunches + len(breaking) + 1
     starter = _GroupStarter(run_dir, device_kind, options.launcher)
+    judge = Judge(expectations, device_kind)
     for launch_number in range(launches):
         if not remaining:
             break
         log(f"  launch {launch_number + 1}: tp {tp}, {len(remaining)} job(s), {_labels(jobs, remaining)}")
-        outcome = _launch(jobs, remaining, tp, options, f"launch{launch_number}", results, on_result, starter)
+        outcome = _launch(jobs, remaining, tp, options, f"launch{launch_number}", results, on_result, starter, judge)
         remaining = [i for i in remaining if i not in results]
         if outcome is not None:  # the group never started: relaunching cannot help
             for index in remaining:
@@ -147,7 +143,7 @@ class _GroupStarter:
                                     env=env)
 
 
-def _launch(jobs, indices, tp, options, name, results, on_result, starter) -> Optional[str]:
+def _launch(jobs, indices, tp, options, name, results, on_result, starter, judge) -> Optional[str]:
     """One launch of the group. Returns a reason when the group never became ready."""
     run_dir = options.run_dir
     spec = {"job_indices": indices, "device": starter.device_kind,
@@ -157,11 +153,12 @@ def _launch(jobs, indices, tp, options, name, results, on_result, starter) -> Op
     limit = STARTUP_S + len(indices) * (options.case_timeout_s + 5.0)
     follower = _Follower(run_dir, name, tp)
     proc = starter.start(tp, name, log_path)
-    ended = _follow(proc, limit, follower, jobs, indices, results, on_result, options.poll_s)
+    settle = _Settler(jobs, results, follower, judge, on_result)
+    ended = _follow(proc, limit, follower, indices, settle, options)
     follower.read()
     if not follower.ready:
         return f"the group did not start (exit {proc.returncode}); log {log_path}:\n{_tail(log_path)}"
-    _settle_broken_job(jobs, indices, results, follower, ended, on_result)
+    settle.broken_job(indices, ended, getattr(proc, "culprit", None))
     return None
 
 
@@ -175,51 +172,67 @@ def _worker_env(device_kind: str) -> dict[str, str]:
     return env
 
 
-def _follow(proc, limit, follower, jobs, indices, results, on_result, poll_s) -> str:
-    """Combine jobs as their records arrive; returns how the launch ended."""
+def _follow(proc, limit, follower, indices, settle, options) -> str:
+    """Judge jobs as their transcripts complete; returns how the launch ended.
+
+    Besides the launch's limit, a watchdog here ends a launch in which no rank
+    sent a frame for longer than a case may take: it needs nothing of the
+    ranks, so a rank that holds the GIL or was stopped cannot escape it.
+    """
     deadline = time.monotonic() + limit
+    quiet_limit = options.case_timeout_s + max(2.0, options.case_timeout_s / 2) + 5.0
     while True:
         exited = proc.poll() is not None
-        follower.read()
-        _take_complete(jobs, indices, results, follower, on_result)
+        if follower.read():
+            settle.complete(indices)
         if exited:
             return f"the launch ended (exit {proc.returncode})"
-        if all(i in results for i in indices):
+        if all(i in settle.results for i in indices):
             _let_finish(proc, grace_s=3.0)  # every record is in; shutdown adds nothing
             return "the launch finished"
+        quiet = time.monotonic() - follower.last_frame
+        if follower.ready and quiet > quiet_limit:
+            stopped = follower.stopped_ranks()
+            _kill_group(proc)
+            how = (f"rank(s) {', '.join(map(str, stopped))} stopped by a signal (state T)" if stopped
+                   else "a rank hung where its own watchdog could not run (e.g. holding the GIL)")
+            return f"no rank sent anything for {quiet:.0f}s: {how}; the group was killed"
         if time.monotonic() > deadline:
             _kill_group(proc)
             return f"the launch exceeded its {limit:.0f}s limit and was killed"
-        time.sleep(poll_s)
+        time.sleep(options.poll_s)
 
 
-def _take_complete(jobs, indices, results, follower, on_result) -> None:
-    for index in indices:
-        if index in results:
-            continue
-        job = jobs[index]
-        records = follower.records.get(index, {})
-        if len(records) < job.case.tp_size:
-            return  # jobs finish in order: nothing later is complete either
-        _settle(jobs, index, results, records, on_result)
+class _Settler:
+    """Turns complete transcripts into results, in job order."""
 
+    def __init__(self, jobs, results, follower, judge, on_result):
+        self.jobs, self.results, self.follower, self.judge, self.on_result = jobs, results, follower, judge, on_result
 
-def _settle(jobs, index, results, records, on_result, ended: Optional[str] = None) -> None:
-    job = jobs[index]
-    results[index] = combine(job.case, job.choice.label, records, ended=ended)
-    if on_result:
-        on_result(results[index])
+    def complete(self, indices) -> None:
+        for index in indices:
+            if index in self.results:
+                continue
+            transcripts = self.follower.transcripts.get(index, {})
+            if sum(t.final is not None for t in transcripts.values()) < self.jobs[index].case.tp_size:
+                return  # jobs finish in order: nothing later is complete either
+            self.settle(index, transcripts)
 
+    def settle(self, index, transcripts, ended: Optional[str] = None, culprit=None) -> None:
+        job = self.jobs[index]
+        self.results[index] = self.judge.case_result(job.case, job.choice.label, transcripts, ended, culprit)
+        if self.on_result:
+            self.on_result(self.results[index])
 
-def _settle_broken_job(jobs, indices, results, follower, ended, on_result) -> None:
-    """The first unfinished job fails with what is known, unless a rank left on purpose before it."""
-    for index in indices:
-        if index in results:
-            continue
-        records = follower.records.get(index, {})
-        if records or not follower.left_on_purpose:
-            _settle(jobs, index, results, records, on_result, ended)
-        return
+    def broken_job(self, indices, ended, culprit) -> None:
+        """The first unfinished job fails with what is known, unless a rank left on purpose before it."""
+        for index in indices:
+            if index in self.results:
+                continue
+            transcripts = self.follower.transcripts.get(index, {})
+            if transcripts or culprit or not self.follower.left_on_purpose:
+                self.settle(index, transcripts, ended, culprit)
+            return
 
 
 def _let_finish(proc, grace_s: float) -> None:
@@ -245,36 +258,61 @@ def _tail(path: pathlib.Path, lines: int = 30) -> str:
 
 
 class _Follower:
-    """Reads the ranks' JSONL files incrementally (lines may be half-written)."""
+    """Reads the ranks' frame files incrementally (the last frame may be half-written)."""
 
     def __init__(self, run_dir: pathlib.Path, name: str, tp: int):
-        self.paths = [run_dir / f"{name}-rank{rank}.jsonl" for rank in range(tp)]
+        self.paths = [run_dir / f"{name}-rank{rank}.frames" for rank in range(tp)]
         self.offsets = [0] * tp
-        self.records: dict[int, dict[int, dict[str, Any]]] = {}  # job index -> rank -> record
+        self.transcripts: dict[int, dict[int, RankTranscript]] = {}  # job index -> rank -> frames
         self.ready: set[int] = set()
+        self.pids: dict[int, int] = {}
+        self.last_frame = time.monotonic()
         # A rank recorded why it left the launch (error, hang, suite failure).
         self.left_on_purpose = False
 
-    def read(self) -> None:
+    def read(self) -> bool:
+        """Whether any new frame arrived."""
+        new = False
         for rank, path in enumerate(self.paths):
             if not path.exists():
                 continue
             with open(path, "rb") as f:
                 f.seek(self.offsets[rank])
                 chunk = f.read()
-            complete = chunk[: chunk.rfind(b"\n") + 1]
-            self.offsets[rank] += len(complete)
-            for line in complete.splitlines():
-                self._add(rank, line)
+            try:
+                frames, used = read_frames(chunk)
+            except Exception as exc:  # an unreadable frame: what the rank sent cannot be trusted
+                frames, used = [{"job": self._current_job(rank), "rank": rank,
+                                 "harness_error": f"rank {rank} sent an unreadable frame: {exc}"}], len(chunk)
+            self.offsets[rank] += used
+            for frame in frames:
+                self._add(rank, frame)
+            new |= bool(frames)
+        if new:
+            self.last_frame = time.monotonic()
+        return new
 
-    def _add(self, rank: int, line: bytes) -> None:
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
-            return
-        if record.get("event") == "ready":
+    def _current_job(self, rank: int) -> Optional[int]:
+        jobs = [job for job, ranks in self.transcripts.items() if rank in ranks]
+        return max(jobs, default=None)
+
+    def _add(self, rank: int, frame: dict[str, Any]) -> None:
+        if frame.get("event") == "ready":
             self.ready.add(rank)
-        elif "job" in record:
-            self.records.setdefault(record["job"], {})[rank] = record
-            if record.get("timeout") or record.get("harness_error") or not record.get("aligned", True):
+            self.pids[rank] = frame.get("pid")
+        elif frame.get("job") is not None:
+            self.transcripts.setdefault(frame["job"], {}).setdefault(rank, RankTranscript()).add(frame)
+            if frame.get("timeout") or frame.get("harness_error") or frame.get("aligned") is False:
                 self.left_on_purpose = True
+
+    def stopped_ranks(self) -> list[int]:
+        """Ranks whose process is stopped (``T`` in /proc, e.g. after SIGSTOP)."""
+        stopped = []
+        for rank, pid in sorted(self.pids.items()):
+            try:
+                state = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+            except (OSError, IndexError, TypeError):
+                continue
+            if state in ("T", "t"):
+                stopped.append(rank)
+        return stopped

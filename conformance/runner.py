@@ -11,7 +11,7 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Callable, Optional
 
-from shardspec.conformance.api import ImplChoice, ImplementationError, load_implementation
+from shardspec.conformance.api import ImplChoice
 from shardspec.conformance.launcher import Job, LaunchOptions, run_jobs_multiprocess
 from shardspec.conformance.results import ERROR, FAIL, NOT_RUN, CaseResult, not_run
 from shardspec.spec.case import Case
@@ -119,15 +119,16 @@ def cases_of_entry(config: RunConfig, choice: ImplChoice, case_set: CaseSet, tp:
 
 
 def run_group_size(config: RunConfig, entries: list[str], case_set: CaseSet, run_dir: pathlib.Path,
-                   log: Log, tp: int) -> dict[str, list[CaseResult]]:
+                   log: Log, tp: int, load_problems: dict[str, Optional[str]]) -> dict[str, list[CaseResult]]:
     """Every entry's cases of group size ``tp``; in the multi-process mode all of them share
-    the launches (starting the ranks costs more than most cases)."""
+    the launches (starting the ranks costs more than most cases). ``load_problems``: why an
+    implementation cannot be loaded (see :func:`shardspec.conformance.probe.probe`)."""
     results: dict[str, list[CaseResult]] = {entry: [] for entry in entries}
     jobs, owners = [], []
     for entry in entries:
         choice = ImplChoice.parse(entry)
         cases = cases_of_entry(config, choice, case_set, tp)
-        problem = _loading_problem(choice)
+        problem = next((load_problems[name] for name in choice.names() if load_problems.get(name)), None)
         if problem:
             log(f"cannot run {choice.label}: {problem}")
             results[entry] = [not_run(case, choice.label, problem) for case in cases]
@@ -140,15 +141,6 @@ def run_group_size(config: RunConfig, entries: list[str], case_set: CaseSet, run
     for entry in entries:
         _finish_results(config, ImplChoice.parse(entry), results[entry], case_set, run_dir, log)
     return results
-
-
-def _loading_problem(choice: ImplChoice) -> Optional[str]:
-    try:
-        for name in choice.names():
-            load_implementation(name)
-    except ImplementationError as exc:
-        return str(exc)
-    return None
 
 
 def _finish_results(config, choice, results, case_set, run_dir, log) -> None:
@@ -188,8 +180,7 @@ def _run_jobs(config, tp, jobs, run_dir, log) -> list[CaseResult]:
 
 
 def _shrink_failures(config, choice, results, generated, run_dir, log) -> None:
-    from shardspec.conformance.inprocess import run_case_in_process
-    from shardspec.conformance.shrink import shrink, shrinkable, signature
+    from shardspec.conformance.shrink import shrink_in_child, shrinkable, signature
 
     failing = [r for r in results if r.case_id in generated and r.status in (FAIL, ERROR)]
     done: set[frozenset] = set()  # one minimal case per kind of failure
@@ -198,11 +189,11 @@ def _shrink_failures(config, choice, results, generated, run_dir, log) -> None:
         if not config.shrink or len(done) >= config.max_shrinks or kind in done or not shrinkable(result):
             continue
         done.add(kind)
-        log(f"  shrinking {result.case_id} in one process ...")
+        log(f"  shrinking {result.case_id} in a child process ...")
         try:
-            smallest = shrink(result.case, result, lambda c: run_case_in_process(
-                c, choice, timeout_s=10.0, group=config.in_process_group))
-        except Exception as exc:  # the failure is still reported, unshrunk
+            smallest = shrink_in_child(result.case, set(kind), choice.label, config.in_process_group,
+                                       run_dir / "shrinking")
+        except RuntimeError as exc:  # the failure is still reported, unshrunk
             log(f"  could not shrink {result.case_id}: {exc}")
             continue
         path = write_case_file(smallest, run_dir)

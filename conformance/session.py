@@ -35,6 +35,7 @@ class ConformanceSession:
         self.results: dict[str, list[CaseResult]] = {impl: [] for impl in config.impls}
         self.sizes_run: set[int] = set()
         self.invariants = report.load_invariants()
+        self._load_problems: Optional[dict[str, Optional[str]]] = None
 
     def label(self, impl: str) -> str:
         return ImplChoice.parse(impl).label
@@ -78,9 +79,19 @@ class ConformanceSession:
             return
         self.sizes_run.add(tp)
         self.log(f"== tp {tp}: {', '.join(self.label(i) for i in self.config.impls)}")
-        by_entry = run_group_size(self.config, self.config.impls, self.case_set, self.run_dir, self.log, tp)
+        by_entry = run_group_size(self.config, self.config.impls, self.case_set, self.run_dir, self.log, tp,
+                                  self.load_problems())
         for impl, results in by_entry.items():
             self.results[impl].extend(results)
+
+    def load_problems(self) -> dict[str, Optional[str]]:
+        """Why each implementation cannot be loaded, asked once of a child process (this one judges)."""
+        if self._load_problems is None:
+            from shardspec.conformance.probe import probe
+
+            names = [name for impl in self.config.impls for name in ImplChoice.parse(impl).names()]
+            self._load_problems = probe(names)
+        return self._load_problems
 
     def run_all(self) -> None:
         self.log(self.header())

@@ -1,5 +1,8 @@
 """Shrink a failing case to a small one that fails the same way.
 
+Shrinking runs the implementation, so the suite does it in a child process
+(:func:`shrink_in_child`): a crash there loses the minimal case, not the run.
+
 Greedy: try simpler variants of the case (fewer requests, fewer rows, no
 grammar, no NaNs, no logprobs, toy outputs, smaller slots and vocab) in the
 in-process mode and keep any that still fails with one of the original
@@ -8,6 +11,10 @@ failure's invariant IDs, until no variant does or the budget is spent.
 
 from __future__ import annotations
 
+import json
+import pathlib
+import subprocess
+import sys
 import time
 from dataclasses import replace
 from typing import Callable, Iterator, Optional
@@ -31,7 +38,11 @@ def shrinkable(result: CaseResult) -> bool:
 
 
 def shrink(case: Case, failure: CaseResult, run: RunCase, budget_s: float = 30.0, max_runs: int = 300) -> Case:
-    target = signature(failure)
+    return shrink_to(case, signature(failure), run, budget_s, max_runs)
+
+
+def shrink_to(case: Case, target: set[str], run: RunCase, budget_s: float = 30.0, max_runs: int = 300) -> Case:
+    """The smallest variant found that still fails with one of ``target``'s IDs."""
     deadline = time.monotonic() + budget_s
     runs = 0
     current = case
@@ -127,3 +138,57 @@ def _clean(case: Case) -> Case:
     """Drop NaN tokens beyond the (possibly smaller) token count."""
     num_tokens = sum(c + s % 3 for c, s in zip(case.num_logits_per_req, case.slots))
     return replace(case, nan_tokens=[t for t in case.nan_tokens if t < num_tokens])
+
+
+def shrink_in_child(case: Case, target: set[str], entry: str, group: str, folder: pathlib.Path,
+                    budget_s: float = 30.0) -> Case:
+    """:func:`shrink_to` in a child process running ``entry`` in-process; raises RuntimeError when it fails."""
+    from shardspec.fixtures import case_to_yaml, load_case_file
+
+    folder.mkdir(parents=True, exist_ok=True)
+    source, result = folder / f"{case.case_id}.to-shrink.yaml", folder / f"{case.case_id}-min.yaml"
+    source.write_text(case_to_yaml(case))
+    result.unlink(missing_ok=True)
+    command = [sys.executable, "-m", __name__, str(source), entry, group, json.dumps(sorted(target)), str(result),
+               str(budget_s)]
+    try:
+        proc = subprocess.run(command, capture_output=True, text=True, timeout=budget_s + 60,
+                              stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired as exc:
+        raise RuntimeError(f"the shrinking process did not finish within {budget_s + 60:.0f}s") from exc
+    finally:
+        source.unlink(missing_ok=True)
+    if proc.returncode != 0 or not result.exists():
+        from shardspec.conformance.spawn import describe_exit
+
+        tail = "\n".join(proc.stderr.strip().splitlines()[-3:])
+        raise RuntimeError(f"the shrinking process {describe_exit(proc.returncode)}: {tail}")
+    smallest = load_case_file(str(result))
+    result.unlink()
+    return smallest
+
+
+def main(argv: list[str]) -> int:
+    """``python -m shardspec.conformance.shrink CASE_FILE ENTRY GROUP TARGET_JSON OUT_FILE BUDGET_S``."""
+    import os
+
+    import torch
+
+    if not torch.cuda.is_available():
+        os.environ.setdefault("TRITON_INTERPRET", "1")  # before any Triton kernel is defined
+    from shardspec.conformance.api import ImplChoice
+    from shardspec.conformance.inprocess import run_case_in_process
+    from shardspec.fixtures import case_to_yaml, load_case_file
+
+    source, entry, group, target, out, budget = argv
+    import shardspec.conformance.checks  # noqa: F401  registers every checker
+
+    choice = ImplChoice.parse(entry)
+    smallest = shrink_to(load_case_file(source), set(json.loads(target)),
+                         lambda c: run_case_in_process(c, choice, timeout_s=10.0, group=group), float(budget))
+    pathlib.Path(out).write_text(case_to_yaml(smallest))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -81,6 +81,11 @@ def _run_fork(module, args: list[str], env: dict[str, str], log_path: Optional[s
 
 def wait_all(pids: list[int]) -> int:
     """Wait for every rank; the first failure stops the others and is the exit status."""
+    return wait_group(pids)[0]
+
+
+def wait_group(pids: list[int]) -> tuple[int, Optional[dict]]:
+    """Like :func:`wait_all`, and which rank failed first and how (``{"rank", "how"}``), if one did."""
     running = set(pids)
     while running:
         pid, status = os.waitpid(-1, 0)
@@ -93,8 +98,18 @@ def wait_all(pids: list[int]) -> int:
                 os.kill(other, signal.SIGKILL)
             for other in running:
                 os.waitpid(other, 0)
-            return code if code > 0 else 128 - code
-    return 0
+            return (code if code > 0 else 128 - code), {"rank": pids.index(pid), "how": describe_exit(code)}
+    return 0, None
+
+
+def describe_exit(code: int) -> str:
+    """``exited with status 3`` or ``was killed by SIGSEGV``, from a waitstatus_to_exitcode value."""
+    if code >= 0:
+        return f"exited with status {code}"
+    try:
+        return f"was killed by {signal.Signals(-code).name}"
+    except ValueError:
+        return f"was killed by signal {-code}"
 
 
 def serve(module_name: str, args: list[str]) -> int:
@@ -103,9 +118,10 @@ def serve(module_name: str, args: list[str]) -> int:
     module = preloaded(module_name, args)
     for line in sys.stdin:
         request = json.loads(line)
-        code = wait_all(fork_group(module, request["world_size"], request["args"], free_port(), request["log"]))
+        code, culprit = wait_group(fork_group(module, request["world_size"], request["args"], free_port(),
+                                              request["log"]))
         partial = request["exit"] + ".partial"
-        pathlib.Path(partial).write_text(str(code))
+        pathlib.Path(partial).write_text(json.dumps({"code": code, "culprit": culprit}))
         os.replace(partial, request["exit"])
     return 0
 
@@ -147,10 +163,12 @@ class ServedGroup:
 
     def __init__(self, server: subprocess.Popen, exit_path: pathlib.Path):
         self.server, self.exit_path, self.pid, self.returncode = server, exit_path, server.pid, None
+        self.culprit: Optional[dict] = None  # the rank that failed first, and how
 
     def poll(self) -> Optional[int]:
         if self.returncode is None and self.exit_path.exists():
-            self.returncode = int(self.exit_path.read_text())
+            status = json.loads(self.exit_path.read_text())
+            self.returncode, self.culprit = status["code"], status["culprit"]
         elif self.returncode is None and self.server.poll() is not None:
             self.returncode = self.server.returncode
         return self.returncode

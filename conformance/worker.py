@@ -2,8 +2,11 @@
 
 ``python -m shardspec.conformance.worker RUN_DIR LAUNCH_FILE``. Reads the
 cases, the jobs (an entry and a case each) and the reference expectations
-from RUN_DIR, runs the jobs listed in LAUNCH_FILE in order, and appends one
-JSON line per job to ``RUN_DIR/<launch>-rank<R>.jsonl``.
+from RUN_DIR, runs the jobs listed in LAUNCH_FILE in order, and streams to
+``RUN_DIR/<launch>-rank<R>.frames`` (see :mod:`.transcript`) a frame after
+every step of a job, with what the implementation returned in it, and one
+when the job ends. This process judges nothing: the parent does, from the
+frames, in a process that never imports the implementation.
 
 After an unexpected error the group's collectives are misaligned, so the
 rank writes its record and leaves the launch (the launcher relaunches for
@@ -33,21 +36,22 @@ import torch.distributed as dist  # noqa: E402
 EXIT_HUNG = 4
 
 
-class JsonlWriter:
+class FrameWriter:
     def __init__(self, path: pathlib.Path):
-        self._file = open(path, "a", encoding="utf-8")
+        self._file = open(path, "ab")
         self._lock = threading.Lock()
 
     def write(self, record: dict) -> None:
+        from shardspec.conformance.transcript import write_frame
+
         with self._lock:
-            self._file.write(json.dumps(record, default=repr) + "\n")
-            self._file.flush()  # the OS keeps it if this process dies
+            write_frame(self._file, record)  # flushed: the OS keeps it if this process dies
 
 
 class Watchdog:
     """Ends the process if the armed case does not finish within ``timeout_s``."""
 
-    def __init__(self, timeout_s: float, progress, writer: JsonlWriter, rank: int):
+    def __init__(self, timeout_s: float, progress, writer: FrameWriter, rank: int):
         self.timeout_s, self.progress, self.writer, self.rank = timeout_s, progress, writer, rank
         self._deadline = None
         self._extended = False
@@ -87,6 +91,33 @@ class Watchdog:
                 os._exit(EXIT_HUNG)
 
 
+class Streamer:
+    """Sends what each step of one job returned, and the collectives issued so far, as soon as the step
+    returns; :meth:`final` is the rest, for the job's last frame."""
+
+    def __init__(self, writer: FrameWriter, job: int, rank: int):
+        self.writer, self.job, self.rank, self.sent_calls = writer, job, rank, 0
+
+    def new_calls(self, outputs) -> list:
+        calls = outputs.wire[self.sent_calls:]
+        self.sent_calls += len(calls)
+        return calls
+
+    def on_step(self, step: str, run) -> None:
+        from shardspec.conformance.execute import STEP_OUTPUT
+        from shardspec.conformance.transcript import encode
+
+        part = getattr(run.outputs, STEP_OUTPUT[step]) if step in STEP_OUTPUT else None
+        self.writer.write({"job": self.job, "rank": self.rank, "step": step, "part": encode(part),
+                           "wire": encode(self.new_calls(run.outputs))})
+
+    def final(self, outputs) -> dict:
+        from shardspec.conformance.transcript import encode
+
+        return encode({"wire": self.new_calls(outputs), "failed_step": outputs.failed_step, "error": outputs.error,
+                       "error_traceback": outputs.error_traceback, "inputs_modified": outputs.inputs_modified})
+
+
 def _init_group(pg_timeout_s: float, device_kind: str):
     use_cuda = device_kind == "cuda"
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
@@ -114,7 +145,6 @@ def preload(argv: list[str]) -> None:
     """Import what the ranks need (for every job of RUN_DIR), before :mod:`.spawn` forks them:
     once instead of once per rank."""
     run_dir = pathlib.Path(argv[0])
-    import shardspec.conformance.checks  # noqa: F401
     import shardspec.conformance.execute  # noqa: F401
     import shardspec.conformance.expectations  # noqa: F401
     from shardspec.conformance.api import ImplChoice, load_implementation
@@ -129,12 +159,11 @@ def main(argv: list[str]) -> int:
     launch = json.loads(launch_file.read_text())
     device, control = _init_group(launch["pg_timeout_s"], launch.get("device", "cpu"))
     rank = dist.get_rank()
-    writer = JsonlWriter(run_dir / f"{launch_file.stem}-rank{rank}.jsonl")
+    writer = FrameWriter(run_dir / f"{launch_file.stem}-rank{rank}.frames")
 
-    import shardspec.conformance.checks  # noqa: F401  registers every checker
     from shardspec.comm import TorchDistComm
     from shardspec.conformance.api import ImplChoice, load_implementation
-    from shardspec.conformance.execute import check_case_on_rank
+    from shardspec.conformance.execute import run_case_on_rank
     from shardspec.conformance.expectations import load_expectations
     from shardspec.conformance.recording import Progress
 
@@ -145,7 +174,7 @@ def main(argv: list[str]) -> int:
     progress = Progress()
     watchdog = Watchdog(launch["case_timeout_s"], progress, writer, rank)
     implementations: dict[str, object] = {}  # loaded once per launch
-    writer.write({"event": "ready", "rank": rank, "device": str(device), "backend": dist.get_backend()})
+    writer.write({"event": "ready", "rank": rank, "pid": os.getpid(), "device": str(device), "backend": dist.get_backend()})
     for index in launch["job_indices"]:
         job = jobs[index]
         case = cases[job["case"]]
@@ -156,8 +185,10 @@ def main(argv: list[str]) -> int:
         watchdog.arm(index, case.case_id)
         progress.enter(case_id=case.case_id)
         try:
-            record = check_case_on_rank(case, comm, impl.name, impl.factory, expectations[case.case_id],
-                                        device, progress)
+            streamer = Streamer(writer, index, rank)
+            record = run_case_on_rank(case, comm, impl.name, impl.factory, expectations[case.case_id],
+                                      device, progress, on_step=streamer.on_step)
+            record["outputs"] = streamer.final(record["outputs"])
         except Exception:  # a defect of the suite itself, not of the implementation
             writer.write({"job": index, "case_id": case.case_id, "rank": rank,
                           "harness_error": traceback.format_exc()})
