@@ -1,11 +1,18 @@
-"""Host-side precondition checks of the production sharder.
+"""Precondition checks of the production sharder, all before any kernel runs.
 
-They read host copies and tensor metadata (shape, dtype) only, never device
-data, so they cost no device synchronization. Not checked here because that
-would need device values: PRE-HOST-DEVICE-MATCH, PRE-LOGITS-TAIL, PRE-EXPANDED
-and the values of query_start_loc. PRE-REQ-IDS-UNIQUE is checked where the ids
-are indexed anyway (with a grammar output). The order of the checks follows
-the spec's, so a batch that breaks several preconditions names the same one.
+They read host copies and tensor metadata (shape, dtype), and the values of the
+two device copies the plan kernel reads (idx_mapping, cu_num_logits) for
+PRE-HOST-DEVICE-MATCH: free where they live in host memory, one copy that waits
+for the device on a GPU. Not checked because that would need more device values:
+PRE-LOGITS-TAIL, PRE-EXPANDED and the values of query_start_loc; the kernels
+mask every row index they make from device values to the host's counts, so
+these can make a result wrong but never an access out of bounds.
+PRE-REQ-IDS-UNIQUE is checked where the ids are indexed anyway (with a grammar
+output). The order of the checks follows the reference's, so a batch that
+breaks several preconditions names the same one.
+
+:func:`check_guards` is the part kept with the checks switched off: capacity,
+slot range (INV-REJECT-INVALID) and the shapes of what the kernels read.
 """
 
 from __future__ import annotations
@@ -66,16 +73,50 @@ def largest_count(counts: np.ndarray, num_logits: int) -> int:
     return int(np.maximum.reduce(counts))
 
 
+def check_guards(batch: InputBatch, *, max_num_reqs: int, max_num_logits_per_req: int,
+                 rank=None) -> tuple[np.ndarray, np.ndarray, int]:
+    """The checks that stay on without the others; returns :func:`cu_counts` and the width W.
+
+    Buffers are sized by the capacity and slots index per-slot state, so neither may be exceeded
+    (INV-REJECT-INVALID); the kernels read the device fields up to the host's counts, so their
+    shapes must match. The largest count is taken as it is, since nothing here promises n_i >= 1.
+    """
+    check_capacity_reqs(batch.num_reqs, max_num_reqs, rank)
+    check_slot_range(batch.idx_mapping_np, max_num_reqs, rank)
+    cu, counts = cu_counts(batch, rank)
+    width = int(np.maximum.reduce(counts)) if batch.num_reqs else 1
+    check_capacity_logits(width, counts, max_num_logits_per_req, rank)
+    num_reqs, num_logits = batch.num_reqs, int(cu[-1])
+    _check_device_shape("PRE-HOST-DEVICE-MATCH", "idx_mapping", batch.idx_mapping, (num_reqs,), rank)
+    _check_device_shape("PRE-HOST-DEVICE-MATCH", "cu_num_logits", batch.cu_num_logits, cu.shape, rank)
+    _check_device_shape("PRE-FIELD-SHAPES", "seq_lens", batch.seq_lens, (num_reqs,), rank)
+    _check_device_shape("PRE-FIELD-SHAPES", "logits_indices", batch.logits_indices, (num_logits,), rank)
+    return cu, counts, width
+
+
+def check_slot_range(slots: np.ndarray, max_num_reqs: int, rank) -> None:
+    """PRE-DTYPES of the host slots, then PRE-SLOT-RANGE: one reduction, no allocation by slot value."""
+    if slots.dtype.kind not in "iu":
+        _fail("PRE-DTYPES", "idx_mapping_np", f"dtype {slots.dtype} is not an integer type", rank=rank)
+    if slots.shape[0]:
+        # Read as unsigned, a negative slot is larger than any capacity: one maximum finds both kinds.
+        unsigned = slots.view(np.dtype(f"u{slots.dtype.itemsize}"))
+        if np.maximum.reduce(unsigned) >= max_num_reqs:
+            bad = _first((slots < 0) | (slots >= max_num_reqs))
+            _fail("PRE-SLOT-RANGE", "idx_mapping", f"slot {slots[bad]} is outside [0, {max_num_reqs})",
+                  request=bad, rank=rank)
+
+
 def check_input_batch(batch: InputBatch, *, max_num_reqs: int, max_num_logits_per_req: int,
                       rank=None) -> tuple[np.ndarray, np.ndarray, int]:
-    """Every host-side check of the batch; returns :func:`cu_counts` and the width W."""
+    """Every check of the batch; returns :func:`cu_counts` and the width W."""
     num_reqs = batch.num_reqs
     slots = batch.idx_mapping_np
     if len(batch.req_ids) != num_reqs or slots.shape != (num_reqs,):
         _fail("PRE-BATCH-SIZE", "num_reqs", f"num_reqs={num_reqs} but {len(batch.req_ids)} req_ids and "
               f"idx_mapping_np of shape {tuple(slots.shape)}", rank=rank)
     check_capacity_reqs(num_reqs, max_num_reqs, rank)
-    _check_slots(batch, max_num_reqs, rank)
+    device_cu = _check_slots(batch, max_num_reqs, rank)
     cu, counts = cu_counts(batch, rank)
     if num_reqs and np.minimum.reduce(counts) < 1:
         bad = _first(counts < 1)
@@ -86,38 +127,59 @@ def check_input_batch(batch: InputBatch, *, max_num_reqs: int, max_num_logits_pe
     check_capacity_logits(width, counts, max_num_logits_per_req, rank)
     if batch.cu_num_logits.dtype not in _INT_DTYPES:
         _fail("PRE-DTYPES", "cu_num_logits", f"dtype {batch.cu_num_logits.dtype} is not int32/int64", rank=rank)
-    if batch.cu_num_logits.shape != cu.shape:
-        _fail("PRE-HOST-DEVICE-MATCH", "cu_num_logits", "device copy differs in shape from cu_num_logits_np",
-              rank=rank)
+    _check_device_shape("PRE-HOST-DEVICE-MATCH", "cu_num_logits", batch.cu_num_logits, cu.shape, rank)
+    _check_match("cu_num_logits", device_cu, cu, rank, per_request=False)
     _check_shapes(batch, num_logits, rank)
     _check_drafts(batch, counts, width, rank)
     return cu, counts, width
 
 
-def _check_slots(batch: InputBatch, max_num_reqs: int, rank) -> None:
+def _check_slots(batch: InputBatch, max_num_reqs: int, rank) -> Optional[np.ndarray]:
+    """Host slots, then the device copy; returns the device copy of cu_num_logits, read in the same wait
+    (None where its dtype is not an integer one: PRE-DTYPES rejects it before it is compared)."""
     slots = batch.idx_mapping_np
-    if slots.dtype.kind not in "iu":
-        _fail("PRE-DTYPES", "idx_mapping_np", f"dtype {slots.dtype} is not an integer type", rank=rank)
+    check_slot_range(slots, max_num_reqs, rank)
     if slots.shape[0]:
-        # One histogram answers both questions: bincount rejects a negative slot, grows past
-        # max_num_reqs for a slot too large, and counts 2 for a shared one.
-        try:
-            histogram = np.bincount(slots.astype(np.intp, copy=False), minlength=max_num_reqs)
-        except ValueError:
-            histogram = None
-        if histogram is None or histogram.shape[0] > max_num_reqs:
-            bad = _first((slots < 0) | (slots >= max_num_reqs))
-            _fail("PRE-SLOT-RANGE", "idx_mapping", f"slot {slots[bad]} is outside [0, {max_num_reqs})",
-                  request=bad, rank=rank)
-        if np.count_nonzero(histogram) != slots.shape[0]:  # some slot counted twice
+        # In range, so the histogram has max_num_reqs bins; a shared slot is counted twice.
+        histogram = np.bincount(slots.astype(np.intp, copy=False), minlength=max_num_reqs)
+        if np.count_nonzero(histogram) != slots.shape[0]:
             _, first_seen = np.unique(slots, return_index=True)
             repeated = np.setdiff1d(np.arange(slots.shape[0]), first_seen)
             _fail("PRE-SLOT-UNIQUE", "idx_mapping", "two requests share a slot", request=int(repeated.min()),
                   rank=rank)
     if batch.idx_mapping.dtype not in _INT_DTYPES:
         _fail("PRE-DTYPES", "idx_mapping", f"dtype {batch.idx_mapping.dtype} is not int32/int64", rank=rank)
-    if batch.idx_mapping.shape != slots.shape:
-        _fail("PRE-HOST-DEVICE-MATCH", "idx_mapping", "device copy differs in shape from idx_mapping_np", rank=rank)
+    _check_device_shape("PRE-HOST-DEVICE-MATCH", "idx_mapping", batch.idx_mapping, slots.shape, rank)
+    # Both device copies in one wait; cu_num_logits only where its dtype is checked to be readable.
+    cu = batch.cu_num_logits
+    device_slots, *device_cu = host_values(batch.idx_mapping, *((cu,) if cu.dtype in _INT_DTYPES else ()))
+    _check_match("idx_mapping", device_slots, slots, rank, per_request=True)
+    return device_cu[0] if device_cu else None
+
+
+def host_values(*tensors: torch.Tensor) -> list[np.ndarray]:
+    """The tensors' values as numpy arrays: views of tensors in host memory (strides kept), else
+    copies that wait once for the device."""
+    if all(t.device.type == "cpu" for t in tensors):
+        return [t.numpy() for t in tensors]
+    copies = [t.to("cpu", non_blocking=True) for t in tensors]
+    for device in {t.device for t in tensors if t.device.type == "cuda"}:
+        torch.cuda.current_stream(device).synchronize()
+    return [c.numpy() for c in copies]
+
+
+def _check_device_shape(pid: str, name: str, tensor: torch.Tensor, shape: tuple, rank) -> None:
+    if tensor.shape != shape:
+        _fail(pid, name, f"device copy has shape {tuple(tensor.shape)}, the host copy {tuple(shape)}", rank=rank)
+
+
+def _check_match(name: str, device: np.ndarray, host: np.ndarray, rank, *, per_request: bool) -> None:
+    """PRE-HOST-DEVICE-MATCH on values (shapes are equal); names the request for idx_mapping."""
+    differs = np.not_equal(device, host)
+    if np.logical_or.reduce(differs, axis=None):
+        bad = _first(differs)
+        _fail("PRE-HOST-DEVICE-MATCH", name, f"device copy differs from {name}_np at entry {bad}: "
+              f"{device[bad]} != {host[bad]}", request=bad if per_request else None, rank=rank)
 
 
 def _check_shapes(batch: InputBatch, num_logits: int, rank) -> None:

@@ -21,14 +21,21 @@ import triton.language as tl
 
 
 @triton.jit
-def _count_block(reqs_before, rows_before, rows_total, slots_ptr, cu_ptr, start, block_start, num_reqs,
-                 TP: tl.constexpr, TP_PAD: tl.constexpr, BLOCK: tl.constexpr):
+def _request_rows(cu_ptr, cu_stride, reqs, valid):
+    """(first logits row, number of rows) of requests ``reqs``; the prefix sum is read by its stride."""
+    first = tl.load(cu_ptr + reqs * cu_stride, mask=valid, other=0)
+    counts = (tl.load(cu_ptr + (reqs + 1) * cu_stride, mask=valid, other=0) - first).to(tl.int32)
+    return first, counts
+
+
+@triton.jit
+def _count_block(reqs_before, rows_before, rows_total, slots_ptr, slots_stride, cu_ptr, cu_stride, start,
+                 block_start, num_reqs, TP: tl.constexpr, TP_PAD: tl.constexpr, BLOCK: tl.constexpr):
     """Per rank: requests before block_start, rows before it, rows in all; requests [start, start + BLOCK) added."""
     reqs = start + tl.arange(0, BLOCK)
     valid = reqs < num_reqs
-    owners = tl.load(slots_ptr + reqs, mask=valid, other=0) % TP
-    first = tl.load(cu_ptr + reqs, mask=valid, other=0)
-    counts = (tl.load(cu_ptr + reqs + 1, mask=valid, other=0) - first).to(tl.int32)
+    owners = tl.load(slots_ptr + reqs * slots_stride, mask=valid, other=0) % TP
+    _, counts = _request_rows(cu_ptr, cu_stride, reqs, valid)
     owned = (owners[:, None] == tl.arange(0, TP_PAD)[None, :]) & valid[:, None]
     reqs_per_rank = tl.sum(owned.to(tl.int32), axis=0)
     rows_per_rank = tl.sum(tl.where(owned, counts[:, None], 0), axis=0)
@@ -38,18 +45,25 @@ def _count_block(reqs_before, rows_before, rows_total, slots_ptr, cu_ptr, start,
 
 
 @triton.jit(
-    do_not_specialize=["num_reqs", "max_reqs_per_rank"],
+    do_not_specialize=["slots_stride", "cu_stride", "logits_indices_stride", "seq_lens_stride", "num_reqs",
+                       "num_logits", "max_reqs_per_rank"],
     do_not_specialize_on_alignment=["slots_ptr", "cu_ptr", "logits_indices_ptr", "seq_lens_ptr"],
 )
 def shard_plan_kernel(
-    slots_ptr, cu_ptr, logits_indices_ptr, seq_lens_ptr,
+    slots_ptr, slots_stride, cu_ptr, cu_stride, logits_indices_ptr, logits_indices_stride, seq_lens_ptr,
+    seq_lens_stride,
     sorted_indices_ptr, src_indices_ptr,
     local_slots_ptr, local_cu_ptr, local_indices_ptr, local_row_slots_ptr, local_row_pos_ptr, local_seq_lens_ptr,
-    num_reqs, max_reqs_per_rank,
+    num_reqs, num_logits, max_reqs_per_rank,
     TP: tl.constexpr, RANK: tl.constexpr, TP_PAD: tl.constexpr, BLOCK: tl.constexpr, ROWS_PAD: tl.constexpr,
     LOOP_END: tl.constexpr,
 ):
-    """LOOP_END, if not 0, stands for num_reqs as the count loop's bound: the interpreter gets
+    """Inputs are read by their strides (element units). num_reqs and num_logits come from the host
+    copies, which the host has checked: every row index made from device values is masked to
+    [0, num_logits), so device copies that disagree with the host copies give a wrong plan but never
+    an access outside the buffers.
+
+    LOOP_END, if not 0, stands for num_reqs as the count loop's bound: the interpreter gets
     num_reqs so (a constexpr costs it nothing), since in Triton 3.6 with numpy >= 2.5 it fails on a
     loop bound that is, or was ever assigned from, a runtime value. Compiled kernels get 0 and the
     runtime bound, so no batch size recompiles."""
@@ -62,22 +76,21 @@ def shard_plan_kernel(
     if LOOP_END > 0:
         for start in range(0, LOOP_END, BLOCK):
             reqs_before, rows_before, rows_total = _count_block(
-                reqs_before, rows_before, rows_total, slots_ptr, cu_ptr, start, block_start, num_reqs, TP, TP_PAD,
-                BLOCK)
+                reqs_before, rows_before, rows_total, slots_ptr, slots_stride, cu_ptr, cu_stride, start, block_start,
+                num_reqs, TP, TP_PAD, BLOCK)
     else:
         for start in range(0, num_reqs, BLOCK):
             reqs_before, rows_before, rows_total = _count_block(
-                reqs_before, rows_before, rows_total, slots_ptr, cu_ptr, start, block_start, num_reqs, TP, TP_PAD,
-                BLOCK)
+                reqs_before, rows_before, rows_total, slots_ptr, slots_stride, cu_ptr, cu_stride, start, block_start,
+                num_reqs, TP, TP_PAD, BLOCK)
     # Rank r's rows start after every row of lower ranks (owner-sorted order).
     rank_row_start = tl.cumsum(rows_total, axis=0) - rows_total
 
     reqs = block_start + tl.arange(0, BLOCK)
     valid = reqs < num_reqs
-    slots = tl.load(slots_ptr + reqs, mask=valid, other=0)
+    slots = tl.load(slots_ptr + reqs * slots_stride, mask=valid, other=0)
     owners = slots % TP
-    first = tl.load(cu_ptr + reqs, mask=valid, other=0)
-    counts = (tl.load(cu_ptr + reqs + 1, mask=valid, other=0) - first).to(tl.int32)
+    first, counts = _request_rows(cu_ptr, cu_stride, reqs, valid)
     owned = (owners[:, None] == ranks[None, :]) & valid[:, None]
     owned_int = owned.to(tl.int32)
     # Inclusive prefix counts per owner inside the block; a request reads its
@@ -92,19 +105,24 @@ def shard_plan_kernel(
 
     pos = tl.arange(0, ROWS_PAD)
     row_valid = valid[:, None] & (pos[None, :] < counts[:, None])
-    indices = tl.load(logits_indices_ptr + first[:, None] + pos[None, :], mask=row_valid, other=0).to(tl.int64)
-    tl.store(sorted_indices_ptr + sorted_start[:, None] + pos[None, :], indices, mask=row_valid)
+    rows = first[:, None] + pos[None, :]
+    readable = row_valid & (rows >= 0) & (rows < num_logits)
+    indices = tl.load(logits_indices_ptr + rows.to(tl.int64) * logits_indices_stride, mask=readable,
+                      other=0).to(tl.int64)
+    sorted_rows = sorted_start[:, None] + pos[None, :]
+    in_range = row_valid & (sorted_rows >= 0) & (sorted_rows < num_logits)
+    tl.store(sorted_indices_ptr + sorted_rows, indices, mask=in_range)
 
     # This rank's requests: local fields at their index among the owned ones.
     local_start = tl.sum(tl.where(ranks == RANK, rank_row_start, 0), axis=0)
     mine = valid & (owners == RANK)
     local_first = sorted_start - local_start
     tl.store(local_slots_ptr + index_in_owner, slots.to(tl.int32), mask=mine)
-    seq_lens = tl.load(seq_lens_ptr + reqs, mask=mine, other=0)
+    seq_lens = tl.load(seq_lens_ptr + reqs * seq_lens_stride, mask=mine, other=0)
     tl.store(local_seq_lens_ptr + index_in_owner, seq_lens.to(tl.int32), mask=mine)
     tl.store(local_cu_ptr + index_in_owner + 1, local_first + counts, mask=mine)
-    row_mine = row_valid & mine[:, None]
     local_rows = local_first[:, None] + pos[None, :]
+    row_mine = row_valid & mine[:, None] & (local_rows >= 0) & (local_rows < num_logits)
     tl.store(local_indices_ptr + local_rows, indices, mask=row_mine)
     row_slots = tl.broadcast_to(slots.to(tl.int32)[:, None], [BLOCK, ROWS_PAD])
     tl.store(local_row_slots_ptr + local_rows, row_slots, mask=row_mine)
@@ -116,7 +134,8 @@ def shard_plan_kernel(
     do_not_specialize=[
         "ids_stride0", "ids_stride1", "ids_width", "sampled_stride", "rejected_stride", "nans_stride",
         "lp_ids_stride0", "lp_ids_stride1", "lp_vals_stride0", "lp_vals_stride1", "lp_width", "lp_ranks_stride",
-        "num_local_reqs", "max_reqs_per_rank", "width", "sampled_cols", "num_cols",
+        "local_cu_stride", "nans_len", "lp_len", "num_local_reqs", "max_reqs_per_rank", "width", "sampled_cols",
+        "num_cols",
     ],
     do_not_specialize_on_alignment=[
         "local_cu_ptr", "ids_ptr", "sampled_ptr", "rejected_ptr", "nans_ptr", "lp_ids_ptr", "lp_vals_ptr",
@@ -124,17 +143,21 @@ def shard_plan_kernel(
     ],
 )
 def pack_kernel(
-    send_ptr, local_cu_ptr,
+    send_ptr, local_cu_ptr, local_cu_stride,
     ids_ptr, ids_stride0, ids_stride1, ids_width,
     sampled_ptr, sampled_stride, rejected_ptr, rejected_stride, nans_ptr, nans_stride,
     lp_send_ids_ptr, lp_send_vals_ptr,
     lp_ids_ptr, lp_ids_stride0, lp_ids_stride1, lp_vals_ptr, lp_vals_stride0, lp_vals_stride1, lp_width,
-    lp_ranks_ptr, lp_ranks_stride,
+    lp_ranks_ptr, lp_ranks_stride, nans_len, lp_len,
     num_local_reqs, max_reqs_per_rank, width, sampled_cols, num_cols,
     HAS_OUTPUT: tl.constexpr, HAS_NANS: tl.constexpr, HAS_LOGPROBS: tl.constexpr, LOCAL_LOGPROBS: tl.constexpr,
     BLOCK: tl.constexpr, ROWS_PAD: tl.constexpr, SAMPLED_PAD: tl.constexpr, COLS_PAD: tl.constexpr,
 ):
-    """Send row j < max_reqs_per_rank: local request j, or zeros past the local requests."""
+    """Send row j < max_reqs_per_rank: local request j, or zeros past the local requests.
+
+    Every input is read by its strides. Rows found through the local prefix sum are masked to the
+    lengths of the tensors read (nans_len; lp_len for the three logprob tensors), so a prefix sum
+    that disagrees with them never reads outside them; writes stay inside the send buffers."""
     reqs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     in_wire = reqs < max_reqs_per_rank
     cols = tl.arange(0, SAMPLED_PAD)
@@ -150,28 +173,28 @@ def pack_kernel(
         row = tl.where(cols[None, :] == width, num_sampled[:, None], row)
         row = tl.where(cols[None, :] == width + 1, num_rejected[:, None], row)
         if HAS_NANS:
-            first = tl.load(local_cu_ptr + reqs, mask=has, other=0)
-            counts = tl.load(local_cu_ptr + reqs + 1, mask=has, other=0) - first
+            first, counts = _request_rows(local_cu_ptr, local_cu_stride, reqs, has)
             pos = tl.arange(0, ROWS_PAD)
-            nans_at = nans_ptr + (first[:, None] + pos[None, :]) * nans_stride
-            nans = tl.load(nans_at, mask=has[:, None] & (pos[None, :] < counts[:, None]), other=0)
+            rows = first[:, None] + pos[None, :]
+            readable = has[:, None] & (pos[None, :] < counts[:, None]) & (rows >= 0) & (rows < nans_len)
+            nans = tl.load(nans_ptr + rows * nans_stride, mask=readable, other=0)
             row = tl.where(cols[None, :] == width + 2, tl.sum(nans.to(tl.int64), axis=1)[:, None], row)
     send_at = send_ptr + reqs[:, None] * sampled_cols + cols[None, :]
     tl.store(send_at, row, mask=in_wire[:, None] & (cols[None, :] < sampled_cols))
     if HAS_LOGPROBS:
         _pack_logprobs(
-            local_cu_ptr, lp_send_ids_ptr, lp_send_vals_ptr,
+            local_cu_ptr, local_cu_stride, lp_send_ids_ptr, lp_send_vals_ptr,
             lp_ids_ptr, lp_ids_stride0, lp_ids_stride1, lp_vals_ptr, lp_vals_stride0, lp_vals_stride1, lp_width,
-            lp_ranks_ptr, lp_ranks_stride, num_local_reqs, max_reqs_per_rank, width, num_cols,
+            lp_ranks_ptr, lp_ranks_stride, lp_len, num_local_reqs, max_reqs_per_rank, width, num_cols,
             LOCAL_LOGPROBS, BLOCK, ROWS_PAD, COLS_PAD,
         )
 
 
 @triton.jit
 def _pack_logprobs(
-    local_cu_ptr, lp_send_ids_ptr, lp_send_vals_ptr,
+    local_cu_ptr, local_cu_stride, lp_send_ids_ptr, lp_send_vals_ptr,
     lp_ids_ptr, lp_ids_stride0, lp_ids_stride1, lp_vals_ptr, lp_vals_stride0, lp_vals_stride1, lp_width,
-    lp_ranks_ptr, lp_ranks_stride, num_local_reqs, max_reqs_per_rank, width, num_cols,
+    lp_ranks_ptr, lp_ranks_stride, lp_len, num_local_reqs, max_reqs_per_rank, width, num_cols,
     LOCAL_LOGPROBS: tl.constexpr, BLOCK: tl.constexpr, ROWS_PAD: tl.constexpr, COLS_PAD: tl.constexpr,
 ):
     """Wire row j*width + p: local request j's p-th logits row, or id 0 / -inf / rank 0."""
@@ -185,10 +208,9 @@ def _pack_logprobs(
     vals = tl.full([BLOCK * ROWS_PAD, COLS_PAD], float("-inf"), dtype=tl.float32)
     if LOCAL_LOGPROBS:
         req_has = reqs < num_local_reqs
-        first = tl.load(local_cu_ptr + reqs, mask=req_has, other=0)
-        counts = tl.load(local_cu_ptr + reqs + 1, mask=req_has, other=0) - first
-        has = req_has & (pos < counts)
+        first, counts = _request_rows(local_cu_ptr, local_cu_stride, reqs, req_has)
         src = (first + pos).to(tl.int64)
+        has = req_has & (pos < counts) & (src >= 0) & (src < lp_len)
         copied = has[:, None] & (cols[None, :] < tl.minimum(lp_width, num_cols))
         ids_at = lp_ids_ptr + src[:, None] * lp_ids_stride0 + cols[None, :] * lp_ids_stride1
         ids = tl.load(ids_at, mask=copied, other=0).to(tl.int64)
@@ -203,46 +225,53 @@ def _pack_logprobs(
 
 
 @triton.jit(
-    do_not_specialize=["num_reqs", "width", "sampled_cols", "num_cols"],
+    do_not_specialize=["cu_stride", "cu_len", "num_reqs", "num_logits", "num_src_rows", "width", "sampled_cols",
+                       "num_cols"],
     do_not_specialize_on_alignment=[
         "src_indices_ptr", "cu_ptr", "out_ids_ptr", "out_sampled_ptr", "out_rejected_ptr", "out_nans_ptr",
         "out_lp_ids_ptr", "out_lp_vals_ptr", "out_lp_ranks_ptr",
     ],
 )
 def unpack_kernel(
-    gathered_ptr, src_indices_ptr, cu_ptr,
+    gathered_ptr, src_indices_ptr, cu_ptr, cu_stride, cu_len,
     out_ids_ptr, out_sampled_ptr, out_rejected_ptr, out_nans_ptr,
     lp_gathered_ids_ptr, lp_gathered_vals_ptr, out_lp_ids_ptr, out_lp_vals_ptr, out_lp_ranks_ptr,
-    num_reqs, width, sampled_cols, num_cols,
+    num_reqs, num_logits, num_src_rows, width, sampled_cols, num_cols,
     HAS_NANS: tl.constexpr, HAS_LOGPROBS: tl.constexpr,
     BLOCK: tl.constexpr, ROWS_PAD: tl.constexpr, COLS_PAD: tl.constexpr,
 ):
-    """Batch request i reads gathered row gathered_src_indices[i] (rank-major)."""
+    """Batch request i reads gathered row gathered_src_indices[i] (rank-major).
+
+    The batch's prefix sum is read by its stride (cu_len entries). Gathered rows outside
+    [0, num_src_rows) and output rows outside [0, num_logits) (the host copy's count) are never
+    accessed, whatever the device values."""
     reqs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     valid = reqs < num_reqs
     src = tl.load(src_indices_ptr + reqs, mask=valid, other=0)
+    src_ok = valid & (src >= 0) & (src < num_src_rows)
     row_at = gathered_ptr + src * sampled_cols
     cols = tl.arange(0, ROWS_PAD)
     id_mask = valid[:, None] & (cols[None, :] < width)
-    ids = tl.load(row_at[:, None] + cols[None, :], mask=id_mask, other=0)
+    ids = tl.load(row_at[:, None] + cols[None, :], mask=id_mask & src_ok[:, None], other=0)
     tl.store(out_ids_ptr + reqs[:, None].to(tl.int64) * width + cols[None, :], ids, mask=id_mask)
-    num_sampled = tl.load(row_at + width, mask=valid, other=0)
+    num_sampled = tl.load(row_at + width, mask=src_ok, other=0)
     tl.store(out_sampled_ptr + reqs, num_sampled.to(tl.int32), mask=valid)
-    num_rejected = tl.load(row_at + width + 1, mask=valid, other=0)
+    num_rejected = tl.load(row_at + width + 1, mask=src_ok, other=0)
     tl.store(out_rejected_ptr + reqs, num_rejected.to(tl.int32), mask=valid)
     if HAS_NANS:
-        nans = tl.load(row_at + width + 2, mask=valid, other=0)
+        nans = tl.load(row_at + width + 2, mask=src_ok, other=0)
         tl.store(out_nans_ptr + reqs, nans.to(tl.int32), mask=valid)
     if HAS_LOGPROBS:
         flat = tl.program_id(0) * BLOCK * ROWS_PAD + tl.arange(0, BLOCK * ROWS_PAD)
         row_reqs = flat // ROWS_PAD
         pos = flat % ROWS_PAD
-        req_valid = row_reqs < num_reqs
-        first = tl.load(cu_ptr + row_reqs, mask=req_valid, other=0)
-        counts = tl.load(cu_ptr + row_reqs + 1, mask=req_valid, other=0) - first
-        has = req_valid & (pos < counts)
-        src_rows = tl.load(src_indices_ptr + row_reqs, mask=has, other=0) * width + pos
+        req_valid = (row_reqs < num_reqs) & (row_reqs + 1 < cu_len)
+        first, counts = _request_rows(cu_ptr, cu_stride, row_reqs, req_valid)
         out_rows = (first + pos).to(tl.int64)
+        row_src = tl.load(src_indices_ptr + row_reqs, mask=req_valid, other=0)
+        has = (req_valid & (pos < counts) & (pos < width) & (out_rows >= 0) & (out_rows < num_logits)
+               & (row_src >= 0) & (row_src < num_src_rows))
+        src_rows = row_src * width + pos
         lp_cols = tl.arange(0, COLS_PAD)
         copied = has[:, None] & (lp_cols[None, :] < num_cols)
         lp_ids = tl.load(lp_gathered_ids_ptr + src_rows[:, None] * (num_cols + 1) + lp_cols[None, :], mask=copied)

@@ -102,12 +102,9 @@ class ProductionSharder:
                                                          max_num_logits_per_req=self.max_num_logits_per_req,
                                                          rank=rank)
         else:
-            # Capacity is checked even so: the workspace is sized by it. The largest count is taken
-            # as it is, since nothing here promises n_i >= 1.
-            checks.check_capacity_reqs(batch.num_reqs, self.max_num_reqs, rank)
-            cu, counts = checks.cu_counts(batch, rank)
-            width = int(np.maximum.reduce(counts)) if batch.num_reqs else 1
-            checks.check_capacity_logits(width, counts, self.max_num_logits_per_req, rank)
+            # Capacity, slot range and the shapes the kernels read are checked even so.
+            cu, counts, width = checks.check_guards(batch, max_num_reqs=self.max_num_reqs,
+                                                    max_num_logits_per_req=self.max_num_logits_per_req, rank=rank)
         position = None
         if grammar is not None:
             position = {req_id: i for i, req_id in enumerate(batch.req_ids)}
@@ -129,7 +126,7 @@ class ProductionSharder:
         num_local_logits = rows_per_rank[rank]
 
         if num_reqs:
-            self._launch_plan(batch, num_reqs, max_reqs_per_rank)
+            self._launch_plan(batch, num_reqs, num_logits, max_reqs_per_rank)
         views = self._shard_views(num_reqs, num_logits, num_local, num_local_logits)
         if width == 1:
             local_cu_np = np.arange(num_local + 1, dtype=np.int32)
@@ -186,11 +183,13 @@ class ProductionSharder:
         self._views[key] = value
         return value
 
-    def _launch_plan(self, batch: InputBatch, num_reqs: int, max_reqs_per_rank: int) -> None:
-        inputs = (batch.idx_mapping, batch.cu_num_logits, batch.logits_indices, batch.seq_lens)
-        key = (*self._plan_key, inputs[0].dtype, inputs[1].dtype, inputs[2].dtype, inputs[3].dtype)
+    def _launch_plan(self, batch: InputBatch, num_reqs: int, num_logits: int, max_reqs_per_rank: int) -> None:
+        slots, cu, indices, seq_lens = batch.idx_mapping, batch.cu_num_logits, batch.logits_indices, batch.seq_lens
+        # Engines pass views: every input goes with its stride (1-D, so stride(0) is all of it).
+        inputs = (slots, slots.stride(0), cu, cu.stride(0), indices, indices.stride(0), seq_lens, seq_lens.stride(0))
+        key = (*self._plan_key, slots.dtype, cu.dtype, indices.dtype, seq_lens.dtype)
         constexprs = {**self._plan_constexprs, "LOOP_END": num_reqs} if _INTERPRETED else self._plan_constexprs
-        sizes = (num_reqs, max_reqs_per_rank)
+        sizes = (num_reqs, num_logits, max_reqs_per_rank)
         # The plan's outputs never move: a direct launch takes their addresses instead.
         _launch_plan(-(-num_reqs // self._plan_block), key, (*inputs, *self._plan_outputs, *sizes), constexprs,
                      (*inputs, *self._plan_output_addresses, *sizes))
@@ -292,16 +291,21 @@ class ProductionSharder:
         sampled = out.num_sampled if has_output else send
         rejected = out.num_rejected if has_output else send
         local_cu = local_batch.cu_num_logits if has_output else send
+        if has_output and not self.check_preconditions:
+            # Unchecked shapes: read no request past the shortest per-request tensor.
+            num_local = min(num_local, ids.shape[0], sampled.shape[0], rejected.shape[0], local_cu.shape[0] - 1)
         key = (*key_prefix, local_cu.dtype, ids.dtype, sampled.dtype, rejected.dtype, nans.dtype, lp_ids.dtype,
                lp_vals.dtype, lp_ranks.dtype)
         ids_strides, lp_ids_strides, lp_vals_strides = ids.stride(), lp_ids.stride(), lp_vals.stride()
+        # Rows the local prefix sum points at are bounded by what the tensors hold.
+        lp_len = min(lp_ids.shape[0], lp_vals.shape[0], lp_ranks.shape[0]) if local_lp is not None else 0
         _launch_pack(-(-per_rank // block), key, (
-            send, local_cu,
+            send, local_cu, local_cu.stride(0),
             ids, ids_strides[0], ids_strides[-1], ids.shape[-1],
             sampled, sampled.stride(0), rejected, rejected.stride(0), nans, nans.stride(0),
             lp_send_ids, lp_send_vals,
             lp_ids, lp_ids_strides[0], lp_ids_strides[-1], lp_vals, lp_vals_strides[0], lp_vals_strides[-1],
-            lp_ids.shape[-1], lp_ranks, lp_ranks.stride(0),
+            lp_ids.shape[-1], lp_ranks, lp_ranks.stride(0), nans.shape[0], lp_len,
             num_local, per_rank, width, send.shape[1], num_cols,
         ), constexprs)
 
@@ -353,8 +357,8 @@ class ProductionSharder:
             # Absent outputs are never written (their constexpr flag is off): any tensor stands in.
             lp_args = (lp["recv_ids"], lp["recv_vals"], *logprobs[:3]) if lp is not None else (received,) * 5
             _launch_unpack(-(-num_reqs // block), key, (
-                received, src_indices, cu, sampled_token_ids, *counts[:2], counts[-1], *lp_args,
-                num_reqs, width, sampled_cols, num_cols,
+                received, src_indices, cu, cu.stride(0), cu.shape[0], sampled_token_ids, *counts[:2], counts[-1],
+                *lp_args, num_reqs, num_logits, received.shape[0], width, sampled_cols, num_cols,
             ), constexprs)
         return SamplerOutput(
             sampled_token_ids=sampled_token_ids,
