@@ -27,7 +27,6 @@ if not torch.cuda.is_available():
 
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
-
 from shardspec.impl.launch import Launcher  # noqa: E402
 
 

@@ -21,6 +21,7 @@ most loaded rank (``scale_shapes.balanced_slots``). Three parts, one JSON:
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import time
@@ -33,7 +34,15 @@ from bench_step import add_upstream, bench_device, environment, save_json, synch
 from floors import floor_us, measure_floors, step_bytes  # noqa: E402
 from samplers import SAMPLERS, temporaries_bytes  # noqa: E402
 from scale_shapes import (  # noqa: E402
-    DTYPES, ScaleShape, allocated, implementations, interleave, peak_step_bytes, ratio_spread, spread)
+    DTYPES,
+    ScaleShape,
+    allocated,
+    implementations,
+    interleave,
+    peak_step_bytes,
+    ratio_spread,
+    spread,
+)
 
 VOCABS = [32768, 128256, 151936, 262144]
 
@@ -179,7 +188,8 @@ def captured_step(shape: ScaleShape):
     return graph.replay
 
 
-def run(grid: Grid, device, parts: set, focus_shape: dict, progress=print) -> dict:
+def run(grid: Grid, device, parts: set, focus_shape: dict, progress=print, checkpoint=lambda result: None) -> dict:
+    """Every part of the grid; ``checkpoint(result)`` after each row, so that a run cut short keeps its rows."""
     result = {"environment": environment(device), "grid": asdict(grid), "implementations": implementations()}
     result["floors"] = measure_floors(device)
     progress(f"floors: launch {result['floors']['launch']['wall_us']:.1f} us wall, "
@@ -197,6 +207,7 @@ def run(grid: Grid, device, parts: set, focus_shape: dict, progress=print) -> di
                             row = step_row(grid, device, result["floors"], tp, num_reqs, rows, vocab, dtype)
                             result["step"].append(row)
                             progress(format_step_row(row))
+                            checkpoint(result)
     if "baseline" in parts:
         result["baseline"] = []
         for tp in grid.baseline_tp:
@@ -207,6 +218,7 @@ def run(grid: Grid, device, parts: set, focus_shape: dict, progress=print) -> di
                             for row in baseline_rows(grid, device, tp, num_reqs, rows, vocab, dtype):
                                 result["baseline"].append(row)
                                 progress(format_baseline_row(row))
+                            checkpoint(result)
     result["floors_after"] = measure_floors(device)  # the machine may drift within a run
     return result
 
@@ -278,6 +290,14 @@ def format_report(result: dict) -> str:
     return "\n".join(lines)
 
 
+def _write(path: str, result: dict) -> None:
+    """The result so far, replaced whole (never a half-written file)."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path + ".partial", "w") as handle:
+        json.dump(result, handle, indent=1)
+    os.replace(path + ".partial", path)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     size = parser.add_mutually_exclusive_group()
@@ -297,7 +317,8 @@ def main(argv=None) -> int:
     device = bench_device()
     warm_up_device(device)
     started = time.perf_counter()
-    result = run(grid, device, parts, QUICK_FOCUS if args.quick else FOCUS, progress=lambda s: print(s, flush=True))
+    result = run(grid, device, parts, QUICK_FOCUS if args.quick else FOCUS, progress=lambda s: print(s, flush=True),
+                 checkpoint=(lambda partial: _write(args.out, partial)) if args.out else (lambda partial: None))
     result["seconds"] = time.perf_counter() - started
     result["command"] = " ".join(["python", "bench/scale_grid.py", *(argv if argv is not None else sys.argv[1:])])
     print("\n" + format_report(result))

@@ -8,15 +8,15 @@ loaded rank, the one that bounds a real step (a random draw can leave it with no
 from __future__ import annotations
 
 import statistics
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 import torch
 from bench_step import IMPLS, Bench, burst_us, synchronize
-
-from shardspec.comm import LoopbackComm
 from shardspec.spec.builders import build_input_batch
 from shardspec.spec.model import SamplerOutput
+
+from shardspec.comm import LoopbackComm
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
@@ -122,7 +122,7 @@ def spread(values: list[float]) -> dict:
 
 def ratio_spread(numerator: list[float], denominator: list[float]) -> dict:
     """Spread of per-round ratios (both measured in the same round)."""
-    return spread([a / b for a, b in zip(numerator, denominator)])
+    return spread([a / b for a, b in zip(numerator, denominator, strict=True)])
 
 
 def peak_step_bytes(fn: Callable[[], object], device: torch.device) -> int:

@@ -26,13 +26,15 @@ import sys
 
 import torch
 
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # before Triton is imported: it reads the variable then
+
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
 from bench_step import bench_device, environment, save_json, warm_up_device  # noqa: E402
 from samplers import top_p  # noqa: E402
 from scale_shapes import ScaleShape, interleave, ratio_spread, spread  # noqa: E402
-
-import triton  # noqa: E402  (after bench_step chose the interpreter where there is no GPU)
-import triton.language as tl  # noqa: E402
 
 from shardspec.comm import LoopbackComm  # noqa: E402
 
