@@ -14,7 +14,15 @@ import numpy as np
 import torch
 
 from shardspec.spec.errors import PreconditionError
-from shardspec.spec.model import GrammarOutput, InputBatch, SamplerOutput
+from shardspec.spec.model import (
+    EXTENSION_DTYPES,
+    EXTENSION_KINDS,
+    BatchShardMetadata,
+    ExtensionSpec,
+    GrammarOutput,
+    InputBatch,
+    SamplerOutput,
+)
 
 _INT_DTYPES = (torch.int32, torch.int64)
 
@@ -144,6 +152,8 @@ def _check_drafts(batch: InputBatch, cu: np.ndarray, rank) -> None:
                  f"is {batch.num_draft_tokens} without num_draft_tokens_per_req", rank=rank)
         return
     drafts = np.asarray(drafts)
+    _require(drafts.dtype.kind in "iu", "PRE-DTYPES", "num_draft_tokens_per_req",
+             f"dtype {drafts.dtype} is not an integer type", rank=rank)
     _require(drafts.shape == (batch.num_reqs,), "PRE-DRAFTS", "num_draft_tokens_per_req",
              f"shape {drafts.shape}, expected ({batch.num_reqs},)", rank=rank)
     bad = _first_bad(counts != drafts.astype(np.int64) + 1)
@@ -215,3 +225,51 @@ def check_local_output(
                      "logprob_token_ids and logprobs differ in shape", rank=rank)
             _require(tuple(lp.selected_token_ranks.shape) == (num_local_logits,), "PRE-LOCAL-OUTPUT",
                      "selected_token_ranks", f"shape {tuple(lp.selected_token_ranks.shape)}", rank=rank)
+
+
+def check_logits_shard(logits_shard: torch.Tensor, metadata: BatchShardMetadata, rank=None) -> None:
+    """This rank's own shard only: whether every rank's width is the same is not checkable here."""
+    num_logits = int(sum(metadata.num_logits_per_rank))
+    _require(isinstance(logits_shard, torch.Tensor) and logits_shard.is_floating_point(), "PRE-LOGITS-SHARD",
+             "logits_shard", f"is {getattr(logits_shard, 'dtype', type(logits_shard).__name__)}, not a floating "
+             "point tensor", rank=rank)
+    _require(logits_shard.dim() == 2 and logits_shard.shape[0] == num_logits and logits_shard.shape[1] >= 1,
+             "PRE-LOGITS-SHARD", "logits_shard",
+             f"shape {tuple(logits_shard.shape)}; expected ({num_logits}, Vs) with Vs >= 1", rank=rank)
+
+
+def check_extension_declarations(extension_fields: Optional[dict], rank=None) -> None:
+    """The replicated declarations: every rank reaches the same verdict."""
+    if extension_fields is None:
+        return
+    for name, spec in extension_fields.items():
+        _require(isinstance(name, str) and isinstance(spec, ExtensionSpec), "PRE-EXTENSION-SUPPORTED",
+                 "extension_fields", f"entry {name!r} is not a str -> ExtensionSpec pair", rank=rank)
+        _require(spec.per in EXTENSION_KINDS, "PRE-EXTENSION-SUPPORTED", "extension_fields",
+                 f"{name}: kind {spec.per!r} is not one of {EXTENSION_KINDS}", rank=rank)
+        _require(spec.dtype in EXTENSION_DTYPES, "PRE-EXTENSION-SUPPORTED", "extension_fields",
+                 f"{name}: dtype {spec.dtype} is not supported", rank=rank)
+        _require(all(isinstance(d, int) and d >= 0 for d in spec.shape), "PRE-EXTENSION-SUPPORTED",
+                 "extension_fields", f"{name}: trailing shape {spec.shape} is not a tuple of sizes", rank=rank)
+
+
+def check_local_extensions(local_output: Optional[SamplerOutput], local_batch: InputBatch,
+                           extension_fields: Optional[dict], rank=None) -> None:
+    """Every extension field the local output carries is declared, and every declared one is there."""
+    carried = {} if local_output is None or local_output.extensions is None else local_output.extensions
+    declared = extension_fields or {}
+    for name in carried:
+        _require(name in declared, "PRE-EXTENSION-FIELDS", f"extensions.{name}",
+                 "is not declared in extension_fields, so the gather would drop it", rank=rank)
+    rows = {"request": local_batch.num_reqs, "logits_row": local_batch.num_logits}
+    for name, spec in declared.items():
+        value = carried.get(name)
+        if value is None:
+            _require(local_batch.num_reqs == 0, "PRE-EXTENSION-FIELDS", f"extensions.{name}",
+                     f"is declared but missing, and this rank owns {local_batch.num_reqs} requests", rank=rank)
+            continue
+        expected = (rows[spec.per], *spec.shape)
+        _require(isinstance(value, torch.Tensor) and value.dtype == spec.dtype and tuple(value.shape) == expected,
+                 "PRE-EXTENSION-FIELDS", f"extensions.{name}",
+                 f"is {getattr(value, 'dtype', type(value).__name__)} {tuple(getattr(value, 'shape', ()))}; "
+                 f"declared {spec.dtype} {expected}", rank=rank)

@@ -32,6 +32,7 @@ from shardspec.reference import preconditions
 from shardspec.reference.plan import ShardPlan, build_plan
 from shardspec.spec.model import (
     BatchShardMetadata,
+    ExtensionSpec,
     GrammarOutput,
     InputBatch,
     LogprobsTensors,
@@ -132,6 +133,8 @@ class ReferenceSharder:
     # -- step 2 ------------------------------------------------------------
     def all_to_all_logits(self, logits_shard: torch.Tensor, metadata: BatchShardMetadata) -> torch.Tensor:
         """[L, V/tp] owner-sorted rows of this rank's vocab shard -> [L_local, V]."""
+        if self.check_preconditions:
+            preconditions.check_logits_shard(logits_shard, metadata, rank=self.rank)
         tp, num_local = metadata.tp_size, metadata.num_local_logits
         shard_width = logits_shard.shape[-1]
         received = logits_shard.new_empty(tp * num_local, shard_width)
@@ -151,17 +154,24 @@ class ReferenceSharder:
         *,
         gather_num_nans: bool = False,
         logprobs_dims: Optional[tuple[int, int]] = None,
+        extension_fields: Optional[dict[str, ExtensionSpec]] = None,
     ) -> SamplerOutput:
         if self.check_preconditions:
+            # The declarations are replicated: checked first, so every rank rejects them alike.
+            preconditions.check_extension_declarations(extension_fields, rank=self.rank)
             preconditions.check_local_output(
                 local_output, local_batch, gather_num_nans=gather_num_nans,
                 logprobs_dims=logprobs_dims, rank=self.rank,
             )
+            preconditions.check_local_extensions(local_output, local_batch, extension_fields, rank=self.rank)
         packed = self._pack_sampled(local_output, metadata, local_batch, gather_num_nans)
         gathered = self._all_gather(packed)
         logprobs_tensors = None
         if logprobs_dims is not None:
             logprobs_tensors = self._gather_logprobs(local_output, metadata, global_batch, local_batch, logprobs_dims)
+        extensions = None
+        if extension_fields is not None:
+            extensions = self._gather_extensions(local_output, metadata, global_batch, local_batch, extension_fields)
         width = metadata.max_num_logits_per_req
         rows = gathered[metadata.gathered_src_indices]
         return SamplerOutput(
@@ -170,6 +180,7 @@ class ReferenceSharder:
             num_nans=rows[:, width + 2].to(torch.int32) if gather_num_nans else None,
             num_sampled=rows[:, width].to(torch.int32),
             num_rejected=rows[:, width + 1].to(torch.int32),
+            extensions=extensions,
         )
 
     def _all_gather(self, send: torch.Tensor) -> torch.Tensor:
@@ -206,12 +217,7 @@ class ReferenceSharder:
         send_logprobs = torch.full((num_send_rows, num_cols), PAD_LOGPROB, dtype=torch.float32, device=self.device)
         lp = None if local_output is None else local_output.logprobs_tensors
         if lp is not None and local_batch.num_logits > 0:
-            # Local logits row k of local request j goes to wire row j*W + p.
-            owner = _row_owner(local_batch.cu_num_logits_np, self.device)
-            pos = torch.arange(local_batch.num_logits, device=self.device) - torch.from_numpy(
-                np.asarray(local_batch.cu_num_logits_np, dtype=np.int64)
-            ).to(self.device)[owner]
-            wire_rows = owner * width + pos
+            wire_rows = _local_wire_rows(local_batch.cu_num_logits_np, width, self.device)
             copied = min(lp.logprob_token_ids.shape[1], num_cols)
             send_ids[wire_rows, :copied] = lp.logprob_token_ids[:, :copied].to(torch.int64)
             send_ids[wire_rows, num_cols] = lp.selected_token_ranks.to(torch.int64)
@@ -219,9 +225,7 @@ class ReferenceSharder:
         gathered_ids = self._all_gather(send_ids)
         gathered_logprobs = self._all_gather(send_logprobs)
         cu = np.asarray(global_batch.cu_num_logits_np, dtype=np.int64)
-        global_owner = _row_owner(cu, self.device)
-        global_pos = torch.arange(int(cu[-1]), device=self.device) - torch.from_numpy(cu).to(self.device)[global_owner]
-        src_rows = metadata.gathered_src_indices[global_owner] * width + global_pos
+        src_rows = _gathered_row_sources(cu, metadata, self.device)
         num_logits, num_reqs = int(cu[-1]), int(cu.shape[0] - 1)
         return LogprobsTensors(
             logprob_token_ids=gathered_ids[src_rows, :num_cols].clone(),
@@ -229,6 +233,48 @@ class ReferenceSharder:
             selected_token_ranks=gathered_ids[src_rows, num_cols].clone(),
             cu_num_generated_tokens=[int(c) for c in cu] if num_logits != num_reqs else None,
         )
+
+
+    def _gather_extensions(self, local_output, metadata, global_batch, local_batch,
+                           extension_fields: dict[str, ExtensionSpec]) -> dict[str, torch.Tensor]:
+        """One all-gather per declared field, in declaration order, in the named fields' padded layouts.
+
+        A per-request field travels like the sampled ids (row j is local request j, M rows); a
+        per-row field like the logprobs (row j * W + p is local request j's p-th row, M * W rows).
+        """
+        width, num_local = metadata.max_num_logits_per_req, metadata.num_local_reqs
+        local = (local_output.extensions if local_output is not None else None) or {}
+        wire_rows = _local_wire_rows(local_batch.cu_num_logits_np, width, self.device)
+        cu = np.asarray(global_batch.cu_num_logits_np, dtype=np.int64)
+        gathered_fields = {}
+        for name, spec in extension_fields.items():
+            per_request = spec.per == "request"
+            num_send_rows = metadata.max_num_reqs_per_rank * (1 if per_request else width)
+            # Padding rows are unspecified on the wire; zeros keep the reference readable.
+            send = torch.zeros((num_send_rows, *spec.shape), dtype=spec.dtype, device=self.device)
+            value = local.get(name)
+            if value is not None and value.shape[0] > 0:
+                target = slice(0, num_local) if per_request else wire_rows
+                send[target] = value.to(self.device)
+            gathered = self._all_gather(send)
+            sources = metadata.gathered_src_indices if per_request else _gathered_row_sources(cu, metadata, self.device)
+            gathered_fields[name] = gathered[sources].clone()
+        return gathered_fields
+
+
+def _local_wire_rows(local_cu_num_logits, width: int, device) -> torch.Tensor:
+    """[L_local] wire row of each local logits row: local request j's p-th row goes to j * W + p."""
+    cu = np.asarray(local_cu_num_logits, dtype=np.int64)
+    owner = _row_owner(cu, device)
+    pos = torch.arange(int(cu[-1]), device=device) - torch.from_numpy(cu).to(device)[owner]
+    return owner * width + pos
+
+
+def _gathered_row_sources(cu: np.ndarray, metadata: BatchShardMetadata, device) -> torch.Tensor:
+    """[L] row of each batch logits row in the rank-major gathered per-row buffers."""
+    owner = _row_owner(cu, device)
+    pos = torch.arange(int(cu[-1]), device=device) - torch.from_numpy(cu).to(device)[owner]
+    return metadata.gathered_src_indices[owner] * metadata.max_num_logits_per_req + pos
 
 
 def _row_owner(cu_num_logits, device) -> torch.Tensor:

@@ -18,6 +18,15 @@ class Invariant:
 
 
 @dataclass(frozen=True)
+class OnViolation:
+    """What an implementation does when a precondition does not hold."""
+
+    outcome: str  # "reject" | "undefined"
+    reason: str
+    raised_on: Optional[str] = None  # "every rank" | "the faulty rank" (reject only)
+
+
+@dataclass(frozen=True)
 class Precondition:
     id: str
     level: str
@@ -25,8 +34,13 @@ class Precondition:
     statement: str
     fields: tuple[str, ...]
     error: str
+    on_violation: OnViolation
     rationale: Optional[str] = None
     retired: bool = False
+
+    @property
+    def must_reject(self) -> bool:
+        return self.on_violation.outcome == "reject"
 
 
 @dataclass(frozen=True)

@@ -29,6 +29,7 @@ from shardspec.spec.documents import (  # noqa: F401  (re-exported)
     FieldSpec,
     Invariant,
     LocalView,
+    OnViolation,
     Precondition,
     Spec,
     Symbol,
@@ -165,6 +166,21 @@ def load_spec(root: Optional[PathLike] = None) -> "Spec":
     return spec
 
 
+def spec_version(root: Optional[PathLike] = None) -> str:
+    """The version of the specification in ``root`` (default: the installed one), e.g. ``"0.2.0"``.
+
+    Reads only index.yaml, so a report header can name the version without loading every document.
+    """
+    base = _package_root() if root is None else Path(root)
+    return load_yaml_document(base.joinpath("index.yaml"), document_schema("index"))["version"]
+
+
+def must_reject_ids(spec: Optional["Spec"] = None) -> tuple[str, ...]:
+    """IDs of the preconditions whose violation MUST be rejected (``on_violation.outcome: reject``)."""
+    spec = load_spec() if spec is None else spec
+    return tuple(p.id for p in spec.preconditions if p.must_reject and not p.retired)
+
+
 def _document_files(index: dict, index_name: str) -> dict[str, str]:
     files: dict[str, str] = {}
     for position, doc in enumerate(index["documents"]):
@@ -195,9 +211,13 @@ def _build_spec(index: dict, raw: dict[str, Any]) -> Spec:
         example=overview["example"],
         data_model=data_model,
         invariants=tuple(Invariant(**_tupled(e)) for e in raw["invariants"]["invariants"]),
-        preconditions=tuple(Precondition(**_tupled(e)) for e in raw["preconditions"]["preconditions"]),
+        preconditions=tuple(_precondition(e) for e in raw["preconditions"]["preconditions"]),
         clarifications=tuple(Clarification(**_tupled(e)) for e in raw["clarifications"]["clarifications"]),
     )
+
+
+def _precondition(entry: dict) -> Precondition:
+    return Precondition(**{**_tupled(entry), "on_violation": OnViolation(**entry["on_violation"])})
 
 
 def _tupled(entry: dict) -> dict:

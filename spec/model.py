@@ -81,6 +81,29 @@ class SamplerOutput:
     num_sampled: Optional[torch.Tensor] = None
     # [N] int32.
     num_rejected: Optional[torch.Tensor] = None
+    # Extension fields: tensors a sampler returns beyond the named fields
+    # (e.g. sampling masks), by name. Local: [n, *E] or [L_local, *E] as the
+    # field's ExtensionSpec declares; gathered: [N, *E] or [L, *E] in batch order.
+    extensions: Optional[dict[str, torch.Tensor]] = None
+
+
+@dataclass(frozen=True)
+class ExtensionSpec:
+    """The replicated declaration of one extension field, passed to the gather on every rank."""
+
+    # "request": one entry per request; "logits_row": one entry per logits row.
+    per: str
+    # The field's dtype on every rank (EXTENSION_DTYPES).
+    dtype: torch.dtype
+    # Trailing shape E of one entry; () for one scalar per request or row.
+    shape: tuple[int, ...] = ()
+
+
+EXTENSION_KINDS = ("request", "logits_row")
+# The dtypes an extension field may have (PRE-EXTENSION-SUPPORTED); int16 is left out because
+# gloo's all-gather rejects it ("Invalid scalar type", torch 2.13).
+EXTENSION_DTYPES = (torch.bool, torch.uint8, torch.int8, torch.int32, torch.int64,
+                    torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
 @dataclass

@@ -183,16 +183,30 @@ def _local_text(f: FieldSpec) -> str:
 
 # ------------------------------------------------------- the three catalogues
 
+def _outcome_text(pre) -> str:
+    if pre.must_reject:
+        return f"MUST be rejected (`{pre.error}` naming the ID), raised on {pre.on_violation.raised_on}"
+    return "undefined (the caller's fault); an implementation MAY reject it"
+
+
 def render_preconditions(spec: Spec) -> list[str]:
     lines = ["## 3. Preconditions", "",
-             "The caller guarantees these. A violation is rejected with an error naming the ID "
-             "(e.g. `[PRE-SLOT-RANGE]`), the field, and where known the request and rank.", ""]
+             "The caller guarantees these. For each one the spec decides what happens when it does not "
+             "hold. **Rejected**: the operation raises an exception naming the ID (e.g. `[PRE-SLOT-RANGE]`; "
+             "the reference raises `PreconditionError` with the field and, where known, the request and rank) "
+             "before it writes any output or issues any collective of that operation (INV-REJECT-INVALID). "
+             "**Undefined**: the caller's fault; outputs are unspecified, and an implementation that rejects "
+             "it anyway SHOULD name the ID (INV-REJECT-NAMES-PRECONDITION).", ""]
+    lines += table(["ID", "step", "on violation", "raised on"],
+                   [[link(p.id), p.step, p.on_violation.outcome, p.on_violation.raised_on or ""]
+                    for p in spec.preconditions if not p.retired])
     for pre in spec.preconditions:
         lines += [f'<a id="{anchor(pre.id)}"></a>', f"#### {pre.id} · {pre.level} · step {pre.step}", "",
                   pre.statement, ""]
         if pre.rationale:
             lines += [f"*Why:* {pre.rationale}", ""]
-        lines += [f"*Fields:* {code_list(pre.fields)} · *Error:* `{pre.error}`", ""]
+        lines += [f"*On violation:* {_outcome_text(pre)}. {' '.join(pre.on_violation.reason.split())}", "",
+                  f"*Fields:* {code_list(pre.fields)} · *Error:* `{pre.error}`", ""]
     return lines
 
 

@@ -32,7 +32,8 @@ def _python_fields(cls) -> list[str]:
 def test_types_mirror_the_python_classes_field_by_field(spec):
     mirrored = [t for t in spec.data_model.types if t.python]
     assert {t.python for t in mirrored} == {
-        "InputBatch", "GrammarOutput", "SamplerOutput", "LogprobsTensors", "BatchShardMetadata", "ShardResult"}
+        "InputBatch", "GrammarOutput", "SamplerOutput", "LogprobsTensors", "BatchShardMetadata", "ShardResult",
+        "ExtensionSpec"}
     for type_spec in mirrored:
         assert [f.name for f in type_spec.fields] == _python_fields(getattr(py_model, type_spec.python)), type_spec.name
 
