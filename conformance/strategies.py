@@ -1,40 +1,53 @@
 """Hypothesis strategies for valid cases, and seeded generation of a batch of them.
 
-Every generated case satisfies the preconditions: distinct slots in
-``[0, max_num_reqs)``, 1..max_num_logits_per_req logits rows per request,
-grammar outputs listing a subset of the batch in any order, NaN tokens,
-logprobs dims with ``max_token_ids`` sometimes above ``k``, and either the toy
-sampler or explicit per-rank outputs of random widths, some without logprobs.
-Batches stay small: the Triton interpreter costs time per program.
+Every generated case satisfies the preconditions and looks like what engines
+hand over: distinct slots in ``[0, max_num_reqs)``, 1..max_num_logits_per_req
+logits rows per request (sometimes every request at the capacity), grammar
+outputs listing a subset of the batch in any order, NaN tokens, logprobs dims
+with ``max_token_ids`` sometimes above ``k``, logits in float32, bfloat16 or
+float16, inputs passed as strided or storage-offset views (``Case.layouts``),
+batches where some ranks own nothing, and either the toy sampler or explicit
+per-rank outputs of random widths, some without logprobs and some with ids,
+counts and logprobs at the limits of their dtypes.
+
+Batches are small in most cases, because the Triton interpreter costs time per
+program; one case in :data:`LARGE_BATCH_ODDS` is a large batch (hundreds of
+requests, up to the capacity) over a small vocabulary. Its slots and counts
+come from a seeded numpy generator, so hypothesis draws a handful of numbers
+instead of hundreds.
 """
 
 from __future__ import annotations
 
-from typing import Optional
-
+import numpy as np
 from hypothesis import HealthCheck, Phase, Verbosity, given, settings
 from hypothesis import seed as hypothesis_seed
 from hypothesis import strategies as st
 
 from shardspec.spec.case import Case, ExplicitLocalOutput
+from shardspec.spec.layouts import BATCH_ARRAYS, BATCH_TENSORS, LOGITS_DTYPES, OFFSET, STRIDED
 
 MAX_REQS_IN_BATCH = 12
+MAX_LOGITS_PER_REQ = 8
+LARGE_BATCH_ODDS = 10
+LARGE_CAPACITIES = (128, 256, 512)
+# Large batches have more requests than any small one and more than a 64-entry block.
+MIN_LARGE_BATCH = 65
+INT32_MAX, INT64_MAX, INT64_MIN = 2**31 - 1, 2**63 - 1, -(2**63)
+FLOAT32_LOWEST = -3.4028234663852886e38
 
 
 @st.composite
 def cases(draw, tp_size: int, case_id: str = "generated") -> Case:
-    max_num_reqs = draw(st.sampled_from([max(tp_size, 8), 16, 64]))
-    max_logits = draw(st.integers(1, 4))
-    # Empty batches are one case among many, not a fifth of them.
-    min_reqs = 0 if draw(st.integers(0, 19)) == 0 else 1
-    slots = draw(st.lists(st.integers(0, max_num_reqs - 1), unique=True, min_size=min_reqs,
-                          max_size=min(max_num_reqs, MAX_REQS_IN_BATCH)))
-    counts = draw(st.lists(st.integers(1, max_logits), min_size=len(slots), max_size=len(slots)))
+    if draw(st.integers(0, LARGE_BATCH_ODDS - 1)) == 0:
+        max_num_reqs, max_logits, slots, counts = draw(_large_batch(tp_size))
+        vocab_size = draw(st.sampled_from([8, 33]))
+    else:
+        max_num_reqs, max_logits, slots, counts = draw(_small_batch(tp_size))
+        vocab_size = draw(st.sampled_from([8, 33, 100, 130, 257]))
     spec_decode = None if any(c > 1 for c in counts) else draw(st.sampled_from([None, True]))
-    num_tokens = sum(c + s % 3 for c, s in zip(counts, slots))  # build_input_batch's query lengths
-    vocab_size = draw(st.sampled_from([8, 33, 100, 130, 257]))
-    gather_num_nans = draw(st.booleans())
-    logprobs_dims = draw(st.one_of(st.none(), st.tuples(st.integers(0, min(4, vocab_size)), st.integers(0, 6))))
+    num_tokens = sum(c + s % 3 for c, s in zip(counts, slots, strict=True))  # build_input_batch's query lengths
+    grammar_positions = draw(_grammar_positions(len(slots)))
     case = Case(
         case_id=case_id,
         tp_size=tp_size,
@@ -44,17 +57,66 @@ def cases(draw, tp_size: int, case_id: str = "generated") -> Case:
         max_num_reqs=max_num_reqs,
         max_num_logits_per_req=max_logits,
         spec_decode=spec_decode,
-        grammar_positions=draw(_grammar_positions(len(slots))),
+        grammar_positions=grammar_positions,
         vocab_size=vocab_size,
         seed=draw(st.integers(0, 2**16)),
         nan_tokens=draw(st.lists(st.integers(0, max(num_tokens - 1, 0)), unique=True, max_size=3))
         if num_tokens else [],
-        gather_num_nans=gather_num_nans,
-        logprobs_dims=logprobs_dims,
+        gather_num_nans=draw(st.booleans()),
+        logprobs_dims=draw(st.one_of(st.none(), st.tuples(st.integers(0, min(4, vocab_size)), st.integers(0, 6)))),
+        layouts=draw(_layouts(grammar=grammar_positions is not None, drafts=spec_decode is not False)),
+        logits_dtype=draw(st.sampled_from(list(LOGITS_DTYPES))),
     )
-    if slots and draw(st.integers(0, 3)) == 0:
+    if slots and len(slots) <= MAX_REQS_IN_BATCH and draw(st.integers(0, 3)) == 0:
         case.local_outputs = draw(explicit_outputs(case))
     return case
+
+
+@st.composite
+def _small_batch(draw, tp_size: int):
+    """(max_num_reqs, max_num_logits_per_req, slots, counts) of at most MAX_REQS_IN_BATCH requests."""
+    max_num_reqs = draw(st.sampled_from([max(tp_size, 8), 16, 64]))
+    max_logits = draw(st.integers(1, MAX_LOGITS_PER_REQ))
+    # Empty batches are one case among many, not a fifth of them.
+    min_reqs = 0 if draw(st.integers(0, 19)) == 0 else 1
+    if tp_size > 1 and draw(st.integers(0, 9)) == 0:
+        # Every request on one rank: the others own nothing.
+        owner = draw(st.integers(0, tp_size - 1))
+        pool = st.integers(0, (max_num_reqs - 1 - owner) // tp_size).map(lambda k: owner + k * tp_size)
+    else:
+        pool = st.integers(0, max_num_reqs - 1)
+    slots = draw(st.lists(pool, unique=True, min_size=min_reqs, max_size=min(max_num_reqs, MAX_REQS_IN_BATCH)))
+    at_capacity = draw(st.integers(0, 4)) == 0
+    count = st.just(max_logits) if at_capacity else st.integers(1, max_logits)
+    counts = draw(st.lists(count, min_size=len(slots), max_size=len(slots)))
+    return max_num_reqs, max_logits, slots, counts
+
+
+@st.composite
+def _large_batch(draw, tp_size: int):
+    """Hundreds of requests, sometimes exactly the capacity, from a seeded generator."""
+    max_num_reqs = draw(st.sampled_from(LARGE_CAPACITIES))
+    num_reqs = draw(st.sampled_from([MIN_LARGE_BATCH, max_num_reqs // 2 + 1, max_num_reqs]))
+    max_logits = draw(st.integers(1, 4))
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    slots = rng.choice(max_num_reqs, size=num_reqs, replace=False)
+    counts = rng.integers(1, max_logits + 1, size=num_reqs)
+    return max_num_reqs, max_logits, [int(s) for s in slots], [int(c) for c in counts]
+
+
+@st.composite
+def _layouts(draw, grammar: bool, drafts: bool) -> dict[str, str]:
+    """Contiguous inputs, every input one view kind, or a random mix of views."""
+    fields = [name for name in BATCH_TENSORS + BATCH_ARRAYS if drafts or name != "num_draft_tokens_per_req"]
+    fields += ["logits_shard"] + (["grammar_bitmask"] if grammar else [])
+    style = draw(st.integers(0, 3))
+    if style == 0:
+        return {}
+    if style == 1:
+        layout = draw(st.sampled_from([STRIDED, OFFSET]))
+        return {name: layout for name in fields}
+    chosen = draw(st.lists(st.sampled_from(fields), unique=True, min_size=1, max_size=4))
+    return {name: draw(st.sampled_from([STRIDED, OFFSET])) for name in chosen}
 
 
 def _grammar_positions(num_reqs: int):
@@ -74,33 +136,44 @@ def explicit_outputs(draw, case: Case) -> dict[int, ExplicitLocalOutput]:
     """Per-rank outputs; ranks that own nothing are left out (they pass None)."""
     outputs = {}
     agreed_cols = None if case.logprobs_dims is None else 1 + max(case.logprobs_dims)
+    extreme = draw(st.booleans())
     for rank in range(case.tp_size):
         owned = local_requests(case, rank)
         if owned:
-            outputs[rank] = draw(_rank_output(case, owned, agreed_cols))
+            outputs[rank] = draw(_rank_output(case, owned, agreed_cols, extreme))
     return outputs
 
 
 @st.composite
-def _rank_output(draw, case: Case, owned: list[int], agreed_cols: Optional[int]) -> ExplicitLocalOutput:
+def _rank_output(draw, case: Case, owned: list[int], agreed_cols: int | None, extreme: bool) -> ExplicitLocalOutput:
     counts = [case.num_logits_per_req[i] for i in owned]
     num_rows = sum(counts)
     width = draw(st.integers(1, max(counts) + 1))  # narrower, equal or wider than the agreed width
-    token = st.integers(0, case.vocab_size - 1)
-    num_sampled = [draw(st.integers(1, c)) for c in counts]
+    token = _extreme_or(st.integers(0, case.vocab_size - 1), [INT64_MAX, INT64_MIN, -1, INT32_MAX + 1], extreme)
+    num_sampled = [draw(_extreme_or(st.integers(1, c), [INT32_MAX], extreme)) for c in counts]
+    # Per-row NaN counts whose per-request sums still fit the gathered int32.
+    nan_limit = INT32_MAX // max(counts)
     out = ExplicitLocalOutput(
         sampled_token_ids=[draw(st.lists(token, min_size=width, max_size=width)) for _ in owned],
         num_sampled=num_sampled,
-        num_rejected=[c - s for c, s in zip(counts, num_sampled)],
-        num_nans=[draw(st.integers(0, 3)) for _ in range(num_rows)],
+        num_rejected=[draw(_extreme_or(st.just(max(c - s, 0)), [INT32_MAX], extreme))
+                      for c, s in zip(counts, num_sampled, strict=True)],
+        num_nans=[draw(_extreme_or(st.integers(0, 3), [nan_limit], extreme)) for _ in range(num_rows)],
     )
     if agreed_cols is not None and draw(st.booleans()):
         cols = draw(st.integers(1, agreed_cols + 1))
         out.logprob_token_ids = [draw(st.lists(token, min_size=cols, max_size=cols)) for _ in range(num_rows)]
-        logprob = st.floats(-20.0, 0.0, allow_nan=False, width=32)
+        logprob = _extreme_or(st.floats(-20.0, 0.0, allow_nan=False, width=32),
+                              [float("-inf"), FLOAT32_LOWEST, -1e-45], extreme)
         out.logprobs = [draw(st.lists(logprob, min_size=cols, max_size=cols)) for _ in range(num_rows)]
-        out.selected_token_ranks = [draw(st.integers(0, 50)) for _ in range(num_rows)]
+        rank = _extreme_or(st.integers(0, 50), [INT64_MAX], extreme)
+        out.selected_token_ranks = [draw(rank) for _ in range(num_rows)]
     return out
+
+
+def _extreme_or(ordinary, extremes: list, extreme: bool):
+    """``ordinary`` values, mixed with values at their dtype's limits when ``extreme``."""
+    return st.one_of(ordinary, st.sampled_from(extremes)) if extreme else ordinary
 
 
 class _Enough(Exception):
