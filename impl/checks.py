@@ -1,12 +1,14 @@
 """Precondition checks of the production sharder, all before any kernel runs.
 
-They read host copies and tensor metadata (shape, dtype), and the values of the
-two device copies the plan kernel reads (idx_mapping, cu_num_logits) for
-PRE-HOST-DEVICE-MATCH: free where they live in host memory, one copy that waits
-for the device on a GPU. Not checked because that would need more device values:
-PRE-LOGITS-TAIL, PRE-EXPANDED and the values of query_start_loc; the kernels
-mask every row index they make from device values to the host's counts, so
-these can make a result wrong but never an access out of bounds.
+They read host copies and tensor metadata (shape, dtype). The values of the two
+device copies the plan kernel reads (idx_mapping, cu_num_logits) are compared
+with their host copies (PRE-HOST-DEVICE-MATCH) where that is free, the device
+copies living in host memory, and on a GPU only when asked: there it costs a
+device-to-host copy and a wait every step. Not checked, since that needs device
+values: PRE-LOGITS-TAIL, PRE-EXPANDED and the values of query_start_loc. The
+kernels mask every row index they make from device values to the host's counts,
+so unchecked device values can make a result wrong but never an access out of
+bounds.
 PRE-REQ-IDS-UNIQUE is checked where the ids are indexed anyway (with a grammar
 output). The order of the checks follows the reference's, so a batch that
 breaks several preconditions names the same one.
@@ -107,16 +109,20 @@ def check_slot_range(slots: np.ndarray, max_num_reqs: int, rank) -> None:
                   request=bad, rank=rank)
 
 
-def check_input_batch(batch: InputBatch, *, max_num_reqs: int, max_num_logits_per_req: int,
-                      rank=None) -> tuple[np.ndarray, np.ndarray, int]:
-    """Every check of the batch; returns :func:`cu_counts` and the width W."""
+def check_input_batch(batch: InputBatch, *, max_num_reqs: int, max_num_logits_per_req: int, rank=None,
+                      compare_device_copies: Optional[bool] = None) -> tuple[np.ndarray, np.ndarray, int]:
+    """Every check of the batch; returns :func:`cu_counts` and the width W.
+
+    ``compare_device_copies``: compare the values of the device copies with the host copies; None
+    does so where the device copies are in host memory (no wait).
+    """
     num_reqs = batch.num_reqs
     slots = batch.idx_mapping_np
     if len(batch.req_ids) != num_reqs or slots.shape != (num_reqs,):
         _fail("PRE-BATCH-SIZE", "num_reqs", f"num_reqs={num_reqs} but {len(batch.req_ids)} req_ids and "
               f"idx_mapping_np of shape {tuple(slots.shape)}", rank=rank)
     check_capacity_reqs(num_reqs, max_num_reqs, rank)
-    device_cu = _check_slots(batch, max_num_reqs, rank)
+    device_cu = _check_slots(batch, max_num_reqs, rank, compare_device_copies)
     cu, counts = cu_counts(batch, rank)
     if num_reqs and np.minimum.reduce(counts) < 1:
         bad = _first(counts < 1)
@@ -128,15 +134,17 @@ def check_input_batch(batch: InputBatch, *, max_num_reqs: int, max_num_logits_pe
     if batch.cu_num_logits.dtype not in _INT_DTYPES:
         _fail("PRE-DTYPES", "cu_num_logits", f"dtype {batch.cu_num_logits.dtype} is not int32/int64", rank=rank)
     _check_device_shape("PRE-HOST-DEVICE-MATCH", "cu_num_logits", batch.cu_num_logits, cu.shape, rank)
-    _check_match("cu_num_logits", device_cu, cu, rank, per_request=False)
+    if device_cu is not None:
+        _check_match("cu_num_logits", device_cu, cu, rank, per_request=False)
     _check_shapes(batch, num_logits, rank)
     _check_drafts(batch, counts, width, rank)
     return cu, counts, width
 
 
-def _check_slots(batch: InputBatch, max_num_reqs: int, rank) -> Optional[np.ndarray]:
-    """Host slots, then the device copy; returns the device copy of cu_num_logits, read in the same wait
-    (None where its dtype is not an integer one: PRE-DTYPES rejects it before it is compared)."""
+def _check_slots(batch: InputBatch, max_num_reqs: int, rank, compare: Optional[bool]) -> Optional[np.ndarray]:
+    """Host slots, then the device copy; returns the values of the device copy of cu_num_logits, read
+    in the same wait, or None where they are not compared (or its dtype is not an integer one, which
+    PRE-DTYPES rejects before any comparison)."""
     slots = batch.idx_mapping_np
     check_slot_range(slots, max_num_reqs, rank)
     if slots.shape[0]:
@@ -150,8 +158,12 @@ def _check_slots(batch: InputBatch, max_num_reqs: int, rank) -> Optional[np.ndar
     if batch.idx_mapping.dtype not in _INT_DTYPES:
         _fail("PRE-DTYPES", "idx_mapping", f"dtype {batch.idx_mapping.dtype} is not int32/int64", rank=rank)
     _check_device_shape("PRE-HOST-DEVICE-MATCH", "idx_mapping", batch.idx_mapping, slots.shape, rank)
-    # Both device copies in one wait; cu_num_logits only where its dtype is checked to be readable.
     cu = batch.cu_num_logits
+    if compare is None:
+        compare = batch.idx_mapping.device.type == "cpu" and cu.device.type == "cpu"
+    if not compare:
+        return None
+    # Both device copies in one wait; cu_num_logits only where its dtype is checked to be readable.
     device_slots, *device_cu = host_values(batch.idx_mapping, *((cu,) if cu.dtype in _INT_DTYPES else ()))
     _check_match("idx_mapping", device_slots, slots, rank, per_request=True)
     return device_cu[0] if device_cu else None
@@ -206,6 +218,8 @@ def _check_drafts(batch: InputBatch, counts: np.ndarray, width: int, rank) -> No
                   rank=rank)
         return
     drafts = np.asarray(drafts)
+    if drafts.dtype.kind not in "iu":
+        _fail("PRE-DTYPES", "num_draft_tokens_per_req", f"dtype {drafts.dtype} is not an integer type", rank=rank)
     if drafts.shape != (batch.num_reqs,):
         _fail("PRE-DRAFTS", "num_draft_tokens_per_req", f"shape {drafts.shape}, expected ({batch.num_reqs},)",
               rank=rank)

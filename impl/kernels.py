@@ -46,7 +46,7 @@ def _count_block(reqs_before, rows_before, rows_total, slots_ptr, slots_stride, 
 
 @triton.jit(
     do_not_specialize=["slots_stride", "cu_stride", "logits_indices_stride", "seq_lens_stride", "num_reqs",
-                       "num_logits", "max_reqs_per_rank"],
+                       "num_logits", "num_local_reqs", "num_local_logits", "max_reqs_per_rank"],
     do_not_specialize_on_alignment=["slots_ptr", "cu_ptr", "logits_indices_ptr", "seq_lens_ptr"],
 )
 def shard_plan_kernel(
@@ -54,14 +54,14 @@ def shard_plan_kernel(
     seq_lens_stride,
     sorted_indices_ptr, src_indices_ptr,
     local_slots_ptr, local_cu_ptr, local_indices_ptr, local_row_slots_ptr, local_row_pos_ptr, local_seq_lens_ptr,
-    num_reqs, num_logits, max_reqs_per_rank,
+    num_reqs, num_logits, num_local_reqs, num_local_logits, max_reqs_per_rank,
     TP: tl.constexpr, RANK: tl.constexpr, TP_PAD: tl.constexpr, BLOCK: tl.constexpr, ROWS_PAD: tl.constexpr,
     LOOP_END: tl.constexpr,
 ):
-    """Inputs are read by their strides (element units). num_reqs and num_logits come from the host
-    copies, which the host has checked: every row index made from device values is masked to
-    [0, num_logits), so device copies that disagree with the host copies give a wrong plan but never
-    an access outside the buffers.
+    """Inputs are read by their strides (element units). The counts (num_*) come from the host copies,
+    which the host has checked: every index made from device values is masked to the host's count of
+    what it indexes, so device copies that disagree with the host copies give a wrong plan but never
+    an access outside the step's part of the buffers.
 
     LOOP_END, if not 0, stands for num_reqs as the count loop's bound: the interpreter gets
     num_reqs so (a constexpr costs it nothing), since in Triton 3.6 with numpy >= 2.5 it fails on a
@@ -115,14 +115,14 @@ def shard_plan_kernel(
 
     # This rank's requests: local fields at their index among the owned ones.
     local_start = tl.sum(tl.where(ranks == RANK, rank_row_start, 0), axis=0)
-    mine = valid & (owners == RANK)
+    mine = valid & (owners == RANK) & (index_in_owner < num_local_reqs)
     local_first = sorted_start - local_start
     tl.store(local_slots_ptr + index_in_owner, slots.to(tl.int32), mask=mine)
     seq_lens = tl.load(seq_lens_ptr + reqs * seq_lens_stride, mask=mine, other=0)
     tl.store(local_seq_lens_ptr + index_in_owner, seq_lens.to(tl.int32), mask=mine)
     tl.store(local_cu_ptr + index_in_owner + 1, local_first + counts, mask=mine)
     local_rows = local_first[:, None] + pos[None, :]
-    row_mine = row_valid & mine[:, None] & (local_rows >= 0) & (local_rows < num_logits)
+    row_mine = row_valid & mine[:, None] & (local_rows >= 0) & (local_rows < num_local_logits)
     tl.store(local_indices_ptr + local_rows, indices, mask=row_mine)
     row_slots = tl.broadcast_to(slots.to(tl.int32)[:, None], [BLOCK, ROWS_PAD])
     tl.store(local_row_slots_ptr + local_rows, row_slots, mask=row_mine)

@@ -67,7 +67,13 @@ class ProductionSharder:
         comm: Communicator,
         device: torch.device | str = "cpu",
         check_preconditions: bool = True,
+        check_device_copies: Optional[bool] = None,
     ):
+        """``check_device_copies``: with ``check_preconditions``, compare the values of idx_mapping and
+        cu_num_logits with their host copies before launching (PRE-HOST-DEVICE-MATCH). None (default):
+        where that needs no wait, the device copies being in host memory; True: on a GPU too, at the
+        cost of a device-to-host copy and a wait every step; False: never. Unchecked, a mismatch gives
+        a wrong plan but no access out of bounds."""
         self.max_num_reqs = max_num_reqs
         self.max_num_logits_per_req = max_num_logits_per_req
         self.comm = comm
@@ -75,6 +81,7 @@ class ProductionSharder:
         self.tp_size = comm.world_size
         self.device = _indexed(torch.device(device))
         self.check_preconditions = check_preconditions
+        self.check_device_copies = check_device_copies
         self._ws = carve(plan_layout(max_num_reqs, max_num_logits_per_req, self.tp_size), self.device)
         # Entry 0 of the local prefix sum is 0 forever; the kernel writes entries 1..n.
         self._ws["local_cu_num_logits"][:1].zero_()
@@ -100,7 +107,7 @@ class ProductionSharder:
         if self.check_preconditions:
             cu, counts, width = checks.check_input_batch(batch, max_num_reqs=self.max_num_reqs,
                                                          max_num_logits_per_req=self.max_num_logits_per_req,
-                                                         rank=rank)
+                                                         rank=rank, compare_device_copies=self.check_device_copies)
         else:
             # Capacity, slot range and the shapes the kernels read are checked even so.
             cu, counts, width = checks.check_guards(batch, max_num_reqs=self.max_num_reqs,
@@ -126,7 +133,7 @@ class ProductionSharder:
         num_local_logits = rows_per_rank[rank]
 
         if num_reqs:
-            self._launch_plan(batch, num_reqs, num_logits, max_reqs_per_rank)
+            self._launch_plan(batch, (num_reqs, num_logits, num_local, num_local_logits, max_reqs_per_rank))
         views = self._shard_views(num_reqs, num_logits, num_local, num_local_logits)
         if width == 1:
             local_cu_np = np.arange(num_local + 1, dtype=np.int32)
@@ -183,13 +190,14 @@ class ProductionSharder:
         self._views[key] = value
         return value
 
-    def _launch_plan(self, batch: InputBatch, num_reqs: int, num_logits: int, max_reqs_per_rank: int) -> None:
+    def _launch_plan(self, batch: InputBatch, sizes: tuple) -> None:
+        """``sizes``: (num_reqs, num_logits, num_local_reqs, num_local_logits, max_reqs_per_rank), from the host."""
         slots, cu, indices, seq_lens = batch.idx_mapping, batch.cu_num_logits, batch.logits_indices, batch.seq_lens
         # Engines pass views: every input goes with its stride (1-D, so stride(0) is all of it).
         inputs = (slots, slots.stride(0), cu, cu.stride(0), indices, indices.stride(0), seq_lens, seq_lens.stride(0))
         key = (*self._plan_key, slots.dtype, cu.dtype, indices.dtype, seq_lens.dtype)
+        num_reqs = sizes[0]
         constexprs = {**self._plan_constexprs, "LOOP_END": num_reqs} if _INTERPRETED else self._plan_constexprs
-        sizes = (num_reqs, num_logits, max_reqs_per_rank)
         # The plan's outputs never move: a direct launch takes their addresses instead.
         _launch_plan(-(-num_reqs // self._plan_block), key, (*inputs, *self._plan_outputs, *sizes), constexprs,
                      (*inputs, *self._plan_output_addresses, *sizes))
