@@ -6,6 +6,7 @@
     nox -s fixtures [-- --check]
     nox -s spec [-- --check]  # render spec/SPEC.md
     nox -s bench              # benchmark (meant for a GPU machine)
+    nox -s report             # HTML report of reports/conformance.json into reports/html
 
 Torch: the sessions install the CPU build pinned below (override with
 SHARDSPEC_TORCH, e.g. SHARDSPEC_TORCH="torch==2.11.0"). To use a torch you
@@ -45,25 +46,32 @@ def tests(session: nox.Session) -> None:
 
 @nox.session
 def conformance(session: nox.Session) -> None:
-    """The conformance suite through pytest: one test per implementation and tp size.
+    """The conformance suite through its pytest plugin: one test per implementation, tp size and invariant.
 
-    By default both bundled implementations, alone and mixed in one group
-    ("reference/production": even ranks run the reference, odd ranks production);
-    choose with SHARDSPEC_IMPL (e.g. "my_pkg.adapter:make_sharder,reference/my_pkg.adapter:make_sharder"),
-    SHARDSPEC_QUICK=1 for the quick profile,
-    SHARDSPEC_TP=2,4 for tp sizes (docs/validate-your-implementation.md lists
-    all). Arguments after -- go to pytest. Writes reports/conformance-junit.xml
-    and reports/conformance.json.
+    By default the bundled implementations, alone and mixed in one group
+    ("reference/production": even ranks run the reference, odd ranks production).
+    Arguments after -- go to pytest, e.g. `-- --shardspec-impl my_pkg.adapter:make_sharder
+    --shardspec-tp 2,4 -k INV-OWNER` (docs/validate-your-implementation.md lists the options).
+    Writes reports/conformance-junit.xml and reports/conformance.json.
     """
     install(session)
-    env = {
-        "SHARDSPEC_IMPL": os.environ.get("SHARDSPEC_IMPL", "reference,production,reference/production"),
-        "SHARDSPEC_JSON": os.environ.get("SHARDSPEC_JSON", "reports/conformance.json"),
-    }
     session.run(
-        "pytest", "--pyargs", "shardspec.conformance", "-p", "no:cacheprovider", "-s",
-        "--junitxml=reports/conformance-junit.xml", *session.posargs, env=env,
+        "pytest", "--pyargs", "shardspec.conformance", "-p", "no:cacheprovider", "-s", "-p", "no:xdist",
+        "--shardspec-impl", os.environ.get("SHARDSPEC_IMPL", "reference,production,reference/production"),
+        "--shardspec-json", "reports/conformance.json", "--junitxml=reports/conformance-junit.xml",
+        *session.posargs,
     )
+
+
+@nox.session
+def report(session: nox.Session) -> None:
+    """The HTML compliance report of reports/conformance.json (from `nox -s conformance`) in reports/html.
+
+    Arguments after -- go to the report, e.g. `-- older.json` (compared too) or `-- --bench bench/results`.
+    """
+    install(session)
+    session.run("python", "-m", "shardspec.conformance", "report", *session.posargs, "reports/conformance.json",
+                "-o", "reports/html")
 
 
 @nox.session

@@ -21,6 +21,7 @@ from shardspec.conformance.digest import step_digest
 from shardspec.conformance.recording import CollectiveError, Progress, RecordingComm, changed_fields, snapshot
 from shardspec.reference.sampler import toy_sample
 from shardspec.spec.case import Case, CaseInputs, build_case_inputs, local_logits_shard
+from shardspec.spec.case_edits import finish_local_output, gather_options
 
 STEPS = ("shard", "all_to_all", "sample", "gather")
 
@@ -42,9 +43,12 @@ def local_sampler_output(case: Case, rank: int, full_vocab_logits, shard, device
     if case.local_outputs == "toy":
         num_logprobs = None if case.logprobs_dims is None else case.logprobs_dims[0]
         logits = full_vocab_logits[:, : case.vocab_size]
-        return toy_sample(logits, shard.local_batch, shard.local_grammar_output, num_logprobs)
-    explicit = case.local_outputs.get(rank)
-    return None if explicit is None else explicit.to_sampler_output(device)
+        out = toy_sample(logits, shard.local_batch, shard.local_grammar_output, num_logprobs)
+    else:
+        explicit = case.local_outputs.get(rank)
+        out = None if explicit is None else explicit.to_sampler_output(device)
+    # The case's extension fields and local-output edits (spec/case_edits.py).
+    return finish_local_output(out, shard.local_batch, case.extensions, case.edits, device)
 
 
 # What each step adds to the StepOutputs (the construct step adds nothing).
@@ -96,7 +100,7 @@ def _steps(make_sharder, case, inputs, recorder: RecordingComm, device, run: Ran
     out.gathered = _timed(
         run, recorder.progress, "gather", sharder.gather_sampler_output, out.local_output, out.shard.metadata,
         inputs.batch, out.shard.local_batch,
-        gather_num_nans=case.gather_num_nans, logprobs_dims=case.logprobs_dims,
+        gather_num_nans=case.gather_num_nans, logprobs_dims=case.logprobs_dims, **gather_options(case.extensions),
     )
 
 
@@ -125,6 +129,13 @@ def run_rank_checks(record: StepRecord) -> list[Violation]:
     for invariant_id, checker in RANK_CHECKERS.items():
         violations.extend(_guarded(invariant_id, record.rank, lambda: checker(record)))
     return violations
+
+
+def judged_invariants(record: StepRecord) -> list[str]:
+    """The rank checkers that could judge ``record`` (the others have nothing to look at in it)."""
+    from shardspec.conformance.checks.base import judgeable
+
+    return [invariant_id for invariant_id in RANK_CHECKERS if judgeable(invariant_id, record)]
 
 
 def _guarded(invariant_id: str, rank: Optional[int], call) -> list[Violation]:
@@ -210,12 +221,15 @@ def judge_rank(case: Case, record: dict[str, Any], expectation, inputs: CaseInpu
     rank = record["rank"]
     start = time.perf_counter()
     violations: list[Violation] = []
+    judged: list[str] = []
     if completed is not None:
         violations = _judge_partial(case, rank, outputs, expectation, inputs, completed)
     elif should_check(case, outputs):
-        violations = run_rank_checks(StepRecord(case=case, rank=rank, inputs=inputs, actual=outputs,
-                                                expected=expectation.expected[rank],
-                                                replicated=expectation.replicated))
+        step_record = StepRecord(case=case, rank=rank, inputs=inputs, actual=outputs,
+                                 expected=expectation.expected[rank], replicated=expectation.replicated)
+        violations = run_rank_checks(step_record)
+        judged = judged_invariants(step_record)
+    record["judged"] = judged
     record["timings"] = {**record.get("timings", {}), "checks": round(time.perf_counter() - start, 6)}
     record["violations"] = [violation_dict(v) for v in violations]
     record["digest"] = step_digest(outputs, rank=rank, impl=record["impl"],

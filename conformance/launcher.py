@@ -154,7 +154,11 @@ def _launch(jobs, indices, tp, options, name, results, on_result, starter, judge
     follower = _Follower(run_dir, name, tp)
     proc = starter.start(tp, name, log_path)
     settle = _Settler(jobs, results, follower, judge, on_result)
-    ended = _follow(proc, limit, follower, indices, settle, options)
+    try:
+        ended = _follow(proc, limit, follower, indices, settle, options)
+    finally:  # interrupted (SIGINT/SIGTERM) or failed: leave no rank behind
+        if proc.poll() is None and not all(i in results for i in indices):
+            _kill_group(proc)
     follower.read()
     if not follower.ready:
         return f"the group did not start (exit {proc.returncode}); log {log_path}:\n{_tail(log_path)}"

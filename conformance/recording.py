@@ -6,7 +6,7 @@ import contextlib
 import dataclasses
 import threading
 import time
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 import torch
@@ -19,18 +19,18 @@ class Progress:
 
     def __init__(self):
         self._lock = threading.Lock()
-        self.case_id: Optional[str] = None
-        self.step: Optional[str] = None
-        self.collective: Optional[str] = None
+        self.case_id: str | None = None
+        self.step: str | None = None
+        self.collective: str | None = None
         self.since = time.monotonic()
 
-    def enter(self, case_id: Optional[str] = None, step: Optional[str] = None) -> None:
+    def enter(self, case_id: str | None = None, step: str | None = None) -> None:
         with self._lock:
             if case_id is not None:
                 self.case_id, self.since = case_id, time.monotonic()
             self.step, self.collective = step, None
 
-    def set_collective(self, kind: Optional[str]) -> None:
+    def set_collective(self, kind: str | None) -> None:
         with self._lock:
             self.collective = kind
 
@@ -54,7 +54,7 @@ class RecordingComm:
     one caused by a peer that broke the group.
     """
 
-    def __init__(self, comm, progress: Optional[Progress] = None):
+    def __init__(self, comm, progress: Progress | None = None):
         self.inner = comm
         self.rank = comm.rank
         self.world_size = comm.world_size
@@ -89,39 +89,115 @@ class RecordingComm:
             self._inside.active = False
             self.progress.set_collective(None)
 
+    def __getattr__(self, name: str):
+        """Any other attribute of the wrapped Communicator; calls to its methods are recorded too.
+
+        A Communicator only promises the two collectives above, but an
+        implementation written against a richer one (a barrier, an
+        all-reduce) must not slip past INV-WIRE-SEQUENCE by calling it.
+        """
+        attribute = getattr(self.inner, name)
+        if name.startswith("__") or not callable(attribute):
+            return attribute
+
+        def recorded(*args, **kwargs):
+            self.calls.append(generic_call(name, args, kwargs))
+            return self._run(name, attribute, *args, **kwargs)
+
+        return recorded
+
     @contextlib.contextmanager
     def intercept_torch_distributed(self):
-        """Also record collectives an implementation issues on ``comm.group`` itself.
+        """Also record what an implementation issues through ``torch.distributed`` itself.
 
-        Implementations that call ``torch.distributed.all_to_all_single`` /
-        ``all_gather_into_tensor`` / ``all_gather_single`` directly (looked up
-        at call time) are recorded like calls through the Communicator. The
-        functions are replaced once for all threads and route each call to the
-        recorder of the calling thread, so ranks that are threads of one
-        process record their own calls.
+        Every collective and point-to-point function of ``torch.distributed``
+        (:data:`DIRECT_FUNCTIONS`), looked up at call time on
+        ``torch.distributed`` or ``torch.distributed.distributed_c10d``, is
+        recorded like a call through the Communicator. The functions are
+        replaced once for all threads and route each call to the recorder of
+        the calling thread, so ranks that are threads of one process record
+        their own calls. Calls made inside a recorded one (torch's own helpers,
+        the Communicator's own use of torch.distributed) are not recorded again.
         """
         with _DIRECT_CALLS.routed_to(self):
             yield
 
-    def record_direct(self, name: str, original, output, input, *args, **kwargs):
-        """One direct ``torch.distributed`` call, recorded unless it is this recorder's own."""
+    def record_direct(self, name: str, original, args: tuple, kwargs: dict):
+        """One direct ``torch.distributed`` call, recorded unless it happens inside a recorded one."""
         if getattr(self._inside, "active", False):
-            return original(output, input, *args, **kwargs)  # already recorded by the Communicator
-        kind = "all_to_all_single" if name == "all_to_all_single" else "all_gather_into_tensor"
-        splits = dict(zip(("output_split_sizes", "input_split_sizes"), args))
-        splits.update({k: kwargs[k] for k in ("output_split_sizes", "input_split_sizes") if k in kwargs})
-        self.calls.append(WireCall(
-            kind=kind, send=input.detach().clone(), output_shape=tuple(output.shape),
-            output_split_sizes=_int_list(splits.get("output_split_sizes"), kind),
-            input_split_sizes=_int_list(splits.get("input_split_sizes"), kind),
-        ))
-        return self._run(kind, original, output, input, *args, **kwargs)
+            return original(*args, **kwargs)
+        if name in SPEC_COLLECTIVES:
+            call = _spec_call(SPEC_COLLECTIVES[name], args, kwargs)
+        else:
+            call = generic_call(name, args, kwargs)
+        self.calls.append(call)
+        return self._run(call.kind, original, *args, **kwargs)
+
+
+# The step's own collectives (INV-WIRE-SEQUENCE), by the names torch.distributed gives them.
+SPEC_COLLECTIVES = {"all_to_all_single": "all_to_all_single", "all_gather_into_tensor": "all_gather_into_tensor",
+                    "all_gather_single": "all_gather_into_tensor"}
+# Every other torch.distributed function that talks to peers.
+OTHER_FUNCTIONS = (
+    "all_reduce", "all_reduce_coalesced", "reduce", "broadcast", "broadcast_object_list", "barrier",
+    "monitored_barrier", "send", "recv", "isend", "irecv", "batch_isend_irecv", "send_object_list",
+    "recv_object_list", "all_gather", "all_gather_coalesced", "all_gather_object", "_all_gather_base",
+    "reduce_scatter", "reduce_scatter_tensor", "_reduce_scatter_base", "all_to_all", "gather", "gather_object",
+    "scatter", "scatter_object_list",
+)
+DIRECT_FUNCTIONS = tuple(SPEC_COLLECTIVES) + OTHER_FUNCTIONS
+# The argument (position, keyword) holding what a function sends; the others send nothing of their own
+# (barrier, recv) or objects rather than tensors.
+SENT_ARGUMENT = {
+    "all_reduce": (0, "tensor"), "reduce": (0, "tensor"), "broadcast": (0, "tensor"), "send": (0, "tensor"),
+    "isend": (0, "tensor"), "gather": (0, "tensor"), "all_gather": (1, "tensor"),
+    "all_gather_coalesced": (1, "input_tensor_list"), "_all_gather_base": (1, "input_tensor"),
+    "all_reduce_coalesced": (0, "tensors"), "reduce_scatter": (1, "input_list"),
+    "reduce_scatter_tensor": (1, "input"), "_reduce_scatter_base": (1, "input"),
+    "all_to_all": (1, "input_tensor_list"), "scatter": (1, "scatter_list"),
+}
+
+
+def _argument(args: tuple, kwargs: dict, position: int, keyword: str):
+    return args[position] if len(args) > position else kwargs.get(keyword)
+
+
+def _spec_call(kind: str, args: tuple, kwargs: dict) -> WireCall:
+    output, input = _argument(args, kwargs, 0, "output_tensor"), _argument(args, kwargs, 1, "input_tensor")
+    if output is None:
+        output, input = kwargs.get("output"), kwargs.get("input")
+    splits = {"output_split_sizes": None, "input_split_sizes": None}
+    if kind == "all_to_all_single":
+        splits = {name: _argument(args, kwargs, position, name)
+                  for position, name in ((2, "output_split_sizes"), (3, "input_split_sizes"))}
+    return WireCall(kind=kind, send=_clone(input), output_shape=_shape(output),
+                    output_split_sizes=_int_list(splits["output_split_sizes"]),
+                    input_split_sizes=_int_list(splits["input_split_sizes"]))
+
+
+def generic_call(name: str, args: tuple, kwargs: dict) -> WireCall:
+    """A call outside the step's sequence: its name, what it sends and the shape of its first argument."""
+    sent = _argument(args, kwargs, *SENT_ARGUMENT[name]) if name in SENT_ARGUMENT else None
+    first = args[0] if args else None
+    return WireCall(kind=name, send=_clone(sent), output_shape=_shape(first))
+
+
+def _clone(value) -> torch.Tensor:
+    """A copy of a sent tensor (lists of tensors flattened into one); empty when nothing is sent."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().clone()
+    tensors = [v for v in value if isinstance(v, torch.Tensor)] if isinstance(value, (list, tuple)) else []
+    if tensors and len({t.dtype for t in tensors}) == 1:
+        return torch.cat([t.detach().reshape(-1) for t in tensors])
+    return torch.empty(0)
+
+
+def _shape(value) -> tuple:
+    return tuple(value.shape) if isinstance(value, torch.Tensor) else ()
 
 
 class _DirectCalls:
-    """torch.distributed's collectives replaced while any thread records; each call goes to its thread's recorder."""
-
-    NAMES = ("all_to_all_single", "all_gather_into_tensor", "all_gather_single")
+    """torch.distributed's functions replaced while any thread records; each call goes to its thread's recorder."""
 
     def __init__(self):
         self._lock = threading.Lock()
@@ -139,31 +215,35 @@ class _DirectCalls:
             self._current.recorder = None
             self._release()
 
-    def _acquire(self) -> None:
+    @staticmethod
+    def _namespaces() -> list:
         import torch.distributed as dist
+        import torch.distributed.distributed_c10d as c10d
 
+        return [dist, c10d]
+
+    def _acquire(self) -> None:
         with self._lock:
             if self._users == 0:
-                self._originals = {name: getattr(dist, name) for name in self.NAMES if hasattr(dist, name)}
-                for name, original in self._originals.items():
-                    setattr(dist, name, self._router(name, original))
+                self._originals = {(module, name): getattr(module, name) for module in self._namespaces()
+                                   for name in DIRECT_FUNCTIONS if hasattr(module, name)}
+                for (module, name), original in self._originals.items():
+                    setattr(module, name, self._router(name, original))
             self._users += 1
 
     def _release(self) -> None:
-        import torch.distributed as dist
-
         with self._lock:
             self._users -= 1
             if self._users == 0:
-                for name, original in self._originals.items():
-                    setattr(dist, name, original)
+                for (module, name), original in self._originals.items():
+                    setattr(module, name, original)
 
     def _router(self, name: str, original):
-        def call(output, input, *args, **kwargs):
+        def call(*args, **kwargs):
             recorder = getattr(self._current, "recorder", None)
             if recorder is None:  # a thread that records nothing
-                return original(output, input, *args, **kwargs)
-            return recorder.record_direct(name, original, output, input, *args, **kwargs)
+                return original(*args, **kwargs)
+            return recorder.record_direct(name, original, args, kwargs)
 
         return call
 
@@ -171,9 +251,7 @@ class _DirectCalls:
 _DIRECT_CALLS = _DirectCalls()
 
 
-def _int_list(sizes, kind: str):
-    if kind != "all_to_all_single":
-        return None
+def _int_list(sizes):
     return None if sizes is None else [int(s) for s in sizes]
 
 
@@ -204,7 +282,8 @@ def changed_fields(name: str, before: Any, value: Any) -> list[str]:
     if isinstance(before, list):
         if not isinstance(value, (list, tuple)) or len(value) != len(before):
             return [name]
-        return [n for i, (b, v) in enumerate(zip(before, value)) for n in changed_fields(f"{name}[{i}]", b, v)]
+        pairs = enumerate(zip(before, value, strict=True))
+        return [n for i, (b, v) in pairs for n in changed_fields(f"{name}[{i}]", b, v)]
     return [] if same_value(before, value) else [name]
 
 

@@ -6,7 +6,9 @@ one group size: ``pass``, ``FAIL`` (a MUST invariant was violated), ``warn``
 xfails file), ``not-run`` (no case ran there, or no checker exists) or
 ``n/a`` (the entry does not apply at that size: a mixed ``A/B`` group at tp 1).
 Cases whose run failed (a rank raised, hung or died) are listed on the
-``(run errors)`` row: they fail the run like a MUST violation.
+``(run errors)`` row: they fail the run like a MUST violation. A cell where
+cases ran but none could judge the invariant (e.g. INV-REJECT-* without an
+invalid-input case at that size) is ``n/a`` too: it is never a ``pass``.
 """
 
 from __future__ import annotations
@@ -29,14 +31,15 @@ NOT_RUN_ROW = "(cases not run)"
 class InvariantInfo:
     id: str
     level: str  # MUST | SHOULD
+    step: str = ""
+    statement: str = ""
 
 
 def load_invariants() -> list[InvariantInfo]:
-    import shardspec.spec
+    from shardspec.spec.loader import load_spec
 
-    path = pathlib.Path(shardspec.spec.__file__).parent / "invariants.yaml"
-    entries = yaml.safe_load(path.read_text())["invariants"]
-    return [InvariantInfo(e["id"], e["level"]) for e in entries if not e.get("retired")]
+    return [InvariantInfo(inv.id, inv.level, inv.step, " ".join(inv.statement.split()))
+            for inv in load_spec().invariants if not inv.retired]
 
 
 # -- xfails ------------------------------------------------------------------
@@ -103,10 +106,15 @@ def cell(section: Section, invariant: InvariantInfo, tp: int, checked: set[str],
         return "not-run"
     failing = [r for r in ran if any(v["invariant_id"] == invariant.id for v in r.violations)]
     if not failing:
-        return "pass"
+        return "pass" if judged_count(section, invariant.id, tp) else NOT_APPLICABLE
     if all(xfails.covers(invariant.id, r.case_id) for r in failing):
         return "xfail"
     return "FAIL" if invariant.level == "MUST" else "warn"
+
+
+def judged_count(section: Section, invariant_id: str, tp: int) -> int:
+    """How many cases at ``tp`` judged the invariant."""
+    return sum(invariant_id in r.judged for r in section.results if r.tp == tp)
 
 
 def table_rows(section: Section, invariants: list[InvariantInfo], checked: set[str],
@@ -213,15 +221,13 @@ def run_metadata(labels: list[str], tp_sizes: list[int], seed: int, wall_s: floa
     import numpy
     import torch
 
-    import shardspec
-
     try:
         import triton
         triton_version = triton.__version__
     except ImportError:
         triton_version = None
     return {
-        "implementations": labels, "spec_version": _spec_version(), "shardspec": shardspec.__version__,
+        "implementations": labels, "spec_version": _spec_version(), "shardspec": package_version(),
         "torch": torch.__version__, "triton": triton_version, "numpy": numpy.__version__,
         "python": platform.python_version(), "backend": backend, "device": device,
         "tp_sizes": tp_sizes, "seed": seed, "wall_s": round(wall_s, 2), **extra,
@@ -229,16 +235,34 @@ def run_metadata(labels: list[str], tp_sizes: list[int], seed: int, wall_s: floa
 
 
 def _spec_version() -> str:
+    from shardspec.spec.loader import spec_version
+
+    return spec_version()
+
+
+def package_version() -> str:
+    """The installed distribution's version; a clone's folder that shadows the package has none."""
+    from importlib import metadata
+
     try:
-        from shardspec.fixtures.golden import spec_version
-        return spec_version()
-    except Exception:  # the spec's version is informative; its absence must not fail a run
+        return metadata.version("shardspec")
+    except metadata.PackageNotFoundError:
         import shardspec
-        return shardspec.__version__
+        return getattr(shardspec, "__version__", "unknown")
+
+
+def _case_json(result: CaseResult, levels: dict[str, str]) -> dict[str, Any]:
+    """A case with the level of each violation; a case failing only SHOULD invariants is a "warn"."""
+    data = result.to_json()
+    data["violations"] = [{**v, "level": levels.get(v["invariant_id"], "MUST")} for v in data["violations"]]
+    if data["status"] == "fail" and all(v["level"] == "SHOULD" for v in data["violations"]):
+        data["status"] = "warn"
+    return data
 
 
 def json_report(metadata: dict[str, Any], sections: list[Section], tables: list[list[list[str]]],
-                warnings: list[str], exit_code: int) -> dict[str, Any]:
+                warnings: list[str], exit_code: int, invariants: Optional[list[InvariantInfo]] = None) -> dict[str, Any]:
+    levels = {inv.id: inv.level for inv in invariants or []}
     return {
         "metadata": metadata,
         "exit_code": exit_code,
@@ -249,8 +273,10 @@ def json_report(metadata: dict[str, Any], sections: list[Section], tables: list[
                 "tp_sizes": section.tp_sizes,
                 "not_applicable": {str(tp): why for tp, why in section.not_applicable.items()},
                 "table": [{"invariant": row[0], "level": row[1],
-                           "results": {str(tp): c for tp, c in zip(section.tp_sizes, row[2:])}} for row in rows],
-                "cases": [r.to_json() for r in section.results],
+                           "results": {str(tp): c for tp, c in zip(section.tp_sizes, row[2:])},
+                           "judged": {str(tp): judged_count(section, row[0], tp) for tp in section.tp_sizes}}
+                          for row in rows],
+                "cases": [_case_json(r, levels) for r in section.results],
             }
             for section, rows in zip(sections, tables)
         ],

@@ -23,6 +23,8 @@ class CaseResult:
     reason: str = ""  # for not-run
     generated: bool = False
     reproduce: str = ""
+    # Invariants this case judged on every rank (group checkers judge every complete case).
+    judged: list[str] = field(default_factory=list)
 
     @property
     def case_id(self) -> str:
@@ -37,6 +39,7 @@ class CaseResult:
             "case_id": self.case_id, "tp": self.tp, "impl": self.impl, "status": self.status,
             "violations": self.violations, "errors": self.errors, "timings": self.timings,
             "reason": self.reason, "generated": self.generated, "reproduce": self.reproduce,
+            "judged": self.judged,
         }
 
 
@@ -53,12 +56,17 @@ def combine(case: Case, impl: str, records: dict[int, dict[str, Any]],
     errors = _rank_errors(case, records, ended)
     violations = [v for rank in sorted(records) for v in records[rank].get("violations", [])]
     complete = len(records) == case.tp_size and all("digest" in r for r in records.values())
+    judged: list[str] = []
     if complete and not errors:
+        from shardspec.conformance.checks.base import GROUP_CHECKERS
+
         digests = {rank: records[rank]["digest"] for rank in sorted(records)}
         violations += [violation_dict(v) for v in run_group_checks(case, digests)]
+        per_rank = [set(records[rank].get("judged", ())) for rank in sorted(records)]
+        judged = sorted(set.union(*per_rank) | set(GROUP_CHECKERS)) if per_rank else []
     status = ERROR if errors else (FAIL if violations else PASS)
     return CaseResult(case=case, impl=impl, status=status, violations=violations,
-                      errors=errors, timings=_max_timings(records))
+                      errors=errors, timings=_max_timings(records), judged=judged)
 
 
 def _rank_errors(case: Case, records: dict[int, dict[str, Any]], ended: Optional[str]) -> list[dict[str, Any]]:

@@ -44,6 +44,9 @@ class RunConfig:
     shrink: bool = True
     max_shrinks: int = 3  # kinds of failure whose generated cases are shrunk, per implementation
     verbose: bool = False
+    in_process_device: str = "auto"  # auto | cpu | cuda
+    xfails_file: Optional[str] = None
+    json_path: Optional[str] = None
 
     @property
     def selected(self) -> bool:
@@ -66,10 +69,14 @@ class CaseSet:
 def collect_cases(config: RunConfig) -> CaseSet:
     notes: list[str] = []
     if config.selected:
+        from shardspec.conformance.case_limits import checked_case_file, checked_case_id, checked_case
         from shardspec.fixtures import load_case, load_case_file
 
-        from_files = {path: load_case_file(path) for path in config.case_files}
-        cases = _unique_ids([load_case(case_id) for case_id in config.case_ids] + list(from_files.values()))
+        from_files = {path: checked_case(_loaded(load_case_file, checked_case_file(path), "--case-file"),
+                                         f"--case-file {path}") for path in config.case_files}
+        named = [checked_case(_loaded(load_case, checked_case_id(case_id), "--case"), f"--case {case_id}")
+                 for case_id in config.case_ids]
+        cases = _unique_ids(named + list(from_files.values()))
         files = {case.case_id: str(pathlib.Path(path).resolve()) for path, case in from_files.items()}
         return CaseSet(cases, set(), notes, files)
     cases = [c for c in _fixture_cases(notes) if c.tp_size in config.tp_sizes]
@@ -80,6 +87,15 @@ def collect_cases(config: RunConfig) -> CaseSet:
         for tp in config.tp_sizes:
             generated += generate_cases(tp, config.max_examples, config.seed)
     return CaseSet(_unique_ids(cases + generated), {c.case_id for c in generated}, notes)
+
+
+def _loaded(load, name: str, option: str) -> Case:
+    from shardspec.conformance.options import UsageError
+
+    try:
+        return load(name)
+    except (ValueError, KeyError, OSError) as exc:  # the loaders name the file, field and problem
+        raise UsageError(f"{option} {name}: {exc}") from None
 
 
 def _fixture_cases(notes: list[str]) -> list[Case]:
@@ -227,7 +243,7 @@ def mode_args(config: RunConfig) -> tuple:
     """The options that make a reproducing run use the same kind of group as this run."""
     if not config.in_process:
         return ()
-    device = os.environ.get("SHARDSPEC_IN_PROCESS_DEVICE", "auto")  # set by --in-process-device
+    device = config.in_process_device
     chosen_device = ("--in-process-device", device) if device != "auto" else ()
     return ("--in-process-group", config.in_process_group, *chosen_device)
 

@@ -7,6 +7,7 @@ Shared by the command line (one call runs everything) and the pytest entry
 from __future__ import annotations
 
 import json
+import os
 import pathlib
 import time
 from typing import Optional
@@ -14,7 +15,7 @@ from typing import Optional
 from shardspec.conformance import report
 from shardspec.conformance.api import ImplChoice
 from shardspec.conformance.expectations import expectation_device
-from shardspec.conformance.results import CaseResult
+from shardspec.conformance.results import NOT_RUN, CaseResult
 from shardspec.conformance.runner import (
     Log, RunConfig, cases_of_entry, collect_cases, make_run_dir, remove_run_dir, run_group_size, tp_sizes_of,
 )
@@ -127,32 +128,48 @@ class ConformanceSession:
         parts += [f"warning: {w}" for w in warnings]
         return "\n".join(parts), tables, warnings, int(failed)
 
-    def failures(self, impl: str, tp: int, xfails: report.Xfails) -> list[str]:
-        """What fails one implementation at one group size (empty: it conforms there)."""
+    def judged_rows(self) -> list[str]:
+        """The rows of the table: every invariant, then the run-errors and not-run rows."""
+        return [inv.id for inv in self.invariants] + [report.ERRORS_ROW, report.NOT_RUN_ROW]
+
+    def verdict(self, impl: str, tp: int, row: str) -> tuple[str, str]:
+        """One cell of the table and what explains it (the failures, or why nothing was judged)."""
         from shardspec.conformance.checks.base import GROUP_CHECKERS, RANK_CHECKERS
 
+        xfails = report.load_xfails(self.config.xfails_file)
         section = report.Section(self.label(impl), [r for r in self.results[impl] if r.tp == tp], [tp],
                                  self.not_applicable(impl))
         levels = {inv.id: inv.level for inv in self.invariants}
         rows = report.table_rows(section, self.invariants, set(RANK_CHECKERS) | set(GROUP_CHECKERS), xfails)
-        if not report.failing_invariants(rows):
-            return []
-        return report.describe_failures(section, levels, xfails) or report.failing_invariants(rows)
+        cell = next(r[2] for r in rows if r[0] == row)
+        if cell == report.NOT_APPLICABLE:
+            return cell, self.not_applicable(impl).get(tp, "no case at this size could judge it")
+        lines = report.describe_failures(section, levels, xfails)
+        mine = [line for line in lines if f"[{row}]" in line or (row == report.ERRORS_ROW and line.startswith("ERROR"))]
+        return cell, "\n".join(mine or lines)
 
-    def finish(self, json_path: Optional[str] = None, xfails_file: Optional[str] = None,
-               log: Optional[Log] = None) -> int:
-        xfails = report.load_xfails(xfails_file)
+    def finish(self, log: Optional[Log] = None, interrupted: Optional[str] = None) -> int:
+        """Print the report, write the JSON; the exit code (never 0 when no case was judged)."""
+        xfails = report.load_xfails(self.config.xfails_file)
         text, tables, warnings, exit_code = self.render(xfails)
         log = log or self.log
         for line in text.splitlines():
             log(line)
+        judged = sum(r.status != NOT_RUN for results in self.results.values() for r in results)
+        if judged == 0:
+            warnings.append("no case was judged: the run proves nothing")
+            log("error: no case was judged: the run proves nothing")
+            exit_code = 1
+        if interrupted:
+            warnings.append(f"interrupted by {interrupted}: partial report")
+            exit_code = 1
         wall = time.perf_counter() - self.start
-        if json_path:
+        if self.config.json_path:
             metadata = report.run_metadata([s.label for s in self.sections()], self.tp_sizes, self.config.seed,
                                            wall, *self._backend(), self._extra())
-            data = report.json_report(metadata, self.sections(), tables, warnings, exit_code)
-            pathlib.Path(json_path).write_text(json.dumps(data, indent=1, default=repr))
-            log(f"JSON report: {json_path}")
+            data = report.json_report(metadata, self.sections(), tables, warnings, exit_code, self.invariants)
+            write_atomically(pathlib.Path(self.config.json_path), json.dumps(data, indent=1, default=repr))
+            log(f"JSON report: {self.config.json_path}")
         log(f"{'FAILED' if exit_code else 'PASSED'} in {wall:.1f}s")
         if exit_code == 0 and self.temporary_dir:
             remove_run_dir(self.run_dir)
@@ -179,14 +196,8 @@ class ConformanceSession:
                 "run_dir": str(self.run_dir)}
 
 
-# The pytest entry runs one test per implementation and group size in one
-# session, and reports once at the end.
-SHARED: Optional[ConformanceSession] = None
-
-
-def shared_session(config: RunConfig) -> ConformanceSession:
-    global SHARED
-    if SHARED is None:
-        SHARED = ConformanceSession(config, log=print)
-        print(SHARED.header())
-    return SHARED
+def write_atomically(path: pathlib.Path, text: str) -> None:
+    """Readers see the old file or the new one, never half of one."""
+    partial = path.with_name(f".{path.name}.partial")
+    partial.write_text(text)
+    os.replace(partial, path)

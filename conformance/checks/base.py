@@ -79,15 +79,25 @@ GroupChecker = Callable[[Case, dict[int, dict[str, Any]]], Iterable[Violation]]
 
 RANK_CHECKERS: dict[str, RankChecker] = {}
 GROUP_CHECKERS: dict[str, GroupChecker] = {}
+# Which records a rank checker can judge at all (default: every record it is given). A report cell
+# where no case was judgeable reads "n/a", never "pass".
+APPLIES: dict[str, Callable[[StepRecord], bool]] = {}
 
 
-def rank_check(invariant_id: str):
+def rank_check(invariant_id: str, applies: Optional[Callable[[StepRecord], bool]] = None):
     def register(fn: RankChecker) -> RankChecker:
         if invariant_id in RANK_CHECKERS or invariant_id in GROUP_CHECKERS:
             raise ValueError(f"two checkers for {invariant_id}")
         RANK_CHECKERS[invariant_id] = fn
+        if applies is not None:
+            APPLIES[invariant_id] = applies
         return fn
     return register
+
+
+def judgeable(invariant_id: str, record: StepRecord) -> bool:
+    applies = APPLIES.get(invariant_id)
+    return applies is None or bool(applies(record))
 
 
 def group_check(invariant_id: str):

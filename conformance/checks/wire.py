@@ -13,7 +13,9 @@ import numpy as np
 import torch
 
 from shardspec.conformance.checks.base import StepRecord, Violation, WireCall, group_check, rank_check
-from shardspec.conformance.checks.common import first_bad_row, fmt, lookup, plan_of, shards, unexpected_error, values_equal
+from shardspec.conformance.checks.common import (
+    first_bad_row, fmt, lookup, plan_of, shards, unexpected_error, values_equal,
+)
 from shardspec.spec.case import Case
 from shardspec.spec.model import num_logprob_columns
 
@@ -36,12 +38,17 @@ def _gather_call(record: StepRecord, index: int, what: str, invariant_id: str, f
                            rank=record.rank, field=field)
 
 
-def _compare_rows(invariant_id: str, record: StepRecord, field: str, send: torch.Tensor, want: torch.Tensor,
+def _compare_rows(invariant_id: str, record: StepRecord, field: str, call: WireCall, want: torch.Tensor,
                   rows: np.ndarray, row_request) -> Optional[Violation]:
-    """dtype and shape of ``send``, then the data-carrying ``rows`` only."""
+    """dtype and shape of the send buffer and of the received one, then the data-carrying ``rows`` only."""
+    send = call.send
     if send.dtype != want.dtype or tuple(send.shape) != tuple(want.shape):
         return Violation(invariant_id, f"{field} sends {send.dtype} {list(send.shape)}, expected {want.dtype} "
                          f"{list(want.shape)}", rank=record.rank, field=field)
+    received = (record.case.tp_size * want.shape[0], *want.shape[1:])
+    if tuple(call.output_shape) != received:
+        return Violation(invariant_id, f"{field} receives into {list(call.output_shape)}, expected "
+                         f"{list(received)} (tp_size times the send buffer's rows)", rank=record.rank, field=field)
     index = torch.from_numpy(rows).to(send.device)
     bad = first_bad_row(values_equal(send[index], want.to(send.device)[index]))
     if bad is None:
@@ -107,7 +114,7 @@ def check_wire_sampled(record: StepRecord) -> Iterable[Violation]:
         return
     want = expected_sampled_send(record, metadata, local_cu)
     rows = np.arange(metadata.num_local_reqs)
-    violation = _compare_rows("INV-WIRE-SAMPLED", record, field, call.send, want, rows,
+    violation = _compare_rows("INV-WIRE-SAMPLED", record, field, call, want, rows,
                               lookup(plan_of(record).local_reqs))
     if violation:
         yield violation
@@ -155,8 +162,8 @@ def check_wire_logprobs(record: StepRecord) -> Iterable[Violation]:
     for index, what, field, want in ((1, "logprob ids and ranks", "wire.all_gather_logprob_ids", want_ids),
                                      (2, "logprob values", "wire.all_gather_logprobs", want_values)):
         call, missing = _gather_call(record, index, what, "INV-WIRE-LOGPROBS", field)
-        violation = missing if call is None else _compare_rows("INV-WIRE-LOGPROBS", record, field, call.send,
-                                                               want, rows, row_request)
+        violation = missing if call is None else _compare_rows("INV-WIRE-LOGPROBS", record, field, call, want,
+                                                               rows, row_request)
         if violation:
             yield violation
             return
@@ -180,6 +187,8 @@ def _agreement_key(call: dict[str, Any]) -> dict[str, Any]:
 
 @group_check("INV-WIRE-SEQUENCE")
 def check_wire_sequence(case: Case, digests: dict[int, dict[str, Any]]) -> Iterable[Violation]:
+    """Every recorded call counts: the Communicator's methods and torch.distributed's collectives and
+    point-to-point functions (conformance.recording), so an extra barrier or all_reduce fails here."""
     # Rejected inputs issue no collectives; a rank that raised is reported as an error.
     if case.expect_error is not None or any(d.get("failed_step") for d in digests.values()):
         return
@@ -187,7 +196,8 @@ def check_wire_sequence(case: Case, digests: dict[int, dict[str, Any]]) -> Itera
     for rank in sorted(digests):
         kinds = [call.get("kind") for call in digests[rank].get("wire", [])]
         if kinds != want:
-            yield Violation("INV-WIRE-SEQUENCE", f"issued {kinds}, expected {want}", rank=rank, field="wire.sequence")
+            yield Violation("INV-WIRE-SEQUENCE", f"{sequence_difference(kinds, want)}: issued {kinds}, "
+                            f"expected {want}", rank=rank, field="wire.sequence")
             return
     first_rank = min(digests)
     base = [_agreement_key(call) for call in digests[first_rank]["wire"]]
@@ -197,3 +207,18 @@ def check_wire_sequence(case: Case, digests: dict[int, dict[str, Any]]) -> Itera
                 yield Violation("INV-WIRE-SEQUENCE", f"collective {position} is {_agreement_key(call)} on rank "
                                 f"{rank} but {base[position]} on rank {first_rank}", rank=rank, field="wire.sequence")
                 return
+
+
+def sequence_difference(kinds: list[str], want: list[str]) -> str:
+    """The first call that differs, named: an extra one, a missing one, or one in another's place."""
+    position = next((i for i, (got, expected) in enumerate(zip(kinds, want, strict=False)) if got != expected),
+                    min(len(kinds), len(want)))
+    if position >= len(want):
+        return f"extra {kinds[position]} at position {position}"
+    if position >= len(kinds):
+        return f"missing {want[position]} at position {position}"
+    if kinds[position + 1:] == want[position:]:
+        return f"extra {kinds[position]} at position {position}"
+    if kinds[position:] == want[position + 1:]:
+        return f"missing {want[position]} at position {position}"
+    return f"{kinds[position]} at position {position} where {want[position]} belongs"

@@ -1,0 +1,63 @@
+"""What a case named on the command line may be: inside its folder, of a sane size, with a known error ID.
+
+A case file is data from anywhere: before any tensor is built, its sizes are
+bounded (a case is a test, not a load test) and its ``expect_error`` must
+name a precondition of the spec.
+"""
+
+from __future__ import annotations
+
+import pathlib
+import re
+
+from shardspec.conformance.options import MAX_TP, UsageError
+
+MAX_FILE_BYTES = 1 << 20
+MAX_REQS = 1 << 16  # requests in a batch, and the sharder's capacity
+MAX_VOCAB = 1 << 20
+MAX_LOGITS_ELEMENTS = 1 << 26  # logits rows x vocab: 256 MiB in float32
+CASE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._~-]*$")
+
+
+def checked_case_id(case_id: str) -> str:
+    """A fixture id names a file of the fixtures folder, never a path."""
+    if not CASE_ID.match(case_id):
+        raise UsageError(f"--case {case_id!r}: not a fixture id (letters, digits, '.', '_', '-', no path)")
+    return case_id
+
+
+def checked_case_file(path: str) -> str:
+    file = pathlib.Path(path)
+    if not file.is_file():
+        raise UsageError(f"--case-file {path}: no such file")
+    if file.stat().st_size > MAX_FILE_BYTES:
+        raise UsageError(f"--case-file {path}: {file.stat().st_size} bytes, more than a case may have "
+                         f"({MAX_FILE_BYTES})")
+    return path
+
+
+def checked_case(case, where: str):
+    """``case`` unchanged, or a UsageError naming the field that is out of bounds."""
+    problems = []
+    if not 1 <= case.tp_size <= MAX_TP:
+        problems.append(f"tp_size {case.tp_size} is not in 1..{MAX_TP}")
+    if not 1 <= case.max_num_reqs <= MAX_REQS:
+        problems.append(f"max_num_reqs {case.max_num_reqs} is not in 1..{MAX_REQS}")
+    if len(case.slots) > MAX_REQS:
+        problems.append(f"{len(case.slots)} requests, more than {MAX_REQS}")
+    if not 1 <= case.vocab_size <= MAX_VOCAB:
+        problems.append(f"vocab_size {case.vocab_size} is not in 1..{MAX_VOCAB}")
+    rows = sum(max(int(n), 0) for n in case.num_logits_per_req)
+    if rows * case.vocab_size > MAX_LOGITS_ELEMENTS:
+        problems.append(f"{rows} logits rows x vocab {case.vocab_size} is more than {MAX_LOGITS_ELEMENTS} values")
+    if case.expect_error is not None and case.expect_error not in precondition_ids():
+        problems.append(f"expect_error {case.expect_error!r} is not a precondition ID of the spec")
+    if problems:
+        raise UsageError(f"{where}: {'; '.join(problems)}")
+    return case
+
+
+def precondition_ids() -> set[str]:
+    from shardspec.spec.loader import load_spec
+
+    return {pre.id for pre in load_spec().preconditions}

@@ -1,0 +1,107 @@
+"""The pytest plugin of the suite (entry point ``pytest11``): one test per implementation × tp × invariant.
+
+    pytest --pyargs shardspec.conformance --shardspec-impl reference,production --shardspec-tp 2,4
+
+Options are those of ``python -m shardspec.conformance`` with a ``--shardspec-``
+prefix; the ``SHARDSPEC_*`` variables are read where an option is not given.
+Nothing happens unless the suite's test module is collected: the run is
+created on first use and kept on the pytest config (no module state), and
+the per-invariant table is printed at the end. ``-k INV-OWNER``, ``-x``,
+``--lf`` and per-invariant JUnit rows work as for any test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import warnings
+
+import pytest
+
+from shardspec.conformance.cli import build_parser
+
+_RUN = pytest.StashKey()
+# Options of the command line that the plugin offers (its own names: -v and --json are pytest's or common).
+_SKIPPED = {"help", "verbose"}
+
+
+def _cli_actions():
+    return [a for a in build_parser()._actions if a.dest not in _SKIPPED and a.option_strings]
+
+
+def pytest_addoption(parser):
+    group = parser.getgroup("shardspec", "shardspec conformance suite")
+    for action in _cli_actions():
+        name = "--shardspec-" + action.option_strings[-1].lstrip("-")
+        kwargs = {"dest": f"shardspec_{action.dest}", "help": action.help}
+        if isinstance(action, (argparse._StoreTrueAction,)):
+            kwargs.update(action="store_true", default=action.default)
+        elif isinstance(action, argparse._AppendAction):
+            kwargs.update(action="append", default=[], metavar=action.metavar)
+        else:
+            kwargs.update(default=action.default, choices=action.choices, metavar=action.metavar)
+        group.addoption(name, **kwargs)
+
+
+def _namespace(config) -> argparse.Namespace:
+    values = {a.dest: config.getoption(f"shardspec_{a.dest}") for a in _cli_actions()}
+    values["verbose"] = config.getoption("verbose") > 1
+    return argparse.Namespace(**values)
+
+
+def conformance_run(config):
+    """The run of this pytest session, created on first use."""
+    if _RUN not in config.stash:
+        import os
+
+        import torch
+
+        from shardspec.conformance.cli import config_from_args
+        from shardspec.conformance.options import UsageError
+        from shardspec.conformance.session import ConformanceSession
+
+        try:
+            run_config = config_from_args(_namespace(config))
+        except UsageError as exc:
+            raise pytest.UsageError(str(exc)) from None
+        if not torch.cuda.is_available():
+            os.environ.setdefault("TRITON_INTERPRET", "1")
+        os.environ["SHARDSPEC_IN_PROCESS_DEVICE"] = run_config.in_process_device
+        run = ConformanceSession(run_config, log=print)
+        print(run.header())
+        config.stash[_RUN] = run
+    return config.stash[_RUN]
+
+
+def pytest_generate_tests(metafunc):
+    if "shardspec_invariant" not in metafunc.fixturenames:
+        return
+    run = conformance_run(metafunc.config)
+    params = [pytest.param(impl, tp, invariant, id=f"{run.label(impl)}-tp{tp}-{invariant}",
+                           marks=pytest.mark.xdist_group(f"tp{tp}"))
+              for tp in run.tp_sizes for impl in run.config.impls for invariant in run.judged_rows()]
+    metafunc.parametrize("shardspec_entry, shardspec_tp, shardspec_invariant", params)
+
+
+@pytest.fixture
+def shardspec_run(request):
+    return conformance_run(request.config)
+
+
+def verdict_of(run, entry: str, tp: int, invariant: str) -> None:
+    """Skip, xfail, warn or fail one test the way the report judges its cell."""
+    cell, details = run.verdict(entry, tp, invariant)
+    if cell.startswith("n/a") or cell == "not-run":
+        pytest.skip(f"{invariant} at tp {tp}: {details or 'no case judged it'}")
+    if cell.startswith("xfail"):
+        pytest.xfail(details or f"{invariant} listed in the xfails file")
+    if cell == "warn":
+        warnings.warn(f"{invariant} (SHOULD) violated at tp {tp}: {details}", stacklevel=2)
+    assert not cell.startswith("FAIL"), details
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    run = config.stash.get(_RUN, None)
+    if run is None or not run.sizes_run:
+        return
+    exit_code = run.finish(log=terminalreporter.write_line)
+    terminalreporter.write_line(f"conformance exit status: {exit_code}")
