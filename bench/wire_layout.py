@@ -48,7 +48,7 @@ QUICK_LM_HEAD = [(2, 8, 16, 64)]
 
 
 @triton.jit
-def chunked_greedy_kernel(recv_ptr, ids_ptr, lse_ptr, width, chunk_stride, TP: tl.constexpr, BLOCK: tl.constexpr):
+def chunked_greedy_kernel(recv_ptr, ids_ptr, lse_ptr, width, num_rows, TP: tl.constexpr, BLOCK: tl.constexpr):
     """Row ``program_id`` of a [TP, rows, width] receive buffer as one full-vocab row: argmax and logsumexp."""
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK)
@@ -56,15 +56,15 @@ def chunked_greedy_kernel(recv_ptr, ids_ptr, lse_ptr, width, chunk_stride, TP: t
     best_idx = tl.zeros([BLOCK], tl.int64)
     sum_exp = tl.zeros([BLOCK], tl.float32)
     for r in range(TP):
-        base = recv_ptr + r * chunk_stride + row * width
+        base = recv_ptr + (row + r * num_rows) * width  # row is int64: no overflow past 2**31 elements
         for start in range(0, width, BLOCK):
             cols = start + offs
             x = tl.load(base + cols, mask=cols < width, other=float("-inf")).to(tl.float32)
             new_best = tl.maximum(best, x)
-            # Online softmax sum; lanes that have seen only padding stay at 0 instead of exp(-inf + inf).
-            rescale = tl.where(new_best == float("-inf"), 0.0, tl.exp(best - new_best))
-            term = tl.where(x == float("-inf"), 0.0, tl.exp(x - new_best))
-            sum_exp = sum_exp * rescale + term
+            # Online softmax sum; lanes that have seen only padding stay at 0
+            # (-inf - -inf would be NaN: such lanes subtract 0 instead, and exp(-inf) is 0.)
+            shift = tl.where(new_best == float("-inf"), 0.0, new_best)
+            sum_exp = sum_exp * tl.exp(best - shift) + tl.exp(x - shift)
             # Strictly greater keeps the first maximum of a lane, as torch.argmax keeps the first overall.
             best_idx = tl.where(x > best, r * width + cols.to(tl.int64), best_idx)
             best = new_best
@@ -81,7 +81,7 @@ def fused_greedy(received: torch.Tensor, tp: int, rows: int, width: int) -> tupl
     lse = torch.empty(rows, dtype=torch.float32, device=received.device)
     if rows:
         block = 256 if os.environ.get("TRITON_INTERPRET") == "1" else 2048
-        chunked_greedy_kernel[(rows,)](received, ids, lse, width, rows * width, TP=tp, BLOCK=block, num_warps=8)
+        chunked_greedy_kernel[(rows,)](received, ids, lse, width, rows, TP=tp, BLOCK=block, num_warps=8)
     return ids, lse
 
 
