@@ -1,0 +1,218 @@
+"""Conformance JSON reports, read back: parsing and validation.
+
+Reads what ``python -m shardspec.conformance --json`` writes (see
+``report.json_report``). The format is expected to grow, so optional fields
+are used when present and derived when absent:
+
+- a table cell may be a string (``"FAIL 2"``) or a mapping
+  ``{"verdict": "fail", "judged": 27}``; a row may carry ``"judged": {tp: n}``;
+- a violation may carry its ``"level"`` (else the spec's level of its invariant);
+- a case may carry ``"case_yaml"``, its (minimal) case as YAML (else the file
+  its reproduce command names, when that file still exists);
+- cells may read ``"n/a"``; sections may list ``"not_applicable"`` sizes.
+
+Anything that is not a conformance report raises :class:`ReportError` with one
+line naming the file and what is wrong.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import re
+import shlex
+from dataclasses import dataclass, field
+from typing import Any
+
+FAIL, WARN, XFAIL, PASS, NA, NOT_RUN, UNKNOWN = "fail", "warn", "xfail", "pass", "n/a", "not-run", "unknown"
+JUDGED = (PASS, FAIL, WARN, XFAIL)  # verdicts that say something was checked
+FAILING = (FAIL, WARN, XFAIL)  # verdicts with failing cases to show
+MAX_CASE_YAML = 64_000  # characters of a case file embedded in the page
+
+
+class ReportError(ValueError):
+    """A conformance report that cannot be read; the message is one line."""
+
+
+@dataclass(frozen=True)
+class TableCell:
+    verdict: str  # one of FAIL, WARN, XFAIL, PASS, NA, NOT_RUN, UNKNOWN
+    text: str  # as the report wrote it
+    count: int | None = None  # "FAIL 6": cases counted by the special rows
+    judged: int | None = None  # cases judged, when the report says
+
+
+@dataclass(frozen=True)
+class CaseRecord:
+    case_id: str
+    tp: int
+    status: str  # pass | fail | error | not-run
+    violations: tuple[dict[str, Any], ...] = ()
+    errors: tuple[dict[str, Any], ...] = ()
+    reason: str = ""
+    reproduce: str = ""
+    case_yaml: str | None = None
+
+
+@dataclass
+class Section:
+    """One implementation entry of one report."""
+
+    implementation: str
+    tp_sizes: list[int]
+    not_applicable: dict[int, str]
+    table: dict[str, dict[int, TableCell]]  # invariant id -> tp -> cell
+    levels: dict[str, str]  # invariant id -> level, as the table says
+    cases: list[CaseRecord]
+
+    def cases_at(self, tp: int) -> list[CaseRecord]:
+        return [c for c in self.cases if c.tp == tp]
+
+
+@dataclass
+class Report:
+    name: str
+    path: str
+    metadata: dict[str, Any]
+    sections: list[Section]
+    warnings: list[str] = field(default_factory=list)
+    exit_code: int | None = None
+
+    def section(self, implementation: str) -> Section | None:
+        return next((s for s in self.sections if s.implementation == implementation), None)
+
+
+def parse_verdict(raw: Any) -> TableCell:
+    """A cell as the report wrote it -> its verdict (and the count of the special rows)."""
+    if isinstance(raw, dict):
+        inner = parse_verdict(raw.get("verdict", raw.get("result", "")))
+        judged = raw.get("judged")
+        return TableCell(inner.verdict, inner.text, inner.count, judged if isinstance(judged, int) else None)
+    text = str(raw).strip()
+    words = text.split()
+    first = words[0].lower() if words else ""
+    count = int(words[1]) if len(words) > 1 and words[1].isdigit() else None
+    if first.isdigit():  # the "(cases not run)" row writes how many did not run
+        return TableCell(PASS if int(first) == 0 else FAIL, text, int(first))
+    verdict = {"pass": PASS, "fail": FAIL, "warn": WARN, "xfail": XFAIL, "n/a": NA, "not-run": NOT_RUN}.get(first)
+    return TableCell(verdict or UNKNOWN, text, count)
+
+
+# -- loading -----------------------------------------------------------------
+
+def load_report(path: str | pathlib.Path, name: str | None = None) -> Report:
+    path = pathlib.Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ReportError(f"{path}: no such file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ReportError(f"{path}: cannot be read ({exc.__class__.__name__}: {exc})") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ReportError(f"{path}: not JSON ({exc.msg} at line {exc.lineno}, column {exc.colno})") from None
+    return parse_report(data, str(path), name or path.stem)
+
+
+def parse_report(data: Any, path: str, name: str) -> Report:
+    if not isinstance(data, dict) or not isinstance(data.get("sections"), list):
+        raise ReportError(f"{path}: not a conformance report (no 'sections' list at the top level)")
+    metadata = data.get("metadata") or {}
+    _require(isinstance(metadata, dict), path, "metadata", "is not a mapping")
+    sections = [_parse_section(s, path, f"sections[{i}]") for i, s in enumerate(data["sections"])]
+    warnings = data.get("warnings") or []
+    exit_code = data.get("exit_code")
+    return Report(name=name, path=path, metadata=metadata, sections=sections,
+                  warnings=[str(w) for w in warnings] if isinstance(warnings, list) else [str(warnings)],
+                  exit_code=exit_code if isinstance(exit_code, int) else None)
+
+
+def _require(condition: bool, path: str, place: str, problem: str) -> None:
+    if not condition:
+        raise ReportError(f"{path}: not a conformance report ({place} {problem})")
+
+
+def _parse_section(raw: Any, path: str, place: str) -> Section:
+    _require(isinstance(raw, dict), path, place, "is not a mapping")
+    label = raw.get("implementation")
+    _require(isinstance(label, str) and bool(label), path, f"{place}.implementation", "is missing or not a string")
+    tp_sizes = raw.get("tp_sizes")
+    _require(isinstance(tp_sizes, list) and all(_is_int(t) for t in tp_sizes), path, f"{place}.tp_sizes",
+             "is not a list of integers")
+    _require(isinstance(raw.get("table"), list), path, f"{place}.table", "is missing or not a list")
+    _require(isinstance(raw.get("cases", []), list), path, f"{place}.cases", "is not a list")
+    table, levels = {}, {}
+    for i, row in enumerate(raw["table"]):
+        row_place = f"{place}.table[{i}]"
+        _require(isinstance(row, dict) and isinstance(row.get("invariant"), str), path, row_place,
+                 "has no 'invariant'")
+        _require(isinstance(row.get("results"), dict), path, f"{row_place}.results", "is not a mapping")
+        judged = row.get("judged") if isinstance(row.get("judged"), dict) else {}
+        cells = {}
+        for tp, value in row["results"].items():
+            _require(_is_int(tp), path, f"{row_place}.results", f"has a key {tp!r} that is not a tp size")
+            cell = parse_verdict(value)
+            if cell.judged is None and isinstance(judged.get(str(tp)), int):
+                cell = TableCell(cell.verdict, cell.text, cell.count, judged[str(tp)])
+            cells[int(tp)] = cell
+        table[row["invariant"]] = cells
+        levels[row["invariant"]] = str(row.get("level", "MUST"))
+    cases = [_parse_case(c, path, f"{place}.cases[{i}]") for i, c in enumerate(raw.get("cases", []))]
+    not_applicable = raw.get("not_applicable") or {}
+    _require(isinstance(not_applicable, dict) and all(_is_int(t) for t in not_applicable), path,
+             f"{place}.not_applicable", "is not a mapping of tp sizes")
+    return Section(label, [int(t) for t in tp_sizes], {int(t): str(w) for t, w in not_applicable.items()},
+                   table, levels, cases)
+
+
+def _parse_case(raw: Any, path: str, place: str) -> CaseRecord:
+    _require(isinstance(raw, dict), path, place, "is not a mapping")
+    _require(isinstance(raw.get("case_id"), str), path, f"{place}.case_id", "is missing")
+    _require(_is_int(raw.get("tp")), path, f"{place}.tp", "is missing or not an integer")
+    violations = raw.get("violations") or []
+    _require(isinstance(violations, list) and all(isinstance(v, dict) and "invariant_id" in v for v in violations),
+             path, f"{place}.violations", "is not a list of violations with an 'invariant_id'")
+    errors = raw.get("errors") or []
+    _require(isinstance(errors, list) and all(isinstance(e, dict) for e in errors), path, f"{place}.errors",
+             "is not a list of mappings")
+    reproduce = str(raw.get("reproduce") or "")
+    case_yaml = raw.get("case_yaml")
+    return CaseRecord(case_id=raw["case_id"], tp=int(raw["tp"]), status=str(raw.get("status", "")),
+                      violations=tuple(violations), errors=tuple(errors), reason=str(raw.get("reason") or ""),
+                      reproduce=reproduce,
+                      case_yaml=case_yaml if isinstance(case_yaml, str) else _case_file_text(reproduce))
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) or (
+        isinstance(value, str) and re.fullmatch(r"\d+", value) is not None)
+
+
+def _case_file_text(reproduce: str) -> str | None:
+    """The case file a reproduce command names (``--case-file PATH``), if it is still there."""
+    try:
+        words = shlex.split(reproduce)
+    except ValueError:
+        return None
+    if "--case-file" not in words or words.index("--case-file") + 1 >= len(words):
+        return None
+    case_file = pathlib.Path(words[words.index("--case-file") + 1])
+    try:
+        text = case_file.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):  # run folders are temporary: the command alone still helps
+        return None
+    return text if len(text) <= MAX_CASE_YAML else text[:MAX_CASE_YAML] + "\n# ... (cut)\n"
+
+
+def report_names(paths: list[str]) -> list[str]:
+    """Short distinct names for reports: the file's stem, or more of its path where stems repeat."""
+    stems = [pathlib.Path(p).stem for p in paths]
+    names = []
+    for path, stem in zip(paths, stems, strict=True):
+        if stems.count(stem) == 1:
+            names.append(stem)
+        else:
+            parent = pathlib.Path(path).parent.name
+            names.append(f"{parent}/{stem}" if parent else stem)
+    return [name if names.count(name) == 1 else f"{name} ({i + 1})" for i, name in enumerate(names)]
