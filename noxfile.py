@@ -102,13 +102,19 @@ def spec(session: nox.Session) -> None:
 
 @nox.session
 def bench(session: nox.Session) -> None:
-    """Reference vs production per-step timings, then what a step does, counted (see bench/).
+    """Reference vs production per-step timings, what a step does, counted, and the deployment-scale grid.
 
     Arguments after -- go to bench_step.py; its --upstream FILE (vLLM's batch_shard.py) goes to the
-    counts too.
+    counts and the grid too, and --quick to the grid. The grid (bench/scale_grid.py) writes
+    reports/bench/scale.json and PNG plots beside it.
     """
     install(session)
+    if not isinstance(session.virtualenv, PassthroughEnv):
+        session.install("-e", ".[bench]")  # matplotlib, for the plots
     session.run("python", "bench/bench_step.py", *session.posargs)
     args = list(session.posargs)
     upstream = args[args.index("--upstream") : args.index("--upstream") + 2] if "--upstream" in args else []
     session.run("python", "bench/step_counts.py", *upstream)
+    quick = ["--quick"] if "--quick" in args else []
+    session.run("python", "bench/scale_grid.py", *quick, *upstream, "--out", "reports/bench/scale.json",
+                "--plots", "reports/bench")
