@@ -267,6 +267,8 @@ def snapshot(value: Any) -> Any:
         return {f.name: snapshot(getattr(value, f.name)) for f in dataclasses.fields(value)}
     if isinstance(value, tuple) and hasattr(value, "_fields"):
         return {name: snapshot(getattr(value, name)) for name in value._fields}
+    if isinstance(value, dict):  # e.g. a sampler output's extension fields
+        return {key: snapshot(item) for key, item in value.items()}
     if isinstance(value, (list, tuple)):
         return [snapshot(v) for v in value]
     return value
@@ -277,7 +279,8 @@ def changed_fields(name: str, before: Any, value: Any) -> list[str]:
     if isinstance(before, dict):
         changed = []
         for key, old in before.items():
-            changed += changed_fields(f"{name}.{key}", old, getattr(value, key, None))
+            item = value.get(key) if isinstance(value, dict) else getattr(value, key, None)
+            changed += changed_fields(f"{name}.{key}", old, item)
         return changed
     if isinstance(before, list):
         if not isinstance(value, (list, tuple)) or len(value) != len(before):

@@ -198,10 +198,30 @@ def check_int_list(invariant_id: str, record: StepRecord, field: str, actual: An
         return violation(f"entry {wrong[0]} is a {type(actual[wrong[0]]).__name__}, not a Python int")
     if len(actual) != len(expected):
         return violation(f"{len(actual)} entries {fmt(actual)}, expected {len(expected)}: {fmt(list(expected))}")
-    for i, (got, want) in enumerate(zip(actual, expected)):
+    for i, (got, want) in enumerate(zip(actual, expected, strict=True)):
         if got != want:
             return violation(f"entry {i} is {got}, expected {want}; whole list {fmt(actual)}, expected "
                              f"{fmt(list(expected))}", row_to_request(i))
+    return None
+
+
+def check_str_list(invariant_id: str, record: StepRecord, field: str, actual: Any,
+                   expected: Sequence[str], row_to_request: RowToRequest = lambda row: None) -> Optional[Violation]:
+    """A Python list of str (the data model's list[str]: a tuple or an array is not one)."""
+
+    def violation(message: str, request: Optional[int] = None) -> Violation:
+        return Violation(invariant_id, f"{field}: {message}", rank=record.rank, request=request, field=field)
+
+    if type(actual) is not list:
+        return violation(f"expected a list of str {fmt(list(expected))}, got {type(actual).__name__} {fmt(actual)}")
+    wrong = [i for i, v in enumerate(actual) if type(v) is not str]
+    if wrong:
+        return violation(f"entry {wrong[0]} is a {type(actual[wrong[0]]).__name__}, not a str",
+                         row_to_request(wrong[0]))
+    if actual != list(expected):
+        pairs = enumerate(zip(actual, expected, strict=False))
+        bad = next((i for i, (a, b) in pairs if a != b), min(len(actual), len(expected)))
+        return violation(f"is {fmt(actual)}, expected {fmt(list(expected))}", row_to_request(bad))
     return None
 
 

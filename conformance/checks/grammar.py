@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Iterable
 
 from shardspec.conformance.checks.base import StepRecord, Violation, rank_check
-from shardspec.conformance.checks.common import check_tensor, fmt, found, shards
+from shardspec.conformance.checks.common import check_str_list, check_tensor, fmt, found, shards
 
 FIELD = "local_grammar_output"
 
@@ -24,13 +24,17 @@ def check_local_grammar(record: StepRecord) -> Iterable[Violation]:
             yield Violation("INV-LOCAL-GRAMMAR", f"{FIELD} lists {got}, expected {want} (None when the grammar "
                             "output is None or lists no owned request)", rank=record.rank, field=FIELD)
         return
-    got, want = list(actual.structured_output_request_ids), list(expected.structured_output_request_ids)
-    if got != want:
-        bad = next((j for j, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
-        culprit = want[bad] if bad < len(want) else got[bad]
-        yield Violation("INV-LOCAL-GRAMMAR", f"{FIELD}.structured_output_request_ids is {fmt(got)}, expected "
-                        f"{fmt(want)} (the owned ids in the grammar output's order)", rank=record.rank,
-                        request=position.get(culprit), field=f"{FIELD}.structured_output_request_ids")
+    got, want = actual.structured_output_request_ids, list(expected.structured_output_request_ids)
+
+    def entry_request(entry: int):
+        listed = want if entry < len(want) else list(got)
+        return position.get(listed[entry]) if entry < len(listed) else None
+
+    violation = check_str_list("INV-LOCAL-GRAMMAR", record, f"{FIELD}.structured_output_request_ids", got, want,
+                               entry_request)
+    if violation:
+        violation.message += " (the owned ids in the grammar output's order)"
+        yield violation
         return
     # Bitmask row r belongs to the listed request whose rows cover r.
     row_request = [position[req_id] for req_id in want

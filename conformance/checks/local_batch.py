@@ -9,7 +9,7 @@ import torch
 
 from shardspec.conformance.checks.base import StepRecord, Violation, rank_check
 from shardspec.conformance.checks.common import (
-    check_array, check_int, check_tensor, fmt, found, local_row_owner, lookup, plan_of, shards,
+    check_array, check_int, check_str_list, check_tensor, fmt, found, local_row_owner, lookup, plan_of, shards,
 )
 
 
@@ -40,12 +40,10 @@ def check_local_reqs(record: StepRecord) -> Iterable[Violation]:
     if pair is None:
         return
     actual, expected = pair
-    by_request = _by_local_request(record)
-    got, want = list(actual.req_ids), list(expected.req_ids)
-    if got != want:
-        bad = next((j for j, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
-        yield Violation("INV-LOCAL-REQS", f"local_batch.req_ids is {fmt(got)}, expected {fmt(want)}",
-                        rank=record.rank, request=by_request(bad), field="local_batch.req_ids")
+    violation = check_str_list("INV-LOCAL-REQS", record, "local_batch.req_ids", actual.req_ids, expected.req_ids,
+                               _by_local_request(record))
+    if violation:
+        yield violation
         return
     yield from found(check_int("INV-LOCAL-REQS", record, "local_batch.num_reqs", actual.num_reqs, expected.num_reqs))
 

@@ -172,7 +172,9 @@ def check_wire_logprobs(record: StepRecord) -> Iterable[Violation]:
 # -- the sequence, across ranks (digests of conformance.digest) --------------
 
 def expected_kinds(case: Case) -> list[str]:
-    return ["all_to_all_single", ALL_GATHER] + ([ALL_GATHER, ALL_GATHER] if case.logprobs_dims is not None else [])
+    logprobs = [ALL_GATHER, ALL_GATHER] if case.logprobs_dims is not None else []
+    # One all_gather per declared extension field, after the named ones (CL-EXTENSION-FIELDS).
+    return ["all_to_all_single", ALL_GATHER, *logprobs, *[ALL_GATHER] * len(case.extensions)]
 
 
 def _agreement_key(call: dict[str, Any]) -> dict[str, Any]:

@@ -19,7 +19,9 @@ INVARIANTS = pathlib.Path(__file__).resolve().parents[2] / "spec" / "invariants.
 YAML_IDS = {entry["id"] for entry in yaml.safe_load(INVARIANTS.read_text())["invariants"]}
 CONTROLS = ["reference", "shardspec.conformance.broken.conforming:GarbageWirePadding"]
 
-RUNS = [pytest.param(entry, case_id, id=f"{entry.name}/{case_id}") for entry in CORPUS for case_id in entry.cases]
+# Each entry in every in-process group it can run in (those calling torch.distributed need a group that has one).
+RUNS = [pytest.param(entry, case_id, group, id=f"{entry.name}/{case_id}-{group}")
+        for entry in CORPUS for case_id in entry.cases for group in entry.groups]
 # Every entry on every targeted case: whatever a defect does, no checker crashes.
 ALL_RUNS = [pytest.param(entry, case, id=f"{entry.name}/{case.case_id}") for entry in CORPUS for case in cases.ALL]
 
@@ -28,8 +30,7 @@ def _violated(result) -> set[str]:
     return {v["invariant_id"] for v in result.violations}
 
 
-@pytest.mark.parametrize("group", ["lockstep", "torch-threads"])
-@pytest.mark.parametrize("entry, case_id", RUNS)
+@pytest.mark.parametrize("entry, case_id, group", RUNS)
 def test_checkers_catch_the_defect(entry, case_id, group):
     """In both in-process groups: a defect in the wire sequence must be reported, not hang the run."""
     result = run_case_in_process(cases.BY_ID[case_id], ImplChoice(entry.target), group=group)
@@ -41,7 +42,7 @@ def test_checkers_catch_the_defect(entry, case_id, group):
 
 @pytest.mark.parametrize("entry, case", ALL_RUNS)
 def test_checkers_never_crash_on_broken_outputs(entry, case):
-    result = run_case_in_process(case, ImplChoice(entry.target))
+    result = run_case_in_process(case, ImplChoice(entry.target), group=entry.groups[0])
     crashed = [v["message"] for v in result.violations if v["message"].startswith("checker raised")]
     assert not crashed, f"checkers must judge broken outputs, not crash on them: {crashed}"
 

@@ -1,0 +1,45 @@
+"""Steps that talk to their peers more than the spec's sequence allows. One defect each.
+
+Engines add a collective "to be safe" (a barrier before the exchange, an
+all-reduce to agree on a size every rank already knows); mixed groups then
+deadlock or mix buffers. The first two call torch.distributed on the group
+of their Communicator, so they run only where it has one (``groups``).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from shardspec.reference import ReferenceSharder
+
+
+class ExtraAllReduce(ReferenceSharder):
+    """INV-WIRE-SEQUENCE: agrees on the logits row count with a torch.distributed.all_reduce before the exchange."""
+
+    def all_to_all_logits(self, logits_shard, metadata):
+        import torch.distributed as dist
+
+        rows = torch.tensor([logits_shard.shape[0]], dtype=torch.int64, device=logits_shard.device)
+        dist.all_reduce(rows, op=dist.ReduceOp.MAX, group=self.comm.group)
+        return super().all_to_all_logits(logits_shard, metadata)
+
+
+class BarrierBeforeGather(ReferenceSharder):
+    """INV-WIRE-SEQUENCE: a torch.distributed.barrier before the gather."""
+
+    def gather_sampler_output(self, *args, **kwargs):
+        import torch.distributed as dist
+
+        dist.barrier(group=self.comm.group)
+        return super().gather_sampler_output(*args, **kwargs)
+
+
+class WidthAgreedOnTheWire(ReferenceSharder):
+    """INV-WIRE-SEQUENCE: all-gathers each rank's local sampled width through the Communicator before the gather."""
+
+    def gather_sampler_output(self, local_output, metadata, global_batch, local_batch, **kwargs):
+        width = 0 if local_output is None else local_output.sampled_token_ids.shape[1]
+        mine = torch.tensor([width], dtype=torch.int64, device=self.device)
+        widths = mine.new_empty(metadata.tp_size)
+        self.comm.all_gather_into_tensor(widths, mine)
+        return super().gather_sampler_output(local_output, metadata, global_batch, local_batch, **kwargs)

@@ -1,0 +1,33 @@
+"""Inputs read as if they were contiguous tensors of their own. One defect each.
+
+The spec lets every input be a view (``t[::2]`` of an interleaved buffer, a
+slice that starts past its storage's first element); implementations must
+read them by their strides and storage offset. These read them the way a
+kernel handed only a data pointer does.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import torch
+
+from shardspec.reference import ReferenceSharder
+
+
+class SeqLensReadWithUnitStride(ReferenceSharder):
+    """INV-LOCAL-SEQ-LENS: reads batch.seq_lens as if contiguous: torch.as_strided(t, t.shape, (1,))."""
+
+    def shard_sampler_inputs(self, batch, grammar):
+        seq_lens = batch.seq_lens
+        misread = torch.as_strided(seq_lens, seq_lens.shape, (1,))
+        return super().shard_sampler_inputs(replace(batch, seq_lens=misread), grammar)
+
+
+class LogitsShardFromStorageStart(ReferenceSharder):
+    """INV-A2A-SPLITS: sends the logits shard read from the start of its storage, ignoring the view's storage offset."""
+
+    def all_to_all_logits(self, logits_shard, metadata):
+        misread = logits_shard.new_empty(0).set_(logits_shard.untyped_storage(), 0, logits_shard.shape,
+                                                 logits_shard.stride())
+        return super().all_to_all_logits(misread, metadata)
