@@ -15,6 +15,8 @@ import importlib
 from dataclasses import dataclass
 
 PACKAGE = __name__
+ALL_GROUPS = ("lockstep", "torch-threads")
+TORCH_GROUPS = ("torch-threads",)
 
 
 @dataclass(frozen=True)
@@ -22,6 +24,8 @@ class Entry:
     name: str  # readable id
     target: str  # "shardspec.conformance.broken.<module>:<class>", usable as --impl
     cases: tuple[str, ...]  # ids of cases in .cases that expose the defect
+    # The in-process groups it runs in: defects that call torch.distributed need a group that has one.
+    groups: tuple[str, ...] = ALL_GROUPS
 
     @property
     def factory(self):
@@ -41,8 +45,8 @@ class Entry:
         return invariant_id.split()[0] if invariant_id else "", description.strip()
 
 
-def _entry(name: str, module: str, cls: str, *cases: str) -> Entry:
-    return Entry(name, f"{PACKAGE}.{module}:{cls}", cases)
+def _entry(name: str, module: str, cls: str, *cases: str, groups: tuple[str, ...] = ALL_GROUPS) -> Entry:
+    return Entry(name, f"{PACKAGE}.{module}:{cls}", cases, groups)
 
 
 CORPUS: list[Entry] = [
@@ -93,6 +97,24 @@ CORPUS: list[Entry] = [
     _entry("accepts-beyond-capacity", "rejection", "AcceptsBeyondCapacity",
            "error-capacity-reqs", "error-capacity-logits", "error-slot-range"),
     _entry("anonymous-errors", "rejection", "AnonymousErrors", "error-slot-range", "error-zero-logits"),
+]
+
+CORPUS += [
+    # more collectives than the spec's sequence
+    _entry("extra-all-reduce", "collectives", "ExtraAllReduce", "decode", groups=TORCH_GROUPS),
+    _entry("barrier-before-gather", "collectives", "BarrierBeforeGather", "decode", groups=TORCH_GROUPS),
+    _entry("width-agreed-on-the-wire", "collectives", "WidthAgreedOnTheWire", "decode", "spec"),
+    # views read as if contiguous
+    _entry("seq-lens-unit-stride", "views", "SeqLensReadWithUnitStride", "strided-inputs"),
+    _entry("logits-from-storage-start", "views", "LogitsShardFromStorageStart", "offset-inputs"),
+    # dtypes that do not follow the inputs
+    _entry("full-vocab-as-float32", "dtypes", "FullVocabAsFloat32", "decode-bf16"),
+    # defects above some batch size or draft count
+    _entry("local-slots-wrap-at-64", "scale", "LocalSlotsWrapAt64", "large-batch"),
+    _entry("sampled-ids-capped-at-4", "scale", "SampledIdsCappedAtFourColumns", "many-drafts"),
+    # the wrong container type
+    _entry("req-ids-tuple", "containers", "ReqIdsAsTuple", "decode"),
+    _entry("grammar-ids-tuple", "containers", "GrammarIdsAsTuple", "grammar"),
 ]
 
 BY_NAME = {entry.name: entry for entry in CORPUS}

@@ -7,6 +7,7 @@ makes observable.
 from __future__ import annotations
 
 from shardspec.spec.case import Case, ExplicitLocalOutput
+from shardspec.spec.layouts import BATCH_ARRAYS, BATCH_TENSORS, OFFSET, STRIDED
 
 
 def _case(case_id: str, **fields) -> Case:
@@ -84,4 +85,20 @@ ZERO_LOGITS = _case("error-zero-logits", slots=[0, 1, 2], num_logits_per_req=[1,
 
 ALL = [DECODE, SPEC, GRAMMAR, GRAMMAR_ONE_RANK, IDLE_RANK, EMPTY, TOKEN_IDS_WIDER, WIDTHS, NARROW_LOGPROBS,
        MISSING_LOGPROBS, CAPACITY_REQS, CAPACITY_LOGITS, SLOT_RANGE, ZERO_LOGITS]
+# SPEC's batch with every batch field and the logits shard passed as views (spec/layouts.py):
+# every other element of an interleaved buffer, or a slice three elements into its storage.
+_VIEWED = BATCH_TENSORS + BATCH_ARRAYS + ("logits_shard",)
+STRIDED_INPUTS = _case("strided-inputs", slots=SPEC.slots, num_logits_per_req=SPEC.num_logits_per_req,
+                       layouts={name: STRIDED for name in _VIEWED})
+OFFSET_INPUTS = _case("offset-inputs", slots=SPEC.slots, num_logits_per_req=SPEC.num_logits_per_req,
+                      layouts={name: OFFSET for name in _VIEWED})
+# DECODE with bfloat16 logits: the exchange must return bfloat16 rows.
+DECODE_BF16 = _case("decode-bf16", slots=DECODE.slots, num_logits_per_req=DECODE.num_logits_per_req,
+                    nan_tokens=DECODE.nan_tokens, logits_dtype="bfloat16")
+# 150 requests: each rank owns 75, more than a 64-entry block.
+LARGE_BATCH = _case("large-batch", slots=list(range(150)), num_logits_per_req=[1 + s % 2 for s in range(150)],
+                    max_num_reqs=256, vocab_size=8)
+# Up to 7 draft tokens: W = 8; rank 0's toy sampler is 6 wide, rank 1's 8.
+MANY_DRAFTS = _case("many-drafts", slots=[0, 1, 2, 3], num_logits_per_req=[6, 8, 2, 5], max_num_logits_per_req=8)
+ALL += [STRIDED_INPUTS, OFFSET_INPUTS, DECODE_BF16, LARGE_BATCH, MANY_DRAFTS]
 BY_ID = {case.case_id: case for case in ALL}
