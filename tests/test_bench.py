@@ -136,3 +136,14 @@ def test_wire_layout_check_names_a_wrong_fused_result(monkeypatch):
     monkeypatch.setattr(exchange, "fused", lambda: (real()[0] + 1, real()[1]))
     with pytest.raises(AssertionError, match="argmax differs in 8 rows"):
         wire_layout.check(exchange)
+
+
+def test_nvlink_model_document_is_generated_from_the_script(monkeypatch):
+    """bench/NVLINK_MODEL.md is what bench/nvlink_model.py writes (edit the script, then regenerate)."""
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))
+    import nvlink_model
+
+    assert (ROOT / "bench" / "NVLINK_MODEL.md").read_text() == nvlink_model.document(4.0)
+    large = nvlink_model.model(4096, 8, 262144, 2, 4e6)
+    # Per rank the all-gather carries tp times the all-to-all's bytes.
+    assert abs(large["ag_mb"] / large["a2a_mb"] - nvlink_model.TP) < 1e-9
