@@ -7,7 +7,6 @@
     nox -s spec [-- --check]  # render spec/SPEC.md
     nox -s bench              # benchmark (meant for a GPU machine)
     nox -s report             # HTML report of reports/conformance.json into reports/html
-    nox -s report             # HTML report of reports/conformance.json into reports/html
 
 Torch: the sessions install the CPU build pinned below (override with
 SHARDSPEC_TORCH, e.g. SHARDSPEC_TORCH="torch==2.11.0"). To use a torch you
@@ -62,17 +61,6 @@ def conformance(session: nox.Session) -> None:
         "--shardspec-json", "reports/conformance.json", "--junitxml=reports/conformance-junit.xml",
         *session.posargs,
     )
-
-
-@nox.session
-def report(session: nox.Session) -> None:
-    """The HTML compliance report of reports/conformance.json (from `nox -s conformance`) in reports/html.
-
-    Arguments after -- go to the report, e.g. `-- older.json` (compared too) or `-- --bench bench/results`.
-    """
-    install(session)
-    session.run("python", "-m", "shardspec.conformance", "report", *session.posargs, "reports/conformance.json",
-                "-o", "reports/html")
 
 
 @nox.session
