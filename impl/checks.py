@@ -19,7 +19,6 @@ slot range (INV-REJECT-INVALID) and the shapes of what the kernels read.
 
 from __future__ import annotations
 
-from typing import Optional
 
 import numpy as np
 import torch
@@ -110,7 +109,7 @@ def check_slot_range(slots: np.ndarray, max_num_reqs: int, rank) -> None:
 
 
 def check_input_batch(batch: InputBatch, *, max_num_reqs: int, max_num_logits_per_req: int, rank=None,
-                      compare_device_copies: Optional[bool] = None) -> tuple[np.ndarray, np.ndarray, int]:
+                      compare_device_copies: bool | None = None) -> tuple[np.ndarray, np.ndarray, int]:
     """Every check of the batch; returns :func:`cu_counts` and the width W.
 
     ``compare_device_copies``: compare the values of the device copies with the host copies; None
@@ -141,7 +140,7 @@ def check_input_batch(batch: InputBatch, *, max_num_reqs: int, max_num_logits_pe
     return cu, counts, width
 
 
-def _check_slots(batch: InputBatch, max_num_reqs: int, rank, compare: Optional[bool]) -> Optional[np.ndarray]:
+def _check_slots(batch: InputBatch, max_num_reqs: int, rank, compare: bool | None) -> np.ndarray | None:
     """Host slots, then the device copy; returns the values of the device copy of cu_num_logits, read
     in the same wait, or None where they are not compared (or its dtype is not an integer one, which
     PRE-DTYPES rejects before any comparison)."""
@@ -260,7 +259,7 @@ def check_grammar_output(grammar: GrammarOutput, batch: InputBatch, position: di
               "(one per logits row of the listed requests)", rank=rank)
 
 
-def check_local_output(local_output: Optional[SamplerOutput], num_local_reqs: int, num_local_logits: int, *,
+def check_local_output(local_output: SamplerOutput | None, num_local_reqs: int, num_local_logits: int, *,
                        gather_num_nans: bool, logprobs_dims, rank=None) -> None:
     # Replicated, so checked first: a rank that owns nothing rejects it too.
     if logprobs_dims is not None and (len(logprobs_dims) != 2 or min(logprobs_dims) < 0):

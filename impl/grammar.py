@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Optional
 
 import numpy as np
 import torch
@@ -11,7 +10,7 @@ from shardspec.spec.model import GrammarOutput
 
 
 def local_grammar_output(grammar: GrammarOutput, position: dict, owned: np.ndarray,
-                         cu: np.ndarray) -> Optional[GrammarOutput]:
+                         cu: np.ndarray) -> GrammarOutput | None:
     """The owned requests' ids (grammar order) and a copy of their bitmask rows; None if none is owned.
 
     ``position`` maps a request id to its batch position, ``owned`` is a boolean per batch

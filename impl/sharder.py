@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import os
 from operator import itemgetter
-from typing import Optional
 
 import numpy as np
 import torch
@@ -67,7 +66,7 @@ class ProductionSharder:
         comm: Communicator,
         device: torch.device | str = "cpu",
         check_preconditions: bool = True,
-        check_device_copies: Optional[bool] = None,
+        check_device_copies: bool | None = None,
     ):
         """``check_device_copies``: with ``check_preconditions``, compare the values of idx_mapping and
         cu_num_logits with their host copies before launching (PRE-HOST-DEVICE-MATCH). None (default):
@@ -102,7 +101,7 @@ class ProductionSharder:
         self._a2a_recv = torch.empty(0, device=self.device)
 
     # -- step 1 ------------------------------------------------------------
-    def shard_sampler_inputs(self, batch: InputBatch, grammar: Optional[GrammarOutput]) -> ShardResult:
+    def shard_sampler_inputs(self, batch: InputBatch, grammar: GrammarOutput | None) -> ShardResult:
         rank, tp = self.rank, self.tp_size
         if self.check_preconditions:
             cu, counts, width = checks.check_input_batch(batch, max_num_reqs=self.max_num_reqs,
@@ -233,13 +232,13 @@ class ProductionSharder:
     # -- step 3 ------------------------------------------------------------
     def gather_sampler_output(
         self,
-        local_output: Optional[SamplerOutput],
+        local_output: SamplerOutput | None,
         metadata: BatchShardMetadata,
         global_batch: InputBatch,
         local_batch: InputBatch,
         *,
         gather_num_nans: bool = False,
-        logprobs_dims: Optional[tuple[int, int]] = None,
+        logprobs_dims: tuple[int, int] | None = None,
     ) -> SamplerOutput:
         num_local = metadata.num_local_reqs
         if self.check_preconditions:
@@ -258,7 +257,7 @@ class ProductionSharder:
             self.comm.all_gather_into_tensor(lp["recv_vals"], lp["send_vals"])
         return self._unpack(received, lp, metadata, global_batch, width, sampled_cols, num_cols, gather_num_nans)
 
-    def _wire_views(self, per_rank: int, width: int, sampled_cols: int, num_cols: Optional[int]):
+    def _wire_views(self, per_rank: int, width: int, sampled_cols: int, num_cols: int | None):
         """(send, receive, logprob buffers or None) of the all-gathers, shaped for this step; cached."""
         key = ("wire", per_rank, width, sampled_cols, num_cols)
         views = self._views.get(key)

@@ -6,7 +6,7 @@ of them, so no step allocates device memory for its plan or wire buffers.
 
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 import torch
 
