@@ -100,7 +100,8 @@ def build_site(report_paths: list[str], out_dir: pathlib.Path, bench: list[str] 
 
 LEGEND = [("fail", "a MUST invariant was violated"), ("warn", "a SHOULD invariant was violated"),
           ("xfail", "violated, and listed as an expected failure"), ("pass", "held in every case judged"),
-          ("n/a", "does not apply at this size"), ("not-run", "no case judged it"),
+          ("n/a", "does not apply, or no case at this size could judge it"),
+          ("not-run", "no case ran there, or no checker exists"),
           ("unknown", "a verdict this version does not know")]
 
 

@@ -164,21 +164,27 @@ def make_cell(section: Section, invariant_id: str, column: Column) -> Cell:
     level = section.levels.get(invariant_id, "MUST")
     failing = failing_cases(section, invariant_id, tp, level) if given.verdict in FAILING else []
     count = given.count if given.count is not None else len(failing)
-    cell = Cell(column, given.verdict, given.text, _judged(section, invariant_id, tp, given), count)
+    text = "no case at this size could judge it" if given.verdict == NA else given.text
+    cell = Cell(column, given.verdict, text, _judged(section, invariant_id, tp, given), count)
     cell.failing = failing[:CASES_PER_DETAIL]
     return cell
 
 
 def _judged(section: Section, invariant_id: str, tp: int, given: TableCell) -> int | None:
-    """The report's count where it gives one; else the cases that ran at that size."""
+    """The report's count where it gives one; else the cases that judged it (or ran) at that size.
+
+    The run rows count cases, not judgements: cases that ran, or that were selected.
+    """
+    cases = section.cases_at(tp)
+    if invariant_id in RUN_ROWS:
+        return len(cases) if invariant_id == NOT_RUN_ROW else sum(c.status != NOT_RUN for c in cases)
     if given.judged is not None:
         return given.judged
-    if given.verdict in (NA, NOT_RUN):
-        return 0 if given.verdict == NOT_RUN else None
-    cases = section.cases_at(tp)
-    if invariant_id == NOT_RUN_ROW:
-        return len(cases)
-    return sum(c.status != NOT_RUN for c in cases)
+    if given.verdict == NOT_RUN:
+        return 0
+    if all(c.judged is not None for c in cases):
+        return sum(invariant_id in c.judged for c in cases)
+    return None if given.verdict == NA else sum(c.status != NOT_RUN for c in cases)
 
 
 def failing_cases(section: Section, invariant_id: str, tp: int, level: str) -> list[FailingCase]:

@@ -8,7 +8,8 @@ are used when present and derived when absent:
   ``{"verdict": "fail", "judged": 27}``; a row may carry ``"judged": {tp: n}``;
 - a violation may carry its ``"level"`` (else the spec's level of its invariant);
 - a case may carry ``"case_yaml"``, its (minimal) case as YAML (else the file
-  its reproduce command names, when that file still exists);
+  its reproduce command names, when that file still exists), and ``"judged"``,
+  the invariants it judged;
 - cells may read ``"n/a"``; sections may list ``"not_applicable"`` sizes.
 
 Anything that is not a conformance report raises :class:`ReportError` with one
@@ -52,6 +53,7 @@ class CaseRecord:
     reason: str = ""
     reproduce: str = ""
     case_yaml: str | None = None
+    judged: tuple[str, ...] | None = None  # the invariants this case judged, where the report says
 
 
 @dataclass
@@ -178,10 +180,12 @@ def _parse_case(raw: Any, path: str, place: str) -> CaseRecord:
              "is not a list of mappings")
     reproduce = str(raw.get("reproduce") or "")
     case_yaml = raw.get("case_yaml")
+    judged = raw.get("judged")
     return CaseRecord(case_id=raw["case_id"], tp=int(raw["tp"]), status=str(raw.get("status", "")),
                       violations=tuple(violations), errors=tuple(errors), reason=str(raw.get("reason") or ""),
                       reproduce=reproduce,
-                      case_yaml=case_yaml if isinstance(case_yaml, str) else _case_file_text(reproduce))
+                      case_yaml=case_yaml if isinstance(case_yaml, str) else _case_file_text(reproduce),
+                      judged=tuple(map(str, judged)) if isinstance(judged, list) else None)
 
 
 def _is_int(value: Any) -> bool:

@@ -4,7 +4,6 @@ import json
 
 import pytest
 from png import png_size, tiny_png
-
 from shardspec.conformance.report_bench import collect_bench_files, json_tables, load_bench
 from shardspec.conformance.report_model import ReportError
 

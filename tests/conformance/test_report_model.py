@@ -9,11 +9,18 @@ import json
 import pathlib
 
 import pytest
-
 from shardspec.conformance.report import ERRORS_ROW, NOT_RUN_ROW
 from shardspec.conformance.report_matrix import (
-    NEWLY_FAILING, NEWLY_JUDGED, NEWLY_PASSING, NO_LONGER_JUDGED, OTHER_GROUP, Column, build_matrix, diff_runs,
-    diff_sections, make_cell,
+    NEWLY_FAILING,
+    NEWLY_JUDGED,
+    NEWLY_PASSING,
+    NO_LONGER_JUDGED,
+    OTHER_GROUP,
+    Column,
+    build_matrix,
+    diff_runs,
+    diff_sections,
+    make_cell,
 )
 from shardspec.conformance.report_model import ReportError, load_report, parse_report, parse_verdict, report_names
 from shardspec.spec.loader import load_spec

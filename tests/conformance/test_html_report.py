@@ -1,0 +1,121 @@
+"""The HTML report, built from recorded runs and opened in headless Chromium.
+
+The browser tests need Debian's ``chromium`` (``.ci/run`` installs it where it can; or point
+SHARDSPEC_CHROMIUM at another Chromium). Without it they are skipped, and pytest's summary
+(``-ra``) says why.
+"""
+
+import json
+import pathlib
+
+import pytest
+from chromium_cdp import Chromium, find_chromium
+from png import png_size, tiny_png
+from shardspec.conformance.html_report import main
+from shardspec.conformance.report_matrix import RUN_ROWS
+from shardspec.spec.loader import load_spec
+
+DATA = pathlib.Path(__file__).parent / "data"
+RUNS = [DATA / "run-v1.json", DATA / "run-v2.json"]
+WIDTH, HEIGHT = 1600, 1000
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory):
+    out = tmp_path_factory.mktemp("report")
+    bench = tmp_path_factory.mktemp("bench")
+    (bench / "step.png").write_bytes(tiny_png(40, 20))
+    (bench / "h200.json").write_text(json.dumps({"rows": [{"tp": 8, "production.step": {"wall_us": 167.0}}]}))
+    assert main([*map(str, RUNS), "-o", str(out), "--bench", str(bench)]) == 0
+    return out
+
+
+@pytest.fixture(scope="module")
+def browser():
+    executable = find_chromium()
+    if executable is None:
+        pytest.skip("headless Chromium not found: install Debian's chromium (apt-get install chromium) "
+                    "or set SHARDSPEC_CHROMIUM; the HTML report's browser tests did not run")
+    with Chromium(executable, WIDTH, HEIGHT) as chromium:
+        yield chromium
+
+
+def expected_shape():
+    """Rows: the spec's invariants, any the runs checked beyond them, the run rows; columns: every
+    (run, entry, tp) of the recorded JSON."""
+    spec_ids = {inv.id for inv in load_spec().invariants if not inv.retired}
+    reports = [json.loads(path.read_text()) for path in RUNS]
+    checked = {row["invariant"] for r in reports for s in r["sections"] for row in s["table"]}
+    rows = len(spec_ids | (checked - set(RUN_ROWS))) + len(RUN_ROWS)
+    columns = sum(len(s["tp_sizes"]) for r in reports for s in r["sections"])
+    return rows, columns
+
+
+def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys):
+    not_json, not_report = tmp_path / "a.json", tmp_path / "b.json"
+    not_json.write_text("{")
+    not_report.write_text('{"results": []}')
+    for path, problem in ((tmp_path / "missing.json", "no such file"), (not_json, "not JSON"),
+                          (not_report, "not a conformance report")):
+        assert main([str(RUNS[0]), str(path), "-o", str(tmp_path / "out")]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and str(path) in err and problem in err
+    assert not (tmp_path / "out" / "index.html").exists()
+
+
+def test_the_folder_needs_nothing_from_the_network(site):
+    assert sorted(p.name for p in site.iterdir()) == ["bench", "bench.html", "diff.html", "index.html"]
+    for page in site.glob("*.html"):
+        html = page.read_text()
+        assert "http://" not in html and "https://" not in html, page.name
+        assert "<link" not in html and "<script src" not in html, page.name
+
+
+@pytest.mark.browser
+def test_the_matrix_renders_and_a_failing_cell_opens_its_detail(site, browser, tmp_path):
+    browser.open((site / "index.html").as_uri())
+    rows, columns = expected_shape()
+    assert browser.evaluate("document.querySelectorAll('#matrix tr.invariant').length") == rows
+    assert browser.evaluate("document.querySelectorAll('#matrix td.cell').length") == rows * columns
+    assert browser.evaluate("document.querySelector('#matrix tr.invariant').querySelectorAll('td.cell').length") \
+        == columns
+    # Every resource the page loaded came from the folder itself.
+    schemes = browser.evaluate("performance.getEntriesByType('resource').map(e => e.name.split(':')[0])")
+    assert set(schemes) <= {"file"}
+
+    cell = 'tr[data-invariant="INV-OWNER"] td[data-column="run-v2|regression_adapter:make_sharder|2"]'
+    assert browser.evaluate(f"document.querySelector('{cell}').dataset.verdict") == "fail"
+    detail = browser.evaluate(f"document.querySelector('{cell} a').getAttribute('href')")
+    shown = f"getComputedStyle(document.querySelector('{detail}')).display"
+    assert browser.evaluate(shown) == "none"
+    browser.click(f"{cell} a")
+    assert browser.evaluate(shown) == "block"
+    text = browser.evaluate(f"document.querySelector('{detail}').innerText")
+    assert "tp2-decode" in text and "is owned by rank" in text
+    assert "reproduce: python -m shardspec.conformance --impl regression_adapter:make_sharder --case tp2-decode" in text
+    assert browser.evaluate(f"document.querySelector('{cell}').classList.contains('selected')")
+
+    screenshot = browser.screenshot()
+    (tmp_path / "matrix.png").write_bytes(screenshot)
+    assert png_size(screenshot) == (WIDTH, HEIGHT)
+
+
+@pytest.mark.browser
+def test_the_diff_page_shows_the_regression(site, browser):
+    browser.open((site / "diff.html").as_uri())
+    section = '.diff[data-implementation="regression_adapter:make_sharder"]'
+    rows = f"""document.querySelectorAll('{section} table[data-kind="newly failing"] tr')"""
+    failing = browser.evaluate(f"Array.from({rows}).slice(1).map(tr => Array.from(tr.cells).map(td => td.innerText))")
+    assert ["INV-OWNER", "2", "pass", "fail", "tp2-decode"] in failing
+    judged = browser.evaluate(f"document.querySelector('{section} .count[data-kind=\"newly judged\"]').innerText")
+    assert judged.startswith("newly judged: ") and int(judged.split(": ")[1]) > 0
+    unchanged = '.diff[data-implementation="reference/production"] .count[data-kind="newly failing"]'
+    assert browser.evaluate(f"document.querySelector('{unchanged}').innerText") == "newly failing: 0"
+
+
+@pytest.mark.browser
+def test_the_bench_page_shows_the_plot_and_the_table(site, browser):
+    browser.open((site / "bench.html").as_uri())
+    assert browser.evaluate("document.querySelector('img.plot').naturalWidth") == 40
+    cells = browser.evaluate("Array.from(document.querySelectorAll('table.bench td')).map(td => td.innerText)")
+    assert cells == ["8", "production.step", "167"]
