@@ -234,7 +234,7 @@ class _Settler:
             if index in self.results:
                 continue
             transcripts = self.follower.transcripts.get(index, {})
-            if transcripts or culprit or not self.follower.left_on_purpose:
+            if transcripts or not self.follower.left_on_purpose:
                 self.settle(index, transcripts, ended, culprit)
             return
 
