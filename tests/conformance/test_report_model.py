@@ -3,6 +3,7 @@
 run-v1.json and run-v2.json (tests/conformance/data, recorded by record.sh) are two runs of one
 implementation, ``regression_adapter:make_sharder``: conforming in v1, owners computed wrongly in v2
 (plus tp 3 judged only in v2); ``reference/production`` runs in both and passes.
+run-v1-legacy-format.json is v1 in the format written before reports counted judgements.
 """
 
 import json
@@ -116,20 +117,34 @@ def test_rows_are_the_spec_grouped_by_step_then_the_run(spec, runs):
 def test_cells_carry_verdict_judged_count_and_failing_cases(spec, runs):
     matrix = build_matrix(runs, spec)
     owner = _cell(matrix, "INV-OWNER", "run-v2", ADAPTER, 2)
-    assert (owner.verdict, owner.judged, owner.failing_count, owner.label) == ("fail", 3, 1, "fail 1/3")
+    # three cases at tp 2, one of which ended in an error: two judged INV-OWNER (the report's count)
+    assert (owner.verdict, owner.judged, owner.failing_count, owner.label) == ("fail", 2, 1, "fail 1/2")
     assert [c.case_id for c in owner.failing] == ["tp2-decode"] and owner.detail_id
     assert "--case tp2-decode" in owner.failing[0].reproduce
     assert {m.where.split(",")[0] for m in owner.failing[0].messages} == {"rank 0", "rank 1"}
     passing = _cell(matrix, "INV-OWNER", "run-v2", ADAPTER, 1)
     assert (passing.verdict, passing.label, passing.detail_id) == ("pass", "pass 1", None)
     assert _cell(matrix, "INV-OWNER", "run-v2", MIXED, 1).verdict == "n/a"
-    warn = _cell(matrix, "INV-REJECT-NAMES-PRECONDITION", "run-v2", ADAPTER, 2)
-    assert warn.verdict == "warn" and [c.case_id for c in warn.failing] == ["tp2-error-local-output-rows"]
+    rejected = _cell(matrix, "INV-REJECT-INVALID", "run-v2", ADAPTER, 2)
+    assert rejected.label == "fail 1/1" and [c.case_id for c in rejected.failing] == ["tp2-error-local-output-rows"]
+    # no invalid-input case at tp 1: nothing judged the rejection there
+    unjudged = _cell(matrix, "INV-REJECT-INVALID", "run-v2", ADAPTER, 1)
+    assert (unjudged.verdict, unjudged.judged, unjudged.label, unjudged.detail_id) == ("n/a", 0, "n/a", None)
+
+
+def test_judged_counts_are_derived_from_reports_without_them(spec):
+    legacy = load_report(DATA / "run-v1-legacy-format.json")  # written before reports counted judgements
+    assert all(c.judged is None for s in legacy.sections for c in s.cases)
+    matrix = build_matrix([legacy], spec)
+    ran = {tp: sum(c.tp == tp and c.status != "not-run" for c in legacy.section(ADAPTER).cases) for tp in (1, 2)}
+    for tp in (1, 2):
+        cell = _cell(matrix, "INV-OWNER", "run-v1-legacy-format", ADAPTER, tp)
+        assert (cell.verdict, cell.judged) == ("pass", ran[tp])
 
 
 def test_the_errors_row_shows_what_each_rank_raised(spec, runs):
     errors = _cell(build_matrix(runs, spec), ERRORS_ROW, "run-v2", ADAPTER, 2)
-    assert (errors.verdict, errors.failing_count) == ("fail", 1)
+    assert (errors.verdict, errors.failing_count, errors.judged) == ("fail", 1, 3)  # 1 of the 3 cases that ran
     case = errors.failing[0]
     assert case.case_id == "tp2-explicit-missing-logprobs"
     assert any(m.where.startswith("rank ") and "Error" in m.text for m in case.messages)
@@ -194,7 +209,7 @@ def test_the_diff_shows_the_regression(runs):
     failing = _changes(regression, NEWLY_FAILING)
     assert failing[("INV-OWNER", 2)].new_failing_cases == ("tp2-decode",)
     assert (failing[("INV-OWNER", 2)].old, failing[("INV-OWNER", 2)].new) == ("pass", "fail")
-    assert failing[("INV-REJECT-NAMES-PRECONDITION", 2)].new == "warn"
+    assert failing[("INV-REJECT-INVALID", 2)].new_failing_cases == ("tp2-error-local-output-rows",)
     assert failing[(ERRORS_ROW, 2)].new_failing_cases == ("tp2-explicit-missing-logprobs",)
     assert ("INV-OWNER", 1) not in failing  # tp 1 has one owner: still passes
     judged = _changes(regression, NEWLY_JUDGED)

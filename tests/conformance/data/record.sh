@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Re-records the conformance reports the HTML report's tests read (a few fixture cases each,
 # so that the files stay small). Run from the repository root: bash tests/conformance/data/record.sh
+# run-v1-legacy-format.json is not re-recorded: it is run-v1 as written before reports counted the
+# cases that judged each invariant, kept to test that the HTML report derives what such reports lack.
 set -uo pipefail
 data="$(pwd)/tests/conformance/data"
 export PYTHONPATH="$data${PYTHONPATH:+:$PYTHONPATH}"
