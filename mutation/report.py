@@ -60,8 +60,8 @@ def _cwd(path: Path):
         os.chdir(previous)
 
 
-def collect_results(snapshot: Path, folders: list[str]) -> list[Mutant]:
-    """Every mutant of the folders, with its status and, unless killed, its diff."""
+def collect_results(snapshot: Path, folders: list[str], with_diffs: bool = True) -> list[Mutant]:
+    """Every mutant of the folders, with its status and, unless caught, its diff."""
     mutants = []
     with _cwd(snapshot):
         for folder in folders:
@@ -70,7 +70,7 @@ def collect_results(snapshot: Path, folders: list[str]) -> list[Mutant]:
                 exit_codes = json.loads(meta.read_text())["exit_code_by_key"]
                 for name, code in sorted(exit_codes.items()):
                     status = status_by_exit_code[code]
-                    diff = "" if status in CAUGHT else get_diff_for_mutant(name, path=source)
+                    diff = get_diff_for_mutant(name, path=source) if with_diffs and status not in CAUGHT else ""
                     mutants.append(Mutant(name, folder, status, diff))
     return mutants
 
