@@ -51,12 +51,14 @@ def check_input_batch(batch: InputBatch, *, max_num_reqs: int, max_num_logits_pe
     )
     _require(num_reqs <= max_num_reqs, "PRE-CAPACITY-REQS", "num_reqs",
              f"{num_reqs} requests exceed the sharder's capacity max_num_reqs={max_num_reqs}", rank=rank)
-    _require(len(set(batch.req_ids)) == num_reqs, "PRE-REQ-IDS-UNIQUE", "req_ids",
-             "request ids are not unique", request=_duplicate_position(batch.req_ids), rank=rank)
     _check_slots(batch, max_num_reqs, rank)
     cu = _check_cu_num_logits(batch, max_num_logits_per_req, rank)
     _check_token_layout(batch, cu, rank)
     _check_drafts(batch, cu, rank)
+    # Last: its outcome is undefined, so a batch that also breaks a must-reject precondition
+    # names that one (and a slot shared by two requests is not reported as a shared id).
+    _require(len(set(batch.req_ids)) == num_reqs, "PRE-REQ-IDS-UNIQUE", "req_ids",
+             "request ids are not unique", request=_duplicate_position(batch.req_ids), rank=rank)
 
 
 def _duplicate_position(items: list) -> Optional[int]:

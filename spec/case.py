@@ -15,6 +15,7 @@ from typing import Optional, Union
 import torch
 
 from shardspec.spec.builders import build_grammar_output, build_input_batch, build_token_logits
+from shardspec.spec.case_edits import check_edit_names, edit_inputs, edit_logits_shard
 from shardspec.spec.layouts import check_case_layout, lay_out_batch, lay_out_grammar, lay_out_tensor, logits_dtype_of
 from shardspec.spec.model import GrammarOutput, InputBatch, LogprobsTensors, SamplerOutput
 
@@ -81,6 +82,11 @@ class Case:
     layouts: dict[str, str] = field(default_factory=dict)
     # dtype of the logits (the logits shard handed to all_to_all_logits): float32, bfloat16, float16.
     logits_dtype: str = "float32"
+    # Extension fields the sampler returns and the gather is asked for: name -> {per, dtype, shape}
+    # (spec/case_edits.py, CL-EXTENSION-FIELDS).
+    extensions: dict[str, dict] = field(default_factory=dict)
+    # Named edits of the built inputs (spec/case_edits.py): violations on purpose, or valid variants.
+    edits: list[str] = field(default_factory=list)
 
     @property
     def padded_vocab_size(self) -> int:
@@ -111,6 +117,8 @@ def build_case_inputs(case: Case, device: torch.device | str = "cpu") -> CaseInp
     num_tokens = int(batch.query_start_loc[-1]) if batch.num_reqs else 0
     logits = build_token_logits(max(num_tokens, 1), case.padded_vocab_size, seed=case.seed,
                                 nan_rows=[t for t in case.nan_tokens if t < num_tokens])
+    check_edit_names(case.edits)
+    batch, grammar = edit_inputs(batch, grammar, case.edits)
     return CaseInputs(batch=lay_out_batch(batch, case.layouts), grammar=lay_out_grammar(grammar, case.layouts),
                       token_logits=logits.to(device, logits_dtype_of(case.logits_dtype)))
 
@@ -120,4 +128,4 @@ def local_logits_shard(inputs: CaseInputs, sorted_logits_indices: torch.Tensor, 
     width = case.shard_width
     rows = inputs.token_logits[sorted_logits_indices.to(inputs.token_logits.device)]
     shard = rows[:, rank * width : (rank + 1) * width].contiguous()
-    return lay_out_tensor(shard, case.layouts.get("logits_shard", "contiguous"))
+    return lay_out_tensor(edit_logits_shard(shard, case.edits), case.layouts.get("logits_shard", "contiguous"))

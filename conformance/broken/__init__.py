@@ -96,7 +96,10 @@ CORPUS: list[Entry] = [
     _entry("sanitizes-logits-in-place", "exchange", "SanitizesLogitsInPlace", "decode"),
     _entry("accepts-beyond-capacity", "rejection", "AcceptsBeyondCapacity",
            "error-capacity-reqs", "error-capacity-logits", "error-slot-range"),
-    _entry("anonymous-errors", "rejection", "AnonymousErrors", "error-slot-range", "error-zero-logits"),
+    _entry("anonymous-errors", "rejection", "AnonymousErrors", "error-logits-tail"),
+    # what engines add: extension fields, their own batch fields
+    _entry("drops-extension-field", "extensions", "DropsExtensionField", "extensions"),
+    _entry("rebuilds-local-batch", "extensions", "RebuildsLocalBatch", "engine-batch"),
 ]
 
 CORPUS += [

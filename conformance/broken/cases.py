@@ -83,8 +83,23 @@ SLOT_RANGE = _case("error-slot-range", slots=[3, 64], num_logits_per_req=[1, 1],
 ZERO_LOGITS = _case("error-zero-logits", slots=[0, 1, 2], num_logits_per_req=[1, 0, 2],
                     expect_error="PRE-LOGITS-PER-REQ")
 
+# A precondition whose outcome is undefined, which the reference rejects anyway.
+LOGITS_TAIL = _case("error-logits-tail", slots=[0, 1, 2], num_logits_per_req=[1, 1, 1],
+                    edits=["logits-indices-reversed"], expect_error="PRE-LOGITS-TAIL")
+
+# Extension fields of three dtypes and both kinds; rank 2 owns nothing (spec decode rows on rank 0).
+EXTENSIONS = _case("extensions", tp_size=3, slots=[0, 3, 1, 4], num_logits_per_req=[1, 2, 1, 1], extensions={
+    "sampling_mask": {"per": "logits_row", "dtype": "int32", "shape": [4]},
+    "asked": {"per": "request", "dtype": "bool"},
+    "temperature": {"per": "request", "dtype": "bfloat16", "shape": [2]},
+})
+
+# An engine's batch type with a field the spec does not list.
+ENGINE_BATCH = _case("engine-batch", slots=[0, 1, 2], num_logits_per_req=[1, 1, 1], edits=["engine-batch-field"])
+
 ALL = [DECODE, SPEC, GRAMMAR, GRAMMAR_ONE_RANK, IDLE_RANK, EMPTY, TOKEN_IDS_WIDER, WIDTHS, NARROW_LOGPROBS,
-       MISSING_LOGPROBS, CAPACITY_REQS, CAPACITY_LOGITS, SLOT_RANGE, ZERO_LOGITS]
+       MISSING_LOGPROBS, CAPACITY_REQS, CAPACITY_LOGITS, SLOT_RANGE, ZERO_LOGITS, LOGITS_TAIL, EXTENSIONS,
+       ENGINE_BATCH]
 # SPEC's batch with every batch field and the logits shard passed as views (spec/layouts.py):
 # every other element of an interleaved buffer, or a slice three elements into its storage.
 _VIEWED = BATCH_TENSORS + BATCH_ARRAYS + ("logits_shard",)

@@ -20,17 +20,23 @@ class GarbageWirePadding(ReferenceSharder):
     def gather_sampler_output(self, local_output, metadata, global_batch, local_batch, **kwargs):
         self._layout = (metadata, np.asarray(local_batch.cu_num_logits_np, dtype=np.int64))
         self._gathers_issued = 0
+        # Kind of each all_gather in order: per request or per logits row (extension fields last).
+        extensions = kwargs.get("extension_fields") or {}
+        logprobs = ["logits_row"] * (2 if kwargs.get("logprobs_dims") is not None else 0)
+        self._kinds = ["request", *logprobs, *(spec.per for spec in extensions.values())]
         return super().gather_sampler_output(local_output, metadata, global_batch, local_batch, **kwargs)
 
     def _all_gather(self, send):
         metadata, cu = self._layout
         padding = torch.ones(send.shape[0], dtype=torch.bool, device=send.device)
-        if self._gathers_issued == 0:  # the sampled buffer: one row per local request
+        if self._kinds[self._gathers_issued] == "request":  # one row per local request
             padding[: metadata.num_local_reqs] = False
-        else:  # logprob buffers: row j * W + p carries local request j's p-th row
+        else:  # per-row buffers: row j * W + p carries local request j's p-th row
             width = metadata.max_num_logits_per_req
             for j, count in enumerate(np.diff(cu)):
                 padding[j * width: j * width + int(count)] = False
         self._gathers_issued += 1
         junk = float("nan") if send.is_floating_point() else GARBAGE_ID
-        return super()._all_gather(send.masked_fill(padding.unsqueeze(1), junk))
+        junk = True if send.dtype == torch.bool else junk
+        mask = padding.reshape(-1, *[1] * (send.dim() - 1))
+        return super()._all_gather(send.masked_fill(mask, junk))

@@ -9,6 +9,7 @@ once, under the first invariant of the step that raised
 
 from shardspec.conformance.checks import (  # noqa: F401  (imported to register)
     all_to_all,
+    extensions,
     gather,
     grammar,
     local_batch,
@@ -17,6 +18,7 @@ from shardspec.conformance.checks import (  # noqa: F401  (imported to register)
     ownership,
     rejection,
     step,
+    unlisted_fields,
     wire,
 )
 from shardspec.conformance.checks.base import GROUP_CHECKERS, RANK_CHECKERS

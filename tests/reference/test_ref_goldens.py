@@ -39,7 +39,7 @@ def test_full_step_matches_golden(case):
     traces = run_reference_case(case, inputs)
     assert len(traces) == len(golden) == case.tp_size
     for trace, expected in zip(traces, golden):
-        actual = encode_trace(trace, inputs)
+        actual = encode_trace(trace, inputs, case)
         for section in ("shard", "all_to_all", "local_output", "wire", "gathered"):
             assert actual[section] == expected[section], f"rank {trace.rank}: {section} differs from the golden"
 
@@ -57,6 +57,7 @@ def test_all_to_all_rows_come_from_the_owned_tokens(case):
 @pytest.mark.parametrize("case", STEP_CASES, ids=lambda c: c.case_id)
 def test_wire_sequence_is_the_same_on_every_rank(case):
     expected = ["logits", "sampled"] + (["logprob_ids", "logprobs"] if case.logprobs_dims is not None else [])
+    expected += [f"extension:{name}" for name in case.extensions]
     shapes = None
     for rank_golden in load_golden(case.case_id)["ranks"]:
         wire = rank_golden["wire"]

@@ -18,7 +18,7 @@ from shardspec.comm import LoopbackComm
 from shardspec.reference import ReferenceSharder
 from shardspec.spec.builders import build_grammar_output, build_input_batch
 from shardspec.spec.errors import PreconditionError
-from shardspec.spec.model import LogprobsTensors, SamplerOutput
+from shardspec.spec.model import ExtensionSpec, LogprobsTensors, SamplerOutput
 
 TP = 2
 SLOTS = [4, 1, 6, 3, 0]
@@ -81,6 +81,24 @@ def _drafts_off_by_one():
     return replace(batch, num_draft_tokens_per_req=drafts, num_draft_tokens=int(drafts.sum()))
 
 
+def _all_to_all_rows(extra: int):
+    batch = build_input_batch(SLOTS, COUNTS)
+    sharder = _sharder()
+    shard = sharder.shard_sampler_inputs(batch, None)
+    sharder.all_to_all_logits(torch.zeros(batch.num_logits + extra, 64), shard.metadata)
+
+
+def _gather_extensions(declared, carried):
+    """Gather with ``declared`` extension fields; the local output carries ``carried(local_batch)``."""
+    batch = build_input_batch(SLOTS, COUNTS)
+    sharder = _sharder()
+    shard = sharder.shard_sampler_inputs(batch, None)
+    output = replace(_output(shard.local_batch), extensions=carried(shard.local_batch))
+    sharder.gather_sampler_output(output, shard.metadata, batch, shard.local_batch, extension_fields=declared)
+
+
+MASK = ExtensionSpec(per="logits_row", dtype=torch.int32, shape=(4,))
+
 # precondition ID -> (call that violates it, field named, batch position named or None)
 VIOLATIONS = {
     "PRE-BATCH-SIZE": (lambda: _shard(_batch(num_reqs=4)), "num_reqs", None),
@@ -113,7 +131,27 @@ VIOLATIONS = {
     "PRE-LOCAL-OUTPUT": (lambda: _gather(lambda local: _output(local, num_rows=local.num_reqs + 1)),
                          "sampled_token_ids", None),
     "PRE-LOGPROBS-DIMS": (lambda: _gather(_output, logprobs_dims=(2, -1)), "logprobs_dims", None),
+    "PRE-LOGITS-SHARD": (lambda: _all_to_all_rows(1), "logits_shard", None),
+    "PRE-EXTENSION-FIELDS": (lambda: _gather_extensions(
+        None, lambda local: {"mask": torch.zeros(local.num_logits, 4, dtype=torch.int32)}), "extensions.mask", None),
+    "PRE-EXTENSION-SUPPORTED": (lambda: _gather_extensions(
+        {"counts": ExtensionSpec(per="request", dtype=torch.int16)}, lambda local: None), "extension_fields", None),
 }
+
+
+@pytest.mark.parametrize("carried", [
+    pytest.param(lambda local: {}, id="declared-but-missing"),
+    pytest.param(lambda local: {"mask": torch.zeros(local.num_logits, 4, dtype=torch.int64)}, id="wrong-dtype"),
+    pytest.param(lambda local: {"mask": torch.zeros(local.num_reqs, 4, dtype=torch.int32)}, id="per-request-rows"),
+])
+def test_extension_field_variants_are_rejected(carried):
+    with pytest.raises(PreconditionError) as caught:
+        _gather_extensions({"mask": MASK}, carried)
+    assert caught.value.precondition_id == "PRE-EXTENSION-FIELDS"
+
+
+def test_declared_extension_field_with_matching_tensor_is_accepted():
+    _gather_extensions({"mask": MASK}, lambda local: {"mask": torch.zeros(local.num_logits, 4, dtype=torch.int32)})
 
 
 def _precondition_ids_in_reference() -> set[str]:

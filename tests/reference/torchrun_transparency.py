@@ -19,6 +19,7 @@ from shardspec.fixtures.run import local_sampler_output
 from shardspec.reference import ReferenceSharder
 from shardspec.reference.sampler import replicated_output
 from shardspec.spec.case import Case, build_case_inputs, local_logits_shard
+from shardspec.spec.case_edits import gather_options
 
 
 def cases_for(tp: int) -> list[Case]:
@@ -40,7 +41,8 @@ def disagreements(case: Case, comm) -> list[str]:
                                      shard.metadata)
     local_output = local_sampler_output(case, comm.rank, full, shard)
     got = sharder.gather_sampler_output(local_output, shard.metadata, inputs.batch, shard.local_batch,
-                                        gather_num_nans=case.gather_num_nans, logprobs_dims=case.logprobs_dims)
+                                        gather_num_nans=case.gather_num_nans, logprobs_dims=case.logprobs_dims,
+                                        **gather_options(case.extensions))
     token_logits = inputs.token_logits[inputs.batch.logits_indices][:, : case.vocab_size]
     want = replicated_output(token_logits, inputs.batch, inputs.grammar,
                              gather_num_nans=case.gather_num_nans, logprobs_dims=case.logprobs_dims)

@@ -1,0 +1,30 @@
+"""Broken handling of what engines add to the step: extension fields, unlisted batch fields."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import replace
+
+from shardspec.reference import ReferenceSharder
+from shardspec.spec.model import InputBatch
+
+
+class DropsExtensionField(ReferenceSharder):
+    """INV-GATHER-EXTENSIONS: the first declared extension field is gathered but left out of the result."""
+
+    def gather_sampler_output(self, local_output, metadata, global_batch, local_batch, **kwargs):
+        gathered = super().gather_sampler_output(local_output, metadata, global_batch, local_batch, **kwargs)
+        if not gathered.extensions:
+            return gathered
+        dropped = next(iter(gathered.extensions))
+        return replace(gathered, extensions={k: v for k, v in gathered.extensions.items() if k != dropped})
+
+
+class RebuildsLocalBatch(ReferenceSharder):
+    """INV-LOCAL-UNLISTED-FIELDS: the local batch is rebuilt as a plain InputBatch, losing the engine's fields."""
+
+    def shard_sampler_inputs(self, batch, grammar):
+        result = super().shard_sampler_inputs(batch, grammar)
+        local = result.local_batch
+        plain = InputBatch(**{f.name: getattr(local, f.name) for f in dataclasses.fields(InputBatch)})
+        return result._replace(local_batch=plain)

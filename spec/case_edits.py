@@ -1,0 +1,171 @@
+"""Named edits of a case's inputs, and the extension fields a case declares.
+
+A case lists ``edits`` by name: each changes the inputs that :func:`build_case_inputs`
+built, at one stage of the step, either to violate one precondition on purpose
+(the case then sets ``expect_error``) or to give a valid input in a form the
+plain builders never produce (another integer dtype, an engine's own batch type).
+A case's ``extensions`` declare extension fields (CL-EXTENSION-FIELDS); every
+rank's sampler output then carries each one, filled with values that are a
+function of the request's slot and row position only, so a checker can tell
+from a gathered row which request it came from.
+"""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass, replace
+from typing import Callable, Optional
+
+import numpy as np
+import torch
+
+from shardspec.spec.model import ExtensionSpec, InputBatch, SamplerOutput
+
+# -- extension fields ---------------------------------------------------------------
+
+DTYPES = {"bool": torch.bool, "uint8": torch.uint8, "int8": torch.int8, "int16": torch.int16,
+          "int32": torch.int32, "int64": torch.int64, "float16": torch.float16, "bfloat16": torch.bfloat16,
+          "float32": torch.float32, "float64": torch.float64}
+
+
+def extension_fields(declared: dict) -> Optional[dict[str, ExtensionSpec]]:
+    """A case's declarations (name -> {per, dtype, shape}) as ExtensionSpecs; None when it declares none."""
+    if not declared:
+        return None
+    return {name: ExtensionSpec(per=d["per"], dtype=DTYPES[d["dtype"]], shape=tuple(d.get("shape", ())))
+            for name, d in declared.items()}
+
+
+def extension_rows(name: str, spec: ExtensionSpec, slots: np.ndarray, positions: np.ndarray) -> torch.Tensor:
+    """[len(slots), *E] values of the entries of (slot, row position) pairs, in ``spec.dtype``."""
+    salt = zlib.crc32(name.encode()) % 97
+    width = int(np.prod(spec.shape)) if spec.shape else 1
+    base = np.asarray(slots, dtype=np.int64) * 37 + np.asarray(positions, dtype=np.int64) * 11 + salt
+    values = base[:, None] + np.arange(width, dtype=np.int64)[None, :]
+    if spec.dtype == torch.bool:
+        data = torch.from_numpy(values % 2 == 1)
+    elif spec.dtype in (torch.uint8, torch.int8, torch.int16):
+        data = torch.from_numpy(values % 100).to(spec.dtype)
+    elif spec.dtype.is_floating_point:
+        data = (torch.from_numpy(values).to(torch.float64) / 4).to(spec.dtype)
+    else:
+        data = torch.from_numpy(values).to(spec.dtype)
+    return data.reshape(len(values), *spec.shape)
+
+
+def entry_keys(batch: InputBatch, per: str) -> tuple[np.ndarray, np.ndarray]:
+    """(slot, row position) of each entry of a field of kind ``per`` for ``batch``, in batch order."""
+    slots = np.asarray(batch.idx_mapping_np, dtype=np.int64)
+    if per == "request":
+        return slots, np.zeros_like(slots)
+    counts = np.diff(np.asarray(batch.cu_num_logits_np, dtype=np.int64))
+    positions = np.concatenate([np.arange(c) for c in counts]) if counts.size else np.zeros(0, np.int64)
+    return np.repeat(slots, counts), positions
+
+
+def batch_extension_values(name: str, spec: ExtensionSpec, batch: InputBatch, device) -> torch.Tensor:
+    """The field's values for every entry of ``batch`` (local or global), on ``device``."""
+    return extension_rows(name, spec, *entry_keys(batch, spec.per)).to(device)
+
+
+# -- named edits ----------------------------------------------------------------------
+
+@dataclass
+class EngineInputBatch(InputBatch):
+    """An engine's batch with a field this spec does not list (INV-LOCAL-UNLISTED-FIELDS)."""
+
+    engine_positions: Optional[torch.Tensor] = None
+
+
+def _batch(**changes) -> Callable:
+    return lambda batch, grammar: (replace(batch, **{k: f(batch) for k, f in changes.items()}), grammar)
+
+
+def _engine_batch(batch: InputBatch, grammar):
+    values = {f: getattr(batch, f) for f in batch.__dataclass_fields__}
+    positions = torch.arange(batch.num_reqs, dtype=torch.int64, device=batch.idx_mapping.device) * 3
+    return EngineInputBatch(**values, engine_positions=positions), grammar
+
+
+def _host_device_mismatch(batch: InputBatch) -> torch.Tensor:
+    # Another slot below the largest one, so only the host/device agreement is broken.
+    device_slots = batch.idx_mapping.clone()
+    device_slots[0] = (device_slots[0] + 1) % (int(batch.idx_mapping_np.max()) + 2)
+    return device_slots
+
+
+# stage "inputs": f(batch, grammar) -> (batch, grammar)
+INPUT_EDITS: dict[str, Callable] = {
+    "req-ids-short": _batch(req_ids=lambda b: b.req_ids[:-1]),
+    "req-ids-repeat": _batch(req_ids=lambda b: [*b.req_ids[:-1], b.req_ids[0]]),
+    "idx-mapping-float": _batch(idx_mapping=lambda b: b.idx_mapping.to(torch.float32)),
+    "host-device-mismatch": _batch(idx_mapping=_host_device_mismatch),
+    "cu-logits-from-one": _batch(cu_num_logits_np=lambda b: b.cu_num_logits_np + 1),
+    "query-start-loc-from-one": _batch(query_start_loc=lambda b: b.query_start_loc + 1),
+    "seq-lens-short": _batch(seq_lens=lambda b: b.seq_lens[:-1]),
+    "logits-indices-reversed": _batch(logits_indices=lambda b: b.logits_indices.flip(0)),
+    "expanded-pos-plus-one": _batch(expanded_local_pos=lambda b: b.expanded_local_pos + 1),
+    "draft-total-plus-one": _batch(num_draft_tokens=lambda b: b.num_draft_tokens + 1),
+    "grammar-bitmask-short": lambda b, g: (b, replace(g, grammar_bitmask=g.grammar_bitmask[:-1])),
+    # Valid inputs in forms the builders do not produce.
+    "idx-mapping-np-int32": _batch(idx_mapping_np=lambda b: np.asarray(b.idx_mapping_np, dtype=np.int32)),
+    "draft-counts-int64": _batch(num_draft_tokens_per_req=lambda b: None if b.num_draft_tokens_per_req is None
+                                 else np.asarray(b.num_draft_tokens_per_req, dtype=np.int64)),
+    "engine-batch-field": _engine_batch,
+}
+
+
+def _extra_row(out: SamplerOutput) -> SamplerOutput:
+    ids = out.sampled_token_ids
+    return replace(out, sampled_token_ids=torch.cat([ids, ids[:1]]))
+
+
+def _undeclared_extension(out: SamplerOutput) -> SamplerOutput:
+    mask = torch.ones(out.num_sampled.shape[0], dtype=torch.bool, device=out.num_sampled.device)
+    return replace(out, extensions={**(out.extensions or {}), "undeclared_mask": mask})
+
+
+# stage "logits_shard": f(tensor) -> tensor; stage "local_output": f(SamplerOutput) -> SamplerOutput
+LOGITS_SHARD_EDITS: dict[str, Callable] = {"logits-shard-extra-row": lambda s: torch.cat([s, s[:1]])}
+LOCAL_OUTPUT_EDITS: dict[str, Callable] = {"local-output-extra-row": _extra_row,
+                                           "extension-undeclared": _undeclared_extension}
+EDIT_NAMES = (*INPUT_EDITS, *LOGITS_SHARD_EDITS, *LOCAL_OUTPUT_EDITS)
+
+
+def check_edit_names(edits) -> None:
+    unknown = [name for name in edits if name not in EDIT_NAMES]
+    if unknown:
+        raise ValueError(f"unknown case edit(s) {unknown}; known: {', '.join(EDIT_NAMES)}")
+
+
+def edit_inputs(batch: InputBatch, grammar, edits) -> tuple:
+    for name in edits:
+        if name in INPUT_EDITS:
+            batch, grammar = INPUT_EDITS[name](batch, grammar)
+    return batch, grammar
+
+
+def edit_logits_shard(shard: torch.Tensor, edits) -> torch.Tensor:
+    for name in edits:
+        if name in LOGITS_SHARD_EDITS:
+            shard = LOGITS_SHARD_EDITS[name](shard)
+    return shard
+
+
+def finish_local_output(out: Optional[SamplerOutput], local_batch: InputBatch, declared: dict, edits,
+                        device) -> Optional[SamplerOutput]:
+    """The sampler output with the case's extension fields attached and its local-output edits applied."""
+    fields = extension_fields(declared)
+    if out is not None and fields:
+        values = {name: batch_extension_values(name, spec, local_batch, device) for name, spec in fields.items()}
+        out = replace(out, extensions=values)
+    for name in edits:
+        if name in LOCAL_OUTPUT_EDITS and out is not None:
+            out = LOCAL_OUTPUT_EDITS[name](out)
+    return out
+
+
+def gather_options(declared: dict) -> dict:
+    """Extra keyword arguments of gather_sampler_output: only a case that declares fields passes any."""
+    fields = extension_fields(declared)
+    return {} if fields is None else {"extension_fields": fields}
