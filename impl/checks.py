@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from shardspec.spec.errors import PreconditionError
-from shardspec.spec.model import GrammarOutput, InputBatch, SamplerOutput
+from shardspec.spec.model import BatchShardMetadata, GrammarOutput, InputBatch, SamplerOutput
 
 _INT_DTYPES = (torch.int32, torch.int64)
 
@@ -293,3 +293,14 @@ def check_local_output(local_output: SamplerOutput | None, num_local_reqs: int, 
         if lp.selected_token_ranks.shape != (num_local_logits,):
             _fail("PRE-LOCAL-OUTPUT", "selected_token_ranks", f"shape {tuple(lp.selected_token_ranks.shape)}",
                   rank=rank)
+
+
+def check_logits_shard(logits_shard: torch.Tensor, metadata: BatchShardMetadata, rank) -> None:
+    """PRE-LOGITS-SHARD, this rank's own shard only: that Vs is the same on every rank needs the peers."""
+    num_logits = sum(metadata.num_logits_per_rank)
+    if not isinstance(logits_shard, torch.Tensor) or not logits_shard.is_floating_point():
+        _fail("PRE-LOGITS-SHARD", "logits_shard", f"is {getattr(logits_shard, 'dtype', type(logits_shard).__name__)}, "
+              "not a floating point tensor", rank=rank)
+    if logits_shard.dim() != 2 or logits_shard.shape[0] != num_logits or logits_shard.shape[1] < 1:
+        _fail("PRE-LOGITS-SHARD", "logits_shard",
+              f"shape {tuple(logits_shard.shape)}; expected ({num_logits}, Vs) with Vs >= 1", rank=rank)

@@ -19,19 +19,21 @@ agree byte for byte). What differs is how:
 from __future__ import annotations
 
 import os
+from dataclasses import fields, replace
 from operator import itemgetter
 
 import numpy as np
 import torch
 
 from shardspec.comm import Communicator
-from shardspec.impl import checks
+from shardspec.impl import checks, extensions
 from shardspec.impl.grammar import local_grammar_output
 from shardspec.impl.kernels import next_power_of_2, pack_kernel, shard_plan_kernel, unpack_kernel
 from shardspec.impl.launch import Launcher
 from shardspec.impl.workspace import carve, logprobs_layout, plan_layout
 from shardspec.spec.model import (
     BatchShardMetadata,
+    ExtensionSpec,
     GrammarOutput,
     InputBatch,
     LogprobsTensors,
@@ -46,6 +48,7 @@ _TILE_ELEMENTS = 1 << 16 if _INTERPRETED else 1 << 12
 
 
 _MAX_CACHED_VIEWS = 256
+_BATCH_FIELDS = tuple(f.name for f in fields(InputBatch))
 _launch_plan = Launcher(shard_plan_kernel)
 _launch_pack = Launcher(pack_kernel)
 _launch_unpack = Launcher(unpack_kernel)
@@ -157,6 +160,9 @@ class ProductionSharder:
             num_draft_tokens=0 if local_drafts is None else int(np.add.reduce(local_drafts)),
             num_draft_tokens_per_req=local_drafts,
         )
+        if type(batch) is not InputBatch:
+            # An engine's subclass keeps its type and its own fields unchanged (INV-LOCAL-UNLISTED-FIELDS).
+            local_batch = replace(batch, **{name: getattr(local_batch, name) for name in _BATCH_FIELDS})
         metadata = BatchShardMetadata(
             tp_size=tp,
             num_logits_per_rank=rows_per_rank,
@@ -204,6 +210,8 @@ class ProductionSharder:
     # -- step 2 ------------------------------------------------------------
     def all_to_all_logits(self, logits_shard: torch.Tensor, metadata: BatchShardMetadata) -> torch.Tensor:
         """[L, V/tp] owner-sorted rows of this rank's vocab shard -> [L_local, V]."""
+        if self.check_preconditions:
+            checks.check_logits_shard(logits_shard, metadata, self.rank)
         tp, num_local = metadata.tp_size, metadata.num_local_logits
         received, by_row = self._recv_logits(num_local, logits_shard.shape[-1], logits_shard.dtype)
         self.comm.all_to_all_single(received, logits_shard.contiguous(), [num_local] * tp,
@@ -239,11 +247,16 @@ class ProductionSharder:
         *,
         gather_num_nans: bool = False,
         logprobs_dims: tuple[int, int] | None = None,
+        extension_fields: dict[str, ExtensionSpec] | None = None,
     ) -> SamplerOutput:
         num_local = metadata.num_local_reqs
         if self.check_preconditions:
+            # The declarations are replicated: checked first, so every rank rejects them alike.
+            extensions.check_declarations(extension_fields, self.rank)
             checks.check_local_output(local_output, num_local, local_batch.num_logits,
                                       gather_num_nans=gather_num_nans, logprobs_dims=logprobs_dims, rank=self.rank)
+            extensions.check_local_fields(local_output, num_local, local_batch.num_logits, extension_fields,
+                                          self.rank)
         width, per_rank = metadata.max_num_logits_per_req, metadata.max_num_reqs_per_rank
         sampled_cols = width + 2 + (1 if gather_num_nans else 0)
         num_cols = num_logprob_columns(logprobs_dims) if logprobs_dims is not None else 0
@@ -255,7 +268,12 @@ class ProductionSharder:
         if lp is not None:
             self.comm.all_gather_into_tensor(lp["recv_ids"], lp["send_ids"])
             self.comm.all_gather_into_tensor(lp["recv_vals"], lp["send_vals"])
-        return self._unpack(received, lp, metadata, global_batch, width, sampled_cols, num_cols, gather_num_nans)
+        gathered = self._unpack(received, lp, metadata, global_batch, width, sampled_cols, num_cols, gather_num_nans)
+        if extension_fields is not None:
+            gathered.extensions = extensions.gather_extensions(
+                self.comm, local_output, metadata, global_batch.cu_num_logits_np, local_batch.cu_num_logits_np,
+                extension_fields, self.device)
+        return gathered
 
     def _wire_views(self, per_rank: int, width: int, sampled_cols: int, num_cols: int | None):
         """(send, receive, logprob buffers or None) of the all-gathers, shaped for this step; cached."""

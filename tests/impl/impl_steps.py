@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Callable, Optional
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -19,6 +19,7 @@ from shardspec.fixtures.run import RankTrace, run_rank_step
 from shardspec.impl import ProductionSharder
 from shardspec.reference import ReferenceSharder
 from shardspec.spec.case import Case, CaseInputs, build_case_inputs
+from shardspec.spec.case_edits import extension_fields
 
 IMPLS = {"reference": ReferenceSharder, "production": ProductionSharder}
 # Compiled kernels on a GPU; the interpreter on CPU tensors elsewhere (tests/conftest.py).
@@ -39,7 +40,7 @@ def _rank_step(comm, case: Case, inputs: CaseInputs, impl_of: Callable[[int], st
     return run_rank_step(comm, case, inputs, functools.partial(impl, device=DEVICE))
 
 
-def run_case(case: Case, impl_of: Callable[[int], str], inputs: Optional[CaseInputs] = None) -> list[RankTrace]:
+def run_case(case: Case, impl_of: Callable[[int], str], inputs: CaseInputs | None = None) -> list[RankTrace]:
     inputs = build_case_inputs(case, DEVICE) if inputs is None else inputs
     return LockstepGroup(case.tp_size, timeout_s=60).run(_rank_step, case, inputs, impl_of)
 
@@ -47,7 +48,7 @@ def run_case(case: Case, impl_of: Callable[[int], str], inputs: Optional[CaseInp
 # -- comparison ---------------------------------------------------------------
 
 def assert_same(expected, actual, where: str) -> None:
-    """Equal values, dtypes and shapes (NaN equals NaN) for tensors, arrays, dataclasses and tuples."""
+    """Equal values, dtypes and shapes (NaN equals NaN) for tensors, arrays, dataclasses, tuples and dicts."""
     if isinstance(expected, torch.Tensor):
         assert isinstance(actual, torch.Tensor), f"{where}: {type(actual)} is not a tensor"
         assert expected.dtype == actual.dtype, f"{where}: dtype {actual.dtype}, expected {expected.dtype}"
@@ -69,8 +70,12 @@ def assert_same(expected, actual, where: str) -> None:
             assert_same(getattr(expected, name), getattr(actual, name), f"{where}.{name}")
     elif isinstance(expected, list):
         assert isinstance(actual, list) and len(expected) == len(actual), f"{where}: {actual!r} != {expected!r}"
-        for k, (e, a) in enumerate(zip(expected, actual)):
+        for k, (e, a) in enumerate(zip(expected, actual, strict=True)):
             assert_same(e, a, f"{where}[{k}]")
+    elif isinstance(expected, dict):
+        assert isinstance(actual, dict) and list(expected) == list(actual), f"{where}: keys {list(actual)}"
+        for key, value in expected.items():
+            assert_same(value, actual[key], f"{where}[{key!r}]")
     elif isinstance(expected, torch.device):
         assert expected.type == actual.type, f"{where}: {actual} != {expected}"
     else:
@@ -87,7 +92,7 @@ def _nans(t: torch.Tensor) -> torch.Tensor:
 
 def assert_traces_equal(case: Case, expected: list[RankTrace], actual: list[RankTrace]) -> None:
     """Every output of every rank, and the wire sends on their non-padding rows."""
-    for ref, got in zip(expected, actual):
+    for ref, got in zip(expected, actual, strict=True):
         where = f"{case.case_id} rank {ref.rank}"
         assert_same(ref.shard, got.shard, f"{where} shard")
         assert_same(ref.full_vocab_logits, got.full_vocab_logits, f"{where} full_vocab_logits")
@@ -102,15 +107,24 @@ def assert_wire_equal(case: Case, ref: RankTrace, got: RankTrace, where: str) ->
     assert a2a_ref.output_split_sizes == a2a_got.output_split_sizes, f"{where}: all_to_all splits"
     local = ref.shard.local_batch
     width = ref.shard.metadata.max_num_logits_per_req
-    for k, (w_ref, w_got) in enumerate(zip(ref.wire[1:], got.wire[1:])):
+    kinds = _gather_kinds(case)
+    assert len(ref.wire) == 1 + len(kinds), f"{where}: {len(ref.wire) - 1} all-gathers, expected {len(kinds)}"
+    for k, (w_ref, w_got, kind) in enumerate(zip(ref.wire[1:], got.wire[1:], kinds, strict=True)):
         assert w_ref.send.dtype == w_got.send.dtype and w_ref.send.shape == w_got.send.shape, f"{where}: gather {k}"
-        rows = _payload_rows(k, local, width)
+        rows = _payload_rows(kind, local, width)
         assert_same(w_ref.send[rows], w_got.send[rows], f"{where}: all_gather {k} payload rows")
 
 
-def _payload_rows(gather_index: int, local, width: int) -> torch.Tensor:
-    """Rows that carry data: local requests (sampled), or their logits rows j*W + p (logprobs)."""
-    if gather_index == 0:
+def _gather_kinds(case: Case) -> list[str]:
+    """What each all-gather of the gather carries rows of: sampled ids, logprobs, then extension fields."""
+    kinds = ["request"] + (["logits_row"] * 2 if case.logprobs_dims is not None else [])
+    return kinds + [spec.per for spec in (extension_fields(case.extensions) or {}).values()]
+
+
+def _payload_rows(kind: str, local, width: int) -> torch.Tensor:
+    """Rows that carry data: local requests (sampled ids, per-request fields), or their logits rows
+    j*W + p (logprobs, per-row fields)."""
+    if kind == "request":
         return torch.arange(local.num_reqs, device=local.idx_mapping.device)
     counts = np.diff(local.cu_num_logits_np.astype(np.int64))
     rows = [j * width + p for j, n in enumerate(counts) for p in range(n)]

@@ -37,7 +37,7 @@ def test_consecutive_steps_of_one_sharder_match_reference(tp, rank):
         reference = ReferenceSharder(case.max_num_reqs, case.max_num_logits_per_req, comm=LoopbackComm(rank, tp),
                                      device=DEVICE)
         expected, actual = _step(reference, case, inputs, rank), _step(production, case, inputs, rank)
-        for name, e, a in zip(("shard", "full_vocab_logits", "gathered"), expected, actual):
+        for name, e, a in zip(("shard", "full_vocab_logits", "gathered"), expected, actual, strict=True):
             assert_same(e, a, f"{case.case_id} {name}")
         earlier.append((expected[2], actual[2]))
     # Gathered outputs are fresh tensors: later steps left earlier ones intact.
@@ -87,5 +87,5 @@ def test_many_small_blocks_match_reference(monkeypatch, tp, rank):
     reference = ReferenceSharder(case.max_num_reqs, case.max_num_logits_per_req, comm=LoopbackComm(rank, tp),
                                  device=DEVICE)
     for name, e, a in zip(("shard", "full", "gathered"), _step(reference, case, inputs, rank),
-                          _step(production, case, inputs, rank)):
+                          _step(production, case, inputs, rank), strict=True):
         assert_same(e, a, f"{case.case_id} {name}")
