@@ -73,22 +73,25 @@ def run_jobs_multiprocess(jobs: list[Job], tp: int, options: LaunchOptions,
     # collective end a launch: run them last, so they cost fewer relaunches.
     breaking = {i for i, job in enumerate(jobs) if _breaks_group(expectations[job.case.case_id])}
     remaining = [i for i in range(len(jobs)) if i not in breaking] + sorted(breaking)
-    launches = options.max_relaunches + len(breaking) + 1
     starter = _GroupStarter(run_dir, device_kind, options.launcher)
     judge = Judge(expectations, device_kind)
-    for launch_number in range(launches):
-        if not remaining:
-            break
+    launch_number, idle_launches = 0, 0
+    # A launch that judged at least one job may be followed by another (each ends at most one job early);
+    # launches that judge nothing are allowed max_relaunches times.
+    while remaining and idle_launches <= options.max_relaunches:
         log(f"  launch {launch_number + 1}: tp {tp}, {len(remaining)} job(s), {_labels(jobs, remaining)}")
         outcome = _launch(jobs, remaining, tp, options, f"launch{launch_number}", results, on_result, starter, judge)
-        remaining = [i for i in remaining if i not in results]
+        launch_number += 1
+        still = [i for i in remaining if i not in results]
+        idle_launches += len(still) == len(remaining)
+        remaining = still
         if outcome is not None:  # the group never started: relaunching cannot help
             for index in remaining:
                 results[index] = not_run(jobs[index].case, jobs[index].choice.label, outcome)
             remaining = []
     for index in remaining:
         results[index] = not_run(jobs[index].case, jobs[index].choice.label,
-                                 f"not run: {launches - 1} relaunches used up")
+                                 f"not run: {options.max_relaunches + 1} launches in a row judged nothing")
     return [results[i] for i in range(len(jobs))]
 
 

@@ -71,6 +71,8 @@ def _run_fork(module, args: list[str], env: dict[str, str], log_path: Optional[s
     os.environ.update(env)
     try:
         code = module.main(args) or 0
+    except SystemExit as exc:  # sys.exit(n) in a rank: its status, as an unforked process would exit
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
     except BaseException:  # the rank's failure, reported like an unforked process would
         traceback.print_exc()
         code = 1

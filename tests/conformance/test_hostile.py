@@ -1,0 +1,100 @@
+"""Hostile implementations: each gets its exact verdict, the run goes on and ends in bounded time.
+
+One command-line run judges every entry (they share launches), in one process per rank; the
+assertions below read its JSON report.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from harness_cases import PLUGINS, small_cases, write_cases
+
+pytestmark = pytest.mark.slow
+
+MODULE = "hostile_sharders"
+ENTRIES = ["SegfaultInGather", "AbortInGather", "ExitInGather", "StopInGather", "GilHangInGather",
+           "FloodAndLeakInGather", "HugeAllocationInGather", "ReversedIdsUnchecked"]
+TIMEOUT_S = 6
+BOUND_S = 200  # every launch, relaunch and the parent's watchdog, on 2 busy cores
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("hostile")
+    files = write_cases(small_cases(2), folder)
+    impls = [f"{MODULE}:{name}" for name in ENTRIES] + ["exits_at_import:X", "raises_at_import:X", "reference"]
+    command = [sys.executable, "-m", "shardspec.conformance", "--impl", ",".join(impls), "--timeout",
+               str(TIMEOUT_S), "--no-shrink", "--json", str(folder / "r.json"), "--run-dir", str(folder / "run")]
+    command += [arg for path in files for arg in ("--case-file", path)]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(PLUGINS), os.environ.get("PYTHONPATH")])))
+    start = time.monotonic()
+    proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=BOUND_S + 60)
+    wall = time.monotonic() - start
+    report = json.loads((folder / "r.json").read_text())
+    sections = {s["implementation"]: {c["case_id"]: c for c in s["cases"]} for s in report["sections"]}
+    return proc, wall, sections
+
+
+def _culprit(sections, name):
+    case = sections[f"{MODULE}:{name}"]["small-tp2-3"]
+    assert case["status"] == "error", case
+    return case["errors"][0]
+
+
+def test_the_run_fails_within_its_bound(run):
+    proc, wall, _ = run
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert wall < BOUND_S
+
+
+@pytest.mark.parametrize("name, how", [("SegfaultInGather", "was killed by SIGSEGV"),
+                                       ("AbortInGather", "was killed by SIGABRT"),
+                                       ("ExitInGather", "exited with status 3")])
+def test_a_dying_rank_is_named_with_its_signal_and_step(run, name, how):
+    error = _culprit(run[2], name)
+    assert (error["rank"], error["kind"], error["step"]) == (1, "died", "gather"), error
+    assert f"rank 1 {how} in step gather of case small-tp2-3" in error["message"]
+
+
+@pytest.mark.parametrize("name", ["StopInGather", "GilHangInGather"])
+def test_a_rank_out_of_reach_of_its_own_watchdog_is_stopped_by_the_parent(run, name):
+    case = run[2][f"{MODULE}:{name}"]["small-tp2-3"]
+    assert case["status"] == "error"
+    messages = " ".join(e["message"] for e in case["errors"])
+    assert "no rank sent anything for" in messages, case["errors"]
+    if name == "StopInGather":
+        assert "rank(s) 1 stopped by a signal" in messages
+
+
+@pytest.mark.parametrize("name", ENTRIES[:-1])
+def test_the_other_cases_of_a_hostile_entry_still_pass(run, name):
+    cases = run[2][f"{MODULE}:{name}"]
+    assert cases["small-tp2-2"]["status"] == "pass", cases["small-tp2-2"]
+    if name == "FloodAndLeakInGather":
+        assert {c["status"] for c in cases.values()} == {"pass"}
+
+
+def test_a_huge_allocation_is_a_raised_error_of_its_rank(run):
+    error = _culprit(run[2], "HugeAllocationInGather")
+    assert (error["rank"], error["kind"], error["step"]) == (1, "raised", "gather")
+
+
+def test_emptying_the_checkers_at_import_changes_no_verdict(run):
+    cases = run[2][f"{MODULE}:ReversedIdsUnchecked"]
+    failing = {v["invariant_id"] for c in cases.values() for v in c["violations"]}
+    assert "INV-GATHER-SAMPLED-IDS" in failing
+
+
+@pytest.mark.parametrize("module, reason", [("exits_at_import", "importing it ended the process (exited with "
+                                                                "status 7"),
+                                            ("raises_at_import", "this module cannot be imported")])
+def test_an_import_failure_fails_only_its_entry(run, module, reason):
+    cases = run[2][f"{module}:X"]
+    assert {c["status"] for c in cases.values()} == {"not-run"}
+    assert all(reason in c["reason"] for c in cases.values()), cases
+    assert {c["status"] for c in run[2]["reference"].values()} == {"pass"}
