@@ -15,7 +15,7 @@ from shardspec.comm import LoopbackComm
 from shardspec.impl import ProductionSharder
 from shardspec.spec.builders import build_grammar_output, build_input_batch
 from shardspec.spec.errors import PreconditionError
-from shardspec.spec.model import LogprobsTensors, SamplerOutput
+from shardspec.spec.model import ExtensionSpec, LogprobsTensors, SamplerOutput
 from impl_steps import DEVICE
 
 TP = 2
@@ -54,12 +54,31 @@ def _output(local_batch, num_rows=None, logprob_cols=3):
     )
 
 
-def _gather(make_output, logprobs_dims=None, rank=0, slots=SLOTS, counts=COUNTS):
+def _gather(make_output, logprobs_dims=None, rank=0, slots=SLOTS, counts=COUNTS, extension_fields=None):
     batch = _build(slots, counts)
     sharder = _sharder(rank)
     shard = sharder.shard_sampler_inputs(batch, None)
     return sharder.gather_sampler_output(make_output(shard.local_batch), shard.metadata, batch, shard.local_batch,
-                                         gather_num_nans=True, logprobs_dims=logprobs_dims)
+                                         gather_num_nans=True, logprobs_dims=logprobs_dims,
+                                         extension_fields=extension_fields)
+
+
+def _all_to_all(make_logits):
+    batch = _build(SLOTS, COUNTS)
+    sharder = _sharder()
+    shard = sharder.shard_sampler_inputs(batch, None)
+    return sharder.all_to_all_logits(make_logits(batch.num_logits), shard.metadata)
+
+
+def _with_extension(name, value_of):
+    """The local output carrying extension ``name`` (``value_of(local_batch)``; None: carries none)."""
+    def make(local_batch):
+        value = value_of(local_batch)
+        return replace(_output(local_batch), extensions=None if value is None else {name: value})
+    return make
+
+
+SCORE = {"score": ExtensionSpec(per="logits_row", dtype=torch.float32)}
 
 
 def _grammar(ids=None, row_delta=0):
@@ -125,6 +144,19 @@ VIOLATIONS = {
     "local-output-nans": (lambda: _gather(lambda local: replace(_output(local), num_nans=None)),
                           "PRE-LOCAL-OUTPUT", "num_nans", None),
     "logprobs-dims": (lambda: _gather(_output, logprobs_dims=(2, -1)), "PRE-LOGPROBS-DIMS", "logprobs_dims", None),
+    "logits-shard-rows": (lambda: _all_to_all(lambda rows: torch.zeros(rows - 1, 8, device=DEVICE)),
+                          "PRE-LOGITS-SHARD", "logits_shard", None),
+    "logits-shard-dtype": (lambda: _all_to_all(lambda rows: torch.zeros(rows, 8, dtype=torch.int32, device=DEVICE)),
+                           "PRE-LOGITS-SHARD", "logits_shard", None),
+    "extension-undeclared": (lambda: _gather(_with_extension("extra", lambda local: torch.zeros(local.num_reqs))),
+                             "PRE-EXTENSION-FIELDS", "extensions.extra", None),
+    "extension-missing": (lambda: _gather(_with_extension("score", lambda local: None), extension_fields=SCORE),
+                          "PRE-EXTENSION-FIELDS", "extensions.score", None),
+    "extension-rows": (lambda: _gather(_with_extension("score", lambda local: torch.zeros(local.num_reqs)),
+                                       extension_fields=SCORE), "PRE-EXTENSION-FIELDS", "extensions.score", None),
+    "extension-kind": (lambda: _gather(_output, extension_fields={"x": ExtensionSpec(per="token",
+                                                                                     dtype=torch.float32)}),
+                       "PRE-EXTENSION-SUPPORTED", "extension_fields", None),
     "logprobs-dims-idle-rank": (lambda: _gather(lambda local: None, logprobs_dims=(2,), rank=1, slots=[0, 2],
                                                 counts=[1, 1]), "PRE-LOGPROBS-DIMS", "logprobs_dims", None),
 }
