@@ -49,6 +49,9 @@ PAD_SELECTED_RANK = 0
 
 
 class ReferenceSharder:
+    # The version of the specification this implementation targets (docs/validate-your-implementation.md).
+    SPEC_VERSION = "0.2.0"
+
     def __init__(
         self,
         max_num_reqs: int,

@@ -175,6 +175,18 @@ def spec_version(root: Optional[PathLike] = None) -> str:
     return load_yaml_document(base.joinpath("index.yaml"), document_schema("index"))["version"]
 
 
+def target_version_warning(factory: Any, checked: Optional[str] = None) -> Optional[str]:
+    """A warning when ``factory`` declares (``SPEC_VERSION``) a spec version whose MAJOR.MINOR differs
+    from the one checked (default: this spec's); None when it declares none or they agree."""
+    declared = getattr(factory, "SPEC_VERSION", None)
+    checked = spec_version() if checked is None else checked
+    if declared is None or str(declared).split(".")[:2] == checked.split(".")[:2]:
+        return None
+    name = getattr(factory, "__qualname__", type(factory).__name__)
+    return (f"{name} targets spec {declared}, the suite checks spec {checked}: see spec/CHANGELOG.md and "
+            "docs/validate-your-implementation.md (section 6)")
+
+
 def must_reject_ids(spec: Optional["Spec"] = None) -> tuple[str, ...]:
     """IDs of the preconditions whose violation MUST be rejected (``on_violation.outcome: reject``)."""
     spec = load_spec() if spec is None else spec

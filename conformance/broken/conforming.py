@@ -37,6 +37,7 @@ class GarbageWirePadding(ReferenceSharder):
                 padding[j * width: j * width + int(count)] = False
         self._gathers_issued += 1
         junk = float("nan") if send.is_floating_point() else GARBAGE_ID
-        junk = True if send.dtype == torch.bool else junk
+        if send.dtype == torch.bool or send.dtype in (torch.uint8, torch.int8):
+            junk = True if send.dtype == torch.bool else 77  # fits every small integer dtype
         mask = padding.reshape(-1, *[1] * (send.dim() - 1))
         return super()._all_gather(send.masked_fill(mask, junk))

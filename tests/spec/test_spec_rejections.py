@@ -6,7 +6,7 @@ import re
 import pytest
 
 from shardspec.reference import ReferenceSharder
-from shardspec.spec.loader import load_spec, must_reject_ids, spec_version
+from shardspec.spec.loader import load_spec, must_reject_ids, spec_version, target_version_warning
 from shardspec.spec.render import render
 
 # Rank-local arguments: only the rank that holds them can see a violation (CL-REJECTION-RANKS).
@@ -64,3 +64,20 @@ def _documented_signature(spec, method: str) -> list[str]:
 def test_documented_signatures_are_the_reference_s(spec, method):
     parameters = [name for name in inspect.signature(getattr(ReferenceSharder, method)).parameters if name != "self"]
     assert _documented_signature(spec, method) == parameters
+
+
+def test_a_factory_targeting_another_minor_version_gets_a_warning():
+    def make_sharder():
+        pass
+
+    assert target_version_warning(make_sharder) is None  # declares nothing
+    make_sharder.SPEC_VERSION = "0.2.7"
+    assert target_version_warning(make_sharder, checked="0.2.0") is None
+    make_sharder.SPEC_VERSION = "0.1.0"
+    warning = target_version_warning(make_sharder, checked="0.2.0")
+    assert "targets spec 0.1.0" in warning and "checks spec 0.2.0" in warning
+
+
+def test_the_reference_targets_this_version():
+    assert ReferenceSharder.SPEC_VERSION == spec_version()
+    assert target_version_warning(ReferenceSharder) is None
