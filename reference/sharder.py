@@ -13,7 +13,9 @@ rank sends
 
 * int64 ``[M, W + 2 (+1)]``: sampled ids, num_sampled, num_rejected (, NaN sum);
 * with logprobs, int64 ``[M * W, C + 1]``: logprob token ids, selected rank;
-* with logprobs, float32 ``[M * W, C]``: logprobs.
+* with logprobs, float32 ``[M * W, C]``: logprobs;
+* with extension fields, one buffer per declared field in its dtype: ``[M, *E]`` per request,
+  ``[M * W, *E]`` per logits row.
 
 Row j (column block p for logprobs) belongs to the rank's j-th local request
 (its p-th logits row); other rows are padding whose content is unspecified.
