@@ -36,7 +36,7 @@ def _declined(record: StepRecord) -> bool:
     return names and actual.failed_step == "gather" and len(actual.wire) <= 1
 
 
-@rank_check(INVARIANT)
+@rank_check(INVARIANT, applies=lambda record: bool(record.case.extensions) and record.case.expect_error is None)
 def check_gather_extensions(record: StepRecord) -> Iterable[Violation]:
     fields = extension_fields(record.case.extensions)
     if fields is None or not judgeable(record) or record.actual.failed_step in ("construct", "shard", "all_to_all",

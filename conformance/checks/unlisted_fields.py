@@ -16,7 +16,12 @@ INVARIANT = "INV-LOCAL-UNLISTED-FIELDS"
 LISTED = {f.name for f in dataclasses.fields(InputBatch)}
 
 
-@rank_check(INVARIANT)
+def _has_unlisted_fields(record: StepRecord) -> bool:
+    return record.case.expect_error is None and any(
+        f.name not in LISTED for f in dataclasses.fields(record.inputs.batch))
+
+
+@rank_check(INVARIANT, applies=_has_unlisted_fields)
 def check_unlisted_fields(record: StepRecord) -> Iterable[Violation]:
     pair = shards(record)
     batch = record.inputs.batch
