@@ -36,6 +36,15 @@ class RankRun:
     error_in_collective: bool = False
     step: str = "construct"  # the step running now, or the last one
     on_step: Optional[StepCallback] = None
+    kept: Optional[KeptSharder] = None  # the sharder, once constructed
+
+
+@dataclass
+class KeptSharder:
+    """A sharder kept for the next step of a multi-step case, with the recorder it talks through."""
+
+    sharder: Any
+    recorder: RecordingComm
 
 
 def local_sampler_output(case: Case, rank: int, full_vocab_logits, shard, device):
@@ -57,14 +66,17 @@ StepCallback = Callable[[str, "RankRun"], None]
 
 
 def run_step(make_sharder, case: Case, inputs: CaseInputs, comm, device, progress: Optional[Progress] = None,
-             on_step: Optional[StepCallback] = None) -> RankRun:
+             on_step: Optional[StepCallback] = None, kept: Optional[KeptSharder] = None) -> RankRun:
     """Run the whole step for ``comm.rank``; never raises for the implementation's errors.
 
     ``on_step(step, run)`` is called after each step that returned, so a
-    transcript can leave the rank before a later step crashes it.
+    transcript can leave the rank before a later step crashes it. ``kept``:
+    the sharder of this case's previous step (a multi-step case calls one
+    sharder instance every step, as an engine does); None constructs one.
     """
-    recorder = RecordingComm(comm, progress)
-    run = RankRun(outputs=StepOutputs(wire=recorder.calls))
+    recorder = kept.recorder if kept is not None else RecordingComm(comm, progress)
+    recorder.calls = []  # this step's collectives only
+    run = RankRun(outputs=StepOutputs(wire=recorder.calls), kept=kept)
     run.on_step = on_step
     before = {"batch": snapshot(inputs.batch), "grammar": snapshot(inputs.grammar)}
     watched = {"batch": inputs.batch, "grammar": inputs.grammar}
@@ -87,8 +99,11 @@ def run_step(make_sharder, case: Case, inputs: CaseInputs, comm, device, progres
 
 def _steps(make_sharder, case, inputs, recorder: RecordingComm, device, run: RankRun, before, watched) -> None:
     out, rank = run.outputs, recorder.rank
-    sharder = _timed(run, recorder.progress, "construct", make_sharder, case.max_num_reqs,
-                     case.max_num_logits_per_req, comm=recorder, device=device)
+    if run.kept is None:
+        sharder = _timed(run, recorder.progress, "construct", make_sharder, case.max_num_reqs,
+                         case.max_num_logits_per_req, comm=recorder, device=device)
+        run.kept = KeptSharder(sharder, recorder)
+    sharder = run.kept.sharder
     out.shard = _timed(run, recorder.progress, "shard", sharder.shard_sampler_inputs, inputs.batch, inputs.grammar)
     logits_shard = local_logits_shard(inputs, out.shard.sorted_logits_indices, case, rank)
     before["logits_shard"], watched["logits_shard"] = snapshot(logits_shard), logits_shard
@@ -187,15 +202,17 @@ def continue_after(case: Case, run: RankRun, expected: list[StepOutputs]) -> boo
 
 
 def run_case_on_rank(case: Case, comm, impl_name: str, make_sharder, expectation, device,
-                     progress: Optional[Progress] = None, on_step: Optional[StepCallback] = None) -> dict[str, Any]:
-    """Run ``case`` on ``comm.rank``, unjudged: the record carries the raw ``outputs``.
+                     progress: Optional[Progress] = None, on_step: Optional[StepCallback] = None,
+                     kept: Optional[KeptSharder] = None) -> tuple[dict[str, Any], Optional[KeptSharder]]:
+    """Run ``case`` on ``comm.rank``, unjudged: the record carries the raw ``outputs``; and the sharder,
+    kept for a next step of the same case.
 
     The expectation only decides whether the group can go on after an error
     (the reference's collectives); judging is :func:`judge_rank`'s.
     """
     rank = comm.rank
     inputs = build_case_inputs(case, device)
-    run = run_step(make_sharder, case, inputs, comm, device, progress, on_step)
+    run = run_step(make_sharder, case, inputs, comm, device, progress, on_step, kept)
     return {
         "case_id": case.case_id,
         "rank": rank,
@@ -206,7 +223,7 @@ def run_case_on_rank(case: Case, comm, impl_name: str, make_sharder, expectation
         "error_in_collective": run.error_in_collective,
         "aligned": continue_after(case, run, expectation.expected),
         "outputs": run.outputs,
-    }
+    }, run.kept
 
 
 def judge_rank(case: Case, record: dict[str, Any], expectation, inputs: CaseInputs,
@@ -229,6 +246,8 @@ def judge_rank(case: Case, record: dict[str, Any], expectation, inputs: CaseInpu
                                  expected=expectation.expected[rank], replicated=expectation.replicated)
         violations = run_rank_checks(step_record)
         judged = judged_invariants(step_record)
+    elif outputs.error is not None:  # judge what the steps before the error returned
+        violations = _judge_partial(case, rank, outputs, expectation, inputs, returned_steps(outputs))
     record["judged"] = judged
     record["timings"] = {**record.get("timings", {}), "checks": round(time.perf_counter() - start, 6)}
     record["violations"] = [violation_dict(v) for v in violations]
@@ -253,6 +272,12 @@ def _judge_partial(case, rank, outputs, expectation, inputs, completed: set[str]
     return violations
 
 
+def returned_steps(outputs: StepOutputs) -> set[str]:
+    """The steps whose results ``outputs`` holds."""
+    held = {"shard": outputs.shard, "all_to_all": outputs.full_vocab_logits, "gather": outputs.gathered}
+    return {step for step, value in held.items() if value is not None}
+
+
 @functools.lru_cache(maxsize=1)
 def invariant_steps() -> dict[str, str]:
     from shardspec.spec.loader import load_spec
@@ -261,10 +286,11 @@ def invariant_steps() -> dict[str, str]:
 
 
 def check_case_on_rank(case: Case, comm, impl_name: str, make_sharder, expectation, device,
-                       progress: Optional[Progress] = None) -> dict[str, Any]:
+                       progress: Optional[Progress] = None,
+                       kept: Optional[KeptSharder] = None) -> tuple[dict[str, Any], Optional[KeptSharder]]:
     """Run ``case`` on ``comm.rank`` and judge it in this process (the in-process groups)."""
-    record = run_case_on_rank(case, comm, impl_name, make_sharder, expectation, device, progress)
-    return judge_rank(case, record, expectation, build_case_inputs(case, device))
+    record, kept = run_case_on_rank(case, comm, impl_name, make_sharder, expectation, device, progress, kept=kept)
+    return judge_rank(case, record, expectation, build_case_inputs(case, device)), kept
 
 
 def violation_dict(v: Violation) -> dict[str, Any]:

@@ -20,42 +20,84 @@ from shardspec.conformance.api import ImplChoice, load_implementation
 from shardspec.conformance.execute import check_case_on_rank
 from shardspec.conformance.expectations import Expectation, compute_expectation, expectation_device, single_thread
 from shardspec.conformance.recording import run_lockstep
-from shardspec.conformance.results import CaseResult, combine
+from shardspec.conformance.results import ERROR, FAIL, NOT_RUN, PASS, CaseResult, combine
 from shardspec.conformance.threaded import run_torch_threads
-from shardspec.spec.case import Case
+from shardspec.spec.case import Case, expand_steps
 
 
 def run_case_in_process(case: Case, choice: ImplChoice, expectation: Optional[Expectation] = None,
                         timeout_s: float = 60.0, group: str = "lockstep") -> CaseResult:
-    expectation = expectation or compute_expectation(case, timeout_s, expectation_device())
+    """One case; the steps of a multi-step case make one result whose violations and errors name their step."""
+    if case.then:
+        return merged_steps(case, run_steps_in_process(expand_steps(case), choice, None, timeout_s, group))
+    return run_steps_in_process([case], choice, [expectation] if expectation else None, timeout_s, group)[0]
+
+
+def merged_steps(case: Case, results: list[CaseResult]) -> CaseResult:
+    order = {PASS: 0, FAIL: 1, ERROR: 2, NOT_RUN: 3}
+    merged = CaseResult(case=case, impl=results[0].impl, status=max((r.status for r in results), key=order.get))
+    for result in results:
+        merged.violations += [{**v, "step_case": result.case_id} for v in result.violations]
+        merged.errors += [{**e, "step_case": result.case_id} for e in result.errors]
+    merged.judged = sorted({i for r in results for i in r.judged})
+    return merged
+
+
+def run_steps_in_process(cases: list[Case], choice: ImplChoice, expectations: Optional[list[Expectation]] = None,
+                         timeout_s: float = 60.0, group: str = "lockstep") -> list[CaseResult]:
+    """``cases`` in one group, each rank calling one sharder for all of them (the steps of a multi-step
+    case; a single case is one step); a result per case."""
+    expectations = expectations or [compute_expectation(c, timeout_s, expectation_device()) for c in cases]
     impls = {name: load_implementation(name) for name in {choice.impl, choice.impl_odd} if name}
 
     def one_rank(comm):
-        impl = impls[choice.for_rank(comm.rank)]
-        try:
-            return check_case_on_rank(case, comm, impl.name, impl.factory, expectation, expectation_device())
-        except Exception:  # outside the implementation's calls (e.g. a device error surfacing in a checker)
-            return {"harness_error": traceback.format_exc()}
+        impl, kept, records = impls[choice.for_rank(comm.rank)], None, []
+        for case, expectation in zip(cases, expectations):
+            try:
+                record, kept = check_case_on_rank(case, comm, impl.name, impl.factory, expectation,
+                                                  expectation_device(), kept=kept)
+            except Exception:  # outside the implementation's calls (e.g. a device error surfacing in a checker)
+                records.append({"harness_error": traceback.format_exc()})
+                break
+            records.append(record)
+            if not record["aligned"]:
+                break
+        return records
 
     try:
         with single_thread():  # like the ranks of a multi-process run, and the expectation
             if group == "torch-threads":
-                records = run_torch_threads(case.tp_size, one_rank, timeout_s)
+                per_rank = run_torch_threads(cases[0].tp_size, one_rank, timeout_s)
             else:
-                records = run_lockstep(LockstepGroup(case.tp_size, timeout_s=timeout_s), one_rank)
+                per_rank = run_lockstep(LockstepGroup(cases[0].tp_size, timeout_s=timeout_s), one_rank)
     except TimeoutError as exc:
-        return combine(case, choice.label, {}, ended=f"in-process run failed: {exc}")
-    return combine(case, choice.label, dict(enumerate(records)))
+        return [combine(case, choice.label, {}, ended=f"in-process run failed: {exc}") for case in cases]
+    return [combine(case, choice.label, {rank: records[k] for rank, records in enumerate(per_rank)
+                                         if records and k < len(records)})
+            for k, case in enumerate(cases)]
 
 
 def run_jobs_in_process(jobs: Iterable, timeout_s: float = 60.0,
                         on_result: Optional[Callable[[CaseResult], None]] = None,
                         group: str = "lockstep") -> list[CaseResult]:
-    """Run :class:`shardspec.conformance.launcher.Job` s one after the other."""
+    """Run :class:`shardspec.conformance.launcher.Job` s one after the other; the steps of a multi-step
+    case (consecutive jobs, each continuing the one before) share one group and one sharder per rank."""
     results = []
-    for job in jobs:
-        result = run_case_in_process(job.case, job.choice, timeout_s=timeout_s, group=group)
-        results.append(result)
-        if on_result:
-            on_result(result)
+    for chain in _chains(list(jobs)):
+        for result in run_steps_in_process([job.case for job in chain], chain[0].choice, timeout_s=timeout_s,
+                                           group=group):
+            results.append(result)
+            if on_result:
+                on_result(result)
     return results
+
+
+def _chains(jobs: list) -> list[list]:
+    chains: list[list] = []
+    for job in jobs:
+        previous = chains[-1][-1] if chains else None
+        if previous is not None and job.case.continues == previous.case.case_id and job.choice == previous.choice:
+            chains[-1].append(job)
+        else:
+            chains.append([job])
+    return chains

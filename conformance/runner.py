@@ -64,6 +64,8 @@ class CaseSet:
     generated: set[str]
     notes: list[str]
     files: dict[str, str] = field(default_factory=dict)  # case id -> the --case-file it came from
+    # The steps of multi-step cases, run as cases of their own: step id -> the whole case.
+    parents: dict[str, Case] = field(default_factory=dict)
 
 
 def collect_cases(config: RunConfig) -> CaseSet:
@@ -78,15 +80,38 @@ def collect_cases(config: RunConfig) -> CaseSet:
                  for case_id in config.case_ids]
         cases = _unique_ids(named + list(from_files.values()))
         files = {case.case_id: str(pathlib.Path(path).resolve()) for path, case in from_files.items()}
-        return CaseSet(cases, set(), notes, files)
+        steps, parents = _expanded(cases)
+        files.update({step_id: files[parent.case_id] for step_id, parent in parents.items()
+                      if parent.case_id in files})
+        return CaseSet(steps, set(), notes, files, parents)
     cases = [c for c in _fixture_cases(notes) if c.tp_size in config.tp_sizes]
     generated: list[Case] = []
     if not config.fixtures_only and config.max_examples > 0:
+        from shardspec.conformance.multistep import multi_step_cases
         from shardspec.conformance.strategies import generate_cases
 
         for tp in config.tp_sizes:
             generated += generate_cases(tp, config.max_examples, config.seed)
-    return CaseSet(_unique_ids(cases + generated), {c.case_id for c in generated}, notes)
+            cases += multi_step_cases(tp, max(1, config.max_examples // MULTI_STEP_SHARE), config.seed)
+    steps, parents = _expanded(_unique_ids(cases + generated))
+    return CaseSet(steps, {c.case_id for c in generated}, notes, parents=parents)
+
+
+# One multi-step case (five steps on one sharder) per this many generated single-step cases.
+MULTI_STEP_SHARE = 25
+
+
+def _expanded(cases: list[Case]) -> tuple[list[Case], dict[str, Case]]:
+    """Multi-step cases replaced by their steps (consecutive, in order), and each step's whole case."""
+    from shardspec.spec.case import expand_steps
+
+    steps, parents = [], {}
+    for case in cases:
+        expanded = expand_steps(case)
+        steps += expanded
+        if case.then:
+            parents.update({step.case_id: case for step in expanded})
+    return steps, parents
 
 
 def _loaded(load, name: str, option: str) -> Case:
@@ -165,6 +190,10 @@ def _finish_results(config, choice, results, case_set, run_dir, log) -> None:
     mode = mode_args(config)
     for result in results:
         result.generated = result.case_id in case_set.generated
+        parent = case_set.parents.get(result.case_id)
+        if not result.reproduce and parent is not None and result.case_id not in case_set.files:
+            path = write_case_file(parent, run_dir)  # the whole case: a later step needs the ones before
+            result.reproduce = _command(choice, f"--case-file {path} --tp {parent.tp_size}", mode)
         if not result.reproduce and result.case_id in case_set.files:
             result.reproduce = _command(choice, f"--case-file {case_set.files[result.case_id]}", mode)
         result.reproduce = result.reproduce or reproduce_command(choice, result.case, result.generated, run_dir,

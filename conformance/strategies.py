@@ -10,14 +10,20 @@ batches where some ranks own nothing, and either the toy sampler or explicit
 per-rank outputs of random widths, some without logprobs and some with ids,
 counts and logprobs at the limits of their dtypes.
 
-Batches are small in most cases, because the Triton interpreter costs time per
-program; one case in :data:`LARGE_BATCH_ODDS` is a large batch (hundreds of
-requests, up to the capacity) over a small vocabulary. Its slots and counts
-come from a seeded numpy generator, so hypothesis draws a handful of numbers
-instead of hundreds.
+Hypothesis draws a small batch (:func:`base_cases`); a numpy generator then
+decides the case's kind (:func:`with_kind`): a share of the cases become
+large batches (hundreds of requests, half of them exactly at the capacity,
+over a small vocabulary: the Triton interpreter costs time per program), and
+each case gets its logits dtype, its views and whether it uses explicit
+outputs. In :func:`generate_cases` that generator is seeded by the run's seed,
+the tp size and the case's number, so the shares hold in every run: hypothesis
+favours small integers and values it drew before, which would leave them to
+chance.
 """
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 import numpy as np
 from hypothesis import HealthCheck, Phase, Verbosity, given, settings
@@ -29,27 +35,29 @@ from shardspec.spec.layouts import BATCH_ARRAYS, BATCH_TENSORS, LOGITS_DTYPES, O
 
 MAX_REQS_IN_BATCH = 12
 MAX_LOGITS_PER_REQ = 8
-LARGE_BATCH_ODDS = 10
+LARGE_BATCH_SHARE = 0.1
+EXPLICIT_OUTPUT_SHARE = 0.25
+EXTREME_SHARE = 0.5  # of explicit outputs; then each value is at a limit with odds 1/4
 LARGE_CAPACITIES = (128, 256, 512)
 # Large batches have more requests than any small one and more than a 64-entry block.
 MIN_LARGE_BATCH = 65
 INT32_MAX, INT64_MAX, INT64_MIN = 2**31 - 1, 2**63 - 1, -(2**63)
 FLOAT32_LOWEST = -3.4028234663852886e38
+TOKEN_EXTREMES = (INT64_MAX, INT64_MIN, -1, INT32_MAX + 1)
+LOGPROB_EXTREMES = (float("-inf"), FLOAT32_LOWEST, -1e-45)
+# Per-row NaN count whose sum over a request's rows still fits the gathered int32.
+NAN_COUNT_EXTREME = INT32_MAX // MAX_LOGITS_PER_REQ
 
 
 @st.composite
-def cases(draw, tp_size: int, case_id: str = "generated") -> Case:
-    if draw(st.integers(0, LARGE_BATCH_ODDS - 1)) == 0:
-        max_num_reqs, max_logits, slots, counts = draw(_large_batch(tp_size))
-        vocab_size = draw(st.sampled_from([8, 33]))
-    else:
-        max_num_reqs, max_logits, slots, counts = draw(_small_batch(tp_size))
-        vocab_size = draw(st.sampled_from([8, 33, 100, 130, 257]))
+def base_cases(draw, tp_size: int) -> tuple[Case, dict[int, ExplicitLocalOutput] | None]:
+    """A small valid batch (toy sampler, float32, contiguous) and explicit outputs it may use instead."""
+    max_num_reqs, max_logits, slots, counts = draw(_small_batch(tp_size))
+    vocab_size = draw(st.sampled_from([8, 33, 100, 130, 257]))
     spec_decode = None if any(c > 1 for c in counts) else draw(st.sampled_from([None, True]))
-    num_tokens = sum(c + s % 3 for c, s in zip(counts, slots, strict=True))  # build_input_batch's query lengths
-    grammar_positions = draw(_grammar_positions(len(slots)))
+    num_tokens = _num_tokens(slots, counts)
     case = Case(
-        case_id=case_id,
+        case_id="generated",
         tp_size=tp_size,
         slots=slots,
         num_logits_per_req=counts,
@@ -57,19 +65,42 @@ def cases(draw, tp_size: int, case_id: str = "generated") -> Case:
         max_num_reqs=max_num_reqs,
         max_num_logits_per_req=max_logits,
         spec_decode=spec_decode,
-        grammar_positions=grammar_positions,
+        grammar_positions=draw(_grammar_positions(len(slots))),
         vocab_size=vocab_size,
         seed=draw(st.integers(0, 2**16)),
         nan_tokens=draw(st.lists(st.integers(0, max(num_tokens - 1, 0)), unique=True, max_size=3))
         if num_tokens else [],
         gather_num_nans=draw(st.booleans()),
+        # The explicit outputs below are drawn for these dims; the kind may choose others (ranks' widths vary).
         logprobs_dims=draw(st.one_of(st.none(), st.tuples(st.integers(0, min(4, vocab_size)), st.integers(0, 6)))),
-        layouts=draw(_layouts(grammar=grammar_positions is not None, drafts=spec_decode is not False)),
-        logits_dtype=draw(st.sampled_from(list(LOGITS_DTYPES))),
     )
-    if slots and len(slots) <= MAX_REQS_IN_BATCH and draw(st.integers(0, 3)) == 0:
-        case.local_outputs = draw(explicit_outputs(case))
-    return case
+    return case, draw(explicit_outputs(case)) if slots else None
+
+
+@st.composite
+def cases(draw, tp_size: int, case_id: str = "generated") -> Case:
+    case, candidate = draw(base_cases(tp_size))
+    return replace(with_kind(case, candidate, np.random.default_rng(draw(st.integers(0, 2**32 - 1)))),
+                   case_id=case_id)
+
+
+def with_kind(case: Case, candidate, kind: np.random.Generator) -> Case:
+    """``case`` as a large batch or with explicit outputs, in a logits dtype, with its views and logprobs dims."""
+    if kind.random() < LARGE_BATCH_SHARE:
+        case = _as_large_batch(case, kind)
+    elif candidate is not None and kind.random() < EXPLICIT_OUTPUT_SHARE:
+        extreme = kind.random() < EXTREME_SHARE
+        case = replace(case, local_outputs={rank: _with_extremes(out, kind) if extreme else out
+                                            for rank, out in candidate.items()})
+    return replace(case, logits_dtype=str(kind.choice(list(LOGITS_DTYPES))), layouts=_layouts(case, kind),
+                   logprobs_dims=_logprobs_dims(case.vocab_size, kind))
+
+
+def _logprobs_dims(vocab_size: int, kind: np.random.Generator) -> tuple[int, int] | None:
+    """None (no logprobs) in a quarter of the cases, else (k, t) with t above k about half of the time."""
+    if kind.random() < 0.25:
+        return None
+    return int(kind.integers(0, min(4, vocab_size) + 1)), int(kind.integers(0, 7))
 
 
 @st.composite
@@ -92,31 +123,43 @@ def _small_batch(draw, tp_size: int):
     return max_num_reqs, max_logits, slots, counts
 
 
-@st.composite
-def _large_batch(draw, tp_size: int):
-    """Hundreds of requests, sometimes exactly the capacity, from a seeded generator."""
-    max_num_reqs = draw(st.sampled_from(LARGE_CAPACITIES))
-    num_reqs = draw(st.sampled_from([MIN_LARGE_BATCH, max_num_reqs // 2 + 1, max_num_reqs]))
-    max_logits = draw(st.integers(1, 4))
-    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
-    slots = rng.choice(max_num_reqs, size=num_reqs, replace=False)
-    counts = rng.integers(1, max_logits + 1, size=num_reqs)
-    return max_num_reqs, max_logits, [int(s) for s in slots], [int(c) for c in counts]
+def _as_large_batch(case: Case, rng: np.random.Generator) -> Case:
+    """Hundreds of requests (half of the time exactly the capacity) over a small vocabulary, toy-sampled."""
+    max_num_reqs = int(rng.choice(LARGE_CAPACITIES))
+    num_reqs = int(rng.choice([MIN_LARGE_BATCH, max_num_reqs // 2 + 1, max_num_reqs, max_num_reqs]))
+    max_logits = int(rng.integers(1, 5))
+    slots = [int(s) for s in rng.choice(max_num_reqs, size=num_reqs, replace=False)]
+    counts = [int(c) for c in rng.integers(1, max_logits + 1, size=num_reqs)]
+    vocab_size = int(rng.choice([8, 33]))
+    grammar = None
+    if rng.random() < 0.5:
+        grammar = [int(p) for p in rng.permutation(num_reqs)[: int(rng.integers(1, num_reqs + 1))]]
+    num_tokens = _num_tokens(slots, counts)
+    return replace(
+        case, slots=slots, num_logits_per_req=counts, max_num_reqs=max_num_reqs, max_num_logits_per_req=max_logits,
+        spec_decode=None if max(counts) > 1 else case.spec_decode, grammar_positions=grammar, vocab_size=vocab_size,
+        nan_tokens=sorted(int(t) for t in rng.choice(num_tokens, size=3, replace=False)),
+        local_outputs="toy",
+    )
 
 
-@st.composite
-def _layouts(draw, grammar: bool, drafts: bool) -> dict[str, str]:
-    """Contiguous inputs, every input one view kind, or a random mix of views."""
-    fields = [name for name in BATCH_TENSORS + BATCH_ARRAYS if drafts or name != "num_draft_tokens_per_req"]
-    fields += ["logits_shard"] + (["grammar_bitmask"] if grammar else [])
-    style = draw(st.integers(0, 3))
+def _num_tokens(slots: list[int], counts: list[int]) -> int:
+    return sum(c + s % 3 for c, s in zip(counts, slots, strict=True))  # build_input_batch's query lengths
+
+
+def _layouts(case: Case, kind: np.random.Generator) -> dict[str, str]:
+    """Contiguous inputs (a quarter of the cases), every input one view kind (a quarter), or a few views."""
+    fields = [name for name in BATCH_TENSORS + BATCH_ARRAYS
+              if name != "num_draft_tokens_per_req" or case.spec_decode is not False]
+    fields += ["logits_shard"] + (["grammar_bitmask"] if case.grammar_positions is not None else [])
+    style = int(kind.integers(0, 4))
     if style == 0:
         return {}
     if style == 1:
-        layout = draw(st.sampled_from([STRIDED, OFFSET]))
+        layout = str(kind.choice([STRIDED, OFFSET]))
         return {name: layout for name in fields}
-    chosen = draw(st.lists(st.sampled_from(fields), unique=True, min_size=1, max_size=4))
-    return {name: draw(st.sampled_from([STRIDED, OFFSET])) for name in chosen}
+    chosen = kind.choice(fields, size=int(kind.integers(1, 5)), replace=False)
+    return {str(name): str(kind.choice([STRIDED, OFFSET])) for name in chosen}
 
 
 def _grammar_positions(num_reqs: int):
@@ -136,44 +179,56 @@ def explicit_outputs(draw, case: Case) -> dict[int, ExplicitLocalOutput]:
     """Per-rank outputs; ranks that own nothing are left out (they pass None)."""
     outputs = {}
     agreed_cols = None if case.logprobs_dims is None else 1 + max(case.logprobs_dims)
-    extreme = draw(st.booleans())
     for rank in range(case.tp_size):
         owned = local_requests(case, rank)
         if owned:
-            outputs[rank] = draw(_rank_output(case, owned, agreed_cols, extreme))
+            outputs[rank] = draw(_rank_output(case, owned, agreed_cols))
     return outputs
 
 
 @st.composite
-def _rank_output(draw, case: Case, owned: list[int], agreed_cols: int | None, extreme: bool) -> ExplicitLocalOutput:
+def _rank_output(draw, case: Case, owned: list[int], agreed_cols: int | None) -> ExplicitLocalOutput:
     counts = [case.num_logits_per_req[i] for i in owned]
     num_rows = sum(counts)
     width = draw(st.integers(1, max(counts) + 1))  # narrower, equal or wider than the agreed width
-    token = _extreme_or(st.integers(0, case.vocab_size - 1), [INT64_MAX, INT64_MIN, -1, INT32_MAX + 1], extreme)
-    num_sampled = [draw(_extreme_or(st.integers(1, c), [INT32_MAX], extreme)) for c in counts]
-    # Per-row NaN counts whose per-request sums still fit the gathered int32.
-    nan_limit = INT32_MAX // max(counts)
+    token = st.integers(0, case.vocab_size - 1)
+    num_sampled = [draw(st.integers(1, c)) for c in counts]
     out = ExplicitLocalOutput(
         sampled_token_ids=[draw(st.lists(token, min_size=width, max_size=width)) for _ in owned],
         num_sampled=num_sampled,
-        num_rejected=[draw(_extreme_or(st.just(max(c - s, 0)), [INT32_MAX], extreme))
-                      for c, s in zip(counts, num_sampled, strict=True)],
-        num_nans=[draw(_extreme_or(st.integers(0, 3), [nan_limit], extreme)) for _ in range(num_rows)],
+        num_rejected=[c - s for c, s in zip(counts, num_sampled, strict=True)],
+        num_nans=[draw(st.integers(0, 3)) for _ in range(num_rows)],
     )
     if agreed_cols is not None and draw(st.booleans()):
         cols = draw(st.integers(1, agreed_cols + 1))
         out.logprob_token_ids = [draw(st.lists(token, min_size=cols, max_size=cols)) for _ in range(num_rows)]
-        logprob = _extreme_or(st.floats(-20.0, 0.0, allow_nan=False, width=32),
-                              [float("-inf"), FLOAT32_LOWEST, -1e-45], extreme)
+        logprob = st.floats(-20.0, 0.0, allow_nan=False, width=32)
         out.logprobs = [draw(st.lists(logprob, min_size=cols, max_size=cols)) for _ in range(num_rows)]
-        rank = _extreme_or(st.integers(0, 50), [INT64_MAX], extreme)
-        out.selected_token_ranks = [draw(rank) for _ in range(num_rows)]
+        out.selected_token_ranks = [draw(st.integers(0, 50)) for _ in range(num_rows)]
     return out
 
 
-def _extreme_or(ordinary, extremes: list, extreme: bool):
-    """``ordinary`` values, mixed with values at their dtype's limits when ``extreme``."""
-    return st.one_of(ordinary, st.sampled_from(extremes)) if extreme else ordinary
+def _with_extremes(out: ExplicitLocalOutput, rng: np.random.Generator) -> ExplicitLocalOutput:
+    """A copy with about a quarter of its values at the limits of their dtypes (the first id always)."""
+
+    def some(values: list, extremes) -> list:
+        return [extremes[int(rng.integers(len(extremes)))] if rng.random() < 0.25 else v for v in values]
+
+    def rows(values, extremes):
+        return None if values is None else [some(row, extremes) for row in values]
+
+    ids = rows(out.sampled_token_ids, TOKEN_EXTREMES)
+    ids[0][0] = INT64_MAX
+    return ExplicitLocalOutput(
+        sampled_token_ids=ids,
+        num_sampled=some(out.num_sampled, (INT32_MAX,)),
+        num_rejected=some(out.num_rejected, (INT32_MAX,)),
+        num_nans=None if out.num_nans is None else some(out.num_nans, (NAN_COUNT_EXTREME,)),
+        logprob_token_ids=rows(out.logprob_token_ids, TOKEN_EXTREMES),
+        logprobs=rows(out.logprobs, LOGPROB_EXTREMES),
+        selected_token_ranks=None if out.selected_token_ranks is None
+        else some(out.selected_token_ranks, (INT64_MAX,)),
+    )
 
 
 class _Enough(Exception):
@@ -189,9 +244,11 @@ def generate_cases(tp_size: int, count: int, seed: int) -> list[Case]:
     # adapts what it draws to the budget, and the cases must not change.
     @settings(max_examples=count * 3, database=None, deadline=None, phases=[Phase.generate],
               suppress_health_check=list(HealthCheck), verbosity=Verbosity.quiet)
-    @given(cases(tp_size))
-    def collect(case: Case) -> None:
+    @given(base_cases(tp_size))
+    def collect(drawn_base) -> None:
         if len(drawn) < count:
+            kind = np.random.default_rng([seed, tp_size, len(drawn)])
+            case = with_kind(*drawn_base, kind)
             drawn.setdefault(repr(case), case)
         if len(drawn) >= count:
             raise _Enough

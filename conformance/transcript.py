@@ -29,8 +29,9 @@ _CARRIER = {torch.bfloat16: torch.int16, torch.float8_e4m3fn: torch.uint8, torch
 _DTYPES = {str(dtype).removeprefix("torch."): dtype for dtype in (
     torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.int64, torch.int32, torch.int16,
     torch.int8, torch.uint8, torch.bool, torch.float8_e4m3fn, torch.float8_e5m2, torch.complex64)}
-# Classes the judge rebuilds as themselves (everything else becomes a stand-in).
-_OWN_MODULES = ("shardspec.spec.model", "shardspec.conformance.checks.base", "shardspec.spec.errors")
+# Classes the judge rebuilds as themselves (everything else becomes a stand-in): the data model, and the
+# spec's own types an input may carry (e.g. an engine's InputBatch subclass built by a case).
+_OWN_PACKAGES = ("shardspec.spec.", "shardspec.conformance.checks.base")
 
 
 @dataclass
@@ -172,7 +173,7 @@ def _stand_in(qualname: str, kind: str, field_names: tuple) -> type:
 
 
 def _own_class(module: str, qualname: str):
-    if module not in _OWN_MODULES:
+    if not module.startswith(_OWN_PACKAGES):
         return None
     import importlib
 

@@ -174,6 +174,7 @@ def main(argv: list[str]) -> int:
     progress = Progress()
     watchdog = Watchdog(launch["case_timeout_s"], progress, writer, rank)
     implementations: dict[str, object] = {}  # loaded once per launch
+    kept: dict[str, tuple] = {}  # implementation -> (case id, its sharder), for the next step of a multi-step case
     writer.write({"event": "ready", "rank": rank, "pid": os.getpid(), "device": str(device), "backend": dist.get_backend()})
     for index in launch["job_indices"]:
         job = jobs[index]
@@ -186,8 +187,12 @@ def main(argv: list[str]) -> int:
         progress.enter(case_id=case.case_id)
         try:
             streamer = Streamer(writer, index, rank)
-            record = run_case_on_rank(case, comm, impl.name, impl.factory, expectations[case.case_id],
-                                      device, progress, on_step=streamer.on_step)
+            previous_id, sharder = kept.pop(name, (None, None))
+            record, sharder = run_case_on_rank(case, comm, impl.name, impl.factory, expectations[case.case_id],
+                                               device, progress, on_step=streamer.on_step,
+                                               kept=sharder if case.continues and case.continues == previous_id
+                                               else None)
+            kept[name] = (case.case_id, sharder)
             record["outputs"] = streamer.final(record["outputs"])
         except Exception:  # a defect of the suite itself, not of the implementation
             writer.write({"job": index, "case_id": case.case_id, "rank": rank,

@@ -9,7 +9,7 @@ per rank, which lets a case make ranks disagree on widths or omit logprobs.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Optional, Union
 
 import torch
@@ -87,6 +87,12 @@ class Case:
     extensions: dict[str, dict] = field(default_factory=dict)
     # Named edits of the built inputs (spec/case_edits.py): violations on purpose, or valid variants.
     edits: list[str] = field(default_factory=list)
+    # A multi-step case: the steps after this one, called on the same sharder instance, as an engine
+    # calls it every step (same tp_size and capacity; their own batches).
+    then: list["Case"] = field(default_factory=list)
+    # On a step of an expanded multi-step case (see expand_steps): the id of the step before it,
+    # whose sharder this step uses.
+    continues: Optional[str] = None
 
     @property
     def padded_vocab_size(self) -> int:
@@ -97,6 +103,25 @@ class Case:
     @property
     def shard_width(self) -> int:
         return self.padded_vocab_size // self.tp_size
+
+
+def expand_steps(case: Case) -> list[Case]:
+    """The steps of ``case`` as cases of their own, ``<id>.step<k>``, each continuing the one before;
+    a single-step case is returned as it is."""
+    if not case.then:
+        return [case]
+    steps = [replace(case, then=[])] + list(case.then)
+    expanded = []
+    for k, step in enumerate(steps):
+        for name in ("tp_size", "max_num_reqs", "max_num_logits_per_req"):
+            if getattr(step, name) != getattr(case, name):
+                raise ValueError(f"case {case.case_id}: step {k} has {name} {getattr(step, name)}, the first "
+                                 f"step {getattr(case, name)}: the steps of a case share one sharder")
+        if step.then:
+            raise ValueError(f"case {case.case_id}: step {k} has steps of its own")
+        expanded.append(replace(step, case_id=f"{case.case_id}.step{k}",
+                                continues=expanded[-1].case_id if expanded else None))
+    return expanded
 
 
 @dataclass

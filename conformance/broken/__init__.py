@@ -118,6 +118,8 @@ CORPUS += [
     # the wrong container type
     _entry("req-ids-tuple", "containers", "ReqIdsAsTuple", "decode"),
     _entry("grammar-ids-tuple", "containers", "GrammarIdsAsTuple", "grammar"),
+    # state kept from one step to the next
+    _entry("plan-cached-by-batch-size", "state", "PlanCachedByBatchSize", "multi-step"),
 ]
 
 BY_NAME = {entry.name: entry for entry in CORPUS}

@@ -116,4 +116,10 @@ LARGE_BATCH = _case("large-batch", slots=list(range(150)), num_logits_per_req=[1
 # Up to 7 draft tokens: W = 8; rank 0's toy sampler is 6 wide, rank 1's 8.
 MANY_DRAFTS = _case("many-drafts", slots=[0, 1, 2, 3], num_logits_per_req=[6, 8, 2, 5], max_num_logits_per_req=8)
 ALL += [STRIDED_INPUTS, OFFSET_INPUTS, DECODE_BF16, LARGE_BATCH, MANY_DRAFTS]
+# Three steps on one sharder: four requests, four requests in slots owned the other way round, then two.
+MULTI_STEP = _case("multi-step", slots=[0, 1, 2, 3], num_logits_per_req=[1, 2, 1, 1], then=[
+    _case("multi-step", slots=[5, 6, 7, 8], num_logits_per_req=[1, 1, 2, 1]),
+    _case("multi-step", slots=[6, 1], num_logits_per_req=[2, 1]),
+])
+ALL += [MULTI_STEP]
 BY_ID = {case.case_id: case for case in ALL}
