@@ -185,7 +185,8 @@ def _local_text(f: FieldSpec) -> str:
 
 def _outcome_text(pre) -> str:
     if pre.must_reject:
-        return f"MUST be rejected (`{pre.error}` naming the ID), raised on {pre.on_violation.raised_on}"
+        return (f"MUST be rejected with an error naming the ID (the reference raises `{pre.error}`), raised on "
+                f"{pre.on_violation.raised_on}")
     return "undefined (the caller's fault); an implementation MAY reject it"
 
 
