@@ -67,11 +67,13 @@ def conformance(session: nox.Session) -> None:
 def report(session: nox.Session) -> None:
     """The HTML compliance report of reports/conformance.json (from `nox -s conformance`) in reports/html.
 
-    Arguments after -- go to the report, e.g. `-- older.json` (compared too) or `-- --bench bench/results`.
+    With reports/bench (what `nox -s bench` writes) present, its plots and tables are added. Arguments
+    after -- go to the report, e.g. `-- older.json` (compared too) or `-- --bench bench/results`.
     """
     install(session)
-    session.run("python", "-m", "shardspec.conformance", "report", *session.posargs, "reports/conformance.json",
-                "-o", "reports/html")
+    bench = ["--bench", "reports/bench"] if os.path.isdir("reports/bench") else []
+    session.run("python", "-m", "shardspec.conformance", "report", *session.posargs, *bench,
+                "reports/conformance.json", "-o", "reports/html")
 
 
 @nox.session

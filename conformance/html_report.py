@@ -45,7 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = build_parser().parse_intermixed_args(argv)  # reports may come after --bench PATH
     try:
         pages = build_site(args.reports, args.output, bench=args.bench, title=args.title)
     except ReportError as exc:
