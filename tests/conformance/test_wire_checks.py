@@ -1,0 +1,85 @@
+"""The wire checkers judge send buffers, receive shapes and the sequence, and name what differs."""
+
+from dataclasses import replace
+
+import pytest
+
+from shardspec.comm import LockstepGroup
+from shardspec.conformance.broken import cases
+from shardspec.conformance.checks.all_to_all import check_a2a_splits
+from shardspec.conformance.checks.base import StepRecord
+from shardspec.conformance.checks.wire import check_wire_logprobs, check_wire_sampled, sequence_difference
+from shardspec.conformance.execute import run_rank_checks, run_step
+from shardspec.conformance.expectations import compute_expectation, expectation_device, reference_factory
+from shardspec.spec.case import Case, build_case_inputs
+
+A2A, GATHER = "all_to_all_single", "all_gather_into_tensor"
+
+
+def _reference_records(case: Case) -> list[StepRecord]:
+    expectation = compute_expectation(case)
+    device = expectation_device()
+
+    def one_rank(comm):
+        inputs = build_case_inputs(case, device)
+        outputs = run_step(reference_factory, case, inputs, comm, device).outputs
+        return StepRecord(case=case, rank=comm.rank, inputs=inputs, actual=outputs,
+                          expected=expectation.expected[comm.rank], replicated=expectation.replicated)
+
+    return LockstepGroup(case.tp_size).run(one_rank)
+
+
+@pytest.fixture(scope="module")
+def spec_record():
+    return _reference_records(cases.STRIDED_INPUTS)[0]
+
+
+def _with_call(record: StepRecord, index: int, **changes) -> StepRecord:
+    wire = list(record.actual.wire)
+    wire[index] = replace(wire[index], **changes)
+    return replace(record, actual=replace(record.actual, wire=wire))
+
+
+def test_reference_records_pass(spec_record):
+    assert run_rank_checks(spec_record) == []
+
+
+def test_a2a_send_buffer_must_be_the_callers_logits_shard(spec_record):
+    send = spec_record.actual.wire[0].send.clone()
+    send[1, 0] += 1.0
+    (violation,) = check_a2a_splits(_with_call(spec_record, 0, send=send))
+    assert violation.field == "wire.all_to_all" and "send row 1" in violation.message
+    # Owner-sorted row 1 on SPEC's batch belongs to request 0 (two rows, rank 0 first).
+    assert violation.request == 0
+
+
+def test_a2a_send_dtype_follows_the_logits(spec_record):
+    send = spec_record.actual.wire[0].send.double()
+    (violation,) = check_a2a_splits(_with_call(spec_record, 0, send=send))
+    assert "torch.float64" in violation.message and "torch.float32" in violation.message
+
+
+def test_a2a_receive_shape(spec_record):
+    rows, width = spec_record.actual.wire[0].output_shape
+    (violation,) = check_a2a_splits(_with_call(spec_record, 0, output_shape=(rows + 1, width)))
+    assert "receives into" in violation.message
+
+
+@pytest.mark.parametrize("index, checker",
+                         [(1, check_wire_sampled), (2, check_wire_logprobs), (3, check_wire_logprobs)])
+def test_all_gather_receive_shapes(spec_record, index, checker):
+    rows, cols = spec_record.actual.wire[index].output_shape
+    (violation,) = checker(_with_call(spec_record, index, output_shape=(rows // spec_record.case.tp_size, cols)))
+    assert "receives into" in violation.message and "tp_size times" in violation.message
+
+
+@pytest.mark.parametrize("kinds, difference", [
+    ([A2A, "barrier", GATHER], "extra barrier at position 1"),
+    (["all_reduce", A2A, GATHER], "extra all_reduce at position 0"),
+    ([A2A, GATHER, "send"], "extra send at position 2"),
+    ([GATHER], f"missing {A2A} at position 0"),
+    ([A2A], f"missing {GATHER} at position 1"),
+    ([A2A, "all_gather"], f"all_gather at position 1 where {GATHER} belongs"),
+])
+def test_sequence_difference_names_the_call(kinds, difference):
+    assert sequence_difference(kinds, [A2A, GATHER]) == difference
