@@ -22,6 +22,7 @@ from shardspec.conformance.recording import CollectiveError, Progress, Recording
 from shardspec.reference.sampler import toy_sample
 from shardspec.spec.case import Case, CaseInputs, build_case_inputs, local_logits_shard
 from shardspec.spec.case_edits import finish_local_output, gather_options
+from shardspec.spec.layouts import lay_out_sampler_output
 
 STEPS = ("shard", "all_to_all", "sample", "gather")
 
@@ -56,8 +57,9 @@ def local_sampler_output(case: Case, rank: int, full_vocab_logits, shard, device
     else:
         explicit = case.local_outputs.get(rank)
         out = None if explicit is None else explicit.to_sampler_output(device)
-    # The case's extension fields and local-output edits (spec/case_edits.py).
-    return finish_local_output(out, shard.local_batch, case.extensions, case.edits, device)
+    # The case's extension fields and local-output edits (spec/case_edits.py), then its memory layout.
+    out = finish_local_output(out, shard.local_batch, case.extensions, case.edits, device)
+    return lay_out_sampler_output(out, case.layouts)
 
 
 # What each step adds to the StepOutputs (the construct step adds nothing).

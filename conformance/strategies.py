@@ -31,7 +31,7 @@ from hypothesis import seed as hypothesis_seed
 from hypothesis import strategies as st
 
 from shardspec.spec.case import Case, ExplicitLocalOutput
-from shardspec.spec.layouts import BATCH_ARRAYS, BATCH_TENSORS, LOGITS_DTYPES, OFFSET, STRIDED
+from shardspec.spec.layouts import BATCH_ARRAYS, BATCH_TENSORS, LOCAL_OUTPUT, LOGITS_DTYPES, OFFSET, STRIDED
 
 MAX_REQS_IN_BATCH = 12
 MAX_LOGITS_PER_REQ = 8
@@ -151,7 +151,7 @@ def _layouts(case: Case, kind: np.random.Generator) -> dict[str, str]:
     """Contiguous inputs (a quarter of the cases), every input one view kind (a quarter), or a few views."""
     fields = [name for name in BATCH_TENSORS + BATCH_ARRAYS
               if name != "num_draft_tokens_per_req" or case.spec_decode is not False]
-    fields += ["logits_shard"] + (["grammar_bitmask"] if case.grammar_positions is not None else [])
+    fields += ["logits_shard", LOCAL_OUTPUT] + (["grammar_bitmask"] if case.grammar_positions is not None else [])
     style = int(kind.integers(0, 4))
     if style == 0:
         return {}

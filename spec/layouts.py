@@ -28,7 +28,9 @@ LOGITS_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16"
 BATCH_TENSORS = ("idx_mapping", "expanded_idx_mapping", "expanded_local_pos", "query_start_loc", "seq_lens",
                  "logits_indices", "cu_num_logits")
 BATCH_ARRAYS = ("idx_mapping_np", "cu_num_logits_np", "num_draft_tokens_per_req")
-LAYOUT_FIELDS = BATCH_TENSORS + BATCH_ARRAYS + ("grammar_bitmask", "logits_shard")
+# Every tensor of the local sampler output handed to gather_sampler_output.
+LOCAL_OUTPUT = "local_output"
+LAYOUT_FIELDS = BATCH_TENSORS + BATCH_ARRAYS + ("grammar_bitmask", "logits_shard", LOCAL_OUTPUT)
 
 
 def check_case_layout(layouts: dict, logits_dtype: str) -> None:
@@ -97,3 +99,19 @@ def lay_out_grammar(grammar, layouts: dict):
         return grammar
     return replace(grammar, grammar_bitmask=lay_out_tensor(grammar.grammar_bitmask, layouts["grammar_bitmask"]))
 
+
+
+def lay_out_sampler_output(output, layouts: dict):
+    """Every tensor of a local sampler output in the ``local_output`` layout."""
+    layout = layouts.get(LOCAL_OUTPUT, CONTIGUOUS)
+    if output is None or layout == CONTIGUOUS:
+        return output
+    lp = output.logprobs_tensors
+    if lp is not None:
+        lp = lp._replace(logprob_token_ids=lay_out_tensor(lp.logprob_token_ids, layout),
+                         logprobs=lay_out_tensor(lp.logprobs, layout),
+                         selected_token_ranks=lay_out_tensor(lp.selected_token_ranks, layout))
+    return replace(output, sampled_token_ids=lay_out_tensor(output.sampled_token_ids, layout), logprobs_tensors=lp,
+                   num_nans=lay_out_tensor(output.num_nans, layout),
+                   num_sampled=lay_out_tensor(output.num_sampled, layout),
+                   num_rejected=lay_out_tensor(output.num_rejected, layout))

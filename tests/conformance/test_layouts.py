@@ -4,6 +4,8 @@ A view keeps its values and changes only where they sit; the bytes around
 it hold wrong values, so a contiguous reading of a view is detectably wrong.
 """
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 import torch
@@ -11,12 +13,13 @@ import torch
 from shardspec.conformance.api import ImplChoice
 from shardspec.conformance.inprocess import run_case_in_process
 from shardspec.fixtures import case_from_yaml, case_to_yaml
-from shardspec.spec.case import Case, build_case_inputs, local_logits_shard
+from shardspec.spec.case import Case, ExplicitLocalOutput, build_case_inputs, local_logits_shard
 from shardspec.spec.layouts import (
-    BATCH_ARRAYS, BATCH_TENSORS, OFFSET, OFFSET_ELEMENTS, STRIDED, lay_out_array, lay_out_tensor,
+    BATCH_ARRAYS, BATCH_TENSORS, LOCAL_OUTPUT, OFFSET, OFFSET_ELEMENTS, STRIDED, lay_out_array, lay_out_tensor,
+    lay_out_sampler_output,
 )
 
-VIEWED = BATCH_TENSORS + BATCH_ARRAYS + ("logits_shard", "grammar_bitmask")
+VIEWED = BATCH_TENSORS + BATCH_ARRAYS + ("logits_shard", "grammar_bitmask", LOCAL_OUTPUT)
 SPEC_BATCH = dict(tp_size=2, slots=[4, 1, 2, 3, 6], num_logits_per_req=[2, 1, 3, 1, 2], grammar_positions=[2, 0])
 
 
@@ -94,3 +97,21 @@ def test_implementations_read_views_by_their_strides(impl, layout):
                 logits_dtype="bfloat16")
     result = run_case_in_process(case, ImplChoice(impl))
     assert (result.errors, result.violations) == ([], [])
+
+
+@pytest.mark.parametrize("layout", [STRIDED, OFFSET])
+def test_local_sampler_output_as_views(layout):
+    case = Case("explicit", tp_size=1, slots=[0, 1], num_logits_per_req=[2, 1], local_outputs={0: ExplicitLocalOutput(
+        sampled_token_ids=[[5, 6], [7, 0]], num_sampled=[2, 1], num_rejected=[0, 0], num_nans=[0, 1, 2],
+        logprob_token_ids=[[5, 1], [6, 2], [7, 3]], logprobs=[[-0.5, -1.0]] * 3, selected_token_ranks=[0, 1, 2])})
+    plain = case.local_outputs[0].to_sampler_output("cpu")
+    viewed = lay_out_sampler_output(plain, {LOCAL_OUTPUT: layout})
+    for name in ("sampled_token_ids", "num_nans", "num_sampled", "num_rejected"):
+        tensor = getattr(viewed, name)
+        assert torch.equal(tensor, getattr(plain, name))
+        assert (not tensor.is_contiguous()) if layout == STRIDED else tensor.storage_offset() > 0, name
+    for got, want in zip(viewed.logprobs_tensors[:3], plain.logprobs_tensors[:3], strict=True):
+        assert torch.equal(got, want)
+    for impl in ("reference", "production"):
+        result = run_case_in_process(replace(case, layouts={LOCAL_OUTPUT: layout}), ImplChoice(impl))
+        assert (result.errors, result.violations) == ([], []), impl
