@@ -128,6 +128,16 @@ class Chromium:
             raise BrowserError(f"{expression}: {result['exceptionDetails'].get('text')}")
         return result["result"].get("value")
 
+    def wait_for(self, expression: str, expected: Any, timeout_s: float = 5.0) -> Any:
+        """Evaluate until it gives ``expected`` (what a click starts, such as a fragment navigation,
+        may finish after the input event returns); returns the last value."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            value = self.evaluate(expression)
+            if value == expected or time.monotonic() > deadline:
+                return value
+            time.sleep(0.05)
+
     def click(self, selector: str) -> None:
         """A real mouse click (pressed and released) at the centre of the element."""
         box = self.evaluate(f"""(() => {{ const e = document.querySelector({json.dumps(selector)});

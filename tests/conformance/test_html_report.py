@@ -89,11 +89,11 @@ def test_the_matrix_renders_and_a_failing_cell_opens_its_detail(site, browser, t
     shown = f"getComputedStyle(document.querySelector('{detail}')).display"
     assert browser.evaluate(shown) == "none"
     browser.click(f"{cell} a")
-    assert browser.evaluate(shown) == "block"
+    assert browser.wait_for(shown, "block") == "block"
     text = browser.evaluate(f"document.querySelector('{detail}').innerText")
     assert "tp2-decode" in text and "is owned by rank" in text
     assert "reproduce: python -m shardspec.conformance --impl regression_adapter:make_sharder --case tp2-decode" in text
-    assert browser.evaluate(f"document.querySelector('{cell}').classList.contains('selected')")
+    assert browser.wait_for(f"document.querySelector('{cell}').classList.contains('selected')", True)
 
     screenshot = browser.screenshot()
     (tmp_path / "matrix.png").write_bytes(screenshot)
