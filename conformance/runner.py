@@ -160,11 +160,13 @@ def cases_of_entry(config: RunConfig, choice: ImplChoice, case_set: CaseSet, tp:
 
 
 def run_group_size(config: RunConfig, entries: list[str], case_set: CaseSet, run_dir: pathlib.Path,
-                   log: Log, tp: int, load_problems: dict[str, Optional[str]]) -> dict[str, list[CaseResult]]:
-    """Every entry's cases of group size ``tp``; in the multi-process mode all of them share
-    the launches (starting the ranks costs more than most cases). ``load_problems``: why an
-    implementation cannot be loaded (see :func:`shardspec.conformance.probe.probe`)."""
-    results: dict[str, list[CaseResult]] = {entry: [] for entry in entries}
+                   log: Log, tp: int, load_problems: dict[str, Optional[str]],
+                   results: dict[str, list[CaseResult]]) -> None:
+    """Every entry's cases of group size ``tp``, appended to ``results[entry]`` as they are judged (an
+    interrupted run keeps them); in the multi-process mode all entries share the launches (starting
+    the ranks costs more than most cases). ``load_problems``: why an implementation cannot be loaded
+    (see :func:`shardspec.conformance.probe.probe`)."""
+    start = {entry: len(results[entry]) for entry in entries}
     jobs, owners = [], []
     for entry in entries:
         choice = ImplChoice.parse(entry)
@@ -172,16 +174,23 @@ def run_group_size(config: RunConfig, entries: list[str], case_set: CaseSet, run
         problem = next((load_problems[name] for name in choice.names() if load_problems.get(name)), None)
         if problem:
             log(f"cannot run {choice.label}: {problem}")
-            results[entry] = [not_run(case, choice.label, problem) for case in cases]
+            results[entry] += [not_run(case, choice.label, problem) for case in cases]
             continue
         jobs += [Job(choice, case) for case in cases]
         owners += [entry] * len(cases)
     if jobs:
-        for entry, result in zip(owners, _run_jobs(config, tp, jobs, run_dir, log)):
-            results[entry].append(result)
+        entry_of = {ImplChoice.parse(entry).label: entry for entry in entries}
+        delivered: set[int] = set()
+
+        def deliver(result: CaseResult) -> None:
+            delivered.add(id(result))
+            results[entry_of[result.impl]].append(result)
+
+        for entry, result in zip(owners, _run_jobs(config, tp, jobs, run_dir, log, deliver)):
+            if id(result) not in delivered:  # not run: never delivered on the way
+                results[entry].append(result)
     for entry in entries:
-        _finish_results(config, ImplChoice.parse(entry), results[entry], case_set, run_dir, log)
-    return results
+        _finish_results(config, ImplChoice.parse(entry), results[entry][start[entry]:], case_set, run_dir, log)
 
 
 def _finish_results(config, choice, results, case_set, run_dir, log) -> None:
@@ -200,10 +209,11 @@ def _finish_results(config, choice, results, case_set, run_dir, log) -> None:
                                                                  mode)
 
 
-def _run_jobs(config, tp, jobs, run_dir, log) -> list[CaseResult]:
+def _run_jobs(config, tp, jobs, run_dir, log, deliver) -> list[CaseResult]:
     start = time.perf_counter()
 
     def on_result(result: CaseResult) -> None:
+        deliver(result)
         if config.verbose or result.status in (FAIL, ERROR):
             log(f"    {result.status:7s} {result.case_id} (tp {tp}, {result.impl})")
 

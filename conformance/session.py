@@ -80,10 +80,8 @@ class ConformanceSession:
             return
         self.sizes_run.add(tp)
         self.log(f"== tp {tp}: {', '.join(self.label(i) for i in self.config.impls)}")
-        by_entry = run_group_size(self.config, self.config.impls, self.case_set, self.run_dir, self.log, tp,
-                                  self.load_problems())
-        for impl, results in by_entry.items():
-            self.results[impl].extend(results)
+        run_group_size(self.config, self.config.impls, self.case_set, self.run_dir, self.log, tp,
+                       self.load_problems(), self.results)
 
     def load_problems(self) -> dict[str, Optional[str]]:
         """Why each implementation cannot be loaded, asked once of a child process (this one judges)."""
