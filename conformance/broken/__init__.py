@@ -110,6 +110,7 @@ CORPUS += [
     # views read as if contiguous
     _entry("seq-lens-unit-stride", "views", "SeqLensReadWithUnitStride", "strided-inputs"),
     _entry("logits-from-storage-start", "views", "LogitsShardFromStorageStart", "offset-inputs"),
+    _entry("local-counts-unit-stride", "views", "LocalCountsReadWithUnitStride", "strided-local-output"),
     # dtypes that do not follow the inputs
     _entry("full-vocab-as-float32", "dtypes", "FullVocabAsFloat32", "decode-bf16"),
     # defects above some batch size or draft count

@@ -7,7 +7,7 @@ makes observable.
 from __future__ import annotations
 
 from shardspec.spec.case import Case, ExplicitLocalOutput
-from shardspec.spec.layouts import BATCH_ARRAYS, BATCH_TENSORS, OFFSET, STRIDED
+from shardspec.spec.layouts import BATCH_ARRAYS, BATCH_TENSORS, LOCAL_OUTPUT, OFFSET, STRIDED
 
 
 def _case(case_id: str, **fields) -> Case:
@@ -107,6 +107,9 @@ STRIDED_INPUTS = _case("strided-inputs", slots=SPEC.slots, num_logits_per_req=SP
                        layouts={name: STRIDED for name in _VIEWED})
 OFFSET_INPUTS = _case("offset-inputs", slots=SPEC.slots, num_logits_per_req=SPEC.num_logits_per_req,
                       layouts={name: OFFSET for name in _VIEWED})
+# SPEC's local sampler outputs as every-other-element views (rank 0's num_sampled is [2, 1, 2]).
+STRIDED_LOCAL_OUTPUT = _case("strided-local-output", slots=SPEC.slots, num_logits_per_req=SPEC.num_logits_per_req,
+                             layouts={LOCAL_OUTPUT: STRIDED})
 # DECODE with bfloat16 logits: the exchange must return bfloat16 rows.
 DECODE_BF16 = _case("decode-bf16", slots=DECODE.slots, num_logits_per_req=DECODE.num_logits_per_req,
                     nan_tokens=DECODE.nan_tokens, logits_dtype="bfloat16")
@@ -115,7 +118,7 @@ LARGE_BATCH = _case("large-batch", slots=list(range(150)), num_logits_per_req=[1
                     max_num_reqs=256, vocab_size=8)
 # Up to 7 draft tokens: W = 8; rank 0's toy sampler is 6 wide, rank 1's 8.
 MANY_DRAFTS = _case("many-drafts", slots=[0, 1, 2, 3], num_logits_per_req=[6, 8, 2, 5], max_num_logits_per_req=8)
-ALL += [STRIDED_INPUTS, OFFSET_INPUTS, DECODE_BF16, LARGE_BATCH, MANY_DRAFTS]
+ALL += [STRIDED_INPUTS, OFFSET_INPUTS, STRIDED_LOCAL_OUTPUT, DECODE_BF16, LARGE_BATCH, MANY_DRAFTS]
 # Three steps on one sharder: four requests, four requests in slots owned the other way round, then two.
 MULTI_STEP = _case("multi-step", slots=[0, 1, 2, 3], num_logits_per_req=[1, 2, 1, 1], then=[
     _case("multi-step", slots=[5, 6, 7, 8], num_logits_per_req=[1, 1, 2, 1]),

@@ -31,3 +31,13 @@ class LogitsShardFromStorageStart(ReferenceSharder):
         misread = logits_shard.new_empty(0).set_(logits_shard.untyped_storage(), 0, logits_shard.shape,
                                                  logits_shard.stride())
         return super().all_to_all_logits(misread, metadata)
+
+
+class LocalCountsReadWithUnitStride(ReferenceSharder):
+    """INV-WIRE-SAMPLED: reads the local sampler's num_sampled as if contiguous: torch.as_strided(t, t.shape, (1,))."""
+
+    def gather_sampler_output(self, local_output, metadata, global_batch, local_batch, **kwargs):
+        if local_output is not None:
+            counts = local_output.num_sampled
+            local_output = replace(local_output, num_sampled=torch.as_strided(counts, counts.shape, (1,)))
+        return super().gather_sampler_output(local_output, metadata, global_batch, local_batch, **kwargs)
