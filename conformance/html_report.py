@@ -51,9 +51,11 @@ def main(argv: list[str] | None = None) -> int:
     except ReportError as exc:
         print(f"shardspec report: error: {exc}", file=sys.stderr)
         return 2
-    except ImportError as exc:
-        print(f"shardspec report: error: {exc.name or 'jinja2'} is missing; "
-              "install it with pip install 'shardspec[report]'", file=sys.stderr)
+    except ModuleNotFoundError as exc:
+        if exc.name != "jinja2":
+            raise
+        print("shardspec report: error: jinja2 is missing; install it with pip install 'shardspec[report]'",
+              file=sys.stderr)
         return 2
     except OSError as exc:
         print(f"shardspec report: error: cannot write {args.output}: {exc}", file=sys.stderr)

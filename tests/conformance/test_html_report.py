@@ -7,6 +7,7 @@ SHARDSPEC_CHROMIUM at another Chromium). Without it they are skipped, and pytest
 
 import json
 import pathlib
+import sys
 
 import pytest
 from chromium_cdp import Chromium, find_chromium
@@ -61,6 +62,15 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys):
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and str(path) in err and problem in err
     assert not (tmp_path / "out" / "index.html").exists()
+    (tmp_path / "a-file").write_text("")
+    assert main([str(RUNS[0]), "-o", str(tmp_path / "a-file")]) == 2
+    assert "exists and is not a folder" in capsys.readouterr().err
+
+
+def test_without_jinja2_the_error_says_what_to_install(tmp_path, capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "jinja2", None)  # import jinja2 raises ModuleNotFoundError
+    assert main([str(RUNS[0]), "-o", str(tmp_path / "out")]) == 2
+    assert "pip install 'shardspec[report]'" in capsys.readouterr().err
 
 
 def test_the_folder_needs_nothing_from_the_network(site):
