@@ -187,7 +187,7 @@ def target_version_warning(factory: Any, checked: Optional[str] = None) -> Optio
             "docs/validate-your-implementation.md (section 6)")
 
 
-def must_reject_ids(spec: Optional["Spec"] = None) -> tuple[str, ...]:
+def must_reject_ids(spec: Optional[Spec] = None) -> tuple[str, ...]:
     """IDs of the preconditions whose violation MUST be rejected (``on_violation.outcome: reject``)."""
     spec = load_spec() if spec is None else spec
     return tuple(p.id for p in spec.preconditions if p.must_reject and not p.retired)

@@ -9,7 +9,8 @@ reference's run. The wire is judged on the rows that carry data.
 
 from __future__ import annotations
 
-from typing import Iterable, Optional
+from collections.abc import Iterable
+from typing import Optional
 
 import numpy as np
 import torch
