@@ -67,8 +67,23 @@ STEP_OUTPUT = {"shard": "shard", "all_to_all": "full_vocab_logits", "sample": "l
 StepCallback = Callable[[str, "RankRun"], None]
 
 
+class CallLog(list):
+    """The calls of a step; ``on_call`` sees each one as it is recorded, before it is issued, so a
+    transcript holds the collective a rank was in when it died."""
+
+    def __init__(self, on_call: Optional[Callable[[Any], None]] = None):
+        super().__init__()
+        self.on_call = on_call
+
+    def append(self, call) -> None:
+        if self.on_call is not None:
+            self.on_call(call)
+        super().append(call)
+
+
 def run_step(make_sharder, case: Case, inputs: CaseInputs, comm, device, progress: Optional[Progress] = None,
-             on_step: Optional[StepCallback] = None, kept: Optional[KeptSharder] = None) -> RankRun:
+             on_step: Optional[StepCallback] = None, kept: Optional[KeptSharder] = None,
+             on_call: Optional[Callable[[Any], None]] = None) -> RankRun:
     """Run the whole step for ``comm.rank``; never raises for the implementation's errors.
 
     ``on_step(step, run)`` is called after each step that returned, so a
@@ -77,7 +92,7 @@ def run_step(make_sharder, case: Case, inputs: CaseInputs, comm, device, progres
     sharder instance every step, as an engine does); None constructs one.
     """
     recorder = kept.recorder if kept is not None else RecordingComm(comm, progress)
-    recorder.calls = []  # this step's collectives only
+    recorder.calls = CallLog(on_call)  # this step's collectives only
     run = RankRun(outputs=StepOutputs(wire=recorder.calls), kept=kept)
     run.on_step = on_step
     before = {"batch": snapshot(inputs.batch), "grammar": snapshot(inputs.grammar)}
@@ -205,7 +220,8 @@ def continue_after(case: Case, run: RankRun, expected: list[StepOutputs]) -> boo
 
 def run_case_on_rank(case: Case, comm, impl_name: str, make_sharder, expectation, device,
                      progress: Optional[Progress] = None, on_step: Optional[StepCallback] = None,
-                     kept: Optional[KeptSharder] = None) -> tuple[dict[str, Any], Optional[KeptSharder]]:
+                     kept: Optional[KeptSharder] = None,
+                     on_call: Optional[Callable[[Any], None]] = None) -> tuple[dict[str, Any], Optional[KeptSharder]]:
     """Run ``case`` on ``comm.rank``, unjudged: the record carries the raw ``outputs``; and the sharder,
     kept for a next step of the same case.
 
@@ -214,7 +230,7 @@ def run_case_on_rank(case: Case, comm, impl_name: str, make_sharder, expectation
     """
     rank = comm.rank
     inputs = build_case_inputs(case, device)
-    run = run_step(make_sharder, case, inputs, comm, device, progress, on_step, kept)
+    run = run_step(make_sharder, case, inputs, comm, device, progress, on_step, kept, on_call)
     return {
         "case_id": case.case_id,
         "rank": rank,

@@ -31,10 +31,11 @@ class RankTranscript:
     final: Optional[dict[str, Any]] = None  # the job's last frame: its record, a timeout or a harness error
 
     def add(self, frame: dict[str, Any]) -> None:
-        if "step" in frame and "part" in frame:
+        if "call" in frame:
+            self.wire.append(frame["call"])
+        elif "step" in frame and "part" in frame:
             self.steps.append(frame["step"])
             self.parts[frame["step"]] = frame["part"]
-            self.wire += frame.get("wire") or []
         else:
             self.final = frame
 
@@ -63,7 +64,25 @@ class Judge:
                 records[rank] = record
         if culprit is not None and culprit.get("rank") is not None and culprit["rank"] not in records:
             records[culprit["rank"]] = _died(case, culprit["rank"], RankTranscript(), ended, culprit)
+        if any("digest" not in r or r.get("error") for r in records.values()) or len(records) < case.tp_size:
+            for rank, message in self.mismatches(case, transcripts).items():
+                records.setdefault(rank, {"rank": rank, "case_id": case.case_id})["mismatch"] = message
         return combine(case, label, records, ended=ended)
+
+    def mismatches(self, case: Case, transcripts: dict[int, RankTranscript]) -> dict[int, str]:
+        """Ranks whose collectives left the plan the spec gives them (what breaks a group's collective)."""
+        expected = self.expectations[case.case_id].expected
+        found = {}
+        for rank, transcript in sorted(transcripts.items()):
+            want = expected[rank].wire
+            for position, encoded in enumerate(transcript.wire):
+                call = decode(encoded, self.device)
+                difference = "is one more than the plan has" if position >= len(want) else \
+                    call_difference(call, want[position])
+                if difference:
+                    found[rank] = f"rank {rank}'s collective {position} ({call.kind}) {difference}"
+                    break
+        return found
 
     def rank_record(self, case: Case, rank: int, transcript: RankTranscript, ended: Optional[str],
                     culprit: Optional[dict[str, Any]]) -> Optional[dict[str, Any]]:
@@ -98,7 +117,6 @@ class Judge:
         out.wire = [decode(call, self.device) for call in transcript.wire]
         if final:
             rest = decode(final, self.device)
-            out.wire += rest["wire"]
             out.failed_step, out.error = rest["failed_step"], rest["error"]
             out.error_traceback, out.inputs_modified = rest["error_traceback"], rest["inputs_modified"]
         return out
@@ -114,3 +132,17 @@ def _died(case: Case, rank: int, transcript: RankTranscript, ended: Optional[str
     return {"rank": rank, "case_id": case.case_id, "step": transcript.next_step(),
             "died": f"rank {rank} {culprit['how']} in step {transcript.next_step()} of case {case.case_id}"
                     + (f" ({ended})" if ended else "")}
+
+
+def call_difference(call, want) -> Optional[str]:
+    """How a recorded call differs from the one the reference issues at its place (None: it does not)."""
+    if call.kind != want.kind:
+        return f"is not the {want.kind} the plan has there"
+    for name in ("output_shape", "input_split_sizes", "output_split_sizes"):
+        got, expected = getattr(call, name, None), getattr(want, name, None)
+        if got is not None and expected is not None and list(got) != list(expected):
+            return f"has {name} {list(got)}, the plan {list(expected)}"
+    send, expected_send = getattr(call, "send", None), getattr(want, "send", None)
+    if send is not None and expected_send is not None and tuple(send.shape) != tuple(expected_send.shape):
+        return f"sends shape {list(send.shape)}, the plan {list(expected_send.shape)}"
+    return None

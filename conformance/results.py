@@ -77,6 +77,9 @@ def _rank_errors(case: Case, records: dict[int, dict[str, Any]], ended: Optional
         if record is None:
             errors.append({"rank": rank, "kind": "no-result",
                            "message": f"rank {rank} produced no result" + (f": {ended}" if ended else "")})
+        elif record.get("mismatch"):
+            errors.append({"rank": rank, "kind": "mismatch", "step": record.get("step"),
+                           "message": f"{record['mismatch']}: the ranks' collectives disagree"})
         elif record.get("died"):
             errors.append({"rank": rank, "kind": "died", "step": record.get("step"), "message": record["died"]})
         elif record.get("stopped") and not record.get("error"):
@@ -94,12 +97,12 @@ def _rank_errors(case: Case, records: dict[int, dict[str, Any]], ended: Optional
             errors.append({"rank": rank, "kind": kind, "step": error["step"],
                            "message": f"{error['type']} in step {error['step']}: {error['message']}",
                            "traceback": error.get("traceback", "")})
-    if any(e["kind"] in ("harness", "raised", "timeout", "died") for e in errors):
+    if any(e["kind"] in ("harness", "raised", "timeout", "died", "mismatch") for e in errors):
         # Missing ranks were stopped because another rank failed.
         for error in errors:
             if error["kind"] == "no-result":
                 error["kind"] = "stopped"
-    order = {"harness": -1, "raised": 0, "died": 0, "timeout": 1, "no-result": 2, "peer-timeout": 3, "peer": 4, "stopped": 5}
+    order = {"harness": -2, "mismatch": -1, "raised": 0, "died": 0, "timeout": 1, "no-result": 2, "peer-timeout": 3, "peer": 4, "stopped": 5}
     return sorted(errors, key=lambda e: (order[e["kind"]], e["rank"]))
 
 

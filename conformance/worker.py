@@ -92,29 +92,28 @@ class Watchdog:
 
 
 class Streamer:
-    """Sends what each step of one job returned, and the collectives issued so far, as soon as the step
-    returns; :meth:`final` is the rest, for the job's last frame."""
+    """Sends what one job's implementation does as it happens: each collective before it is issued,
+    what each step returned as soon as it returns; :meth:`final` is the rest, for the job's last frame."""
 
     def __init__(self, writer: FrameWriter, job: int, rank: int):
-        self.writer, self.job, self.rank, self.sent_calls = writer, job, rank, 0
+        self.writer, self.job, self.rank = writer, job, rank
 
-    def new_calls(self, outputs) -> list:
-        calls = outputs.wire[self.sent_calls:]
-        self.sent_calls += len(calls)
-        return calls
+    def on_call(self, call) -> None:
+        from shardspec.conformance.transcript import encode
+
+        self.writer.write({"job": self.job, "rank": self.rank, "call": encode(call)})
 
     def on_step(self, step: str, run) -> None:
         from shardspec.conformance.execute import STEP_OUTPUT
         from shardspec.conformance.transcript import encode
 
         part = getattr(run.outputs, STEP_OUTPUT[step]) if step in STEP_OUTPUT else None
-        self.writer.write({"job": self.job, "rank": self.rank, "step": step, "part": encode(part),
-                           "wire": encode(self.new_calls(run.outputs))})
+        self.writer.write({"job": self.job, "rank": self.rank, "step": step, "part": encode(part)})
 
     def final(self, outputs) -> dict:
         from shardspec.conformance.transcript import encode
 
-        return encode({"wire": self.new_calls(outputs), "failed_step": outputs.failed_step, "error": outputs.error,
+        return encode({"failed_step": outputs.failed_step, "error": outputs.error,
                        "error_traceback": outputs.error_traceback, "inputs_modified": outputs.inputs_modified})
 
 
@@ -189,7 +188,7 @@ def main(argv: list[str]) -> int:
             streamer = Streamer(writer, index, rank)
             previous_id, sharder = kept.pop(name, (None, None))
             record, sharder = run_case_on_rank(case, comm, impl.name, impl.factory, expectations[case.case_id],
-                                               device, progress, on_step=streamer.on_step,
+                                               device, progress, on_step=streamer.on_step, on_call=streamer.on_call,
                                                kept=sharder if case.continues and case.continues == previous_id
                                                else None)
             kept[name] = (case.case_id, sharder)

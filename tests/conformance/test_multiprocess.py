@@ -70,3 +70,16 @@ def test_torchrun_launcher_reports_a_raising_rank_and_goes_on(tmp_path):
     assert cases["small-tp2-2"]["status"] == "pass" and cases["small-tp2-4"]["status"] == "pass"
     first = cases["small-tp2-3"]["errors"][0]
     assert (first["rank"], first["kind"], first["step"]) == (1, "raised", "gather")
+
+
+def test_a_collective_mismatch_names_the_rank_that_left_the_plan(tmp_path):
+    """Rank 1 pads the all-gather differently; gloo aborts rank 0. The culprit is rank 1, named first."""
+    proc, report = _suite(tmp_path, 2, "--impl", "faulty_sharders:MismatchedGatherOnRank1", "--timeout", "10",
+                          "--no-shrink")
+    assert proc.returncode == 1
+    broken = _cases(report)["small-tp2-3"]
+    first = broken["errors"][0]
+    assert (first["rank"], first["kind"]) == (1, "mismatch"), broken["errors"]
+    assert "rank 1's collective 1 (all_gather_into_tensor) has output_shape [6, 5], the plan [4, 5]" in first["message"]
+    assert {v["invariant_id"] for v in broken["violations"] if v["rank"] == 1} >= {"INV-META-SCALARS"}
+    assert _cases(report)["small-tp2-4"]["status"] == "pass"

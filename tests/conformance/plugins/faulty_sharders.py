@@ -48,3 +48,13 @@ class WrongCountsSharder(_Base):
         if global_batch.num_reqs > 2:
             out.num_rejected = out.num_rejected + 1
         return out
+
+
+class MismatchedGatherOnRank1(_Base):
+    """Rank 1 pads the all-gather to one request more than its peers: the collective's sizes disagree."""
+
+    def shard_sampler_inputs(self, batch, grammar_output=None):
+        result = super().shard_sampler_inputs(batch, grammar_output)
+        if batch.num_reqs == 3 and self.rank == 1:
+            result.metadata.max_num_reqs_per_rank += 1
+        return result
