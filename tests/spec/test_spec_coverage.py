@@ -27,10 +27,11 @@ def test_every_step_has_outputs_and_invariants(spec):
 
 def test_the_wire_buffers_are_outputs(spec):
     for name in ("wire.all_to_all", "wire.all_gather_sampled", "wire.all_gather_logprob_ids",
-                 "wire.all_gather_logprobs", "wire.sequence"):
+                 "wire.all_gather_logprobs", "wire.all_gather_extensions", "wire.sequence"):
         buffer = spec.data_model.resolve_output(name)
         assert buffer is not None and buffer.type == "collective", name
-    for name in ("wire.all_to_all", "wire.all_gather_sampled", "wire.all_gather_logprob_ids", "wire.all_gather_logprobs"):
+    for name in ("wire.all_to_all", "wire.all_gather_sampled", "wire.all_gather_logprob_ids", "wire.all_gather_logprobs",
+                 "wire.all_gather_extensions"):
         buffer = spec.data_model.resolve_output(name)
         assert buffer.dtype and buffer.shape and buffer.received_shape and buffer.layout, name
 
