@@ -135,13 +135,21 @@ def check_tensor(
         return violation(f"on device {actual.device}, expected {expected.device}")
     if not values:
         return None
-    row = first_bad_row(values_equal(actual, expected.to(actual.device)))
+    equal = values_equal(actual, expected.to(actual.device))
+    row = first_bad_row(equal)
     if row is None:
         return None
-    got = actual[row] if actual.dim() else actual
-    want = expected[row] if expected.dim() else expected
-    return violation(f"row {row} is {fmt(got)}, expected {fmt(want)}; whole field {fmt(actual)}, "
-                     f"expected {fmt(expected)}", row_to_request(row))
+    return violation(diff_summary(actual, expected, equal), row_to_request(row))
+
+
+def diff_summary(actual: torch.Tensor, expected: torch.Tensor, equal: torch.Tensor, shown: int = 3) -> str:
+    """The first few differing rows, actual against expected, and how many differ: not whole tensors."""
+    if actual.dim() == 0:
+        return f"{fmt(actual)}, expected {fmt(expected)}"
+    rows_equal = equal.flatten(1).all(dim=1) if equal.dim() > 1 else equal
+    bad = torch.nonzero(~rows_equal).flatten().tolist()
+    parts = [f"row {r} is {fmt(actual[r])}, expected {fmt(expected[r])}" for r in bad[:shown]]
+    return "; ".join(parts) + f" ({len(bad)} of {actual.shape[0]} rows differ)"
 
 
 def check_array(
@@ -167,9 +175,8 @@ def check_array(
     bad = np.flatnonzero(actual != expected)
     if not bad.size:
         return None
-    row = int(bad[0])
-    return violation(f"entry {row} is {actual[row]!r}, expected {expected[row]!r}; whole field "
-                     f"{fmt(actual)}, expected {fmt(expected)}", row_to_request(row))
+    shown = "; ".join(f"entry {int(i)} is {actual[i]!r}, expected {expected[i]!r}" for i in bad[:3])
+    return violation(f"{shown} ({bad.size} of {actual.size} entries differ)", row_to_request(int(bad[0])))
 
 
 def check_int(invariant_id: str, record: StepRecord, field: str, actual: Any, expected: int,

@@ -122,3 +122,16 @@ class _GatherReturnsNothing(ReferenceSharder):
 def test_a_gather_that_returns_nothing_is_a_violation():
     (record,) = _records(TP1, _GatherReturnsNothing)
     assert [v.invariant_id for v in run_rank_checks(record)] == ["INV-GATHER-SAMPLED-IDS"]
+
+
+def test_value_messages_summarise_the_differing_rows_not_whole_tensors():
+    import torch
+
+    from shardspec.conformance.checks.common import diff_summary, values_equal
+
+    expected = torch.arange(1000).reshape(500, 2)
+    actual = expected.clone()
+    actual[[3, 70, 71, 400]] += 1
+    message = diff_summary(actual, expected, values_equal(actual, expected))
+    assert message == ("row 3 is [7, 8], expected [6, 7]; row 70 is [141, 142], expected [140, 141]; "
+                       "row 71 is [143, 144], expected [142, 143] (4 of 500 rows differ)")
