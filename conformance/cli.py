@@ -58,9 +58,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--in-process-device", choices=["auto", "cpu", "cuda"], default="auto",
                         help="where in-process runs (and shrinking) put the ranks: cuda (one GPU, ranks take "
                              "turns, compiled kernels), cpu, or auto: cuda where there is a GPU (default)")
-    parser.add_argument("--launcher", choices=["auto", "torchrun", "fork"], default="auto",
+    parser.add_argument("--launcher", choices=["auto", "torchrun", "fork", "external"], default="auto",
                         help="how rank processes start: torchrun, fork of one preloaded process (CPU only), "
-                             "or auto: fork on the CPU, torchrun on GPUs (default)")
+                             "auto: fork on the CPU, torchrun on GPUs (default), or external: your own launcher "
+                             "(torchrun across nodes, srun) starts them with the printed command; needs one --tp "
+                             "and a --run-dir every node can read and write")
     parser.add_argument("--run-dir", type=pathlib.Path, help="keep the run's files in this new (or empty) folder")
     parser.add_argument("--no-shrink", action="store_true", help="do not shrink failing generated cases")
     parser.add_argument("-v", "--verbose", action="store_true", help="one line per case")

@@ -29,6 +29,7 @@ from shardspec.conformance.api import ImplChoice
 from shardspec.conformance.expectations import compute_expectation, rank_device_kind, save_expectations
 from shardspec.conformance.judge import Judge, RankTranscript
 from shardspec.conformance.results import CaseResult, not_run
+from shardspec.conformance.external import JOIN_S, ExternalGroup, rank_command
 from shardspec.conformance.spawn import RankServer
 from shardspec.conformance.transcript import read_frames
 from shardspec.spec.case import Case
@@ -59,7 +60,8 @@ def run_jobs_multiprocess(jobs: list[Job], tp: int, options: LaunchOptions,
     """Run ``jobs`` (all of group size ``tp``) in as few launches as possible; results in job order."""
     run_dir = options.run_dir
     run_dir.mkdir(parents=True, exist_ok=True)
-    device_kind = rank_device_kind(tp)
+    device_kind = rank_device_kind(tp) if options.launcher != "external" else \
+        ("cuda" if torch.cuda.is_available() else "cpu")  # one GPU per rank on each node
     cases = list({job.case.case_id: job.case for job in jobs}.values())
     expectations = {case.case_id: compute_expectation(case, options.pg_timeout_s, device_kind) for case in cases}
     save_expectations(run_dir / "expectations.pt", expectations)
@@ -73,7 +75,7 @@ def run_jobs_multiprocess(jobs: list[Job], tp: int, options: LaunchOptions,
     # collective end a launch: run them last, so they cost fewer relaunches.
     breaking = {i for i, job in enumerate(jobs) if _breaks_group(expectations[job.case.case_id])}
     remaining = [i for i in range(len(jobs)) if i not in breaking] + sorted(breaking)
-    starter = _GroupStarter(run_dir, device_kind, options.launcher)
+    starter = _GroupStarter(run_dir, device_kind, options.launcher, log)
     judge = Judge(expectations, device_kind)
     launch_number, idle_launches = 0, 0
     # A launch that judged at least one job may be followed by another (each ends at most one job early);
@@ -124,15 +126,21 @@ class _GroupStarter:
     server on the CPU (a new server after one was killed). CUDA does not survive a fork, so ranks
     on GPUs always get fresh processes."""
 
-    def __init__(self, run_dir: pathlib.Path, device_kind: str, launcher: str = "auto"):
-        if launcher not in ("auto", "torchrun", "fork"):
-            raise ValueError(f"launcher {launcher!r}: expected auto, torchrun or fork")
-        self.run_dir, self.device_kind = run_dir, device_kind
+    def __init__(self, run_dir: pathlib.Path, device_kind: str, launcher: str = "auto", log=print):
+        if launcher not in ("auto", "torchrun", "fork", "external"):
+            raise ValueError(f"launcher {launcher!r}: expected auto, torchrun, fork or external")
+        self.run_dir, self.device_kind, self.log = run_dir, device_kind, log
+        self.external = launcher == "external"
         self.use_torchrun = launcher == "torchrun" or (launcher == "auto" and device_kind != "cpu")
 
     def start(self, tp: int, name: str, log_path: pathlib.Path):
         args = [str(self.run_dir), str(self.run_dir / f"{name}.json")]
         env = _worker_env(self.device_kind)
+        if self.external:
+            command = rank_command(self.run_dir, self.run_dir / f"{name}.json", tp)
+            (self.run_dir / f"{name}.command").write_text(command + "\n")
+            self.log(f"  waiting for {tp} ranks started by your launcher; on every node run:\n    {command}")
+            return ExternalGroup(command)
         if self.use_torchrun:
             command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--max-restarts", "0",
                        "--nproc-per-node", str(tp), "-m", WORKER, *args]
@@ -153,7 +161,8 @@ def _launch(jobs, indices, tp, options, name, results, on_result, starter, judge
             "case_timeout_s": options.case_timeout_s, "pg_timeout_s": options.pg_timeout_s}
     (run_dir / f"{name}.json").write_text(json.dumps(spec))
     log_path = run_dir / f"{name}.log"
-    limit = STARTUP_S + len(indices) * (options.case_timeout_s + 5.0)
+    startup = JOIN_S if starter.external else STARTUP_S
+    limit = startup + len(indices) * (options.case_timeout_s + 5.0)
     follower = _Follower(run_dir, name, tp)
     proc = starter.start(tp, name, log_path)
     settle = _Settler(jobs, results, follower, judge, on_result)
@@ -250,6 +259,9 @@ def _let_finish(proc, grace_s: float) -> None:
 
 
 def _kill_group(proc) -> None:
+    if isinstance(proc, ExternalGroup):
+        proc.stop()
+        return
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except ProcessLookupError:

@@ -130,6 +130,11 @@ def resolve(args, environ: Mapping[str, str] = os.environ) -> dict[str, Any]:
     values["impl"] = impl
     values["impl_odd"] = _source("--impl-odd", "SHARDSPEC_IMPL_ODD", args, environ)[0]
     _check_run_dir(args.run_dir)
+    if getattr(args, "launcher", None) == "external":
+        if len(values["tp"]) != 1:
+            raise UsageError(f"--launcher external: one group size (the launch's world size), not {values['tp']}")
+        if args.run_dir is None:
+            raise UsageError("--launcher external: give a --run-dir that every node can read and write")
     return values
 
 

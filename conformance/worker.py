@@ -118,6 +118,10 @@ class Streamer:
 
 
 def _init_group(pg_timeout_s: float, device_kind: str):
+    from shardspec.conformance.external import adopt_slurm_environment
+
+    adopt_slurm_environment()
+    torch.set_num_threads(1)  # as the expectations were computed, whoever started this rank
     use_cuda = device_kind == "cuda"
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     device = torch.device(f"cuda:{local_rank}") if use_cuda else torch.device("cpu")
