@@ -22,6 +22,8 @@ from mutmut.stats import status_by_exit_code
 
 # Counted as caught: the tests failed, ran out of time, or the process died.
 CAUGHT = {"killed", "timeout", "segfault"}
+# mutmut's status of a mutant it has not run (left out of a sample, or the run was stopped).
+NOT_RUN = "not checked"
 REASON_LINE = re.compile(r"^- `(?P<function>[^`]+)`: `(?P<mutated>.+)` — (?P<reason>\S.*)$")
 # mutmut's separator between a class name and its method in mangled names.
 CLASS_SEPARATOR = "ǁ"
@@ -70,7 +72,8 @@ def collect_results(snapshot: Path, folders: list[str], with_diffs: bool = True)
                 exit_codes = json.loads(meta.read_text())["exit_code_by_key"]
                 for name, code in sorted(exit_codes.items()):
                     status = status_by_exit_code[code]
-                    diff = get_diff_for_mutant(name, path=source) if with_diffs and status not in CAUGHT else ""
+                    judged_survivor = status not in CAUGHT and status != NOT_RUN
+                    diff = get_diff_for_mutant(name, path=source) if with_diffs and judged_survivor else ""
                     mutants.append(Mutant(name, folder, status, diff))
     return mutants
 
@@ -92,7 +95,7 @@ def write_report(path: Path, mutants: list[Mutant], reasons: dict[tuple[str, str
     """Writes every mutant that was not caught; returns the names of those without a reason."""
     unjustified, lines = [], ["# Mutants not caught by the fast profile", ""]
     for mutant in mutants:
-        if mutant.status in CAUGHT:
+        if mutant.status in CAUGHT or mutant.status == NOT_RUN:
             continue
         reason = reasons.get((mutant.function, mutant.mutated))
         if reason is None:
@@ -108,15 +111,18 @@ def write_report(path: Path, mutants: list[Mutant], reasons: dict[tuple[str, str
 
 
 def print_summary(mutants: list[Mutant], seconds: dict[str, float]) -> None:
-    print(f"{'folder':<10} {'mutants':>8} {'killed':>7} {'survived':>9} {'timeout':>8} {'other':>6} {'score':>7}  time")
+    """Per folder: mutants, how many were run, killed / survived / timed out / other, and the score of those run."""
+    print(f"{'folder':<10} {'mutants':>8} {'run':>6} {'killed':>7} {'survived':>9} {'timeout':>8} {'other':>6} "
+          f"{'score':>7}  time")
     for folder, wall in seconds.items():
         counts = Counter(m.status for m in mutants if m.folder == folder)
-        total = sum(counts.values())
+        run = sum(counts.values()) - counts[NOT_RUN]
         caught = sum(counts[s] for s in CAUGHT)
-        other = total - counts["killed"] - counts["survived"] - counts["timeout"]
-        score = f"{100 * caught / total:.1f}%" if total else "n/a"
-        print(f"{folder:<10} {total:>8} {counts['killed']:>7} {counts['survived']:>9} {counts['timeout']:>8} "
-              f"{other:>6} {score:>7}  {wall:.0f} s")
+        other = run - counts["killed"] - counts["survived"] - counts["timeout"]
+        score = f"{100 * caught / run:.1f}%" if run else "n/a"
+        print(f"{folder:<10} {sum(counts.values()):>8} {run:>6} {counts['killed']:>7} {counts['survived']:>9} "
+              f"{counts['timeout']:>8} {other:>6} {score:>7}  {wall:.0f} s")
         if other:
-            rest = {status: n for status, n in counts.items() if status not in ("killed", "survived", "timeout")}
+            shown = ("killed", "survived", "timeout", NOT_RUN)
+            rest = {status: n for status, n in counts.items() if status not in shown}
             print(f"{'':<10} other: {rest}")

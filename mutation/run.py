@@ -32,13 +32,13 @@ except ModuleNotFoundError:  # Python 3.10: mutmut depends on toml there
     import toml as tomllib
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from report import CAUGHT, collect_results, load_reasons, print_summary, write_report  # noqa: E402
+from report import CAUGHT, NOT_RUN, collect_results, load_reasons, print_summary, write_report  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 WORK = ROOT / "build" / "mutation"
 REPORT = ROOT / "reports" / "mutants.md"
 REASONS = ROOT / "docs" / "mutation-survivors.md"
-TARGETS = ("reference", "impl")
+FOLDERS = ("reference", "impl")
 # Beside the package: what the tests read through paths relative to themselves.
 EXTRA_PATHS = ("tests", "examples", "pyproject.toml")
 
@@ -97,29 +97,48 @@ def take_files(snapshot: Path, paths: list[str]) -> None:
         shutil.copy2(source, target)
 
 
-def not_caught(snapshot: Path, target: str) -> list[str]:
-    """Names of the target's mutants that the last run did not catch (or did not reach)."""
-    return [m.name for m in collect_results(snapshot, [target], with_diffs=False) if m.status not in CAUGHT]
+def write_mutmut_config(snapshot: Path, folder: str) -> None:
+    """setup.cfg [mutmut] for one folder, from [tool.shardspec.mutants] of the snapshot's pyproject.toml."""
+    settings = tomllib.loads((snapshot / "pyproject.toml").read_text())["tool"]["shardspec"]["mutants"]
+    values = {key: value for key, value in settings.items() if not isinstance(value, dict)}
+    values["source_paths"] = [f"src/shardspec/{folder}"]
+    values["pytest_add_cli_args_test_selection"] = settings[folder]["tests"]
+    lines = ["[mutmut]"]
+    for key, value in values.items():
+        items = value if isinstance(value, list) else [value]
+        lines.append(f"{key} =" + "".join(f"\n    {item}" for item in items))
+    (snapshot / "setup.cfg").write_text("\n".join(lines) + "\n")
 
 
-def run_mutmut(snapshot: Path, target: str, max_children: int, names: list[str] | None = None) -> float:
-    """mutmut over one folder's mutants (only ``names`` if given); returns the wall time in seconds."""
+def not_caught(snapshot: Path, folder: str) -> list[str]:
+    """Names of the folder's mutants that the last run judged and did not catch."""
+    results = collect_results(snapshot, [folder], with_diffs=False)
+    return [m.name for m in results if m.status not in CAUGHT and m.status != NOT_RUN]
+
+
+def sample_pattern(folder: str, every: int) -> str:
+    """The mutants of the folder whose number's last digit is a multiple of ``every`` (1, 2, 5 or 10)."""
+    digits = "".join(str(d) for d in range(10) if d % every == 0)
+    return f"shardspec.{folder}.*__mutmut_*[{digits}]"
+
+
+def run_mutmut(snapshot: Path, max_children: int, names: list[str]) -> float:
+    """mutmut over the named mutants (fnmatch patterns); returns the wall time in seconds."""
     env = dict(os.environ, TRITON_INTERPRET="1", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
     # The repository's own checkout must not shadow the snapshot's package.
     env.pop("PYTHONPATH", None)
     started = time.monotonic()
-    command = [sys.executable, "-m", "mutmut", "run", "--max-children", str(max_children)]
-    command += names if names is not None else [f"shardspec.{target}.*"]
-    print("$", " ".join(command[:7]), "..." if len(command) > 7 else "", f"(in {snapshot.relative_to(ROOT)})",
-          flush=True)
+    command = [sys.executable, "-m", "mutmut", "run", "--max-children", str(max_children), *names]
+    shown = " ".join(command[:7]) + (f" ... ({len(names)} names)" if len(names) > 1 else "")
+    print("$", shown, f"(in {snapshot.relative_to(ROOT)})", flush=True)
     subprocess.run(command, cwd=snapshot, env=env, check=True)
     return time.monotonic() - started
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("targets", nargs="*", metavar="FOLDER",
-                        help=f"folders to mutate, in this order: {' '.join(TARGETS)} (default: both)")
+    parser.add_argument("folders", nargs="*", metavar="FOLDER",
+                        help=f"folders to mutate, in this order: {' '.join(FOLDERS)} (default: both)")
     parser.add_argument("--max-children", type=int, default=1, help="parallel mutant runs (default 1)")
     source = parser.add_mutually_exclusive_group()
     source.add_argument("--rev", default="HEAD", help="the commit to snapshot (default HEAD)")
@@ -129,27 +148,36 @@ def main(argv: list[str] | None = None) -> int:
                              "not catch")
     parser.add_argument("--take", nargs="+", default=[], metavar="PATH",
                         help="files to copy from the working tree into the snapshot first (e.g. new tests)")
+    parser.add_argument("--sample", type=int, choices=[1, 2, 5, 10], default=1,
+                        help="run 1 mutant in N (by the last digit of mutmut's number), for a quick estimate")
+    parser.add_argument("--report-only", action="store_true", help="run nothing: report the last run's results")
     args = parser.parse_args(argv)
-    args.targets = args.targets or list(TARGETS)
-    unknown = sorted(set(args.targets) - set(TARGETS))
+    args.folders = args.folders or list(FOLDERS)
+    unknown = sorted(set(args.folders) - set(FOLDERS))
     if unknown:
-        parser.error(f"unknown folder(s) {unknown}: choose from {list(TARGETS)}")
-    snapshot = WORK / "snapshot"
+        parser.error(f"unknown folder(s) {unknown}: choose from {list(FOLDERS)}")
+    return args
+
+
+def run_folder(folder: str, args: argparse.Namespace) -> float:
+    snapshot = WORK / folder
     reuse = args.reuse and (snapshot / "mutants").exists()
     if not reuse:
         lay_out_snapshot(snapshot, None if args.worktree else args.rev)
+        write_mutmut_config(snapshot, folder)
     take_files(snapshot, args.take)
-    seconds = {}
-    for target in args.targets:
-        names = not_caught(snapshot, target) if reuse else None
-        if names == []:
-            print(f"{target}: every mutant was caught in the last run")
-            seconds[target] = 0.0
-            continue
-        seconds[target] = run_mutmut(snapshot, target, args.max_children, names)
-    results = collect_results(snapshot, args.targets)
-    reasons = load_reasons(REASONS)
-    unjustified = write_report(REPORT, results, reasons)
+    names = not_caught(snapshot, folder) if reuse else [sample_pattern(folder, args.sample)]
+    if not names:
+        print(f"{folder}: every mutant was caught in the last run")
+        return 0.0
+    return run_mutmut(snapshot, args.max_children, names)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    seconds = {folder: 0.0 if args.report_only else run_folder(folder, args) for folder in args.folders}
+    results = [m for folder in args.folders for m in collect_results(WORK / folder, [folder])]
+    unjustified = write_report(REPORT, results, load_reasons(REASONS))
     print_summary(results, seconds)
     print(f"survivors and their reasons: {REPORT.relative_to(ROOT)}")
     missing = [name for name in unjustified if name.startswith("shardspec.reference.")]
