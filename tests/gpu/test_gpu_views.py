@@ -28,8 +28,8 @@ def _every_other(tensor: torch.Tensor) -> torch.Tensor:
     return torch.stack([tensor, tensor.roll(1)], dim=-1).flatten()[::2]
 
 
-def _shards(batch, tp, rank, capacity=8, **options):
-    return [impl(capacity, 4, comm=LoopbackComm(rank, tp), device="cuda", **options).shard_sampler_inputs(batch, None)
+def _shards(batch, tp, rank, capacity=8):
+    return [impl(capacity, 4, comm=LoopbackComm(rank, tp), device="cuda").shard_sampler_inputs(batch, None)
             for impl in (ReferenceSharder, ProductionSharder)]
 
 
@@ -69,7 +69,8 @@ def test_device_copy_mismatch_is_rejected_when_asked_and_never_synced_by_default
     batch = build_input_batch([2, 5, 0, 3, 6], [1, 3, 2, 1, 2], device="cuda")
     wrong = replace(batch, idx_mapping=torch.tensor([2, 5, 1, 3, 6], device="cuda"))
     with pytest.raises(PreconditionError) as caught:
-        _shards(wrong, tp=2, rank=0, check_device_copies=True)
+        ProductionSharder(8, 4, comm=LoopbackComm(0, 2), device="cuda", check_device_copies=True
+                          ).shard_sampler_inputs(wrong, None)
     assert (caught.value.precondition_id, caught.value.request) == ("PRE-HOST-DEVICE-MATCH", 2)
     sharder = ProductionSharder(8, 4, comm=LoopbackComm(0, 2), device="cuda")
     sharder.shard_sampler_inputs(batch, None)  # compiles outside the check
