@@ -19,7 +19,6 @@ slot range (INV-REJECT-INVALID) and the shapes of what the kernels read.
 
 from __future__ import annotations
 
-
 import numpy as np
 import torch
 
