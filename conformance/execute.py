@@ -16,6 +16,7 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
+from shardspec.conformance.checks.common import declined_extensions
 from shardspec.conformance.checks.base import RANK_CHECKERS, StepOutputs, StepRecord, Violation
 from shardspec.conformance.digest import step_digest
 from shardspec.conformance.recording import CollectiveError, Progress, RecordingComm, changed_fields, snapshot
@@ -152,8 +153,9 @@ def _timed(run: RankRun, progress: Progress, step: str, fn, *args, **kwargs):
 
 
 def should_check(case: Case, outputs: StepOutputs) -> bool:
-    """Checkers judge complete steps and expected rejections; other errors fail the case as errors."""
-    return outputs.error is None or case.expect_error is not None
+    """Checkers judge complete steps, expected rejections and declined extension fields; other errors
+    fail the case as errors."""
+    return outputs.error is None or case.expect_error is not None or declined_extensions(case, outputs)
 
 
 def run_rank_checks(record: StepRecord) -> list[Violation]:
@@ -213,7 +215,11 @@ def continue_after(case: Case, run: RankRun, expected: list[StepOutputs]) -> boo
     out = run.outputs
     if out.error is None:
         return True
-    if case.expect_error is None or run.error_in_collective:
+    if run.error_in_collective:
+        return False
+    if declined_extensions(case, out):
+        return True  # the declaration is replicated: every rank declines at the same point
+    if case.expect_error is None:
         return False
     return all(ref.error is not None and len(ref.wire) == len(out.wire) for ref in expected)
 
@@ -231,12 +237,13 @@ def run_case_on_rank(case: Case, comm, impl_name: str, make_sharder, expectation
     rank = comm.rank
     inputs = build_case_inputs(case, device)
     run = run_step(make_sharder, case, inputs, comm, device, progress, on_step, kept, on_call)
+    expected_to_raise = case.expect_error is not None or declined_extensions(case, run.outputs)
     return {
         "case_id": case.case_id,
         "rank": rank,
         "impl": impl_name,
-        "error": None if case.expect_error is not None else error_summary(run),
-        "rejection": error_summary(run) if case.expect_error is not None else None,
+        "error": None if expected_to_raise else error_summary(run),
+        "rejection": error_summary(run) if expected_to_raise else None,
         "timings": {k: round(v, 6) for k, v in run.timings.items()},
         "error_in_collective": run.error_in_collective,
         "aligned": continue_after(case, run, expectation.expected),

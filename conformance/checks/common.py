@@ -50,10 +50,18 @@ def shards(record: StepRecord):
     return record.actual.shard, record.expected.shard
 
 
+def declined_extensions(case, outputs) -> bool:
+    """The implementation refused the case's extension fields with PRE-EXTENSION-SUPPORTED, which the spec
+    allows (INV-GATHER-EXTENSIONS judges where and how): a verdict, not a run error."""
+    error = outputs.error
+    return bool(case.extensions) and error is not None and (
+        getattr(error, "precondition_id", None) == "PRE-EXTENSION-SUPPORTED" or "PRE-EXTENSION-SUPPORTED" in str(error))
+
+
 def unexpected_error(record: StepRecord, invariant_id: str) -> list[Violation]:
     """The implementation's own exception, reported under ``invariant_id`` only."""
     actual = record.actual
-    if not judgeable(record) or actual.error is None:
+    if not judgeable(record) or actual.error is None or declined_extensions(record.case, actual):
         return []
     # A step this table does not name is reported with the shard step's.
     if STEP_REPORTER.get(actual.failed_step, STEP_REPORTER["shard"]) != invariant_id:
