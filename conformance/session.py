@@ -37,6 +37,7 @@ class ConformanceSession:
         self.sizes_run: set[int] = set()
         self.invariants = report.load_invariants()
         self._load_problems: Optional[dict[str, Optional[str]]] = None
+        self.version_warnings: list[str] = []  # implementations that target another spec version
 
     def label(self, impl: str) -> str:
         return ImplChoice.parse(impl).label
@@ -54,7 +55,10 @@ class ConformanceSession:
         mode = (f"in-process ({self.config.in_process_group} group, ranks as threads on {expectation_device()})"
                 if self.config.in_process
                 else "one process per rank (gloo or NCCL)")
-        lines = [f"shardspec conformance: implementation(s): {', '.join(self.label(i) for i in self.config.impls)}",
+        from shardspec.spec.loader import spec_version
+
+        lines = [f"shardspec conformance against spec {spec_version()}: implementation(s): "
+                 f"{', '.join(self.label(i) for i in self.config.impls)}",
                  f"  mode: {mode}; seed {self.config.seed}; run dir {self.run_dir}"]
         for impl in self.config.impls:
             counts = self.case_counts(impl)
@@ -89,7 +93,9 @@ class ConformanceSession:
             from shardspec.conformance.probe import probe
 
             names = [name for impl in self.config.impls for name in ImplChoice.parse(impl).names()]
-            self._load_problems = probe(names)
+            self._load_problems = probe(names, warnings=self.version_warnings)
+            for warning in self.version_warnings:
+                self.log(f"warning: {warning}")
         return self._load_problems
 
     def run_all(self) -> None:
@@ -120,7 +126,7 @@ class ConformanceSession:
                 parts.append("\nfailures:\n" + "\n".join(failures))
             failed |= bool(report.failing_invariants(rows))
         known_cases = {r.case_id for rs in self.results.values() for r in rs}
-        warnings = xfails.warnings(set(levels) | checked, known_cases)
+        warnings = xfails.warnings(set(levels) | checked, known_cases) + list(self.version_warnings)
         if not checked:
             warnings.append("no checker is registered: every invariant is not-run")
         parts += [f"warning: {w}" for w in warnings]
