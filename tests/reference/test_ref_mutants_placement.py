@@ -1,4 +1,4 @@
-"""The reference puts what it makes on its own device, whatever torch's default device is.
+"""The reference puts what it makes on its own device, in the spec's dtypes, whatever torch's defaults are.
 
 Engines often run with a default device set (``torch.set_default_device`` or ``with
 torch.device(...)``). A tensor the reference creates without naming its device would land there:
@@ -54,6 +54,23 @@ def test_every_rank_step_ignores_the_default_device(case):
         with torch.device("meta"):
             actual = run_rank_step(LoopbackComm(rank, case.tp_size), case, inputs)
         _assert_on_cpu(actual, f"rank {rank}")
+        assert encode_trace(actual, inputs) == encode_trace(expected, inputs), f"rank {rank}"
+
+
+@pytest.mark.parametrize("case", STEP_CASES, ids=lambda case: case.case_id)
+def test_every_rank_step_ignores_the_default_dtype(case):
+    """Engines load models with torch's default dtype set (e.g. bfloat16): wire and outputs keep the spec's dtypes."""
+    inputs = build_case_inputs(case)
+    for rank in range(case.tp_size):
+        expected = run_rank_step(LoopbackComm(rank, case.tp_size), case, inputs)
+        previous = torch.get_default_dtype()
+        torch.set_default_dtype(torch.float64)
+        try:
+            actual = run_rank_step(LoopbackComm(rank, case.tp_size), case, inputs)
+        finally:
+            torch.set_default_dtype(previous)
+        for (place, a), (_, e) in zip(_tensors(actual, f"rank {rank}"), _tensors(expected), strict=True):
+            assert a.dtype == e.dtype, f"{place}: {a.dtype}, expected {e.dtype}"
         assert encode_trace(actual, inputs) == encode_trace(expected, inputs), f"rank {rank}"
 
 
