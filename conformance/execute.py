@@ -49,8 +49,10 @@ class KeptSharder:
     recorder: RecordingComm
 
 
-def local_sampler_output(case: Case, rank: int, full_vocab_logits, shard, device):
-    """The local sampler's result for ``rank``: toy sampler or the case's explicit output."""
+def local_sampler_output(case: Case, rank: int, full_vocab_logits, shard, device=None):
+    """The local sampler's result for ``rank``: toy sampler or the case's explicit output (a rank the case
+    does not list supplies None)."""
+    device = full_vocab_logits.device if device is None else device
     if case.local_outputs == "toy":
         num_logprobs = None if case.logprobs_dims is None else case.logprobs_dims[0]
         logits = full_vocab_logits[:, : case.vocab_size]
