@@ -109,7 +109,6 @@ def main(argv: Optional[list[str]] = None) -> int:
             raise UsageError("--in-process-device cuda: no CUDA device is available")
         if not torch.cuda.is_available():
             os.environ.setdefault("TRITON_INTERPRET", "1")  # before any Triton kernel is defined
-        os.environ["SHARDSPEC_IN_PROCESS_DEVICE"] = config.in_process_device  # read where ranks are threads
         from shardspec.conformance.session import ConformanceSession
 
         session = ConformanceSession(config, log=_log)

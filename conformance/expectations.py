@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import importlib
-import os
 from dataclasses import dataclass, replace
 from typing import Any, Optional
 
@@ -60,14 +59,13 @@ def single_thread():
 _CACHE: dict[str, Expectation] = {}
 
 
-def expectation_device() -> str:
+def expectation_device(choice: str = "auto") -> str:
     """Where in-process runs put every rank, and so the default device of :func:`compute_expectation`.
 
-    ``SHARDSPEC_IN_PROCESS_DEVICE`` (set by ``--in-process-device``): ``cpu``, ``cuda`` (all ranks
+    ``choice`` (``--in-process-device``): ``cpu``, ``cuda`` (all ranks
     on the current GPU, taking turns, so compiled kernels run), or ``auto`` (default): cuda where
     there is a GPU, since compiled Triton kernels cannot read CPU tensors.
     """
-    choice = os.environ.get("SHARDSPEC_IN_PROCESS_DEVICE", "auto")
     if choice == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
     return choice

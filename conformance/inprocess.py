@@ -26,11 +26,11 @@ from shardspec.spec.case import Case, expand_steps
 
 
 def run_case_in_process(case: Case, choice: ImplChoice, expectation: Optional[Expectation] = None,
-                        timeout_s: float = 60.0, group: str = "lockstep") -> CaseResult:
+                        timeout_s: float = 60.0, group: str = "lockstep", device: str = "auto") -> CaseResult:
     """One case; the steps of a multi-step case make one result whose violations and errors name their step."""
     if case.then:
-        return merged_steps(case, run_steps_in_process(expand_steps(case), choice, None, timeout_s, group))
-    return run_steps_in_process([case], choice, [expectation] if expectation else None, timeout_s, group)[0]
+        return merged_steps(case, run_steps_in_process(expand_steps(case), choice, None, timeout_s, group, device))
+    return run_steps_in_process([case], choice, [expectation] if expectation else None, timeout_s, group, device)[0]
 
 
 def merged_steps(case: Case, results: list[CaseResult]) -> CaseResult:
@@ -44,10 +44,11 @@ def merged_steps(case: Case, results: list[CaseResult]) -> CaseResult:
 
 
 def run_steps_in_process(cases: list[Case], choice: ImplChoice, expectations: Optional[list[Expectation]] = None,
-                         timeout_s: float = 60.0, group: str = "lockstep") -> list[CaseResult]:
+                         timeout_s: float = 60.0, group: str = "lockstep", device: str = "auto") -> list[CaseResult]:
     """``cases`` in one group, each rank calling one sharder for all of them (the steps of a multi-step
-    case; a single case is one step); a result per case."""
-    expectations = expectations or [compute_expectation(c, timeout_s, expectation_device()) for c in cases]
+    case; a single case is one step); a result per case. ``device``: ``--in-process-device``."""
+    device = expectation_device(device)
+    expectations = expectations or [compute_expectation(c, timeout_s, device) for c in cases]
     impls = {name: load_implementation(name) for name in {choice.impl, choice.impl_odd} if name}
 
     def one_rank(comm):
@@ -55,7 +56,7 @@ def run_steps_in_process(cases: list[Case], choice: ImplChoice, expectations: Op
         for case, expectation in zip(cases, expectations):
             try:
                 record, kept = check_case_on_rank(case, comm, impl.name, impl.factory, expectation,
-                                                  expectation_device(), kept=kept)
+                                                  device, kept=kept)
             except Exception:  # outside the implementation's calls (e.g. a device error surfacing in a checker)
                 records.append({"harness_error": traceback.format_exc()})
                 break
@@ -79,13 +80,13 @@ def run_steps_in_process(cases: list[Case], choice: ImplChoice, expectations: Op
 
 def run_jobs_in_process(jobs: Iterable, timeout_s: float = 60.0,
                         on_result: Optional[Callable[[CaseResult], None]] = None,
-                        group: str = "lockstep") -> list[CaseResult]:
+                        group: str = "lockstep", device: str = "auto") -> list[CaseResult]:
     """Run :class:`shardspec.conformance.launcher.Job` s one after the other; the steps of a multi-step
     case (consecutive jobs, each continuing the one before) share one group and one sharder per rank."""
     results = []
     for chain in _chains(list(jobs)):
         for result in run_steps_in_process([job.case for job in chain], chain[0].choice, timeout_s=timeout_s,
-                                           group=group):
+                                           group=group, device=device):
             results.append(result)
             if on_result:
                 on_result(result)

@@ -65,7 +65,6 @@ def conformance_run(config):
             raise pytest.UsageError(str(exc)) from None
         if not torch.cuda.is_available():
             os.environ.setdefault("TRITON_INTERPRET", "1")
-        os.environ["SHARDSPEC_IN_PROCESS_DEVICE"] = run_config.in_process_device
         run = ConformanceSession(run_config, log=print)
         print(run.header())
         config.stash[_RUN] = run

@@ -220,7 +220,8 @@ def _run_jobs(config, tp, jobs, run_dir, log, deliver) -> list[CaseResult]:
     if config.in_process:
         from shardspec.conformance.inprocess import run_jobs_in_process
 
-        results = run_jobs_in_process(jobs, config.pg_timeout_s, on_result, group=config.in_process_group)
+        results = run_jobs_in_process(jobs, config.pg_timeout_s, on_result, group=config.in_process_group,
+                                      device=config.in_process_device)
     else:
         options = LaunchOptions(run_dir / f"tp{tp}", config.case_timeout_s, config.pg_timeout_s,
                                 launcher=config.launcher)
@@ -247,7 +248,7 @@ def _shrink_failures(config, choice, results, generated, run_dir, log) -> None:
         log(f"  shrinking {result.case_id} in a child process ...")
         try:
             smallest = shrink_in_child(result.case, set(kind), choice.label, config.in_process_group,
-                                       run_dir / "shrinking")
+                                       config.in_process_device, run_dir / "shrinking")
         except RuntimeError as exc:  # the failure is still reported, unshrunk
             log(f"  could not shrink {result.case_id}: {exc}")
             continue

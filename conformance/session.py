@@ -52,7 +52,7 @@ class ConformanceSession:
         return {tp: "a mixed group needs an odd rank" for tp in self.tp_sizes if not choice.applies_to(tp)}
 
     def header(self) -> str:
-        mode = (f"in-process ({self.config.in_process_group} group, ranks as threads on {expectation_device()})"
+        mode = (f"in-process ({self.config.in_process_group} group, ranks as threads on {expectation_device(self.config.in_process_device)})"
                 if self.config.in_process
                 else "one process per rank (gloo or NCCL)")
         from shardspec.spec.loader import spec_version
@@ -183,7 +183,7 @@ class ConformanceSession:
         import torch
 
         if self.config.in_process:
-            device = expectation_device()
+            device = expectation_device(self.config.in_process_device)
             return (f"{self.config.in_process_group} group (ranks as threads)",
                     torch.cuda.get_device_name(0) if device == "cuda" else device)
         if torch.cuda.is_available():

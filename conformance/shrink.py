@@ -140,7 +140,7 @@ def _clean(case: Case) -> Case:
     return replace(case, nan_tokens=[t for t in case.nan_tokens if t < num_tokens])
 
 
-def shrink_in_child(case: Case, target: set[str], entry: str, group: str, folder: pathlib.Path,
+def shrink_in_child(case: Case, target: set[str], entry: str, group: str, device: str, folder: pathlib.Path,
                     budget_s: float = 30.0) -> Case:
     """:func:`shrink_to` in a child process running ``entry`` in-process; raises RuntimeError when it fails."""
     from shardspec.fixtures import case_to_yaml, load_case_file
@@ -149,8 +149,8 @@ def shrink_in_child(case: Case, target: set[str], entry: str, group: str, folder
     source, result = folder / f"{case.case_id}.to-shrink.yaml", folder / f"{case.case_id}-min.yaml"
     source.write_text(case_to_yaml(case))
     result.unlink(missing_ok=True)
-    command = [sys.executable, "-m", __name__, str(source), entry, group, json.dumps(sorted(target)), str(result),
-               str(budget_s)]
+    command = [sys.executable, "-m", __name__, str(source), entry, group, device, json.dumps(sorted(target)),
+               str(result), str(budget_s)]
     try:
         proc = subprocess.run(command, capture_output=True, text=True, timeout=budget_s + 60,
                               stdin=subprocess.DEVNULL)
@@ -169,7 +169,7 @@ def shrink_in_child(case: Case, target: set[str], entry: str, group: str, folder
 
 
 def main(argv: list[str]) -> int:
-    """``python -m shardspec.conformance.shrink CASE_FILE ENTRY GROUP TARGET_JSON OUT_FILE BUDGET_S``."""
+    """``python -m shardspec.conformance.shrink CASE_FILE ENTRY GROUP DEVICE TARGET_JSON OUT_FILE BUDGET_S``."""
     import os
 
     import torch
@@ -180,12 +180,13 @@ def main(argv: list[str]) -> int:
     from shardspec.conformance.inprocess import run_case_in_process
     from shardspec.fixtures import case_to_yaml, load_case_file
 
-    source, entry, group, target, out, budget = argv
+    source, entry, group, device, target, out, budget = argv
     import shardspec.conformance.checks  # noqa: F401  registers every checker
 
     choice = ImplChoice.parse(entry)
     smallest = shrink_to(load_case_file(source), set(json.loads(target)),
-                         lambda c: run_case_in_process(c, choice, timeout_s=10.0, group=group), float(budget))
+                         lambda c: run_case_in_process(c, choice, timeout_s=10.0, group=group, device=device),
+                         float(budget))
     pathlib.Path(out).write_text(case_to_yaml(smallest))
     return 0
 
