@@ -1,4 +1,4 @@
-"""The toy sampler's rules where the goldens' random logits never go: ties between tokens.
+"""The toy sampler where the goldens never go: ties between tokens, a grammar that lists no request.
 
 The goldens draw logits at random, so no two tokens of a row tie and a sort that breaks ties
 arbitrarily passes them. The toy sampler promises ties broken by token id, so that a row's logprobs
@@ -7,8 +7,10 @@ that torch's unstable sort does reorder equal values.
 """
 
 import torch
-from shardspec.reference.sampler import toy_sample
+
+from shardspec.reference.sampler import apply_grammar_bitmask, toy_sample
 from shardspec.spec.builders import build_input_batch
+from shardspec.spec.model import GrammarOutput
 
 
 def test_logprob_ties_are_broken_by_token_id():
@@ -30,3 +32,10 @@ def test_all_tied_row_samples_the_lowest_token_id():
     assert out.logprobs_tensors.logprob_token_ids.tolist() == [[0, 0, 1, 2]]
     expected = torch.log(torch.tensor(1 / 256))
     assert torch.allclose(out.logprobs_tensors.logprobs, expected.expand(1, 4))
+
+
+def test_grammar_listing_no_request_masks_nothing():
+    batch = build_input_batch([2, 5], [1, 2])
+    logits = torch.randn(3, 64, generator=torch.Generator().manual_seed(0))
+    empty = GrammarOutput(structured_output_request_ids=[], grammar_bitmask=torch.zeros(0, 2, dtype=torch.int32))
+    assert torch.equal(apply_grammar_bitmask(logits, batch, empty), logits)
