@@ -27,19 +27,48 @@ from shardspec.conformance.report_matrix import CHANGE_KINDS, Matrix, build_matr
 from shardspec.conformance.report_model import ReportError, load_report, report_names
 
 TEMPLATES = pathlib.Path(__file__).parent / "templates"
-RUN_FIELDS = ("implementations", "spec_version", "shardspec", "torch", "triton", "backend", "device", "mode",
-              "tp_sizes", "seed", "max_examples", "wall_s")
+RUN_FIELDS = (
+    "implementations",
+    "spec_version",
+    "shardspec",
+    "torch",
+    "triton",
+    "backend",
+    "device",
+    "mode",
+    "tp_sizes",
+    "seed",
+    "max_examples",
+    "wall_s",
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m shardspec.conformance report",
-                                     description="Build a static HTML report from conformance JSON reports.")
-    parser.add_argument("reports", nargs="+", metavar="REPORT.json",
-                        help="JSON reports (--json of a run); for the diff, older runs first")
-    parser.add_argument("-o", "--output", required=True, type=pathlib.Path, metavar="DIR",
-                        help="folder to write (created; its index.html, diff.html, bench.html are replaced)")
-    parser.add_argument("--bench", action="append", default=[], metavar="PATH",
-                        help="benchmark results: .json, .png or .txt files, or folders of them (e.g. bench/results)")
+    parser = argparse.ArgumentParser(
+        prog="python -m shardspec.conformance report",
+        description="Build a static HTML report from conformance JSON reports.",
+    )
+    parser.add_argument(
+        "reports",
+        nargs="+",
+        metavar="REPORT.json",
+        help="JSON reports (--json of a run); for the diff, older runs first",
+    )
+    parser.add_argument(
+        "-o",
+        "--output",
+        required=True,
+        type=pathlib.Path,
+        metavar="DIR",
+        help="folder to write (created; its index.html, diff.html, bench.html are replaced)",
+    )
+    parser.add_argument(
+        "--bench",
+        action="append",
+        default=[],
+        metavar="PATH",
+        help="benchmark results: .json, .png or .txt files, or folders of them (e.g. bench/results)",
+    )
     parser.add_argument("--title", default="shardspec conformance", help="the pages' title")
     return parser
 
@@ -54,8 +83,10 @@ def main(argv: list[str] | None = None) -> int:
     except ModuleNotFoundError as exc:
         if exc.name != "jinja2":
             raise
-        print("shardspec report: error: jinja2 is missing; install it with pip install 'shardspec[report]'",
-              file=sys.stderr)
+        print(
+            "shardspec report: error: jinja2 is missing; install it with pip install 'shardspec[report]'",
+            file=sys.stderr,
+        )
         return 2
     except OSError as exc:
         print(f"shardspec report: error: cannot write {args.output}: {exc}", file=sys.stderr)
@@ -64,10 +95,12 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def build_site(report_paths: list[str], out_dir: pathlib.Path, bench: list[str] | None = None,
-               title: str = "shardspec conformance") -> list[pathlib.Path]:
+def build_site(
+    report_paths: list[str], out_dir: pathlib.Path, bench: list[str] | None = None, title: str = "shardspec conformance"
+) -> list[pathlib.Path]:
     """Write the pages; returns their paths (index.html first)."""
     import jinja2
+
     from shardspec.spec.loader import load_spec
 
     names = report_names([str(p) for p in report_paths])
@@ -83,8 +116,13 @@ def build_site(report_paths: list[str], out_dir: pathlib.Path, bench: list[str] 
         pages["diff.html"] = "diff"
     if bench_files:
         pages["bench.html"] = "benchmarks"
-    env = jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES), autoescape=True,
-                             undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(TEMPLATES),
+        autoescape=True,
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
     common = {"title": title, "pages": pages, "reports": [_run_summary(r) for r in reports]}
     contexts = {
         "index.html": {"matrix": matrix, "header": header_rows(matrix), "legend": LEGEND},
@@ -100,18 +138,25 @@ def build_site(report_paths: list[str], out_dir: pathlib.Path, bench: list[str] 
     return written
 
 
-LEGEND = [("fail", "a MUST invariant was violated"), ("warn", "a SHOULD invariant was violated"),
-          ("xfail", "violated, and listed as an expected failure"), ("pass", "held in every case judged"),
-          ("n/a", "does not apply, or no case at this size could judge it"),
-          ("not-run", "no case ran there, or no checker exists"),
-          ("unknown", "a verdict this version does not know")]
+LEGEND = [
+    ("fail", "a MUST invariant was violated"),
+    ("warn", "a SHOULD invariant was violated"),
+    ("xfail", "violated, and listed as an expected failure"),
+    ("pass", "held in every case judged"),
+    ("n/a", "does not apply, or no case at this size could judge it"),
+    ("not-run", "no case ran there, or no checker exists"),
+    ("unknown", "a verdict this version does not know"),
+]
 
 
 def header_rows(matrix: Matrix) -> list[list[tuple[str, int]]]:
     """The column headers, as (label, colspan) runs: report (when several), implementation, tp."""
     columns = matrix.columns
-    levels = [lambda c: (c.report,), lambda c: (c.report, c.implementation), lambda c: (c.report, c.implementation,
-                                                                                       c.tp)]
+    levels = [
+        lambda c: (c.report,),
+        lambda c: (c.report, c.implementation),
+        lambda c: (c.report, c.implementation, c.tp),
+    ]
     show = levels if len({c.report for c in columns}) > 1 else levels[1:]
     rows = []
     for key in show:
@@ -124,5 +169,10 @@ def _run_summary(report) -> dict[str, Any]:
     metadata = report.metadata
     fields = [(key, metadata[key]) for key in RUN_FIELDS if key in metadata]
     fields = [(k, ", ".join(map(str, v)) if isinstance(v, list) else v) for k, v in fields]
-    return {"name": report.name, "path": report.path, "fields": fields, "warnings": report.warnings,
-            "exit_code": report.exit_code}
+    return {
+        "name": report.name,
+        "path": report.path,
+        "fields": fields,
+        "warnings": report.warnings,
+        "exit_code": report.exit_code,
+    }

@@ -110,6 +110,7 @@ def _copy_plot(path: pathlib.Path, out_dir: pathlib.Path, used: set[str]) -> str
 
 # -- JSON laid out as tables -------------------------------------------------------
 
+
 def json_tables(data: Any) -> list[Table]:
     if not isinstance(data, dict):
         data = {"results": data}
@@ -132,8 +133,11 @@ def json_tables(data: Any) -> list[Table]:
 
 
 def _scalar(value: Any) -> bool:
-    return value is None or isinstance(value, (str, int, float, bool)) or (
-        isinstance(value, list) and all(v is None or isinstance(v, (str, int, float, bool)) for v in value))
+    return (
+        value is None
+        or isinstance(value, (str, int, float, bool))
+        or (isinstance(value, list) and all(v is None or isinstance(v, (str, int, float, bool)) for v in value))
+    )
 
 
 def _format(value: Any) -> str:

@@ -112,18 +112,28 @@ def build_matrix(reports: list[Report], spec) -> Matrix:
     checked = dict.fromkeys(i for s in sections.values() for i in s.table if i not in known and i not in RUN_ROWS)
     ids = itertools.count()
     row = _row_builder(columns, sections, ids)
-    steps = dict.fromkeys([*(s for s in STEP_TITLES if any(inv.step == s for inv in invariants)),
-                           *(inv.step for inv in invariants)])  # the step's order first, then any new step
-    groups = [RowGroup(STEP_TITLES.get(step, step), [row(inv.id, inv.level, _one_line(inv.statement))
-                                                     for inv in invariants if inv.step == step])
-              for step in steps]
+    steps = dict.fromkeys(
+        [*(s for s in STEP_TITLES if any(inv.step == s for inv in invariants)), *(inv.step for inv in invariants)]
+    )  # the step's order first, then any new step
+    groups = [
+        RowGroup(
+            STEP_TITLES.get(step, step),
+            [row(inv.id, inv.level, _one_line(inv.statement)) for inv in invariants if inv.step == step],
+        )
+        for step in steps
+    ]
     if checked:
         levels = {i: s.levels[i] for s in sections.values() for i in s.levels}
         groups.append(RowGroup(OTHER_GROUP, [row(i, levels.get(i, "MUST"), "") for i in checked]))
-    groups.append(RowGroup(RUN_GROUP, [
-        row(ERRORS_ROW, "MUST", "Every case ran to the end on every rank (no rank raised, hung or died)."),
-        row(NOT_RUN_ROW, "MUST", "Every selected case was run."),
-    ]))
+    groups.append(
+        RowGroup(
+            RUN_GROUP,
+            [
+                row(ERRORS_ROW, "MUST", "Every case ran to the end on every rank (no rank raised, hung or died)."),
+                row(NOT_RUN_ROW, "MUST", "Every selected case was run."),
+            ],
+        )
+    )
     return Matrix(columns, groups, spec.version, _version_notes(reports, spec.version))
 
 
@@ -133,8 +143,11 @@ def _version_notes(reports: list[Report], spec_version: str) -> list[str]:
         version = report.metadata.get("spec_version")
         if version is not None and str(version) != spec_version:
             by_version.setdefault(str(version), []).append(report.name)
-    return [f"{', '.join(names)}: made against spec {version}; the rows are those of spec {spec_version}, "
-            "so an invariant the run did not know reads not-run" for version, names in by_version.items()]
+    return [
+        f"{', '.join(names)}: made against spec {version}; the rows are those of spec {spec_version}, "
+        "so an invariant the run did not know reads not-run"
+        for version, names in by_version.items()
+    ]
 
 
 def _one_line(statement: str) -> str:
@@ -151,6 +164,7 @@ def _row_builder(columns, sections, ids):
             if cell.failing:
                 cell.detail_id = f"d{next(ids)}"
         return Row(invariant_id, level, statement, cells)
+
     return row
 
 
@@ -171,29 +185,40 @@ def make_cell(section: Section, invariant_id: str, column: Column) -> Cell:
 
 
 def _judged(section: Section, invariant_id: str, tp: int, given: TableCell) -> int | None:
-    """The report's count where it gives one; else the cases that judged it (or ran) at that size.
-
-    The run rows count cases, not judgements: cases that ran, or that were selected.
-    """
+    """The cases that judged the invariant at that size: from the cases' own lists where the report
+    has them, else the table's count, else the cases that ran. The run rows count cases instead:
+    those that ran, or those selected."""
     cases = section.cases_at(tp)
     if invariant_id in RUN_ROWS:
         return len(cases) if invariant_id == NOT_RUN_ROW else sum(c.status != NOT_RUN for c in cases)
-    if given.judged is not None:
-        return given.judged
     if given.verdict == NOT_RUN:
         return 0
-    if all(c.judged is not None for c in cases):
-        return sum(invariant_id in c.judged for c in cases)
+    if cases and all(c.judged is not None for c in cases):
+        # A case that reported a violation judged the invariant, even where it then ended in an error
+        # (such cases carry no list of what they judged).
+        return sum(invariant_id in c.judged or _violates(c, invariant_id) for c in cases)
+    if given.judged is not None:
+        return max(given.judged, sum(_violates(c, invariant_id) for c in cases))
     return None if given.verdict == NA else sum(c.status != NOT_RUN for c in cases)
+
+
+def _violates(case: CaseRecord, invariant_id: str) -> bool:
+    return any(v["invariant_id"] == invariant_id for v in case.violations)
 
 
 def failing_cases(section: Section, invariant_id: str, tp: int, level: str) -> list[FailingCase]:
     if invariant_id == ERRORS_ROW:
-        return [FailingCase(c.case_id, c.status, _error_messages(c), c.reproduce, c.case_yaml)
-                for c in section.cases_at(tp) if c.status == "error"]
+        return [
+            FailingCase(c.case_id, c.status, _error_messages(c), c.reproduce, c.case_yaml)
+            for c in section.cases_at(tp)
+            if c.status == "error"
+        ]
     if invariant_id == NOT_RUN_ROW:
-        return [FailingCase(c.case_id, c.status, (Message("MUST", c.reason or "not run", ""),), c.reproduce, None)
-                for c in section.cases_at(tp) if c.status == NOT_RUN]
+        return [
+            FailingCase(c.case_id, c.status, (Message("MUST", c.reason or "not run", ""),), c.reproduce, None)
+            for c in section.cases_at(tp)
+            if c.status == NOT_RUN
+        ]
     found = []
     for case in section.cases_at(tp):
         mine = [v for v in case.violations if v["invariant_id"] == invariant_id]
@@ -208,8 +233,10 @@ def _merged(violations: list[dict], level: str) -> tuple[Message, ...]:
     for v in violations:
         key = (str(v.get("level", level)), str(v.get("message", "")), v.get("request"), v.get("field"))
         merged.setdefault(key, []).append(v.get("rank"))
-    return tuple(Message(lvl, text, _where(ranks, request, field_name))
-                 for (lvl, text, request, field_name), ranks in merged.items())
+    return tuple(
+        Message(lvl, text, _where(ranks, request, field_name))
+        for (lvl, text, request, field_name), ranks in merged.items()
+    )
 
 
 def _where(ranks: list, request, field_name) -> str:
@@ -224,15 +251,22 @@ def _error_messages(case: CaseRecord) -> tuple[Message, ...]:
     for error in case.errors:
         text = str(error.get("message", ""))
         tail = "\n".join(str(error.get("traceback") or "").rstrip().splitlines()[-12:])
-        messages.append(Message("MUST", f"{text}\n{tail}" if tail else text,
-                                f"rank {error.get('rank')} [{error.get('kind', 'error')}]"))
+        messages.append(
+            Message(
+                "MUST", f"{text}\n{tail}" if tail else text, f"rank {error.get('rank')} [{error.get('kind', 'error')}]"
+            )
+        )
     return tuple(messages)
 
 
 # -- diff ----------------------------------------------------------------------
 
 NEWLY_FAILING, NEWLY_PASSING, NEWLY_JUDGED, NO_LONGER_JUDGED = (
-    "newly failing", "newly passing", "newly judged", "no longer judged")
+    "newly failing",
+    "newly passing",
+    "newly judged",
+    "no longer judged",
+)
 CHANGE_KINDS = (NEWLY_FAILING, NEWLY_PASSING, NEWLY_JUDGED, NO_LONGER_JUDGED)
 
 
@@ -259,8 +293,10 @@ class SectionDiff:
 
 def diff_sections(old: Section, new: Section, old_name: str, new_name: str) -> SectionDiff:
     if old.implementation != new.implementation:
-        raise ValueError(f"cannot diff {old.implementation!r} against {new.implementation!r}: "
-                         "a diff compares two runs of one implementation")
+        raise ValueError(
+            f"cannot diff {old.implementation!r} against {new.implementation!r}: "
+            "a diff compares two runs of one implementation"
+        )
     changes = []
     rows = list(dict.fromkeys([*old.table, *new.table]))
     for invariant_id in rows:

@@ -102,6 +102,7 @@ def parse_verdict(raw: Any) -> TableCell:
 
 # -- loading -----------------------------------------------------------------
 
+
 def load_report(path: str | pathlib.Path, name: str | None = None) -> Report:
     path = pathlib.Path(path)
     try:
@@ -125,9 +126,14 @@ def parse_report(data: Any, path: str, name: str) -> Report:
     sections = [_parse_section(s, path, f"sections[{i}]") for i, s in enumerate(data["sections"])]
     warnings = data.get("warnings") or []
     exit_code = data.get("exit_code")
-    return Report(name=name, path=path, metadata=metadata, sections=sections,
-                  warnings=[str(w) for w in warnings] if isinstance(warnings, list) else [str(warnings)],
-                  exit_code=exit_code if isinstance(exit_code, int) else None)
+    return Report(
+        name=name,
+        path=path,
+        metadata=metadata,
+        sections=sections,
+        warnings=[str(w) for w in warnings] if isinstance(warnings, list) else [str(warnings)],
+        exit_code=exit_code if isinstance(exit_code, int) else None,
+    )
 
 
 def _require(condition: bool, path: str, place: str, problem: str) -> None:
@@ -140,15 +146,18 @@ def _parse_section(raw: Any, path: str, place: str) -> Section:
     label = raw.get("implementation")
     _require(isinstance(label, str) and bool(label), path, f"{place}.implementation", "is missing or not a string")
     tp_sizes = raw.get("tp_sizes")
-    _require(isinstance(tp_sizes, list) and all(_is_int(t) for t in tp_sizes), path, f"{place}.tp_sizes",
-             "is not a list of integers")
+    _require(
+        isinstance(tp_sizes, list) and all(_is_int(t) for t in tp_sizes),
+        path,
+        f"{place}.tp_sizes",
+        "is not a list of integers",
+    )
     _require(isinstance(raw.get("table"), list), path, f"{place}.table", "is missing or not a list")
     _require(isinstance(raw.get("cases", []), list), path, f"{place}.cases", "is not a list")
     table, levels = {}, {}
     for i, row in enumerate(raw["table"]):
         row_place = f"{place}.table[{i}]"
-        _require(isinstance(row, dict) and isinstance(row.get("invariant"), str), path, row_place,
-                 "has no 'invariant'")
+        _require(isinstance(row, dict) and isinstance(row.get("invariant"), str), path, row_place, "has no 'invariant'")
         _require(isinstance(row.get("results"), dict), path, f"{row_place}.results", "is not a mapping")
         judged = row.get("judged") if isinstance(row.get("judged"), dict) else {}
         cells = {}
@@ -162,10 +171,15 @@ def _parse_section(raw: Any, path: str, place: str) -> Section:
         levels[row["invariant"]] = str(row.get("level", "MUST"))
     cases = [_parse_case(c, path, f"{place}.cases[{i}]") for i, c in enumerate(raw.get("cases", []))]
     not_applicable = raw.get("not_applicable") or {}
-    _require(isinstance(not_applicable, dict) and all(_is_int(t) for t in not_applicable), path,
-             f"{place}.not_applicable", "is not a mapping of tp sizes")
-    return Section(label, [int(t) for t in tp_sizes], {int(t): str(w) for t, w in not_applicable.items()},
-                   table, levels, cases)
+    _require(
+        isinstance(not_applicable, dict) and all(_is_int(t) for t in not_applicable),
+        path,
+        f"{place}.not_applicable",
+        "is not a mapping of tp sizes",
+    )
+    return Section(
+        label, [int(t) for t in tp_sizes], {int(t): str(w) for t, w in not_applicable.items()}, table, levels, cases
+    )
 
 
 def _parse_case(raw: Any, path: str, place: str) -> CaseRecord:
@@ -173,24 +187,41 @@ def _parse_case(raw: Any, path: str, place: str) -> CaseRecord:
     _require(isinstance(raw.get("case_id"), str), path, f"{place}.case_id", "is missing")
     _require(_is_int(raw.get("tp")), path, f"{place}.tp", "is missing or not an integer")
     violations = raw.get("violations") or []
-    _require(isinstance(violations, list) and all(isinstance(v, dict) and "invariant_id" in v for v in violations),
-             path, f"{place}.violations", "is not a list of violations with an 'invariant_id'")
+    _require(
+        isinstance(violations, list) and all(isinstance(v, dict) and "invariant_id" in v for v in violations),
+        path,
+        f"{place}.violations",
+        "is not a list of violations with an 'invariant_id'",
+    )
     errors = raw.get("errors") or []
-    _require(isinstance(errors, list) and all(isinstance(e, dict) for e in errors), path, f"{place}.errors",
-             "is not a list of mappings")
+    _require(
+        isinstance(errors, list) and all(isinstance(e, dict) for e in errors),
+        path,
+        f"{place}.errors",
+        "is not a list of mappings",
+    )
     reproduce = str(raw.get("reproduce") or "")
     case_yaml = raw.get("case_yaml")
     judged = raw.get("judged")
-    return CaseRecord(case_id=raw["case_id"], tp=int(raw["tp"]), status=str(raw.get("status", "")),
-                      violations=tuple(violations), errors=tuple(errors), reason=str(raw.get("reason") or ""),
-                      reproduce=reproduce,
-                      case_yaml=case_yaml if isinstance(case_yaml, str) else _case_file_text(reproduce),
-                      judged=tuple(map(str, judged)) if isinstance(judged, list) else None)
+    return CaseRecord(
+        case_id=raw["case_id"],
+        tp=int(raw["tp"]),
+        status=str(raw.get("status", "")),
+        violations=tuple(violations),
+        errors=tuple(errors),
+        reason=str(raw.get("reason") or ""),
+        reproduce=reproduce,
+        case_yaml=case_yaml if isinstance(case_yaml, str) else _case_file_text(reproduce),
+        judged=tuple(map(str, judged)) if isinstance(judged, list) else None,
+    )
 
 
 def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) or (
-        isinstance(value, str) and re.fullmatch(r"\d+", value) is not None)
+    return (
+        isinstance(value, int)
+        and not isinstance(value, bool)
+        or (isinstance(value, str) and re.fullmatch(r"\d+", value) is not None)
+    )
 
 
 def _case_file_text(reproduce: str) -> str | None:

@@ -45,24 +45,41 @@ class Chromium:
         self.profile = tempfile.mkdtemp(prefix="shardspec-chromium-")
         to_browser_r, self.to_browser = os.pipe()
         self.from_browser, from_browser_w = os.pipe()
-        args = [self.executable, "--headless", "--remote-debugging-pipe", "--no-sandbox", "--disable-gpu",
-                "--no-first-run", "--no-default-browser-check", "--disable-extensions",
-                f"--user-data-dir={self.profile}", f"--window-size={self.width},{self.height}", "about:blank"]
+        args = [
+            self.executable,
+            "--headless",
+            "--remote-debugging-pipe",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--no-first-run",
+            "--no-default-browser-check",
+            "--disable-extensions",
+            f"--user-data-dir={self.profile}",
+            f"--window-size={self.width},{self.height}",
+            "about:blank",
+        ]
 
         def pipes_as_3_and_4():  # runs in the child, before exec (and after subprocess closes fds)
             high_in, high_out = os.dup(to_browser_r), os.dup(from_browser_w)  # out of the way of 3 and 4
             os.dup2(high_in, 3)
             os.dup2(high_out, 4)
 
-        self.process = subprocess.Popen(args, preexec_fn=pipes_as_3_and_4, close_fds=False,
-                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.process = subprocess.Popen(
+            args, preexec_fn=pipes_as_3_and_4, close_fds=False, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
         os.close(to_browser_r)
         os.close(from_browser_w)
         target = self.call("Target.createTarget", url="about:blank")["targetId"]
         self.session = self.call("Target.attachToTarget", targetId=target, flatten=True)["sessionId"]
         self.call("Page.enable", session=True)
-        self.call("Emulation.setDeviceMetricsOverride", session=True, width=self.width, height=self.height,
-                  deviceScaleFactor=1, mobile=False)
+        self.call(
+            "Emulation.setDeviceMetricsOverride",
+            session=True,
+            width=self.width,
+            height=self.height,
+            deviceScaleFactor=1,
+            mobile=False,
+        )
         return self
 
     def __exit__(self, *exc_info) -> None:
@@ -146,13 +163,15 @@ class Chromium:
         if box is None:
             raise BrowserError(f"nothing matches {selector!r}")
         for kind in ("mousePressed", "mouseReleased"):
-            self.call("Input.dispatchMouseEvent", session=True, type=kind, x=box[0], y=box[1], button="left",
-                      clickCount=1)
+            self.call(
+                "Input.dispatchMouseEvent", session=True, type=kind, x=box[0], y=box[1], button="left", clickCount=1
+            )
 
     def screenshot(self, full_page: bool = False) -> bytes:
         params: dict[str, Any] = {"format": "png"}
         if full_page:
             size = self.evaluate("[document.documentElement.scrollWidth, document.documentElement.scrollHeight]")
-            params.update(captureBeyondViewport=True,
-                          clip={"x": 0, "y": 0, "width": size[0], "height": size[1], "scale": 1})
+            params.update(
+                captureBeyondViewport=True, clip={"x": 0, "y": 0, "width": size[0], "height": size[1], "scale": 1}
+            )
         return base64.b64decode(self.call("Page.captureScreenshot", session=True, **params)["data"])

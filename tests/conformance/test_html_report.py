@@ -12,6 +12,7 @@ import sys
 import pytest
 from chromium_cdp import Chromium, find_chromium
 from png import png_size, tiny_png
+
 from shardspec.conformance.html_report import main
 from shardspec.conformance.report_matrix import RUN_ROWS
 from shardspec.spec.loader import load_spec
@@ -35,8 +36,10 @@ def site(tmp_path_factory):
 def browser():
     executable = find_chromium()
     if executable is None:
-        pytest.skip("headless Chromium not found: install Debian's chromium (apt-get install chromium) "
-                    "or set SHARDSPEC_CHROMIUM; the HTML report's browser tests did not run")
+        pytest.skip(
+            "headless Chromium not found: install Debian's chromium (apt-get install chromium) "
+            "or set SHARDSPEC_CHROMIUM; the HTML report's browser tests did not run"
+        )
     with Chromium(executable, WIDTH, HEIGHT) as chromium:
         yield chromium
 
@@ -56,8 +59,11 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys):
     not_json, not_report = tmp_path / "a.json", tmp_path / "b.json"
     not_json.write_text("{")
     not_report.write_text('{"results": []}')
-    for path, problem in ((tmp_path / "missing.json", "no such file"), (not_json, "not JSON"),
-                          (not_report, "not a conformance report")):
+    for path, problem in (
+        (tmp_path / "missing.json", "no such file"),
+        (not_json, "not JSON"),
+        (not_report, "not a conformance report"),
+    ):
         assert main([str(RUNS[0]), str(path), "-o", str(tmp_path / "out")]) == 2
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and str(path) in err and problem in err
@@ -87,8 +93,9 @@ def test_the_matrix_renders_and_a_failing_cell_opens_its_detail(site, browser, t
     rows, columns = expected_shape()
     assert browser.evaluate("document.querySelectorAll('#matrix tr.invariant').length") == rows
     assert browser.evaluate("document.querySelectorAll('#matrix td.cell').length") == rows * columns
-    assert browser.evaluate("document.querySelector('#matrix tr.invariant').querySelectorAll('td.cell').length") \
-        == columns
+    assert (
+        browser.evaluate("document.querySelector('#matrix tr.invariant').querySelectorAll('td.cell').length") == columns
+    )
     # Every resource the page loaded came from the folder itself.
     schemes = browser.evaluate("performance.getEntriesByType('resource').map(e => e.name.split(':')[0])")
     assert set(schemes) <= {"file"}

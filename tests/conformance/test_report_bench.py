@@ -4,16 +4,28 @@ import json
 
 import pytest
 from png import png_size, tiny_png
+
 from shardspec.conformance.report_bench import collect_bench_files, json_tables, load_bench
 from shardspec.conformance.report_model import ReportError
 
 TIMED = {  # the shape bench_step.py writes (trimmed)
     "environment": {"torch": "2.11.0", "device_name": "NVIDIA H200"},
-    "rows": [{"tp": 8, "num_reqs": 1024, "production.step": {"wall_us": 167.04, "iters": 600},
-              "reference.step": {"wall_us": 3001.5, "iters": 40}}],
+    "rows": [
+        {
+            "tp": 8,
+            "num_reqs": 1024,
+            "production.step": {"wall_us": 167.04, "iters": 600},
+            "reference.step": {"wall_us": 3001.5, "iters": 40},
+        }
+    ],
 }
-COUNTS = {"shape": {"tp": 8}, "counts": {"production": {"step": {"python": 53.0, "syncs": 0.0}},
-                                         "upstream": {"step": {"python": 158.0, "syncs": 0.0}}}}
+COUNTS = {
+    "shape": {"tp": 8},
+    "counts": {
+        "production": {"step": {"python": 53.0, "syncs": 0.0}},
+        "upstream": {"step": {"python": 158.0, "syncs": 0.0}},
+    },
+}
 
 
 def test_timed_rows_become_one_line_per_series():
@@ -21,8 +33,10 @@ def test_timed_rows_become_one_line_per_series():
     assert tables["environment"].rows == [["torch", "2.11.0"], ["device_name", "NVIDIA H200"]]
     rows = tables["rows"]
     assert rows.columns == ["tp", "num_reqs", "series", "wall_us", "iters"]
-    assert rows.rows == [["8", "1024", "production.step", "167.0", "600"],
-                         ["8", "1024", "reference.step", "3001.5", "40"]]
+    assert rows.rows == [
+        ["8", "1024", "production.step", "167.0", "600"],
+        ["8", "1024", "reference.step", "3001.5", "40"],
+    ]
 
 
 def test_nested_counts_become_one_line_per_path():
@@ -46,12 +60,15 @@ def test_files_and_folders_are_read_and_plots_copied(tmp_path):
     assert [t.title for t in files["h200.json"].tables] == ["environment", "rows"]
 
 
-@pytest.mark.parametrize("name, content, message", [
-    ("missing.json", None, "no such file"),
-    ("plot.svg", "<svg/>", "not a benchmark result (expected .json, .png or .txt)"),
-    ("broken.json", "{", "not JSON"),
-    ("fake.png", "text", "not a PNG image"),
-])
+@pytest.mark.parametrize(
+    "name, content, message",
+    [
+        ("missing.json", None, "no such file"),
+        ("plot.svg", "<svg/>", "not a benchmark result (expected .json, .png or .txt)"),
+        ("broken.json", "{", "not JSON"),
+        ("fake.png", "text", "not a PNG image"),
+    ],
+)
 def test_bad_bench_input_is_named(tmp_path, name, content, message):
     path = tmp_path / name
     if content is not None:

@@ -10,6 +10,7 @@ import json
 import pathlib
 
 import pytest
+
 from shardspec.conformance.report import ERRORS_ROW, NOT_RUN_ROW
 from shardspec.conformance.report_matrix import (
     NEWLY_FAILING,
@@ -48,11 +49,23 @@ def _cell(matrix, invariant_id, report, implementation, tp):
 
 # -- verdicts and reading ---------------------------------------------------------------
 
-@pytest.mark.parametrize("raw, verdict, count", [
-    ("pass", "pass", None), ("FAIL", "fail", None), ("FAIL 6", "fail", 6), ("xfail 2", "xfail", 2),
-    ("warn", "warn", None), ("n/a", "n/a", None), ("not-run", "not-run", None), ("0", "pass", 0),
-    ("3", "fail", 3), ("flaky", "unknown", None), ("", "unknown", None),
-])
+
+@pytest.mark.parametrize(
+    "raw, verdict, count",
+    [
+        ("pass", "pass", None),
+        ("FAIL", "fail", None),
+        ("FAIL 6", "fail", 6),
+        ("xfail 2", "xfail", 2),
+        ("warn", "warn", None),
+        ("n/a", "n/a", None),
+        ("not-run", "not-run", None),
+        ("0", "pass", 0),
+        ("3", "fail", 3),
+        ("flaky", "unknown", None),
+        ("", "unknown", None),
+    ],
+)
 def test_verdicts_as_the_report_writes_them(raw, verdict, count):
     cell = parse_verdict(raw)
     assert (cell.verdict, cell.count, cell.text) == (verdict, count, raw)
@@ -63,22 +76,37 @@ def test_a_cell_given_as_a_mapping_carries_its_judged_count():
     assert (cell.verdict, cell.judged) == ("fail", 12)
 
 
-@pytest.mark.parametrize("content, message", [
-    ("not json", "not JSON (Expecting value at line 1"),
-    ("[1, 2]", "not a conformance report (no 'sections' list at the top level)"),
-    ('{"sections": {}}', "no 'sections' list"),
-    ('{"sections": [{"tp_sizes": [2], "table": []}]}', "sections[0].implementation is missing"),
-    ('{"sections": [{"implementation": "x", "tp_sizes": ["two"], "table": []}]}',
-     "sections[0].tp_sizes is not a list of integers"),
-    ('{"sections": [{"implementation": "x", "tp_sizes": [2], "table": [{"results": {}}]}]}',
-     "sections[0].table[0] has no 'invariant'"),
-    ('{"sections": [{"implementation": "x", "tp_sizes": [2], "table": [{"invariant": "I", "results": {"tp2": '
-     '"pass"}}]}]}', "has a key 'tp2' that is not a tp size"),
-    ('{"sections": [{"implementation": "x", "tp_sizes": [2], "table": [], "cases": [{"tp": 2}]}]}',
-     "sections[0].cases[0].case_id is missing"),
-    ('{"sections": [{"implementation": "x", "tp_sizes": [2], "table": [], "cases": [{"case_id": "c", "tp": 2, '
-     '"violations": [{"message": "m"}]}]}]}', "violations is not a list of violations with an 'invariant_id'"),
-])
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        ("not json", "not JSON (Expecting value at line 1"),
+        ("[1, 2]", "not a conformance report (no 'sections' list at the top level)"),
+        ('{"sections": {}}', "no 'sections' list"),
+        ('{"sections": [{"tp_sizes": [2], "table": []}]}', "sections[0].implementation is missing"),
+        (
+            '{"sections": [{"implementation": "x", "tp_sizes": ["two"], "table": []}]}',
+            "sections[0].tp_sizes is not a list of integers",
+        ),
+        (
+            '{"sections": [{"implementation": "x", "tp_sizes": [2], "table": [{"results": {}}]}]}',
+            "sections[0].table[0] has no 'invariant'",
+        ),
+        (
+            '{"sections": [{"implementation": "x", "tp_sizes": [2], "table": [{"invariant": "I", "results": {"tp2": '
+            '"pass"}}]}]}',
+            "has a key 'tp2' that is not a tp size",
+        ),
+        (
+            '{"sections": [{"implementation": "x", "tp_sizes": [2], "table": [], "cases": [{"tp": 2}]}]}',
+            "sections[0].cases[0].case_id is missing",
+        ),
+        (
+            '{"sections": [{"implementation": "x", "tp_sizes": [2], "table": [], "cases": [{"case_id": "c", "tp": 2, '
+            '"violations": [{"message": "m"}]}]}]}',
+            "violations is not a list of violations with an 'invariant_id'",
+        ),
+    ],
+)
 def test_bad_reports_are_named_in_one_line(tmp_path, content, message):
     path = tmp_path / "bad.json"
     path.write_text(content)
@@ -100,13 +128,16 @@ def test_report_names_stay_distinct():
 
 # -- the matrix --------------------------------------------------------------------------
 
+
 def test_rows_are_the_spec_grouped_by_step_then_the_run(spec, runs):
     matrix = build_matrix(runs, spec)
     live = [inv for inv in spec.invariants if not inv.retired]
     assert [r.invariant_id for r in matrix.rows] == [
         *[i.id for step in ("shard", "all_to_all", "gather", "step") for i in live if i.step == step],
         *[i.id for i in live if i.step not in ("shard", "all_to_all", "gather", "step")],
-        ERRORS_ROW, NOT_RUN_ROW]
+        ERRORS_ROW,
+        NOT_RUN_ROW,
+    ]
     assert [g.title for g in matrix.groups][:4] == ["shard", "all-to-all", "gather", "the whole step"]
     owner = next(r for r in matrix.rows if r.invariant_id == "INV-OWNER")
     assert owner.level == "MUST" and owner.statement.startswith("Batch request i is owned by rank")
@@ -151,18 +182,40 @@ def test_the_errors_row_shows_what_each_rank_raised(spec, runs):
 
 
 def _synthetic(cell, case_extra=None, invariant="INV-OWNER", level="MUST"):
-    case = {"case_id": "c1", "tp": 2, "status": "fail", "reproduce": "python -m shardspec.conformance --case c1",
-            "violations": [{"invariant_id": invariant, "message": "wrong owner", "rank": 0}], **(case_extra or {})}
-    return parse_report({"metadata": {"spec_version": "0.0.9"}, "sections": [{
-        "implementation": "x", "tp_sizes": [2, 4], "not_applicable": {},
-        "table": [{"invariant": invariant, "level": level, "results": {"2": cell, "4": "n/a"}}],
-        "cases": [case]}]}, "synthetic.json", "synthetic")
+    case = {
+        "case_id": "c1",
+        "tp": 2,
+        "status": "fail",
+        "reproduce": "python -m shardspec.conformance --case c1",
+        "violations": [{"invariant_id": invariant, "message": "wrong owner", "rank": 0}],
+        **(case_extra or {}),
+    }
+    return parse_report(
+        {
+            "metadata": {"spec_version": "0.0.9"},
+            "sections": [
+                {
+                    "implementation": "x",
+                    "tp_sizes": [2, 4],
+                    "not_applicable": {},
+                    "table": [{"invariant": invariant, "level": level, "results": {"2": cell, "4": "n/a"}}],
+                    "cases": [case],
+                }
+            ],
+        },
+        "synthetic.json",
+        "synthetic",
+    )
 
 
 def test_fields_a_report_may_gain_are_used_when_present(spec):
-    report = _synthetic({"verdict": "warn", "judged": 40},
-                        {"case_yaml": "case_id: c1\n", "violations": [
-                            {"invariant_id": "INV-OWNER", "message": "wrong owner", "rank": 0, "level": "SHOULD"}]})
+    report = _synthetic(
+        {"verdict": "warn", "judged": 40},
+        {
+            "case_yaml": "case_id: c1\n",
+            "violations": [{"invariant_id": "INV-OWNER", "message": "wrong owner", "rank": 0, "level": "SHOULD"}],
+        },
+    )
     matrix = build_matrix([report], spec)
     cell = _cell(matrix, "INV-OWNER", "synthetic", "x", 2)
     assert (cell.verdict, cell.judged, cell.label) == ("warn", 40, "warn 1/40")
@@ -171,6 +224,38 @@ def test_fields_a_report_may_gain_are_used_when_present(spec):
     assert matrix.notes and "0.0.9" in matrix.notes[0]
     # rows the report lacks read not-run, never pass
     assert _cell(matrix, "INV-SPLITS", "synthetic", "x", 2).label == "not-run"
+
+
+def test_a_case_that_reported_a_violation_counts_as_judged_even_if_it_ended_in_an_error(spec):
+    """Reports list what a case judged only for cases that completed; an errored case may still
+    carry violations (a rank judged before another failed): it counts among the judged."""
+    report = _synthetic({"verdict": "FAIL", "judged": 1}, {"judged": ["INV-OWNER"]})
+    section = report.sections[0]
+    errored = parse_report(
+        {
+            "sections": [
+                {
+                    "implementation": "x",
+                    "tp_sizes": [2],
+                    "table": [],
+                    "cases": [
+                        {
+                            "case_id": "c2",
+                            "tp": 2,
+                            "status": "error",
+                            "judged": [],
+                            "violations": [{"invariant_id": "INV-OWNER", "message": "raised too late", "rank": 0}],
+                        }
+                    ],
+                }
+            ]
+        },
+        "e",
+        "e",
+    )
+    section.cases.append(errored.sections[0].cases[0])
+    cell = _cell(build_matrix([report], spec), "INV-OWNER", "synthetic", "x", 2)
+    assert (cell.failing_count, cell.judged, cell.label) == (2, 2, "fail 2/2")
 
 
 def test_a_minimal_case_file_named_by_the_reproduce_command_is_embedded(spec, tmp_path):
@@ -197,6 +282,7 @@ def test_a_cell_outside_the_sections_sizes_is_not_applicable_where_the_report_sa
 
 
 # -- the diff -----------------------------------------------------------------------------
+
 
 def _changes(diff, kind):
     return {(c.invariant_id, c.tp): c for c in diff.of_kind(kind)}
