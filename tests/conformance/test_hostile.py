@@ -98,3 +98,16 @@ def test_an_import_failure_fails_only_its_entry(run, module, reason):
     assert {c["status"] for c in cases.values()} == {"not-run"}
     assert all(reason in c["reason"] for c in cases.values()), cases
     assert {c["status"] for c in run[2]["reference"].values()} == {"pass"}
+
+
+def test_shrinking_a_crash_happens_in_a_child_and_the_run_keeps_its_report(tmp_path):
+    report = tmp_path / "r.json"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(PLUGINS), os.environ.get("PYTHONPATH")])))
+    proc = subprocess.run([sys.executable, "-m", "shardspec.conformance", "--impl",
+                           f"{MODULE}:WrongIdsThenCrashWhenSmall", "--tp", "2", "--max-examples", "4",
+                           "--json", str(report)], env=env, capture_output=True, text=True, timeout=BOUND_S)
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "in a child process ..." in proc.stdout
+    assert "could not shrink" in proc.stdout and "was killed by SIGSEGV" in proc.stdout, proc.stdout[-3000:]
+    table = {row["invariant"]: row["results"]["2"] for row in json.loads(report.read_text())["sections"][0]["table"]}
+    assert table["INV-GATHER-SAMPLED-IDS"] == "FAIL"
