@@ -1,0 +1,69 @@
+"""What a rejection names beyond its ID: the rank that found it, and for extension fields the field.
+
+test_ref_preconditions.py checks ID, field and request of one violation per precondition; these add
+the rank (PreconditionError.rank and the message's "rank N"), and the field and verdict of every
+branch of the extension-field checks, where one rank may own nothing and several fields are declared.
+"""
+
+import pytest
+import torch
+from test_ref_preconditions import MASK, VIOLATIONS, _gather_extensions
+
+from shardspec.comm import LoopbackComm
+from shardspec.reference import ReferenceSharder
+from shardspec.spec.builders import build_input_batch
+from shardspec.spec.errors import PreconditionError
+from shardspec.spec.model import SamplerOutput
+
+
+@pytest.mark.parametrize("precondition_id", sorted(VIOLATIONS))
+def test_violation_names_the_rank_that_found_it(precondition_id):
+    violate, _, _ = VIOLATIONS[precondition_id]
+    with pytest.raises(PreconditionError) as caught:
+        violate()
+    assert caught.value.rank == 0, str(caught.value)
+    assert str(caught.value).endswith(", rank 0)"), str(caught.value)
+
+
+def _rejected_extension(declared, carried) -> PreconditionError:
+    with pytest.raises(PreconditionError) as caught:
+        _gather_extensions(declared, carried)
+    assert caught.value.precondition_id == "PRE-EXTENSION-FIELDS" and caught.value.rank == 0, str(caught.value)
+    return caught.value
+
+
+def test_undeclared_extension_field_is_named():
+    error = _rejected_extension({}, lambda local: {"extra": torch.zeros(local.num_logits, 4, dtype=torch.int32)})
+    assert error.field == "extensions.extra"
+
+
+@pytest.mark.parametrize("carried", [
+    pytest.param(lambda local: {}, id="declared-but-missing"),
+    pytest.param(lambda local: {"mask": torch.zeros(local.num_logits, 4, dtype=torch.int64)}, id="wrong-dtype"),
+    pytest.param(lambda local: {"mask": torch.zeros(local.num_logits, 3, dtype=torch.int32)}, id="wrong-shape"),
+])
+def test_declared_extension_field_is_named(carried):
+    assert _rejected_extension({"mask": MASK}, carried).field == "extensions.mask"
+
+
+def _gather_on_idle_rank(declared, carried):
+    """Rank 1 of 2 owns none of these requests: it may leave declared fields out, not send them wrong."""
+    batch = build_input_batch([0, 2], [1, 1])
+    sharder = ReferenceSharder(8, 4, comm=LoopbackComm(1, 2))
+    shard = sharder.shard_sampler_inputs(batch, None)
+    empty = torch.zeros(0, 1, dtype=torch.int64)
+    output = SamplerOutput(empty, None, None, torch.zeros(0, dtype=torch.int32), torch.zeros(0, dtype=torch.int32),
+                           extensions=carried)
+    return sharder.gather_sampler_output(output, shard.metadata, batch, shard.local_batch, extension_fields=declared)
+
+
+def test_idle_rank_may_leave_out_a_declared_field():
+    gathered = _gather_on_idle_rank({"mask": MASK}, {})
+    assert gathered.extensions["mask"].shape == (2, 4)
+
+
+def test_idle_rank_still_checks_the_fields_after_one_it_left_out():
+    with pytest.raises(PreconditionError) as caught:
+        _gather_on_idle_rank({"gone": MASK, "mask": MASK}, {"mask": torch.zeros(0, 4, dtype=torch.int64)})
+    assert (caught.value.precondition_id, caught.value.field, caught.value.rank) == (
+        "PRE-EXTENSION-FIELDS", "extensions.mask", 1)
