@@ -67,3 +67,22 @@ def test_idle_rank_still_checks_the_fields_after_one_it_left_out():
         _gather_on_idle_rank({"gone": MASK, "mask": MASK}, {"mask": torch.zeros(0, 4, dtype=torch.int64)})
     assert (caught.value.precondition_id, caught.value.field, caught.value.rank) == (
         "PRE-EXTENSION-FIELDS", "extensions.mask", 1)
+
+
+# The message says what was found against what was declared (5 local logits rows, 3 local requests).
+MESSAGES = {
+    "undeclared": ({}, lambda local: {"extra": torch.zeros(local.num_logits, 4, dtype=torch.int32)},
+                   "is not declared in extension_fields, so the gather would drop it (field extensions.extra, rank 0)"),
+    "missing": ({"mask": MASK}, lambda local: {},
+                "is declared but missing, and this rank owns 3 requests (field extensions.mask, rank 0)"),
+    "wrong-dtype": ({"mask": MASK}, lambda local: {"mask": torch.zeros(local.num_logits, 4, dtype=torch.int64)},
+                    "is torch.int64 (5, 4); declared torch.int32 (5, 4) (field extensions.mask, rank 0)"),
+    "not-a-tensor": ({"mask": MASK}, lambda local: {"mask": [[0]]},
+                     "is list (); declared torch.int32 (5, 4) (field extensions.mask, rank 0)"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(MESSAGES))
+def test_extension_field_message_says_what_was_found_and_declared(name):
+    declared, carried, message = MESSAGES[name]
+    assert str(_rejected_extension(declared, carried)) == f"[PRE-EXTENSION-FIELDS] {message}"
