@@ -150,6 +150,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="files to copy from the working tree into the snapshot first (e.g. new tests)")
     parser.add_argument("--sample", type=int, choices=[1, 2, 5, 10], default=1,
                         help="run 1 mutant in N (by the last digit of mutmut's number), for a quick estimate")
+    parser.add_argument("--mutants", nargs="+", metavar="NAME",
+                        help="run exactly these mutants (mutmut names or fnmatch patterns), e.g. to resume a run")
     parser.add_argument("--report-only", action="store_true", help="run nothing: report the last run's results")
     args = parser.parse_args(argv)
     args.folders = args.folders or list(FOLDERS)
@@ -166,7 +168,10 @@ def run_folder(folder: str, args: argparse.Namespace) -> float:
         lay_out_snapshot(snapshot, None if args.worktree else args.rev)
         write_mutmut_config(snapshot, folder)
     take_files(snapshot, args.take)
-    names = not_caught(snapshot, folder) if reuse else [sample_pattern(folder, args.sample)]
+    if args.mutants:
+        names = [name for name in args.mutants if name.startswith(f"shardspec.{folder}.")]
+    else:
+        names = not_caught(snapshot, folder) if reuse else [sample_pattern(folder, args.sample)]
     if not names:
         print(f"{folder}: every mutant was caught in the last run")
         return 0.0
