@@ -146,7 +146,8 @@ def shrink_in_child(case: Case, target: set[str], entry: str, group: str, device
     from shardspec.fixtures import case_to_yaml, load_case_file
 
     folder.mkdir(parents=True, exist_ok=True)
-    source, result = folder / f"{case.case_id}.to-shrink.yaml", folder / f"{case.case_id}-min.yaml"
+    (folder / "in").mkdir(parents=True, exist_ok=True)  # case files are named by their case id
+    source, result = folder / "in" / f"{case.case_id}.yaml", folder / f"{case.case_id}-min.yaml"
     source.write_text(case_to_yaml(case))
     result.unlink(missing_ok=True)
     command = [sys.executable, "-m", __name__, str(source), entry, group, device, json.dumps(sorted(target)),

@@ -39,3 +39,25 @@ def test_shrinks_to_the_smallest_failing_batch(plugins_on_path, throwaway_checke
     assert len(small.slots) == 3 and small.num_logits_per_req == [1, 1, 1]
     assert small.grammar_positions is None and small.nan_tokens == [] and small.seed == 0
     assert run_case_in_process(small, choice).status == FAIL
+
+
+def test_a_failing_generated_case_is_shrunk_in_a_child_process(tmp_path):
+    """The run prints the minimal case and a reproduce command whose case file exists after the run."""
+    import json
+    import os
+    import re
+    import subprocess
+    import sys
+
+    report = tmp_path / "r.json"
+    proc = subprocess.run([sys.executable, "-m", "shardspec.conformance", "--impl",
+                           "shardspec.conformance.broken.shard:OwnerBySlotDivision", "--tp", "2", "--max-examples", "2",
+                           "--run-dir", str(tmp_path / "run"), "--json", str(report)],
+                          capture_output=True, text=True, timeout=400, env=dict(os.environ))
+    assert proc.returncode == 1
+    assert "in a child process ..." in proc.stdout and "minimal failing case" in proc.stdout, proc.stdout[-3000:]
+    assert "could not shrink" not in proc.stdout
+    commands = [c["reproduce"] for s in json.loads(report.read_text())["sections"] for c in s["cases"]
+                if c["case_id"].startswith("gen-") and c["status"] == "fail"]
+    shrunk = [re.search(r"--case-file (\S+-min\.yaml)", c) for c in commands]
+    assert any(shrunk) and all(os.path.exists(m.group(1)) for m in shrunk if m)
