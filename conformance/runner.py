@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import pathlib
 import shutil
@@ -148,15 +149,29 @@ def tp_sizes_of(config: RunConfig, cases: list[Case]) -> list[int]:
 
 def cases_of_entry(config: RunConfig, choice: ImplChoice, case_set: CaseSet, tp: int) -> list[Case]:
     """The cases ``choice`` runs at group size ``tp``: none where it does not apply; a mixed
-    entry runs every fixture but only the first ``mixed_max_examples`` generated cases."""
+    entry runs the fixtures but only the first ``mixed_max_examples`` generated cases, and no
+    case whose inputs break a precondition with undefined behaviour: two implementations may
+    answer those differently, even leave each other in a collective, and both be right."""
     if not choice.applies_to(tp):
         return []
     cases = [c for c in case_set.cases if c.tp_size == tp]
     if not choice.mixed or config.selected:
         return cases
     generated = [c for c in cases if c.case_id in case_set.generated][config.mixed_max_examples:]
-    dropped = {c.case_id for c in generated}
+    dropped = {c.case_id for c in generated} | {c.case_id for c in cases if undefined_behaviour(c)}
     return [c for c in cases if c.case_id not in dropped]
+
+
+def undefined_behaviour(case: Case) -> bool:
+    """The case breaks a precondition the spec leaves undefined (not one that MUST be rejected)."""
+    return case.expect_error is not None and case.expect_error not in _must_reject()
+
+
+@functools.lru_cache(maxsize=1)
+def _must_reject() -> frozenset[str]:
+    from shardspec.spec.loader import must_reject_ids
+
+    return frozenset(must_reject_ids())
 
 
 def run_group_size(config: RunConfig, entries: list[str], case_set: CaseSet, run_dir: pathlib.Path,

@@ -66,9 +66,9 @@ class ConformanceSession:
                               for tp, n in counts.items())
             lines.append(f"  {self.label(impl)}: cases per tp: {cells}")
         if any(ImplChoice.parse(i).mixed for i in self.config.impls) and not self.config.selected:
-            lines.append(f"  mixed entries (A/B: even ranks A, odd ranks B) run every fixture and "
-                         f"{self.config.mixed_max_examples} generated case(s) per tp (others "
-                         f"{self.config.max_examples}); tp 1 is not applicable to them")
+            lines.append(f"  mixed entries (A/B: even ranks A, odd ranks B) run the fixtures but those of "
+                         f"undefined behaviour, and {self.config.mixed_max_examples} generated case(s) per tp "
+                         f"(others {self.config.max_examples}); tp 1 is not applicable to them")
         return "\n".join(lines)
 
     def run(self, impl: str, tp_sizes: Optional[list[int]] = None) -> list[CaseResult]:
