@@ -65,6 +65,7 @@ def combine(case: Case, impl: str, records: dict[int, dict[str, Any]],
         per_rank = [set(records[rank].get("judged", ())) for rank in sorted(records)]
         judged = sorted(set.union(*per_rank) | set(GROUP_CHECKERS)) if per_rank else []
     status = ERROR if errors else (FAIL if violations else PASS)
+    judged = sorted(set(judged) | {v["invariant_id"] for v in violations})  # a violation was judged, errors or not
     return CaseResult(case=case, impl=impl, status=status, violations=violations,
                       errors=errors, timings=_max_timings(records), judged=judged)
 
