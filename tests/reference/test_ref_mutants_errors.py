@@ -1,13 +1,14 @@
-"""What a rejection names beyond its ID: the rank that found it, and for extension fields the field.
+"""What a rejection names beyond its ID: the rank that found it, the field, and what was found.
 
 test_ref_preconditions.py checks ID, field and request of one violation per precondition; these add
-the rank (PreconditionError.rank and the message's "rank N"), and the field and verdict of every
-branch of the extension-field checks, where one rank may own nothing and several fields are declared.
+the rank (PreconditionError.rank and the message's "rank N"); the field, verdict and message of every
+branch of the extension-field checks, where one rank may own nothing and several fields are declared;
+and every branch of the logits-shard check.
 """
 
 import pytest
 import torch
-from test_ref_preconditions import MASK, VIOLATIONS, _gather_extensions
+from test_ref_preconditions import COUNTS, MASK, SLOTS, VIOLATIONS, _gather_extensions
 
 from shardspec.comm import LoopbackComm
 from shardspec.reference import ReferenceSharder
@@ -86,3 +87,25 @@ MESSAGES = {
 def test_extension_field_message_says_what_was_found_and_declared(name):
     declared, carried, message = MESSAGES[name]
     assert str(_rejected_extension(declared, carried)) == f"[PRE-EXTENSION-FIELDS] {message}"
+
+
+def _all_to_all(make_shard) -> PreconditionError:
+    """Shard rank 0 of 2, then hand all_to_all_logits ``make_shard(num_logits)`` as its logits shard."""
+    batch = build_input_batch(SLOTS, COUNTS)
+    sharder = ReferenceSharder(8, 4, comm=LoopbackComm(0, 2))
+    metadata = sharder.shard_sampler_inputs(batch, None).metadata
+    with pytest.raises(PreconditionError) as caught:
+        sharder.all_to_all_logits(make_shard(batch.num_logits), metadata)
+    return caught.value
+
+
+@pytest.mark.parametrize(("make_shard", "message"), [
+    pytest.param(lambda n: torch.zeros(n, 8, dtype=torch.int32), "is torch.int32, not a floating point tensor",
+                 id="integer"),
+    pytest.param(lambda n: [[0.0] * 8] * n, "is list, not a floating point tensor", id="not-a-tensor"),
+    pytest.param(lambda n: torch.zeros(n), "shape (9,); expected (9, Vs) with Vs >= 1", id="one-dim"),
+    pytest.param(lambda n: torch.zeros(n, 0), "shape (9, 0); expected (9, Vs) with Vs >= 1", id="no-columns"),
+])
+def test_logits_shard_rejection_says_what_was_given(make_shard, message):
+    error = _all_to_all(make_shard)
+    assert str(error) == f"[PRE-LOGITS-SHARD] {message} (field logits_shard, rank 0)"
