@@ -3,12 +3,14 @@
 test_ref_preconditions.py checks ID, field and request of one violation per precondition; these add
 the rank (PreconditionError.rank and the message's "rank N"); the field, verdict and message of every
 branch of the extension-field checks, where one rank may own nothing and several fields are declared;
-and every branch of the logits-shard check.
+every branch of the logits-shard and local-output checks, with their messages.
 """
+
+from dataclasses import replace
 
 import pytest
 import torch
-from test_ref_preconditions import COUNTS, MASK, SLOTS, VIOLATIONS, _gather_extensions
+from test_ref_preconditions import COUNTS, MASK, SLOTS, VIOLATIONS, _gather, _gather_extensions, _output
 
 from shardspec.comm import LoopbackComm
 from shardspec.reference import ReferenceSharder
@@ -109,3 +111,45 @@ def _all_to_all(make_shard) -> PreconditionError:
 def test_logits_shard_rejection_says_what_was_given(make_shard, message):
     error = _all_to_all(make_shard)
     assert str(error) == f"[PRE-LOGITS-SHARD] {message} (field logits_shard, rank 0)"
+
+
+def _with_logprobs(local, **fields):
+    output = _output(local)
+    return replace(output, logprobs_tensors=output.logprobs_tensors._replace(**fields))
+
+
+# Rank 0 of 2 owns 3 of the 5 requests, with 5 logits rows. (make_output, logprobs_dims, field, message)
+LOCAL_OUTPUT_REJECTIONS = {
+    "logprobs-dims-negative": (_output, (2, -1), "logprobs_dims", "(2, -1) is not a pair of non-negative ints"),
+    "logprobs-dims-three": (_output, (1, 2, 3), "logprobs_dims", "(1, 2, 3) is not a pair of non-negative ints"),
+    "none-while-owning": (lambda local: None, None, "local_output", "is None but this rank owns 3 requests"),
+    "ids-rows": (lambda local: replace(_output(local), sampled_token_ids=torch.zeros(2, 2, dtype=torch.int64)),
+                 None, "sampled_token_ids", "shape (2, 2); expected (3, width)"),
+    "ids-one-dim": (lambda local: replace(_output(local), sampled_token_ids=torch.zeros(3, dtype=torch.int64)),
+                    None, "sampled_token_ids", "shape (3,); expected (3, width)"),
+    "num-sampled-none": (lambda local: replace(_output(local), num_sampled=None), None, "num_sampled",
+                         "is None; expected shape (3,)"),
+    "num-rejected-rows": (lambda local: replace(_output(local), num_rejected=torch.zeros(4, dtype=torch.int32)),
+                          None, "num_rejected", "is (4,); expected shape (3,)"),
+    "nans-none": (lambda local: replace(_output(local), num_nans=None), None, "num_nans",
+                  "is None; gather_num_nans needs one count per local logits row (5,)"),
+    "nans-per-request": (lambda local: replace(_output(local), num_nans=torch.zeros(3, dtype=torch.int32)), None,
+                         "num_nans", "is (3,); gather_num_nans needs one count per local logits row (5,)"),
+    "logprob-ids-rows": (lambda local: _with_logprobs(local, logprob_token_ids=torch.zeros(4, 3, dtype=torch.int64)),
+                         (2, 0), "logprob_token_ids", "shape (4, 3); expected (5, columns)"),
+    "logprobs-one-dim": (lambda local: _with_logprobs(local, logprobs=torch.zeros(5)), (2, 0), "logprobs",
+                         "shape (5,); expected (5, columns)"),
+    "logprobs-columns": (lambda local: _with_logprobs(local, logprobs=torch.zeros(5, 2)), (2, 0), "logprobs",
+                         "logprob_token_ids and logprobs differ in shape"),
+    "ranks-rows": (lambda local: _with_logprobs(local, selected_token_ranks=torch.zeros(4, dtype=torch.int64)),
+                   (2, 0), "selected_token_ranks", "shape (4,)"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(LOCAL_OUTPUT_REJECTIONS))
+def test_local_output_rejection_names_field_and_what_was_found(name):
+    make_output, logprobs_dims, field, message = LOCAL_OUTPUT_REJECTIONS[name]
+    with pytest.raises(PreconditionError) as caught:
+        _gather(make_output, logprobs_dims=logprobs_dims)
+    pid = "PRE-LOGPROBS-DIMS" if field == "logprobs_dims" else "PRE-LOCAL-OUTPUT"
+    assert str(caught.value) == f"[{pid}] {message} (field {field}, rank 0)"
