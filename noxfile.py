@@ -77,6 +77,22 @@ def report(session: nox.Session) -> None:
 
 
 @nox.session
+def mutants(session: nox.Session) -> None:
+    """Mutation testing of reference/ and impl/'s Python with mutmut, judged by a fast test profile per folder.
+
+    Prints killed / survived / timed out per folder and writes the mutants not caught to reports/mutants.md;
+    fails if a survivor of reference/ has no reason in docs/mutation-survivors.md. Arguments after -- go to
+    mutation/run.py (e.g. `-- reference`, `-- impl --sample 10`, `-- --worktree`, `-- --reuse`). One
+    mutant at a time (`-- --max-children N` for more); docs/mutation-survivors.md gives the run times.
+    """
+    install(session)
+    if not isinstance(session.virtualenv, PassthroughEnv):
+        # Pinned: mutation/report.py reads mutmut's result files and diffs through its modules.
+        session.install("mutmut==3.8.1")
+    session.run("python", "mutation/run.py", *session.posargs)
+
+
+@nox.session
 def fixtures(session: nox.Session) -> None:
     """Regenerate the golden fixtures; `-- --check` fails on drift instead."""
     install(session)
