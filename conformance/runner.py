@@ -99,7 +99,7 @@ def collect_cases(config: RunConfig) -> CaseSet:
 
 
 # One multi-step case (five steps on one sharder) per this many generated single-step cases.
-MULTI_STEP_SHARE = 25
+MULTI_STEP_SHARE = 50
 
 
 def _expanded(cases: list[Case]) -> tuple[list[Case], dict[str, Case]]:
@@ -149,16 +149,20 @@ def tp_sizes_of(config: RunConfig, cases: list[Case]) -> list[int]:
 
 def cases_of_entry(config: RunConfig, choice: ImplChoice, case_set: CaseSet, tp: int) -> list[Case]:
     """The cases ``choice`` runs at group size ``tp``: none where it does not apply; a mixed
-    entry runs the fixtures but only the first ``mixed_max_examples`` generated cases, and no
-    case whose inputs break a precondition with undefined behaviour: two implementations may
-    answer those differently, even leave each other in a collective, and both be right."""
+    entry runs the fixtures but only the first ``mixed_max_examples`` generated cases and the
+    first multi-step case, and no case whose inputs break a precondition with undefined
+    behaviour: two implementations may answer those differently, even leave each other in a
+    collective, and both be right."""
     if not choice.applies_to(tp):
         return []
     cases = [c for c in case_set.cases if c.tp_size == tp]
     if not choice.mixed or config.selected:
         return cases
     generated = [c for c in cases if c.case_id in case_set.generated][config.mixed_max_examples:]
+    first_multi_step = next((parent.case_id for c in cases if (parent := case_set.parents.get(c.case_id))), None)
     dropped = {c.case_id for c in generated} | {c.case_id for c in cases if undefined_behaviour(c)}
+    dropped |= {c.case_id for c in cases if c.case_id in case_set.parents  # one multi-step case
+                and case_set.parents[c.case_id].case_id != first_multi_step}
     return [c for c in cases if c.case_id not in dropped]
 
 
