@@ -3,7 +3,7 @@
 test_ref_preconditions.py checks ID, field and request of one violation per precondition; these add
 the rank (PreconditionError.rank and the message's "rank N"); the field, verdict and message of every
 branch of the extension-field checks, where one rank may own nothing and several fields are declared;
-every branch of the logits-shard and local-output checks, with their messages.
+every branch of the logits-shard, local-output and extension-declaration checks, with their messages.
 """
 
 from dataclasses import replace
@@ -16,7 +16,7 @@ from shardspec.comm import LoopbackComm
 from shardspec.reference import ReferenceSharder
 from shardspec.spec.builders import build_input_batch
 from shardspec.spec.errors import PreconditionError
-from shardspec.spec.model import SamplerOutput
+from shardspec.spec.model import ExtensionSpec, SamplerOutput
 
 
 @pytest.mark.parametrize("precondition_id", sorted(VIOLATIONS))
@@ -153,3 +153,31 @@ def test_local_output_rejection_names_field_and_what_was_found(name):
         _gather(make_output, logprobs_dims=logprobs_dims)
     pid = "PRE-LOGPROBS-DIMS" if field == "logprobs_dims" else "PRE-LOCAL-OUTPUT"
     assert str(caught.value) == f"[{pid}] {message} (field {field}, rank 0)"
+
+
+# (declarations, message): replicated, so every rank rejects them alike before any all-gather.
+DECLARATION_REJECTIONS = {
+    "name-not-str": ({1: MASK}, "entry 1 is not a str -> ExtensionSpec pair"),
+    "not-a-spec": ({"mask": "int32"}, "entry 'mask' is not a str -> ExtensionSpec pair"),
+    "kind": ({"mask": ExtensionSpec("token", torch.int32)},
+             "mask: kind 'token' is not one of ('request', 'logits_row')"),
+    "dtype": ({"mask": ExtensionSpec("request", torch.complex64)}, "mask: dtype torch.complex64 is not supported"),
+    "negative-size": ({"mask": ExtensionSpec("request", torch.int32, (2, -1))},
+                      "mask: trailing shape (2, -1) is not a tuple of sizes"),
+    "float-size": ({"mask": ExtensionSpec("request", torch.int32, (2.0,))},
+                   "mask: trailing shape (2.0,) is not a tuple of sizes"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(DECLARATION_REJECTIONS))
+def test_unsupported_declaration_says_which_and_why(name):
+    declared, message = DECLARATION_REJECTIONS[name]
+    with pytest.raises(PreconditionError) as caught:
+        _gather_extensions(declared, lambda local: {})
+    assert str(caught.value) == f"[PRE-EXTENSION-SUPPORTED] {message} (field extension_fields, rank 0)"
+
+
+def test_zero_trailing_size_is_a_size():
+    spec = ExtensionSpec("request", torch.int32, (0,))
+    gathered = _gather_on_idle_rank({"empty": spec}, {})
+    assert gathered.extensions["empty"].shape == (2, 0)
