@@ -47,9 +47,13 @@ class Mutant:
 
     @property
     def mutated(self) -> str:
-        """The mutated line(s), stripped, joined with ' / '."""
+        """The mutated line(s), stripped, joined with ' / '; for a deletion, 'deleted: ' and the line(s)."""
         lines = self.diff.splitlines()
-        return " / ".join(line[1:].strip() for line in lines if line.startswith("+") and not line.startswith("+++"))
+        added = [line[1:].strip() for line in lines if line.startswith("+") and not line.startswith("+++")]
+        if added:
+            return " / ".join(added)
+        removed = [line[1:].strip() for line in lines if line.startswith("-") and not line.startswith("---")]
+        return "deleted: " + " / ".join(removed)
 
 
 @contextmanager
