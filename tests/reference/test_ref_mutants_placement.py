@@ -1,5 +1,8 @@
 """The reference puts what it makes on its own device, in the spec's dtypes, whatever torch's defaults are.
 
+A sharder given another device than its host inputs' (meta: shapes, no values) must put there every
+tensor it makes.
+
 Engines often run with a default device set (``torch.set_default_device`` or ``with
 torch.device(...)``). A tensor the reference creates without naming its device would land there:
 under the ``meta`` default device such a tensor has no values, so the step either fails or returns
@@ -11,13 +14,16 @@ import dataclasses
 
 import pytest
 import torch
+from test_ref_preconditions import COUNTS, MASK, SLOTS, _output
+
+from shardspec.comm import LoopbackComm
 from shardspec.fixtures import load_cases
 from shardspec.fixtures.golden import encode_trace
 from shardspec.fixtures.run import run_rank_step, run_reference_case
+from shardspec.reference import ReferenceSharder
 from shardspec.reference.sampler import replicated_output
+from shardspec.spec.builders import build_grammar_output, build_input_batch
 from shardspec.spec.case import build_case_inputs
-
-from shardspec.comm import LoopbackComm
 
 # Placement does not depend on the group size: tp 1 and 2 cover every situation of the catalogue.
 STEP_CASES = [case for case in load_cases() if case.expect_error is None and case.tp_size <= 2]
@@ -106,3 +112,42 @@ def test_replicated_path_ignores_the_default_device_and_matches_the_gathered_dty
             _assert_same_tensor(getattr(replicated.logprobs_tensors, name), getattr(gathered.logprobs_tensors, name),
                                 name)
         assert replicated.logprobs_tensors.cu_num_generated_tokens == gathered.logprobs_tensors.cu_num_generated_tokens
+
+
+def _on_device(output, device: str):
+    """The output with every tensor field (and logprobs tensor) moved to ``device``."""
+    moved = {f.name: getattr(output, f.name).to(device) for f in dataclasses.fields(output)
+             if isinstance(getattr(output, f.name), torch.Tensor)}
+    if output.logprobs_tensors is not None:
+        lp = output.logprobs_tensors
+        moved["logprobs_tensors"] = lp._replace(**{name: getattr(lp, name).to(device) for name in lp._fields[:3]})
+    if output.extensions:
+        moved["extensions"] = {name: value.to(device) for name, value in output.extensions.items()}
+    return dataclasses.replace(output, **moved)
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_every_tensor_the_step_makes_is_on_the_sharders_device(rank):
+    """A sharder on another device than its host inputs (here meta, which has shapes but no values)."""
+    batch = build_input_batch(SLOTS, COUNTS)
+    grammar = build_grammar_output(batch, [2, 0], 100)
+    sharder = ReferenceSharder(8, 4, comm=LoopbackComm(rank, 2), device="meta")
+    shard = sharder.shard_sampler_inputs(batch, grammar)
+    # Views of inputs stay where the inputs are: the global query_start_loc (CL-LOCAL-FIELDS) and the
+    # local rows of the grammar bitmask.
+    kept = {"shard.local_batch.query_start_loc", "shard.local_grammar_output.grammar_bitmask"}
+    _assert_on(shard, "shard", "meta", kept)
+    full = sharder.all_to_all_logits(torch.zeros(batch.num_logits, 8, device="meta"), shard.metadata)
+    assert full.device.type == "meta" and full.shape == (shard.metadata.num_local_logits, 16)
+    local = shard.local_batch
+    mask = torch.zeros(local.num_logits, 4, dtype=torch.int32)
+    output = dataclasses.replace(_output(local), extensions={"mask": mask})
+    gathered = sharder.gather_sampler_output(_on_device(output, "meta"), shard.metadata, batch, local,
+                                             gather_num_nans=True, logprobs_dims=(2, 0),
+                                             extension_fields={"mask": MASK})
+    _assert_on(gathered, "gathered", "meta", set())
+
+
+def _assert_on(value, where, device, kept):
+    elsewhere = [place for place, t in _tensors(value, where) if t.device.type != device and place not in kept]
+    assert not elsewhere, f"not on {device}: {elsewhere}"
