@@ -182,9 +182,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     seconds = {folder: 0.0 if args.report_only else run_folder(folder, args) for folder in args.folders}
     results = [m for folder in args.folders for m in collect_results(WORK / folder, [folder])]
-    unjustified = write_report(REPORT, results, load_reasons(REASONS))
+    reasons = load_reasons(REASONS)
+    unjustified = write_report(REPORT, results, reasons)
     print_summary(results, seconds)
     print(f"survivors and their reasons: {REPORT.relative_to(ROOT)}")
+    survivors = {(m.function, m.mutated) for m in results if m.status not in CAUGHT and m.status != NOT_RUN}
+    stale = [key for key in reasons if key[0].split(".")[1] in args.folders and key not in survivors]
+    if stale:
+        print(f"{len(stale)} reason(s) in {REASONS.relative_to(ROOT)} match no mutant that survived; e.g. {stale[0]}")
     missing = [name for name in unjustified if name.startswith("shardspec.reference.")]
     if missing:
         print(f"{len(missing)} survivor(s) of reference/ without a reason in {REASONS.relative_to(ROOT)}:")
