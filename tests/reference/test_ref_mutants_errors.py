@@ -3,14 +3,15 @@
 test_ref_preconditions.py checks ID, field and request of one violation per precondition; these add
 the rank (PreconditionError.rank and the message's "rank N"); the field, verdict and message of every
 branch of the extension-field checks, where one rank may own nothing and several fields are declared;
-every branch of the logits-shard, local-output and extension-declaration checks, with their messages.
+every branch of the logits-shard, local-output, extension-declaration and draft checks, with messages.
 """
 
 from dataclasses import replace
 
+import numpy as np
 import pytest
 import torch
-from test_ref_preconditions import COUNTS, MASK, SLOTS, VIOLATIONS, _gather, _gather_extensions, _output
+from test_ref_preconditions import COUNTS, MASK, SLOTS, VIOLATIONS, _batch, _gather, _gather_extensions, _output, _shard
 
 from shardspec.comm import LoopbackComm
 from shardspec.reference import ReferenceSharder
@@ -181,3 +182,27 @@ def test_zero_trailing_size_is_a_size():
     spec = ExtensionSpec("request", torch.int32, (0,))
     gathered = _gather_on_idle_rank({"empty": spec}, {})
     assert gathered.extensions["empty"].shape == (2, 0)
+
+
+# Every branch of PRE-DRAFTS (5 requests of 1, 3, 2, 1 and 2 rows): (batch, field, request, message).
+DRAFT_REJECTIONS = {
+    "none-with-several-rows": (lambda: _batch(num_draft_tokens_per_req=None, num_draft_tokens=0),
+                               "num_draft_tokens_per_req", 1,
+                               "is None, so every request must have exactly 1 logits row"),
+    "none-with-a-count": (lambda: replace(build_input_batch([4, 1, 6], [1, 1, 1]), num_draft_tokens_per_req=None,
+                                          num_draft_tokens=2),
+                          "num_draft_tokens", None, "is 2 without num_draft_tokens_per_req"),
+    "shape": (lambda: _batch(num_draft_tokens_per_req=np.zeros(4, np.int32)), "num_draft_tokens_per_req", None,
+              "shape (4,), expected (5,)"),
+    "sum": (lambda: _batch(num_draft_tokens=1), "num_draft_tokens", None,
+            "is 1, but num_draft_tokens_per_req sums to 4"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(DRAFT_REJECTIONS))
+def test_draft_rejection_names_field_request_and_what_was_found(name):
+    make_batch, field, request, message = DRAFT_REJECTIONS[name]
+    with pytest.raises(PreconditionError) as caught:
+        _shard(make_batch())
+    where = f"field {field}" + ("" if request is None else f", request {request}") + ", rank 0"
+    assert str(caught.value) == f"[PRE-DRAFTS] {message} ({where})"
