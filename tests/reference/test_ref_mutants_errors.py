@@ -3,7 +3,8 @@
 test_ref_preconditions.py checks ID, field and request of one violation per precondition; these add
 the rank (PreconditionError.rank and the message's "rank N"); the field, verdict and message of every
 branch of the extension-field checks, where one rank may own nothing and several fields are declared;
-every branch of the logits-shard, local-output, extension-declaration and draft checks, with messages.
+every branch of the input-batch, logits-shard, local-output, extension-declaration and draft checks,
+with their messages.
 """
 
 from dataclasses import replace
@@ -206,3 +207,53 @@ def test_draft_rejection_names_field_request_and_what_was_found(name):
         _shard(make_batch())
     where = f"field {field}" + ("" if request is None else f", request {request}") + ", rank 0"
     assert str(caught.value) == f"[PRE-DRAFTS] {message} ({where})"
+
+
+def _batch_with(name, edit):
+    """The test batch with tensor ``name`` replaced by ``edit(tensor)``."""
+    batch = build_input_batch(SLOTS, COUNTS)
+    return replace(batch, **{name: edit(getattr(batch, name))})
+
+
+# Input-batch rejections (5 requests of 1, 3, 2, 1 and 2 rows; capacity 8 requests, 4 rows each):
+# (batch, capacity overrides, precondition, field, request, message).
+BATCH_REJECTIONS = {
+    "batch-size": (lambda: _batch(num_reqs=4), {}, "PRE-BATCH-SIZE", "num_reqs", None,
+                   "num_reqs=4 but 5 req_ids and idx_mapping_np of shape (5,)"),
+    "capacity-reqs": (lambda: build_input_batch(SLOTS, COUNTS), {"max_num_reqs": 4}, "PRE-CAPACITY-REQS", "num_reqs",
+                      None, "5 requests exceed the sharder's capacity max_num_reqs=4"),
+    "host-slots-float": (lambda: _batch(idx_mapping_np=np.array(SLOTS, np.float64)), {}, "PRE-DTYPES",
+                         "idx_mapping_np", None, "dtype float64 is not an integer type"),
+    "slot-range": (lambda: build_input_batch([4, 1, 8], [1, 1, 1]), {}, "PRE-SLOT-RANGE", "idx_mapping", 2,
+                   "slot 8 is outside [0, 8)"),
+    "cu-shape": (lambda: _batch(cu_num_logits_np=np.array([0, 1, 4, 6, 7], np.int32)), {}, "PRE-CU-LOGITS",
+                 "cu_num_logits_np", None, "shape (5,), expected (6,)"),
+    "zero-rows": (lambda: build_input_batch([4, 1, 6], [2, 0, 1]), {}, "PRE-LOGITS-PER-REQ", "cu_num_logits", 1,
+                  "request has 0 logits rows; at least 1 is required"),
+    "capacity-rows": (lambda: build_input_batch(SLOTS, COUNTS), {"max_num_logits_per_req": 2}, "PRE-CAPACITY-LOGITS",
+                      "cu_num_logits", 1,
+                      "request has 3 logits rows, more than the sharder's capacity max_num_logits_per_req=2"),
+    "cu-float": (lambda: _batch_with("cu_num_logits", lambda t: t.float()), {}, "PRE-DTYPES", "cu_num_logits", None,
+                 "dtype torch.float32 is not int32/int64"),
+    "cu-device-copy": (lambda: _batch_with("cu_num_logits", lambda t: t + torch.arange(6, dtype=t.dtype)), {},
+                       "PRE-HOST-DEVICE-MATCH", "cu_num_logits", None, "device copy differs from cu_num_logits_np"),
+    "query-start-shape": (lambda: _batch_with("query_start_loc", lambda t: t[:-1]), {}, "PRE-QUERY-START-LOC",
+                          "query_start_loc", None, "shape (5,) or start [0] is not (6,) from 0"),
+    "indices-shape": (lambda: _batch_with("logits_indices", lambda t: t[:-1]), {}, "PRE-FIELD-SHAPES",
+                      "logits_indices", None, "shape (8,), expected (9,)"),
+    "logits-tail": (lambda: _batch_with("logits_indices", lambda t: t - (torch.arange(9) == 4).to(t.dtype)), {},
+                    "PRE-LOGITS-TAIL", "logits_indices", 2,
+                    "logits rows must be the last n_i tokens of each request's query"),
+    "expanded-slots": (lambda: _batch_with("expanded_idx_mapping", lambda t: t + (torch.arange(9) == 0).to(t.dtype)),
+                       {}, "PRE-EXPANDED", "expanded_idx_mapping", 0,
+                       "expanded_idx_mapping disagrees with idx_mapping/cu_num_logits"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(BATCH_REJECTIONS))
+def test_input_batch_rejection_names_field_request_and_what_was_found(name):
+    make_batch, capacity, pid, field, request, message = BATCH_REJECTIONS[name]
+    with pytest.raises(PreconditionError) as caught:
+        _shard(make_batch(), **capacity)
+    where = f"field {field}" + ("" if request is None else f", request {request}") + ", rank 0"
+    assert str(caught.value) == f"[{pid}] {message} ({where})"
