@@ -3,8 +3,8 @@
 test_ref_preconditions.py checks ID, field and request of one violation per precondition; these add
 the rank (PreconditionError.rank and the message's "rank N"); the field, verdict and message of every
 branch of the extension-field checks, where one rank may own nothing and several fields are declared;
-every branch of the input-batch, logits-shard, local-output, extension-declaration and draft checks,
-with their messages.
+every branch of the logits-shard, local-output, extension-declaration and draft checks, and the
+input-batch checks that one violation per ID does not reach, with their messages.
 """
 
 from dataclasses import replace
