@@ -115,12 +115,16 @@ def shard_plan_kernel(
 
     # This rank's requests: local fields at their index among the owned ones.
     local_start = tl.sum(tl.where(ranks == RANK, rank_row_start, 0), axis=0)
-    mine = valid & (owners == RANK) & (index_in_owner < num_local_reqs)
+    mine = valid & (owners == RANK)
     local_first = sorted_start - local_start
-    tl.store(local_slots_ptr + index_in_owner, slots.to(tl.int32), mask=mine)
-    seq_lens = tl.load(seq_lens_ptr + reqs * seq_lens_stride, mask=mine, other=0)
-    tl.store(local_seq_lens_ptr + index_in_owner, seq_lens.to(tl.int32), mask=mine)
-    tl.store(local_cu_ptr + index_in_owner + 1, local_first + counts, mask=mine)
+    # The request bound masks the per-request stores only; rows have their own bound. index_in_owner
+    # in the row mask made Triton 3.6 compute its scan a second time in a layout that replicates the
+    # [BLOCK, 1] tensor of one rank over 4 lanes, and that kernel left local rows unwritten on an H200.
+    mine_in_view = mine & (index_in_owner < num_local_reqs)
+    tl.store(local_slots_ptr + index_in_owner, slots.to(tl.int32), mask=mine_in_view)
+    seq_lens = tl.load(seq_lens_ptr + reqs * seq_lens_stride, mask=mine_in_view, other=0)
+    tl.store(local_seq_lens_ptr + index_in_owner, seq_lens.to(tl.int32), mask=mine_in_view)
+    tl.store(local_cu_ptr + index_in_owner + 1, local_first + counts, mask=mine_in_view)
     local_rows = local_first[:, None] + pos[None, :]
     row_mine = row_valid & mine[:, None] & (local_rows >= 0) & (local_rows < num_local_logits)
     tl.store(local_indices_ptr + local_rows, indices, mask=row_mine)
