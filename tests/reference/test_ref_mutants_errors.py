@@ -244,6 +244,8 @@ BATCH_REJECTIONS = {
     "logits-tail": (lambda: _batch_with("logits_indices", lambda t: t - (torch.arange(9) == 4).to(t.dtype)), {},
                     "PRE-LOGITS-TAIL", "logits_indices", 2,
                     "logits rows must be the last n_i tokens of each request's query"),
+    "draft-counts-float": (lambda: _batch(num_draft_tokens_per_req=np.array([0, 2, 1, 0, 1], np.float64)), {},
+                           "PRE-DTYPES", "num_draft_tokens_per_req", None, "dtype float64 is not an integer type"),
     "expanded-slots": (lambda: _batch_with("expanded_idx_mapping", lambda t: t + (torch.arange(9) == 0).to(t.dtype)),
                        {}, "PRE-EXPANDED", "expanded_idx_mapping", 0,
                        "expanded_idx_mapping disagrees with idx_mapping/cu_num_logits"),
@@ -257,3 +259,8 @@ def test_input_batch_rejection_names_field_request_and_what_was_found(name):
         _shard(make_batch(), **capacity)
     where = f"field {field}" + ("" if request is None else f", request {request}") + ", rank 0"
     assert str(caught.value) == f"[{pid}] {message} ({where})"
+
+
+def test_batch_at_exactly_the_capacity_is_accepted():
+    shard = _shard(build_input_batch([4, 1, 2, 3, 0], COUNTS), max_num_reqs=5, max_num_logits_per_req=3)
+    assert shard.metadata.num_logits_per_rank == [5, 4]

@@ -26,4 +26,4 @@ def test_plan_of_a_batch_that_leaves_the_top_ranks_idle():
         array = getattr(plan, name)
         assert array.dtype == np.int64, f"{name}: {array.dtype}"
         assert array.tolist() == values, f"{name}: {array.tolist()}"
-    assert (plan.max_num_reqs_per_rank, plan.max_num_logits_per_req) == (2, 3)
+    assert (plan.tp_size, plan.rank, plan.max_num_reqs_per_rank, plan.max_num_logits_per_req) == (4, 1, 2, 3)
