@@ -3,7 +3,7 @@
 test_ref_preconditions.py checks ID, field and request of one violation per precondition; these add
 the rank (PreconditionError.rank and the message's "rank N"); the field, verdict and message of every
 branch of the extension-field checks, where one rank may own nothing and several fields are declared;
-every branch of the logits-shard, local-output, extension-declaration and draft checks, and the
+every branch of the grammar, logits-shard, local-output, extension-declaration and draft checks, and the
 input-batch checks that one violation per ID does not reach, with their messages.
 """
 
@@ -16,7 +16,7 @@ from test_ref_preconditions import COUNTS, MASK, SLOTS, VIOLATIONS, _batch, _gat
 
 from shardspec.comm import LoopbackComm
 from shardspec.reference import ReferenceSharder
-from shardspec.spec.builders import build_input_batch
+from shardspec.spec.builders import build_grammar_output, build_input_batch
 from shardspec.spec.errors import PreconditionError
 from shardspec.spec.model import ExtensionSpec, SamplerOutput
 
@@ -264,3 +264,41 @@ def test_input_batch_rejection_names_field_request_and_what_was_found(name):
 def test_batch_at_exactly_the_capacity_is_accepted():
     shard = _shard(build_input_batch([4, 1, 2, 3, 0], COUNTS), max_num_reqs=5, max_num_logits_per_req=3)
     assert shard.metadata.num_logits_per_rank == [5, 4]
+
+
+def _grammar_for(edit):
+    """The test batch and its grammar output for requests 2 and 0 (3 rows), edited by ``edit``."""
+    batch = build_input_batch(SLOTS, COUNTS)
+    grammar = build_grammar_output(batch, [2, 0], 100)
+    return batch, edit(grammar)
+
+
+GRAMMAR_REJECTIONS = {
+    "unknown-id": (lambda g: replace(g, structured_output_request_ids=[g.structured_output_request_ids[0], "nope"]),
+                   "PRE-GRAMMAR-IDS", "structured_output_request_ids", None, "entry 1 ('nope') is not in the batch"),
+    "repeated-id": (lambda g: replace(g, structured_output_request_ids=g.structured_output_request_ids * 2),
+                    "PRE-GRAMMAR-IDS", "structured_output_request_ids", 2, "entry 2 repeats a request id"),
+    "bitmask-rows": (lambda g: replace(g, grammar_bitmask=g.grammar_bitmask[:-1]), "PRE-GRAMMAR-BITMASK",
+                     "grammar_bitmask", None,
+                     "shape (2, 4); expected 3 rows (one per logits row of the listed requests)"),
+    "bitmask-one-dim": (lambda g: replace(g, grammar_bitmask=g.grammar_bitmask[0]), "PRE-GRAMMAR-BITMASK",
+                        "grammar_bitmask", None,
+                        "shape (4,); expected 3 rows (one per logits row of the listed requests)"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(GRAMMAR_REJECTIONS))
+def test_grammar_rejection_names_field_request_and_what_was_found(name):
+    edit, pid, field, request, message = GRAMMAR_REJECTIONS[name]
+    batch, grammar = _grammar_for(edit)
+    with pytest.raises(PreconditionError) as caught:
+        _shard(batch, grammar)
+    where = f"field {field}" + ("" if request is None else f", request {request}") + ", rank 0"
+    assert str(caught.value) == f"[{pid}] {message} ({where})"
+
+
+def test_logits_shard_one_column_wide_is_accepted():
+    batch = build_input_batch(SLOTS, COUNTS)
+    sharder = ReferenceSharder(8, 4, comm=LoopbackComm(0, 2))
+    metadata = sharder.shard_sampler_inputs(batch, None).metadata
+    assert sharder.all_to_all_logits(torch.zeros(batch.num_logits, 1), metadata).shape == (5, 2)
