@@ -12,7 +12,18 @@ from dataclasses import replace
 import numpy as np
 import pytest
 import torch
-from test_ref_preconditions import COUNTS, MASK, SLOTS, VIOLATIONS, _batch, _gather, _gather_extensions, _output, _shard
+from test_ref_preconditions import (
+    COUNTS,
+    MASK,
+    SLOTS,
+    VIOLATIONS,
+    _batch,
+    _drafts_off_by_one,
+    _gather,
+    _gather_extensions,
+    _output,
+    _shard,
+)
 
 from shardspec.comm import LoopbackComm
 from shardspec.reference import ReferenceSharder
@@ -195,6 +206,8 @@ DRAFT_REJECTIONS = {
                           "num_draft_tokens", None, "is 2 without num_draft_tokens_per_req"),
     "shape": (lambda: _batch(num_draft_tokens_per_req=np.zeros(4, np.int32)), "num_draft_tokens_per_req", None,
               "shape (4,), expected (5,)"),
+    "off-by-one": (_drafts_off_by_one, "num_draft_tokens_per_req", 3,
+                   "a request's logits rows must be 1 + its draft tokens"),
     "sum": (lambda: _batch(num_draft_tokens=1), "num_draft_tokens", None,
             "is 1, but num_draft_tokens_per_req sums to 4"),
 }
