@@ -228,6 +228,12 @@ def _batch_with(name, edit):
     return replace(batch, **{name: edit(getattr(batch, name))})
 
 
+def _batch_of_one_with(name, edit):
+    """A batch of one request (slot 3, one row) with tensor ``name`` replaced by ``edit(tensor)``."""
+    batch = build_input_batch([3], [1])
+    return replace(batch, **{name: edit(getattr(batch, name))})
+
+
 # Input-batch rejections (5 requests of 1, 3, 2, 1 and 2 rows; capacity 8 requests, 4 rows each):
 # (batch, capacity overrides, precondition, field, request, message).
 BATCH_REJECTIONS = {
@@ -252,6 +258,14 @@ BATCH_REJECTIONS = {
                        "PRE-HOST-DEVICE-MATCH", "cu_num_logits", None, "device copy differs from cu_num_logits_np"),
     "query-start-shape": (lambda: _batch_with("query_start_loc", lambda t: t[:-1]), {}, "PRE-QUERY-START-LOC",
                           "query_start_loc", None, "shape (5,) or start [0] is not (6,) from 0"),
+    "cu-start": (lambda: _batch(cu_num_logits_np=np.array([1, 1, 4, 6, 7, 9], np.int32)), {}, "PRE-CU-LOGITS",
+                 "cu_num_logits_np", None, "starts at 1, not 0"),
+    "query-start-one-request": (lambda: _batch_of_one_with("query_start_loc", lambda t: t + 1), {},
+                                "PRE-QUERY-START-LOC", "query_start_loc", None,
+                                "shape (2,) or start [1] is not (2,) from 0"),
+    "query-shorter": (lambda: _batch_with("query_start_loc", lambda t: t.index_fill(0, torch.tensor([3]), int(t[2]))),
+                      {}, "PRE-QUERY-START-LOC", "query_start_loc", 2,
+                      "query is shorter than the request's logits rows (or decreasing)"),
     "indices-shape": (lambda: _batch_with("logits_indices", lambda t: t[:-1]), {}, "PRE-FIELD-SHAPES",
                       "logits_indices", None, "shape (8,), expected (9,)"),
     "logits-tail": (lambda: _batch_with("logits_indices", lambda t: t - (torch.arange(9) == 4).to(t.dtype)), {},
