@@ -27,6 +27,7 @@ if not torch.cuda.is_available():
 
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
+
 from shardspec.impl.launch import Launcher  # noqa: E402
 
 
@@ -46,7 +47,8 @@ def _sync(device: torch.device) -> None:
 def launch_floor(device: torch.device, launches: int = 2000, repeats: int = 5) -> dict:
     """Median wall and GPU us per empty-kernel launch over ``repeats`` bursts of ``launches``."""
     target = torch.empty(1, device=device)
-    key = (device.index if device.type == "cuda" else None, 1)
+    # The launcher reads the stream of the device index in the key: a CUDA device needs its index.
+    key = (torch.cuda.current_device() if device.type == "cuda" else None, 1)
     launches = launches if device.type == "cuda" else 3  # the interpreter runs each launch in Python
 
     def launch():
