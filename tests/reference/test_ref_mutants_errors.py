@@ -241,6 +241,8 @@ BATCH_REJECTIONS = {
                    "num_reqs=4 but 5 req_ids and idx_mapping_np of shape (5,)"),
     "capacity-reqs": (lambda: build_input_batch(SLOTS, COUNTS), {"max_num_reqs": 4}, "PRE-CAPACITY-REQS", "num_reqs",
                       None, "5 requests exceed the sharder's capacity max_num_reqs=4"),
+    "req-ids": (lambda: _batch(req_ids=["a", "b", "c", "b", "e"]), {}, "PRE-REQ-IDS-UNIQUE", "req_ids", 3,
+                "request ids are not unique"),
     "host-slots-float": (lambda: _batch(idx_mapping_np=np.array(SLOTS, np.float64)), {}, "PRE-DTYPES",
                          "idx_mapping_np", None, "dtype float64 is not an integer type"),
     "slot-range": (lambda: build_input_batch([4, 1, 8], [1, 1, 1]), {}, "PRE-SLOT-RANGE", "idx_mapping", 2,
