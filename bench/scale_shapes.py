@@ -13,10 +13,10 @@ from collections.abc import Callable
 import numpy as np
 import torch
 from bench_step import IMPLS, Bench, burst_us, synchronize
-from shardspec.spec.builders import build_input_batch
-from shardspec.spec.model import SamplerOutput
 
 from shardspec.comm import LoopbackComm
+from shardspec.spec.builders import build_input_batch
+from shardspec.spec.model import SamplerOutput
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
