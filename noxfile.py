@@ -7,6 +7,7 @@
     nox -s spec [-- --check]  # render spec/SPEC.md
     nox -s bench              # benchmark (meant for a GPU machine)
     nox -s report             # HTML report of reports/conformance.json into reports/html
+    nox -s lint               # ruff check and ruff format --check
 
 Torch: the sessions install the CPU build pinned below (override with
 SHARDSPEC_TORCH, e.g. SHARDSPEC_TORCH="torch==2.11.0"). To use a torch you
@@ -74,6 +75,20 @@ def report(session: nox.Session) -> None:
     bench = ["--bench", "reports/bench"] if os.path.isdir("reports/bench") else []
     session.run("python", "-m", "shardspec.conformance", "report", *session.posargs, *bench,
                 "reports/conformance.json", "-o", "reports/html")
+
+
+@nox.session
+def lint(session: nox.Session) -> None:
+    """ruff (pyflakes, pycodestyle, import order, pyupgrade, bugbear) and ruff's formatter, as configured in
+    pyproject.toml; `-- --fix` applies the fixes and formats."""
+    if not isinstance(session.virtualenv, PassthroughEnv):
+        session.install("ruff==0.17.6")
+    if "--fix" in session.posargs:
+        session.run("ruff", "check", "--fix", ".")
+        session.run("ruff", "format", ".")
+        return
+    session.run("ruff", "check", ".")
+    session.run("ruff", "format", "--check", ".")
 
 
 @nox.session
