@@ -57,9 +57,19 @@ def conformance(session: nox.Session) -> None:
     """
     install(session)
     session.run(
-        "pytest", "--pyargs", "shardspec.conformance", "-p", "no:cacheprovider", "-s", "-p", "no:xdist",
-        "--shardspec-impl", os.environ.get("SHARDSPEC_IMPL", "reference,production,reference/production"),
-        "--shardspec-json", "reports/conformance.json", "--junitxml=reports/conformance-junit.xml",
+        "pytest",
+        "--pyargs",
+        "shardspec.conformance",
+        "-p",
+        "no:cacheprovider",
+        "-s",
+        "-p",
+        "no:xdist",
+        "--shardspec-impl",
+        os.environ.get("SHARDSPEC_IMPL", "reference,production,reference/production"),
+        "--shardspec-json",
+        "reports/conformance.json",
+        "--junitxml=reports/conformance-junit.xml",
         *session.posargs,
     )
 
@@ -73,8 +83,17 @@ def report(session: nox.Session) -> None:
     """
     install(session)
     bench = ["--bench", "reports/bench"] if os.path.isdir("reports/bench") else []
-    session.run("python", "-m", "shardspec.conformance", "report", *session.posargs, *bench,
-                "reports/conformance.json", "-o", "reports/html")
+    session.run(
+        "python",
+        "-m",
+        "shardspec.conformance",
+        "report",
+        *session.posargs,
+        *bench,
+        "reports/conformance.json",
+        "-o",
+        "reports/html",
+    )
 
 
 @nox.session
@@ -137,5 +156,13 @@ def bench(session: nox.Session) -> None:
     upstream = args[args.index("--upstream") : args.index("--upstream") + 2] if "--upstream" in args else []
     session.run("python", "bench/step_counts.py", *upstream)
     quick = ["--quick"] if "--quick" in args else []
-    session.run("python", "bench/scale_grid.py", *quick, *upstream, "--out", "reports/bench/scale.json",
-                "--plots", "reports/bench")
+    session.run(
+        "python",
+        "bench/scale_grid.py",
+        *quick,
+        *upstream,
+        "--out",
+        "reports/bench/scale.json",
+        "--plots",
+        "reports/bench",
+    )

@@ -46,14 +46,14 @@ def sharder_class(site: str):
         for name in [name for name in sys.modules if name == "shardspec" or name.startswith("shardspec.")]:
             sys.modules.pop(name)
         for name in [name for name in sys.modules if name.startswith("_ab_previous.")]:
-            sys.modules[name[len("_ab_previous."):]] = sys.modules.pop(name)
+            sys.modules[name[len("_ab_previous.") :]] = sys.modules.pop(name)
 
 
 def sharder_factory(side: str):
     """A site directory (its ``ProductionSharder``) or ``upstream:FILE`` (vLLM's file, adapted)."""
     if not side.startswith("upstream:"):
         return sharder_class(side)
-    return add_upstream(side[len("upstream:"):])
+    return add_upstream(side[len("upstream:") :])
 
 
 def quartiles(values: list[float]) -> tuple[float, float, float]:
@@ -79,8 +79,10 @@ def main(argv=None) -> int:
     for side, site in (("old", own.old_site), ("new", own.new_site)):
         sharder = sharder_factory(site)(*bench.capacity, comm=LoopbackComm(0, own.tp), device=device)
         sides[side] = bench.calls(sharder)
-    print(f"tp {own.tp}, {own.num_reqs} requests x {own.logits_per_req} rows, {own.rounds} rounds of "
-          f"{own.calls} calls per side and operation; device {device}")
+    print(
+        f"tp {own.tp}, {own.num_reqs} requests x {own.logits_per_req} rows, {own.rounds} rounds of "
+        f"{own.calls} calls per side and operation; device {device}"
+    )
     for op in OPS:
         times = {"old": [], "new": []}
         for side in ("old", "new"):
@@ -89,10 +91,13 @@ def main(argv=None) -> int:
             order = ("old", "new") if round_ % 2 == 0 else ("new", "old")
             for side in order:
                 times[side].append(burst_us(sides[side][op], device, own.calls))
-        ratios = [new / old for old, new in zip(times["old"], times["new"])]
+        ratios = [new / old for old, new in zip(times["old"], times["new"], strict=False)]
         low, median, high = quartiles(ratios)
-        print(f"{op:>7}: old {statistics.median(times['old']):8.1f} us, new {statistics.median(times['new']):8.1f} us"
-              f" (medians); new/old per round: median {median:.3f}, quartiles {low:.3f}-{high:.3f}", flush=True)
+        print(
+            f"{op:>7}: old {statistics.median(times['old']):8.1f} us, new {statistics.median(times['new']):8.1f} us"
+            f" (medians); new/old per round: median {median:.3f}, quartiles {low:.3f}-{high:.3f}",
+            flush=True,
+        )
     return 0
 
 

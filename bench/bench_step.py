@@ -30,7 +30,7 @@ import statistics
 import subprocess
 import sys
 import time
-from typing import Callable, Optional
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -112,8 +112,9 @@ class Bench:
         out = self.local_output(shard.local_batch)
 
         def gather(md=shard.metadata, local=shard.local_batch):
-            return sharder.gather_sampler_output(out, md, self.batch, local, gather_num_nans=True,
-                                                 logprobs_dims=self.dims)
+            return sharder.gather_sampler_output(
+                out, md, self.batch, local, gather_num_nans=True, logprobs_dims=self.dims
+            )
 
         def step():
             result = sharder.shard_sampler_inputs(self.batch, None)
@@ -169,11 +170,15 @@ def measure(fn: Callable[[], object], device: torch.device, target_s: float, rep
         walls.append((time.perf_counter() - start) / iters * 1e6)
         if events is not None:
             gpus.append(events[0].elapsed_time(events[1]) / iters * 1e3)
-    return {"wall_us": statistics.median(walls), "gpu_us": statistics.median(gpus) if gpus else None,
-            "iters": iters, "repeats": repeats}
+    return {
+        "wall_us": statistics.median(walls),
+        "gpu_us": statistics.median(gpus) if gpus else None,
+        "iters": iters,
+        "repeats": repeats,
+    }
 
 
-def graph_replay_us(bench: Bench, target_s: float, repeats: int) -> Optional[float]:
+def graph_replay_us(bench: Bench, target_s: float, repeats: int) -> float | None:
     """The production step captured once as a CUDA graph; GPU microseconds per replay."""
     sharder = bench.sharder("production")
     step = bench.calls(sharder)["step"]
@@ -192,10 +197,16 @@ def graph_replay_us(bench: Bench, target_s: float, repeats: int) -> Optional[flo
 def environment(device: torch.device) -> dict:
     import triton
 
-    env = {"python": platform.python_version(), "torch": torch.__version__, "triton": triton.__version__,
-           "numpy": np.__version__, "device": str(device), "cuda": torch.version.cuda,
-           "triton_interpret": os.environ.get("TRITON_INTERPRET") == "1",
-           "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+    env = {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "numpy": np.__version__,
+        "device": str(device),
+        "cuda": torch.version.cuda,
+        "triton_interpret": os.environ.get("TRITON_INTERPRET") == "1",
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    }
     if device.type == "cuda":
         env["device_name"] = torch.cuda.get_device_name(device)
     else:
@@ -204,8 +215,9 @@ def environment(device: torch.device) -> dict:
     if env["commit"]:
         return env
     try:
-        env["commit"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                                       check=True).stdout.strip()
+        env["commit"] = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True
+        ).stdout.strip()
     except (OSError, subprocess.CalledProcessError):  # a copy of the tree without git history
         pass
     return env
@@ -229,7 +241,8 @@ def add_upstream(upstream_file: str):
 
     shardspec_upstream.load_upstream(upstream_file)  # fails here, not in the first row, for a bad path
     IMPLS[UPSTREAM] = lambda *capacity, **options: shardspec_upstream.UpstreamSharder(
-        *capacity, path=upstream_file, **options)
+        *capacity, path=upstream_file, **options
+    )
     return IMPLS[UPSTREAM]
 
 
@@ -260,18 +273,30 @@ def run(args) -> dict:
 
 
 def settings(args) -> dict:
-    return {"max_num_reqs": args.max_num_reqs, "max_num_logits_per_req": max(args.logits_per_req),
-            "padded_vocab": args.vocab, "logprobs_dims": [args.num_logprobs, 0], "gather_num_nans": True,
-            "grammar": None, "rank": 0, "communicator": "LoopbackComm",
-            "check_preconditions": f"on, except in {UNCHECKED}.*", "upstream": args.upstream}
+    return {
+        "max_num_reqs": args.max_num_reqs,
+        "max_num_logits_per_req": max(args.logits_per_req),
+        "padded_vocab": args.vocab,
+        "logprobs_dims": [args.num_logprobs, 0],
+        "gather_num_nans": True,
+        "grammar": None,
+        "rank": 0,
+        "communicator": "LoopbackComm",
+        "check_preconditions": f"on, except in {UNCHECKED}.*",
+        "upstream": args.upstream,
+    }
 
 
 def header(with_upstream: bool) -> str:
     per_op = f"{'ref':>8} {'prod':>8} {'ratio':>7}" + (f" {'up':>8} {'ratio':>7}" if with_upstream else "")
     width = len(per_op)
-    return (f"{'tp':>3} {'reqs':>5} {'n_i':>3} | " + " | ".join(f"{op:^{width}}" for op in OPS)
-            + f" | {'no checks':^17} | {'graph':>7}\n{'':>14}| " + " | ".join(per_op for _ in OPS)
-            + f" | {'shard':>8} {'step':>8} |   prod")
+    return (
+        f"{'tp':>3} {'reqs':>5} {'n_i':>3} | "
+        + " | ".join(f"{op:^{width}}" for op in OPS)
+        + f" | {'no checks':^17} | {'graph':>7}\n{'':>14}| "
+        + " | ".join(per_op for _ in OPS)
+        + f" | {'shard':>8} {'step':>8} |   prod"
+    )
 
 
 def format_row(row: dict) -> str:
@@ -292,13 +317,20 @@ def format_row(row: dict) -> str:
 
 def format_table(result: dict) -> str:
     env = result["environment"]
-    lines = [f"wall microseconds per call (median; graph: GPU us per replay of the captured production step); "
-             f"device {env['device_name']}, torch {env['torch']}, triton {env['triton']}, "
-             f"vocab {result['settings']['padded_vocab']}, "
-             f"logprobs {result['settings']['logprobs_dims']}", header(result["settings"]["upstream"] is not None)]
+    lines = [
+        f"wall microseconds per call (median; graph: GPU us per replay of the captured production step); "
+        f"device {env['device_name']}, torch {env['torch']}, triton {env['triton']}, "
+        f"vocab {result['settings']['padded_vocab']}, "
+        f"logprobs {result['settings']['logprobs_dims']}",
+        header(result["settings"]["upstream"] is not None),
+    ]
     lines += [format_row(row) for row in result["rows"]]
-    gpu = [f"{r['tp']}/{r['num_reqs']}/{r['logits_per_req']}: ref {r['reference.step']['gpu_us']:.1f} "
-           f"prod {r['production.step']['gpu_us']:.1f}" for r in result["rows"] if r["production.step"]["gpu_us"]]
+    gpu = [
+        f"{r['tp']}/{r['num_reqs']}/{r['logits_per_req']}: ref {r['reference.step']['gpu_us']:.1f} "
+        f"prod {r['production.step']['gpu_us']:.1f}"
+        for r in result["rows"]
+        if r["production.step"]["gpu_us"]
+    ]
     if gpu:
         lines.append("GPU (CUDA events) microseconds per step, tp/reqs/n_i: " + "; ".join(gpu))
     return "\n".join(lines)

@@ -69,8 +69,12 @@ def launch_floor(device: torch.device, launches: int = 2000, repeats: int = 5) -
         walls.append((time.perf_counter() - start) / launches * 1e6)
         if events:
             gpus.append(events[0].elapsed_time(events[1]) / launches * 1e3)
-    return {"wall_us": statistics.median(walls), "gpu_us": statistics.median(gpus) if gpus else None,
-            "launches": launches, "repeats": repeats}
+    return {
+        "wall_us": statistics.median(walls),
+        "gpu_us": statistics.median(gpus) if gpus else None,
+        "launches": launches,
+        "repeats": repeats,
+    }
 
 
 def _events(device: torch.device):
@@ -111,8 +115,11 @@ def step_bytes(num_logits: int, num_local_logits: int, vocab: int, tp: int, item
     """
     shard_width = vocab // tp
     exchange = (num_logits * shard_width + num_local_logits * vocab) * itemsize
-    return {"must_move": exchange, "reorder": 2 * num_local_logits * vocab * itemsize,
-            "logits_per_rank": num_logits * shard_width * itemsize}
+    return {
+        "must_move": exchange,
+        "reorder": 2 * num_local_logits * vocab * itemsize,
+        "logits_per_rank": num_logits * shard_width * itemsize,
+    }
 
 
 def floor_us(must_move_bytes: int, floors: dict) -> float:

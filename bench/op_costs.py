@@ -63,8 +63,9 @@ def main() -> int:
         "all-gather stand-in: view + broadcast copy_": lambda: recv.view(8, 128, 21).copy_(send),
         "all-gather stand-in: torch.cat(out=)": lambda: torch.cat([send] * 8, out=recv),
         "transpose copy: reshape [8,128,4096]->[128,32768]": lambda: by_row.reshape(128, 8 * 4096),
-        "transpose copy: empty + view + copy_": lambda: torch.empty(128, 8 * 4096, device=dev).view(
-            128, 8, 4096).copy_(by_row),
+        "transpose copy: empty + view + copy_": lambda: (
+            torch.empty(128, 8 * 4096, device=dev).view(128, 8, 4096).copy_(by_row)
+        ),
         "a.stride(0)": lambda: a.stride(0),
         "a.data_ptr()": lambda: a.data_ptr(),
         "a.shape[0]": lambda: a.shape[0],

@@ -20,8 +20,13 @@ import matplotlib
 matplotlib.use("Agg")  # files only, no display
 import matplotlib.pyplot as plt  # noqa: E402
 
-COLORS = {"production": "tab:blue", "upstream": "tab:orange", "floor": "black",
-          "replicated": "tab:red", "sharded": "tab:green"}
+COLORS = {
+    "production": "tab:blue",
+    "upstream": "tab:orange",
+    "floor": "black",
+    "replicated": "tab:red",
+    "sharded": "tab:green",
+}
 STYLES = ["-", "--", ":", "-."]
 
 
@@ -55,8 +60,13 @@ def step_time_figure(result: dict, dtype: str, path: str) -> None:
                     ax.fill_between(x, lo, hi, color=COLORS[impl], alpha=0.15)
                 x, y = _series(sel, "num_reqs", lambda r: r["floor_us"])
                 ax.plot(x, y, style, color=COLORS["floor"], lw=1, alpha=0.7, label=f"floor, {n} row(s)")
-            ax.set(xscale="log", yscale="log", title=f"tp {tp}, vocab {vocab}, {dtype}",
-                   xlabel="requests", ylabel="step wall us")
+            ax.set(
+                xscale="log",
+                yscale="log",
+                title=f"tp {tp}, vocab {vocab}, {dtype}",
+                xlabel="requests",
+                ylabel="step wall us",
+            )
             ax.grid(True, which="both", alpha=0.3)
     axes[0][0].legend(fontsize=6)
     fig.tight_layout()
@@ -75,19 +85,34 @@ def baseline_figure(result: dict, what: str, path: str) -> None:
         for j, sampler in enumerate(samplers):
             ax = axes[i][j]
             for k, (n, kind) in enumerate((n, kind) for n in per_req for kind in kinds):
-                sel = [r for r in rows if r["tp"] == tp and r["sampler"] == sampler and r["rows"] == n
-                       and (r["vocab"], r["dtype"]) == kind]
+                sel = [
+                    r
+                    for r in rows
+                    if r["tp"] == tp and r["sampler"] == sampler and r["rows"] == n and (r["vocab"], r["dtype"]) == kind
+                ]
                 for path_name in ("replicated", "sharded"):
                     if what == "time":
                         x, y = _series(sel, "num_reqs", lambda r, p=path_name: r[p]["median"])
                     else:
                         x, y = _series(sel, "num_reqs", lambda r, p=path_name: r[p]["peak_bytes"] / 1e9)
-                    ax.plot(x, y, STYLES[k % len(STYLES)], color=COLORS[path_name], marker="o", ms=3,
-                            label=f"{path_name}, {n} row(s), {kind[0]} {kind[1]}")
+                    ax.plot(
+                        x,
+                        y,
+                        STYLES[k % len(STYLES)],
+                        color=COLORS[path_name],
+                        marker="o",
+                        ms=3,
+                        label=f"{path_name}, {n} row(s), {kind[0]} {kind[1]}",
+                    )
             ylabel = "step wall us" if what == "time" else "peak GB per step"
             positive = all(y > 0 for line in ax.get_lines() for y in line.get_ydata())
-            ax.set(xscale="log", yscale="log" if positive else "linear", title=f"tp {tp}, {sampler}",
-                   xlabel="requests", ylabel=ylabel)  # no device memory counted on the CPU
+            ax.set(
+                xscale="log",
+                yscale="log" if positive else "linear",
+                title=f"tp {tp}, {sampler}",
+                xlabel="requests",
+                ylabel=ylabel,
+            )  # no device memory counted on the CPU
             ax.grid(True, which="both", alpha=0.3)
     axes[0][0].legend(fontsize=6)
     fig.tight_layout()

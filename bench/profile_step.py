@@ -36,15 +36,23 @@ def step_segments(sharder, bench, device, iters: int) -> dict:
         sharded = clock()
         sharder.all_to_all_logits(bench.logits_shard, result.metadata)
         exchanged = clock()
-        sharder.gather_sampler_output(local_output, result.metadata, bench.batch, result.local_batch,
-                                      gather_num_nans=True, logprobs_dims=bench.dims)
+        sharder.gather_sampler_output(
+            local_output,
+            result.metadata,
+            bench.batch,
+            result.local_batch,
+            gather_num_nans=True,
+            logprobs_dims=bench.dims,
+        )
         gathered = clock()
         if step >= min(20, iters):  # the first steps warm up
             totals[0] += sharded - start
             totals[1] += exchanged - sharded
             totals[2] += gathered - exchanged
     synchronize(device)
-    return {name: total / iters * 1e6 for name, total in zip(("shard", "all_to_all_logits", "gather"), totals)}
+    return {
+        name: total / iters * 1e6 for name, total in zip(("shard", "all_to_all_logits", "gather"), totals, strict=False)
+    }
 
 
 def main(argv=None) -> int:
@@ -62,8 +70,9 @@ def main(argv=None) -> int:
     calls = bench.calls(sharder)
     shard = sharder.shard_sampler_inputs(bench.batch, None)
     parts = {
-        "plan kernel launch": lambda: sharder._launch_plan(bench.batch, bench.batch.num_reqs,
-                                                          shard.metadata.max_num_reqs_per_rank),
+        "plan kernel launch": lambda: sharder._launch_plan(
+            bench.batch, bench.batch.num_reqs, shard.metadata.max_num_reqs_per_rank
+        ),
         "all_to_all_logits": lambda: sharder.all_to_all_logits(bench.logits_shard, shard.metadata),
         **calls,
     }

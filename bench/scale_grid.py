@@ -70,21 +70,49 @@ class Grid:
 
 GRIDS = {
     "default": Grid(),
-    "full": Grid(num_reqs=[1, 4, 16, 64, 256, 1024, 2048, 4096], rows=[1, 4, 8], tp=[2, 4, 8],
-                 baseline_vocab=list(VOCABS), baseline_dtype=["bfloat16", "float32"],
-                 baseline_num_reqs=[1, 4, 16, 64, 256, 1024, 2048, 4096], baseline_rows=[1, 4, 8],
-                 baseline_tp=[2, 4, 8], rounds=7),
-    "quick": Grid(vocab=[256], num_reqs=[1, 8], rows=[2], tp=[2], baseline_vocab=[256],
-                  baseline_num_reqs=[8], baseline_rows=[2], baseline_tp=[2], max_num_reqs=16, max_rows=2,
-                  num_logprobs=2, rounds=2, focus_rounds=2, burst_s=0.0),
+    "full": Grid(
+        num_reqs=[1, 4, 16, 64, 256, 1024, 2048, 4096],
+        rows=[1, 4, 8],
+        tp=[2, 4, 8],
+        baseline_vocab=list(VOCABS),
+        baseline_dtype=["bfloat16", "float32"],
+        baseline_num_reqs=[1, 4, 16, 64, 256, 1024, 2048, 4096],
+        baseline_rows=[1, 4, 8],
+        baseline_tp=[2, 4, 8],
+        rounds=7,
+    ),
+    "quick": Grid(
+        vocab=[256],
+        num_reqs=[1, 8],
+        rows=[2],
+        tp=[2],
+        baseline_vocab=[256],
+        baseline_num_reqs=[8],
+        baseline_rows=[2],
+        baseline_tp=[2],
+        max_num_reqs=16,
+        max_rows=2,
+        num_logprobs=2,
+        rounds=2,
+        focus_rounds=2,
+        burst_s=0.0,
+    ),
 }
 FOCUS = {"tp": 8, "num_reqs": 1024, "rows": 1, "vocab": 32768, "dtype": "float32"}
 QUICK_FOCUS = {"tp": 2, "num_reqs": 8, "rows": 1, "vocab": 256, "dtype": "float32"}
 
 
 def make_shape(grid: Grid, device, tp, num_reqs, rows, vocab, dtype) -> ScaleShape:
-    return ScaleShape(num_reqs, rows, tp, vocab, dtype, capacity=(grid.max_num_reqs, grid.max_rows),
-                      num_logprobs=grid.num_logprobs, device=device)
+    return ScaleShape(
+        num_reqs,
+        rows,
+        tp,
+        vocab,
+        dtype,
+        capacity=(grid.max_num_reqs, grid.max_rows),
+        num_logprobs=grid.num_logprobs,
+        device=device,
+    )
 
 
 def release(device) -> None:
@@ -104,8 +132,7 @@ def step_row(grid: Grid, device, floors: dict, tp, num_reqs, rows, vocab, dtype)
     row["bytes"] = step_bytes(num_logits, shape.num_local_logits, vocab, tp, itemsize)
     row["num_local_logits"] = shape.num_local_logits
     row["floor_us"] = floor_us(row["bytes"]["must_move"], floors)
-    times = interleave({impl: shape.step_call(impl) for impl in implementations()}, device, grid.rounds,
-                       grid.burst_s)
+    times = interleave({impl: shape.step_call(impl) for impl in implementations()}, device, grid.rounds, grid.burst_s)
     for impl, values in times.items():
         row[impl] = spread(values)
         row[impl]["x_floor"] = row[impl]["median"] / row["floor_us"]
@@ -123,8 +150,15 @@ def baseline_rows(grid: Grid, device, tp, num_reqs, rows, vocab, dtype) -> list[
     shape = make_shape(grid, device, tp, num_reqs, rows, vocab, dtype)
     out = []
     for name, sampler in SAMPLERS.items():
-        row = {"tp": tp, "num_reqs": num_reqs, "rows": rows, "vocab": vocab, "dtype": dtype, "sampler": name,
-               "num_local_logits": shape.num_local_logits}
+        row = {
+            "tp": tp,
+            "num_reqs": num_reqs,
+            "rows": rows,
+            "vocab": vocab,
+            "dtype": dtype,
+            "sampler": name,
+            "num_local_logits": shape.num_local_logits,
+        }
         estimate = num_logits * vocab * 2 * itemsize + temporaries_bytes(name, num_logits, vocab)
         if estimate > grid.memory_budget:
             out.append({**row, "skipped": f"replicated needs about {estimate / 1e9:.0f} GB"})
@@ -146,8 +180,10 @@ def _baseline_pair(grid: Grid, device, shape: ScaleShape, sampler) -> dict:
     sharded()
     persistent = allocated(device) - before  # the sharder's workspace and cached receive buffer
     calls = {"replicated": shape.replicated_sampling_step(sampler), "sharded": sharded}
-    memory = {"replicated": peak_step_bytes(calls["replicated"], device),
-              "sharded": peak_step_bytes(sharded, device) + persistent}
+    memory = {
+        "replicated": peak_step_bytes(calls["replicated"], device),
+        "sharded": peak_step_bytes(sharded, device) + persistent,
+    }
     times = interleave(calls, device, grid.rounds, grid.burst_s)
     row = {name: {**spread(values), "peak_bytes": memory[name]} for name, values in times.items()}
     row["sharded_persistent_bytes"] = persistent
@@ -159,8 +195,15 @@ def _baseline_pair(grid: Grid, device, shape: ScaleShape, sampler) -> dict:
 
 def focus(grid: Grid, device, shape_args: dict) -> dict:
     """The host-bound shape: many alternating rounds, and the production step replayed from a CUDA graph."""
-    shape = make_shape(grid, device, shape_args["tp"], shape_args["num_reqs"], shape_args["rows"],
-                       shape_args["vocab"], shape_args["dtype"])
+    shape = make_shape(
+        grid,
+        device,
+        shape_args["tp"],
+        shape_args["num_reqs"],
+        shape_args["rows"],
+        shape_args["vocab"],
+        shape_args["dtype"],
+    )
     calls = {impl: shape.step_call(impl) for impl in implementations()}
     if device.type == "cuda":
         calls["production_graph"] = captured_step(shape)
@@ -192,8 +235,10 @@ def run(grid: Grid, device, parts: set, focus_shape: dict, progress=print, check
     """Every part of the grid; ``checkpoint(result)`` after each row, so that a run cut short keeps its rows."""
     result = {"environment": environment(device), "grid": asdict(grid), "implementations": implementations()}
     result["floors"] = measure_floors(device)
-    progress(f"floors: launch {result['floors']['launch']['wall_us']:.1f} us wall, "
-             f"copy {result['floors']['copy']['bytes_per_s'] / 1e12:.2f} TB/s")
+    progress(
+        f"floors: launch {result['floors']['launch']['wall_us']:.1f} us wall, "
+        f"copy {result['floors']['copy']['bytes_per_s'] / 1e12:.2f} TB/s"
+    )
     if "focus" in parts:
         result["focus"] = focus(grid, device, focus_shape)
         progress(f"focus: {format_focus(result['focus'])}")
@@ -227,8 +272,10 @@ def _shape(row: dict) -> str:
     return f"{row['tp']:>2} {row['num_reqs']:>5} {row['rows']:>2} {row['vocab']:>6} {row['dtype'][:4]:>4}"
 
 
-STEP_HEADER = (" tp  reqs  n  vocab  dt | MB/rank | floor us | prod us (q1-q3)         x floor"
-               " | vLLM us (q1-q3)         x floor | prod/vLLM (q1-q3)")
+STEP_HEADER = (
+    " tp  reqs  n  vocab  dt | MB/rank | floor us | prod us (q1-q3)         x floor"
+    " | vLLM us (q1-q3)         x floor | prod/vLLM (q1-q3)"
+)
 
 
 def format_step_row(row: dict) -> str:
@@ -245,8 +292,10 @@ def format_step_row(row: dict) -> str:
     return f"{_shape(row)} | " + " | ".join(cells)
 
 
-BASELINE_HEADER = (" tp  reqs  n  vocab  dt | sampler | replicated us   GB | sharded us   GB  (persistent GB)"
-                   " | time shard/repl (q1-q3) | memory shard/repl")
+BASELINE_HEADER = (
+    " tp  reqs  n  vocab  dt | sampler | replicated us   GB | sharded us   GB  (persistent GB)"
+    " | time shard/repl (q1-q3) | memory shard/repl"
+)
 
 
 def format_baseline_row(row: dict) -> str:
@@ -255,14 +304,19 @@ def format_baseline_row(row: dict) -> str:
         return f"{head} | skipped: {row['skipped']}"
     rep, sh, r = row["replicated"], row["sharded"], row["sharded_over_replicated"]
     memory = f"{row['memory_ratio']:.3f}" if "memory_ratio" in row else "-"
-    return (f"{head} | {rep['median']:10.1f} {rep['peak_bytes'] / 1e9:6.2f} | {sh['median']:10.1f} "
-            f"{sh['peak_bytes'] / 1e9:5.2f} ({row['sharded_persistent_bytes'] / 1e9:5.2f}) | "
-            f"{r['median']:6.3f} ({r['q1']:.3f}-{r['q3']:.3f}) | {memory}")
+    return (
+        f"{head} | {rep['median']:10.1f} {rep['peak_bytes'] / 1e9:6.2f} | {sh['median']:10.1f} "
+        f"{sh['peak_bytes'] / 1e9:5.2f} ({row['sharded_persistent_bytes'] / 1e9:5.2f}) | "
+        f"{r['median']:6.3f} ({r['q1']:.3f}-{r['q3']:.3f}) | {memory}"
+    )
 
 
 def format_focus(row: dict) -> str:
-    cells = [f"{name} {row[name]['median']:.1f} us ({row[name]['q1']:.1f}-{row[name]['q3']:.1f})"
-             for name in ("production", "upstream", "production_graph") if name in row]
+    cells = [
+        f"{name} {row[name]['median']:.1f} us ({row[name]['q1']:.1f}-{row[name]['q3']:.1f})"
+        for name in ("production", "upstream", "production_graph")
+        if name in row
+    ]
     for key in ("production_over_upstream", "graph_over_upstream"):
         if key in row:
             cells.append(f"{key} {row[key]['median']:.3f} ({row[key]['q1']:.3f}-{row[key]['q3']:.3f})")
@@ -271,21 +325,31 @@ def format_focus(row: dict) -> str:
 
 def format_report(result: dict) -> str:
     env, floors = result["environment"], result["floors"]
-    lines = [f"device {env['device_name']}, torch {env['torch']}, triton {env['triton']}, commit {env['commit']}",
-             f"floors (start / end of run): empty launch {floors['launch']['wall_us']:.2f} / "
-             f"{result['floors_after']['launch']['wall_us']:.2f} us wall, "
-             f"{floors['launch']['gpu_us'] or 0:.2f} us GPU; copy {floors['copy']['bytes_per_s'] / 1e12:.2f} / "
-             f"{result['floors_after']['copy']['bytes_per_s'] / 1e12:.2f} TB/s (read + write)"]
+    lines = [
+        f"device {env['device_name']}, torch {env['torch']}, triton {env['triton']}, commit {env['commit']}",
+        f"floors (start / end of run): empty launch {floors['launch']['wall_us']:.2f} / "
+        f"{result['floors_after']['launch']['wall_us']:.2f} us wall, "
+        f"{floors['launch']['gpu_us'] or 0:.2f} us GPU; copy {floors['copy']['bytes_per_s'] / 1e12:.2f} / "
+        f"{result['floors_after']['copy']['bytes_per_s'] / 1e12:.2f} TB/s (read + write)",
+    ]
     if "focus" in result:
-        lines += ["", "host-bound shape (tp/reqs/rows/vocab/dtype "
-                  + "/".join(str(result["focus"][k]) for k in ("tp", "num_reqs", "rows", "vocab", "dtype")) + "): "
-                  + format_focus(result["focus"])]
+        lines += [
+            "",
+            "host-bound shape (tp/reqs/rows/vocab/dtype "
+            + "/".join(str(result["focus"][k]) for k in ("tp", "num_reqs", "rows", "vocab", "dtype"))
+            + "): "
+            + format_focus(result["focus"]),
+        ]
     if result.get("step"):
         lines += ["", "step: wall us per call, median of rounds (quartiles); x floor = median / floor", STEP_HEADER]
         lines += [format_step_row(row) for row in result["step"]]
     if result.get("baseline"):
-        lines += ["", "replicated (all-gather + sample all rows) vs sharded (shard + all-to-all + sample local rows"
-                  " + gather): wall us, peak GB per step", BASELINE_HEADER]
+        lines += [
+            "",
+            "replicated (all-gather + sample all rows) vs sharded (shard + all-to-all + sample local rows"
+            " + gather): wall us, peak GB per step",
+            BASELINE_HEADER,
+        ]
         lines += [format_baseline_row(row) for row in result["baseline"]]
     return "\n".join(lines)
 
@@ -317,8 +381,14 @@ def main(argv=None) -> int:
     device = bench_device()
     warm_up_device(device)
     started = time.perf_counter()
-    result = run(grid, device, parts, QUICK_FOCUS if args.quick else FOCUS, progress=lambda s: print(s, flush=True),
-                 checkpoint=(lambda partial: _write(args.out, partial)) if args.out else (lambda partial: None))
+    result = run(
+        grid,
+        device,
+        parts,
+        QUICK_FOCUS if args.quick else FOCUS,
+        progress=lambda s: print(s, flush=True),
+        checkpoint=(lambda partial: _write(args.out, partial)) if args.out else (lambda partial: None),
+    )
     result["seconds"] = time.perf_counter() - started
     result["command"] = " ".join(["python", "bench/scale_grid.py", *(argv if argv is not None else sys.argv[1:])])
     print("\n" + format_report(result))

@@ -34,15 +34,24 @@ def balanced_slots(num_reqs: int, tp: int, max_num_reqs: int, rng: np.random.Gen
 class ScaleShape(Bench):
     """One batch shape: the batch, rank 0's vocab shard of the logits in ``dtype``, and the step calls."""
 
-    def __init__(self, num_reqs: int, rows: int, tp: int, vocab: int, dtype: str, *, capacity: tuple[int, int],
-                 num_logprobs: int, device: torch.device):
+    def __init__(
+        self,
+        num_reqs: int,
+        rows: int,
+        tp: int,
+        vocab: int,
+        dtype: str,
+        *,
+        capacity: tuple[int, int],
+        num_logprobs: int,
+        device: torch.device,
+    ):
         if vocab % tp:
             raise ValueError(f"vocab {vocab} is not divisible by tp {tp}")
         rng = np.random.default_rng(num_reqs * 10 + rows + 1000 * tp)
         self.tp, self.device, self.vocab, self.rows = tp, device, vocab, rows
         self.num_reqs, self.dtype = num_reqs, DTYPES[dtype]
-        self.batch = build_input_batch(balanced_slots(num_reqs, tp, capacity[0], rng), [rows] * num_reqs,
-                                       device=device)
+        self.batch = build_input_batch(balanced_slots(num_reqs, tp, capacity[0], rng), [rows] * num_reqs, device=device)
         self.dims = (num_logprobs, 0)
         self.capacity = capacity
         self.num_logits = num_reqs * rows
@@ -100,8 +109,9 @@ def burst_size(fn: Callable[[], object], device: torch.device, target_s: float) 
     return max(1, min(200, int(target_s / max(one, 1e-7))))
 
 
-def interleave(calls: dict[str, Callable[[], object]], device: torch.device, rounds: int,
-               target_s: float) -> dict[str, list[float]]:
+def interleave(
+    calls: dict[str, Callable[[], object]], device: torch.device, rounds: int, target_s: float
+) -> dict[str, list[float]]:
     """Per-call wall us of each call per round; within a round the calls alternate (A B, then B A)."""
     bursts = {name: burst_size(fn, device, target_s) for name, fn in calls.items()}
     names = list(calls)

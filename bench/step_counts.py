@@ -23,14 +23,12 @@ import argparse
 import os
 import sys
 import warnings
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_step import (  # noqa: E402
-    IMPLS, OPS, Bench, add_upstream, bench_device, environment, parse_args, save_json, synchronize)
-
+from bench_step import IMPLS, OPS, Bench, add_upstream, bench_device, environment, parse_args, save_json, synchronize  # noqa: E402
 from torch.profiler import ProfilerActivity, profile  # noqa: E402
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
@@ -112,8 +110,14 @@ def count_op(fn: Callable[[], object], calls: int, device: torch.device) -> dict
     synchronize(device)
     python, c_calls = python_calls(fn, calls)
     allocs, device_ops = allocations_and_device_ops(fn, calls, device)
-    return {"python": python, "c_calls": c_calls, "aten": aten_operators(fn, calls), "allocs": allocs,
-            "device": device_ops, "syncs": synchronizations(fn, calls, device)}
+    return {
+        "python": python,
+        "c_calls": c_calls,
+        "aten": aten_operators(fn, calls),
+        "allocs": allocs,
+        "device": device_ops,
+        "syncs": synchronizations(fn, calls, device),
+    }
 
 
 def run(args, own) -> dict:
@@ -121,22 +125,36 @@ def run(args, own) -> dict:
         add_upstream(own.upstream)
     device = bench_device()
     bench = Bench(args, own.num_reqs, own.logits_per_req, own.tp, device)
-    counts = {impl: {op: count_op(fn, own.calls, device) for op, fn in bench.calls(bench.sharder(impl)).items()}
-              for impl in IMPLS}
-    return {"environment": environment(device),
-            "shape": {"tp": own.tp, "num_reqs": own.num_reqs, "logits_per_req": own.logits_per_req,
-                      "max_num_reqs": args.max_num_reqs, "padded_vocab": args.vocab,
-                      "logprobs_dims": [args.num_logprobs, 0], "gather_num_nans": True,
-                      "communicator": "LoopbackComm", "calls": own.calls, "upstream": own.upstream},
-            "counts": counts}
+    counts = {
+        impl: {op: count_op(fn, own.calls, device) for op, fn in bench.calls(bench.sharder(impl)).items()}
+        for impl in IMPLS
+    }
+    return {
+        "environment": environment(device),
+        "shape": {
+            "tp": own.tp,
+            "num_reqs": own.num_reqs,
+            "logits_per_req": own.logits_per_req,
+            "max_num_reqs": args.max_num_reqs,
+            "padded_vocab": args.vocab,
+            "logprobs_dims": [args.num_logprobs, 0],
+            "gather_num_nans": True,
+            "communicator": "LoopbackComm",
+            "calls": own.calls,
+            "upstream": own.upstream,
+        },
+        "counts": counts,
+    }
 
 
 def format_table(result: dict) -> str:
     env, shape = result["environment"], result["shape"]
-    lines = [f"per call, tp {shape['tp']}, {shape['num_reqs']} requests x {shape['logits_per_req']} rows; "
-             f"device {env['device_name']}, torch {env['torch']}, triton {env['triton']}"
-             + (" (Triton interpreter: launches counted with its work)" if env["triton_interpret"] else ""),
-             f"{'op':<7} {'impl':<11} " + " ".join(f"{name:>8}" for name in COUNTS)]
+    lines = [
+        f"per call, tp {shape['tp']}, {shape['num_reqs']} requests x {shape['logits_per_req']} rows; "
+        f"device {env['device_name']}, torch {env['torch']}, triton {env['triton']}"
+        + (" (Triton interpreter: launches counted with its work)" if env["triton_interpret"] else ""),
+        f"{'op':<7} {'impl':<11} " + " ".join(f"{name:>8}" for name in COUNTS),
+    ]
     for op in OPS:
         for impl, per_op in result["counts"].items():
             lines.append(f"{op:<7} {impl:<11} " + " ".join(_cell(per_op[op][name]) for name in COUNTS))

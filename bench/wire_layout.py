@@ -39,9 +39,16 @@ from scale_shapes import ScaleShape, interleave, ratio_spread, spread  # noqa: E
 from shardspec.comm import LoopbackComm  # noqa: E402
 
 # (tp, requests, rows per request, vocab, dtype)
-SHAPES = [(2, 1024, 4, 151936, "bfloat16"), (2, 1024, 4, 151936, "float32"), (8, 1024, 4, 151936, "bfloat16"),
-          (8, 4096, 4, 151936, "float32"), (8, 4096, 8, 262144, "bfloat16"), (4, 4096, 1, 128256, "bfloat16"),
-          (8, 1024, 1, 32768, "float32"), (8, 64, 1, 151936, "bfloat16")]
+SHAPES = [
+    (2, 1024, 4, 151936, "bfloat16"),
+    (2, 1024, 4, 151936, "float32"),
+    (8, 1024, 4, 151936, "bfloat16"),
+    (8, 4096, 4, 151936, "float32"),
+    (8, 4096, 8, 262144, "bfloat16"),
+    (4, 4096, 1, 128256, "bfloat16"),
+    (8, 1024, 1, 32768, "float32"),
+    (8, 64, 1, 151936, "bfloat16"),
+]
 QUICK_SHAPES = [(2, 8, 2, 256, "float32"), (2, 8, 1, 256, "bfloat16")]
 LM_HEAD = [(8, 256, 4096, 151936), (8, 4096, 4096, 151936)]  # (tp, rows, hidden, vocab), bfloat16
 QUICK_LM_HEAD = [(2, 8, 16, 64)]
@@ -112,14 +119,16 @@ class Exchange:
         return self.sharder.all_to_all_logits(self.shape.logits_shard, self.plan)
 
     def vocab_major(self) -> torch.Tensor:
-        self.comm.all_to_all_single(self.recv_vm, self.send_vm, [self.width * self.local] * self.tp,
-                                    self.send_splits_vm)
+        self.comm.all_to_all_single(
+            self.recv_vm, self.send_vm, [self.width * self.local] * self.tp, self.send_splits_vm
+        )
         return self.recv_vm.view(self.tp * self.width, self.local).t()
 
     def chunked(self) -> torch.Tensor:
         """Today's all-to-all alone: the chunk-major receive buffer, not reordered."""
-        self.comm.all_to_all_single(self.recv, self.shape.logits_shard, [self.local] * self.tp,
-                                    self.plan.num_logits_per_rank)
+        self.comm.all_to_all_single(
+            self.recv, self.shape.logits_shard, [self.local] * self.tp, self.plan.num_logits_per_rank
+        )
         return self.recv
 
     def fused(self):
@@ -144,8 +153,9 @@ def check(exchange: Exchange) -> None:
 
 def measure_shape(shape_args: tuple, device, rounds: int, burst_s: float) -> dict:
     tp, num_reqs, rows, vocab, dtype = shape_args
-    shape = ScaleShape(num_reqs, rows, tp, vocab, dtype, capacity=(max(4096, num_reqs), max(8, rows)),
-                       num_logprobs=0, device=device)
+    shape = ScaleShape(
+        num_reqs, rows, tp, vocab, dtype, capacity=(max(4096, num_reqs), max(8, rows)), num_logprobs=0, device=device
+    )
     exchange = Exchange(shape)
     check(exchange)
     calls = {
@@ -158,8 +168,15 @@ def measure_shape(shape_args: tuple, device, rounds: int, burst_s: float) -> dic
         "vocab_major+top_p": lambda: top_p(exchange.vocab_major()),
     }
     times = interleave(calls, device, rounds, burst_s)
-    row = {"tp": tp, "num_reqs": num_reqs, "rows": rows, "vocab": vocab, "dtype": dtype,
-           "num_local_logits": exchange.local, "received_bytes": exchange.recv.numel() * exchange.recv.element_size()}
+    row = {
+        "tp": tp,
+        "num_reqs": num_reqs,
+        "rows": rows,
+        "vocab": vocab,
+        "dtype": dtype,
+        "num_local_logits": exchange.local,
+        "received_bytes": exchange.recv.numel() * exchange.recv.element_size(),
+    }
     row.update({name: spread(values) for name, values in times.items()})
     row["ratios"] = {
         "exchange: vocab_major / today": ratio_spread(times["vocab_major"], times["today"]),
@@ -176,20 +193,23 @@ def lm_head_layouts(shape_args: tuple, device, rounds: int, burst_s: float) -> d
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     gen = torch.Generator(device=device).manual_seed(rows)
     h = torch.randn(rows, hidden, device=device, dtype=dtype, generator=gen)
-    weight = torch.randn(hidden, vocab // tp, device=device, dtype=dtype, generator=gen) / hidden ** 0.5
+    weight = torch.randn(hidden, vocab // tp, device=device, dtype=dtype, generator=gen) / hidden**0.5
     splits = [len(part) for part in torch.arange(rows).tensor_split(tp)]
     send = torch.empty(rows * (vocab // tp), device=device, dtype=dtype)
 
     def per_destination():
         offset, start = 0, 0
         for count in splits:
-            out = send[offset:offset + count * weight.shape[1]].view(weight.shape[1], count)
-            torch.mm(weight.t(), h[start:start + count].t(), out=out)
+            out = send[offset : offset + count * weight.shape[1]].view(weight.shape[1], count)
+            torch.mm(weight.t(), h[start : start + count].t(), out=out)
             offset, start = offset + out.numel(), start + count
         return send
 
-    calls = {"row_major": lambda: torch.mm(h, weight), "vocab_major": lambda: torch.mm(weight.t(), h.t()),
-             "per_destination": per_destination}
+    calls = {
+        "row_major": lambda: torch.mm(h, weight),
+        "vocab_major": lambda: torch.mm(weight.t(), h.t()),
+        "per_destination": per_destination,
+    }
     expected = calls["row_major"]()
     first = calls["per_destination"]()[: weight.shape[1] * splits[0]].view(weight.shape[1], splits[0])
     if not torch.allclose(first.t().float(), expected[: splits[0]].float(), rtol=2e-2, atol=2e-2):
@@ -207,22 +227,36 @@ def _cell(stats: dict) -> str:
 
 
 def format_report(result: dict) -> str:
-    names = ["today", "vocab_major", "today+greedy", "vocab_major+greedy", "fused_greedy", "today+top_p",
-             "vocab_major+top_p"]
-    lines = ["exchange variants, wall us per call (median of rounds); ratios: median (quartiles) of per-round ratios",
-             " tp  reqs  n  vocab  dt  L_loc | " + " ".join(f"{n[:9]:>9}" for n in names)]
+    names = [
+        "today",
+        "vocab_major",
+        "today+greedy",
+        "vocab_major+greedy",
+        "fused_greedy",
+        "today+top_p",
+        "vocab_major+top_p",
+    ]
+    lines = [
+        "exchange variants, wall us per call (median of rounds); ratios: median (quartiles) of per-round ratios",
+        " tp  reqs  n  vocab  dt  L_loc | " + " ".join(f"{n[:9]:>9}" for n in names),
+    ]
     for row in result["exchange"]:
-        lines.append(f"{row['tp']:>3} {row['num_reqs']:>5} {row['rows']:>2} {row['vocab']:>6} {row['dtype'][:4]} "
-                     f"{row['num_local_logits']:>6} | " + " ".join(_cell(row[n]) for n in names))
-        lines.append("      " + "; ".join(f"{k} {v['median']:.3f} ({v['q1']:.3f}-{v['q3']:.3f})"
-                                         for k, v in row["ratios"].items()))
+        lines.append(
+            f"{row['tp']:>3} {row['num_reqs']:>5} {row['rows']:>2} {row['vocab']:>6} {row['dtype'][:4]} "
+            f"{row['num_local_logits']:>6} | " + " ".join(_cell(row[n]) for n in names)
+        )
+        lines.append(
+            "      "
+            + "; ".join(f"{k} {v['median']:.3f} ({v['q1']:.3f}-{v['q3']:.3f})" for k, v in row["ratios"].items())
+        )
     lines.append("LM head (bfloat16 on the GPU): row-major [L, Vs], vocab-major [Vs, L], per-destination [Vs, L_d]")
     for row in result["lm_head"]:
-        lines.append(f"tp {row['tp']} rows {row['rows']} hidden {row['hidden']} vocab {row['vocab']}: "
-                     + ", ".join(f"{n} {row[n]['median']:.1f} us" for n in ("row_major", "vocab_major",
-                                                                              "per_destination"))
-                     + f"; vocab-major/row-major {row['vocab_major / row_major']['median']:.3f}, per-destination/"
-                       f"row-major {row['per_destination / row_major']['median']:.3f}")
+        lines.append(
+            f"tp {row['tp']} rows {row['rows']} hidden {row['hidden']} vocab {row['vocab']}: "
+            + ", ".join(f"{n} {row[n]['median']:.1f} us" for n in ("row_major", "vocab_major", "per_destination"))
+            + f"; vocab-major/row-major {row['vocab_major / row_major']['median']:.3f}, per-destination/"
+            f"row-major {row['per_destination / row_major']['median']:.3f}"
+        )
     return "\n".join(lines)
 
 
@@ -235,8 +269,12 @@ def main(argv=None) -> int:
     device = bench_device()
     warm_up_device(device)
     rounds, burst_s = (2, 0.0) if args.quick else (args.rounds, 0.02)
-    result = {"environment": environment(device), "exchange": [], "lm_head": [],
-              "command": " ".join(["python", "bench/wire_layout.py", *(argv if argv is not None else sys.argv[1:])])}
+    result = {
+        "environment": environment(device),
+        "exchange": [],
+        "lm_head": [],
+        "command": " ".join(["python", "bench/wire_layout.py", *(argv if argv is not None else sys.argv[1:])]),
+    }
     for shape_args in QUICK_SHAPES if args.quick else SHAPES:
         result["exchange"].append(measure_shape(shape_args, device, rounds, burst_s))
         if device.type == "cuda":

@@ -4,8 +4,11 @@ import shardspec
 
 if getattr(shardspec, "__file__", None) is None:  # a folder named shardspec (a clone?) shadows the package
     folders = ", ".join(getattr(shardspec, "__path__", []))
-    print(f"python -m shardspec.conformance: error: the folder {folders} shadows the installed shardspec package; "
-          "run from another folder (or install that clone: pip install -e it)", file=sys.stderr)
+    print(
+        f"python -m shardspec.conformance: error: the folder {folders} shadows the installed shardspec package; "
+        "run from another folder (or install that clone: pip install -e it)",
+        file=sys.stderr,
+    )
     sys.exit(2)
 if sys.argv[1:2] == ["report"]:  # the HTML report: python -m shardspec.conformance report R.json ... -o DIR
     from shardspec.conformance.html_report import main

@@ -28,8 +28,9 @@ from __future__ import annotations
 
 import importlib
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 IMPL_ENV = "SHARDSPEC_IMPL"
 BUILTIN = {
@@ -107,7 +108,7 @@ class ImplChoice:
     impl_odd: str | None = None
 
     @classmethod
-    def parse(cls, entry: str) -> "ImplChoice":
+    def parse(cls, entry: str) -> ImplChoice:
         """``A`` or ``A/B`` (even ranks ``A``, odd ranks ``B``); the names are checked, not imported."""
         parts = [part.strip() for part in entry.split("/")]
         if len(parts) > 2 or not all(parts):

@@ -31,8 +31,9 @@ def checked_case_file(path: str) -> str:
     if not file.is_file():
         raise UsageError(f"--case-file {path}: no such file")
     if file.stat().st_size > MAX_FILE_BYTES:
-        raise UsageError(f"--case-file {path}: {file.stat().st_size} bytes, more than a case may have "
-                         f"({MAX_FILE_BYTES})")
+        raise UsageError(
+            f"--case-file {path}: {file.stat().st_size} bytes, more than a case may have ({MAX_FILE_BYTES})"
+        )
     return path
 
 

@@ -18,7 +18,6 @@ import os
 import pathlib
 import signal
 import sys
-from typing import Optional
 
 from shardspec.conformance.api import ImplementationError, implementation_names
 from shardspec.conformance.options import UsageError, resolve
@@ -26,50 +25,86 @@ from shardspec.conformance.runner import IN_PROCESS_GROUPS, RunConfig
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m shardspec.conformance", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--impl", help="entries, comma-separated; each an implementation (reference (default), "
-                        "production, or package.module:attr) or A/B: even ranks run A, odd ranks B "
-                        "[env SHARDSPEC_IMPL]")
-    parser.add_argument("--impl-odd", help="turn every entry A into the mixed entry A/IMPL_ODD [env SHARDSPEC_IMPL_ODD]")
+    parser = argparse.ArgumentParser(
+        prog="python -m shardspec.conformance",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "--impl",
+        help="entries, comma-separated; each an implementation (reference (default), "
+        "production, or package.module:attr) or A/B: even ranks run A, odd ranks B "
+        "[env SHARDSPEC_IMPL]",
+    )
+    parser.add_argument(
+        "--impl-odd", help="turn every entry A into the mixed entry A/IMPL_ODD [env SHARDSPEC_IMPL_ODD]"
+    )
     parser.add_argument("--tp", help="group sizes, e.g. 1,2,3,4,8 [env SHARDSPEC_TP]")
-    parser.add_argument("--quick", action="store_true", default=None,
-                        help="tp 2,4 and 10 generated cases per size [env SHARDSPEC_QUICK]")
-    parser.add_argument("--max-examples", help="generated cases per group size (default 100) [env SHARDSPEC_MAX_EXAMPLES]")
-    parser.add_argument("--mixed-max-examples", help="generated cases per group size of a mixed entry A/B (default 25, "
-                        "never more than --max-examples) [env SHARDSPEC_MIXED_MAX_EXAMPLES]")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        default=None,
+        help="tp 2,4 and 10 generated cases per size [env SHARDSPEC_QUICK]",
+    )
+    parser.add_argument(
+        "--max-examples", help="generated cases per group size (default 100) [env SHARDSPEC_MAX_EXAMPLES]"
+    )
+    parser.add_argument(
+        "--mixed-max-examples",
+        help="generated cases per group size of a mixed entry A/B (default 25, "
+        "never more than --max-examples) [env SHARDSPEC_MIXED_MAX_EXAMPLES]",
+    )
     parser.add_argument("--seed", help="seed of the generated cases (default 0) [env SHARDSPEC_SEED]")
     parser.add_argument("--fixtures-only", action="store_true", help="only the golden fixtures")
     parser.add_argument("--case", action="append", default=[], metavar="ID", help="run this fixture case only")
     parser.add_argument("--case-file", action="append", default=[], metavar="PATH", help="run this case file only")
     parser.add_argument("--json", metavar="PATH", help="write the JSON report here")
-    parser.add_argument("--xfails-file", help="invariant IDs or case ids expected to fail (YAML list/mapping, or one "
-                        "per line) [env SHARDSPEC_XFAILS]")
-    parser.add_argument("--timeout", help="seconds a case may take on a rank before it counts as hung (default 60) "
-                        "[env SHARDSPEC_TIMEOUT]")
+    parser.add_argument(
+        "--xfails-file",
+        help="invariant IDs or case ids expected to fail (YAML list/mapping, or one per line) [env SHARDSPEC_XFAILS]",
+    )
+    parser.add_argument(
+        "--timeout",
+        help="seconds a case may take on a rank before it counts as hung (default 60) [env SHARDSPEC_TIMEOUT]",
+    )
     parser.add_argument("--pg-timeout", help="process-group timeout in seconds (default: --timeout)")
-    parser.add_argument("--in-process", action="store_true",
-                        help="all ranks as threads of this process, taking turns (see --in-process-group); the "
-                             "checks then run in the implementation's process")
-    parser.add_argument("--in-process-group", choices=list(IN_PROCESS_GROUPS), default=None,
-                        help="implies --in-process. lockstep (default): shardspec's own group, for implementations "
-                             "that use only the comm they are given; torch-threads: a torch.distributed group of "
-                             "torch's threaded backend, also for implementations that call torch.distributed")
-    parser.add_argument("--in-process-device", choices=["auto", "cpu", "cuda"], default="auto",
-                        help="where in-process runs (and shrinking) put the ranks: cuda (one GPU, ranks take "
-                             "turns, compiled kernels), cpu, or auto: cuda where there is a GPU (default)")
-    parser.add_argument("--launcher", choices=["auto", "torchrun", "fork", "external"], default="auto",
-                        help="how rank processes start: torchrun, fork of one preloaded process (CPU only), "
-                             "auto: fork on the CPU, torchrun on GPUs (default), or external: your own launcher "
-                             "(torchrun across nodes, srun) starts them with the printed command; needs one --tp "
-                             "and a --run-dir every node can read and write")
+    parser.add_argument(
+        "--in-process",
+        action="store_true",
+        help="all ranks as threads of this process, taking turns (see --in-process-group); the "
+        "checks then run in the implementation's process",
+    )
+    parser.add_argument(
+        "--in-process-group",
+        choices=list(IN_PROCESS_GROUPS),
+        default=None,
+        help="implies --in-process. lockstep (default): shardspec's own group, for implementations "
+        "that use only the comm they are given; torch-threads: a torch.distributed group of "
+        "torch's threaded backend, also for implementations that call torch.distributed",
+    )
+    parser.add_argument(
+        "--in-process-device",
+        choices=["auto", "cpu", "cuda"],
+        default="auto",
+        help="where in-process runs (and shrinking) put the ranks: cuda (one GPU, ranks take "
+        "turns, compiled kernels), cpu, or auto: cuda where there is a GPU (default)",
+    )
+    parser.add_argument(
+        "--launcher",
+        choices=["auto", "torchrun", "fork", "external"],
+        default="auto",
+        help="how rank processes start: torchrun, fork of one preloaded process (CPU only), "
+        "auto: fork on the CPU, torchrun on GPUs (default), or external: your own launcher "
+        "(torchrun across nodes, srun) starts them with the printed command; needs one --tp "
+        "and a --run-dir every node can read and write",
+    )
     parser.add_argument("--run-dir", type=pathlib.Path, help="keep the run's files in this new (or empty) folder")
     parser.add_argument("--no-shrink", action="store_true", help="do not shrink failing generated cases")
     parser.add_argument("-v", "--verbose", action="store_true", help="one line per case")
     return parser
 
 
-def config_from_args(args: argparse.Namespace, environ: Optional[dict] = None) -> RunConfig:
+def config_from_args(args: argparse.Namespace, environ: dict | None = None) -> RunConfig:
     """The run's configuration; raises UsageError (naming the option or variable) on a bad value."""
     environ = os.environ if environ is None else environ
     values = resolve(args, environ)
@@ -78,13 +113,25 @@ def config_from_args(args: argparse.Namespace, environ: Optional[dict] = None) -
     except ImplementationError as exc:
         raise UsageError(str(exc)) from None
     return RunConfig(
-        impls=impls, tp_sizes=values["tp"], seed=values["seed"], max_examples=values["max_examples"],
-        mixed_max_examples=values["mixed_max_examples"], fixtures_only=args.fixtures_only, case_ids=args.case,
-        case_files=args.case_file, case_timeout_s=values["timeout"], pg_timeout_s=values["pg_timeout"],
+        impls=impls,
+        tp_sizes=values["tp"],
+        seed=values["seed"],
+        max_examples=values["max_examples"],
+        mixed_max_examples=values["mixed_max_examples"],
+        fixtures_only=args.fixtures_only,
+        case_ids=args.case,
+        case_files=args.case_file,
+        case_timeout_s=values["timeout"],
+        pg_timeout_s=values["pg_timeout"],
         in_process=args.in_process or args.in_process_group is not None,
-        in_process_group=args.in_process_group or "lockstep", launcher=args.launcher, run_dir=args.run_dir,
-        shrink=not args.no_shrink, verbose=args.verbose, in_process_device=args.in_process_device,
-        xfails_file=values["xfails_file"], json_path=values["json"],
+        in_process_group=args.in_process_group or "lockstep",
+        launcher=args.launcher,
+        run_dir=args.run_dir,
+        shrink=not args.no_shrink,
+        verbose=args.verbose,
+        in_process_device=args.in_process_device,
+        xfails_file=values["xfails_file"],
+        json_path=values["json"],
     )
 
 
@@ -98,7 +145,7 @@ def _raise_interrupted(signum, frame):
     raise Interrupted(signum)
 
 
-def main(argv: Optional[list[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:

@@ -34,8 +34,15 @@ from shardspec.conformance.checks.base import StepOutputs
 GATHERED_FIELDS = ("sampled_token_ids", "num_sampled", "num_rejected", "num_nans")
 LOGPROBS_FIELDS = ("logprob_token_ids", "logprobs", "selected_token_ranks", "cu_num_generated_tokens")
 _NUMPY_LESS = {torch.bfloat16: torch.int16, torch.float8_e4m3fn: torch.uint8, torch.float8_e5m2: torch.uint8}
-METADATA_FIELDS = ("tp_size", "num_logits_per_rank", "num_local_logits", "num_local_reqs",
-                   "max_num_reqs_per_rank", "gathered_src_indices", "max_num_logits_per_req")
+METADATA_FIELDS = (
+    "tp_size",
+    "num_logits_per_rank",
+    "num_local_logits",
+    "num_local_reqs",
+    "max_num_reqs_per_rank",
+    "gathered_src_indices",
+    "max_num_logits_per_req",
+)
 
 
 def tensor_digest(t: torch.Tensor) -> str:

@@ -13,11 +13,12 @@ import contextlib
 import functools
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import Any
 
-from shardspec.conformance.checks.common import declined_extensions
 from shardspec.conformance.checks.base import RANK_CHECKERS, StepOutputs, StepRecord, Violation
+from shardspec.conformance.checks.common import declined_extensions
 from shardspec.conformance.digest import step_digest
 from shardspec.conformance.recording import CollectiveError, Progress, RecordingComm, changed_fields, snapshot
 from shardspec.reference.sampler import toy_sample
@@ -37,8 +38,8 @@ class RankRun:
     # The error was raised inside a collective (possibly a peer's fault).
     error_in_collective: bool = False
     step: str = "construct"  # the step running now, or the last one
-    on_step: Optional[StepCallback] = None
-    kept: Optional[KeptSharder] = None  # the sharder, once constructed
+    on_step: StepCallback | None = None
+    kept: KeptSharder | None = None  # the sharder, once constructed
 
 
 @dataclass
@@ -74,7 +75,7 @@ class CallLog(list):
     """The calls of a step; ``on_call`` sees each one as it is recorded, before it is issued, so a
     transcript holds the collective a rank was in when it died."""
 
-    def __init__(self, on_call: Optional[Callable[[Any], None]] = None):
+    def __init__(self, on_call: Callable[[Any], None] | None = None):
         super().__init__()
         self.on_call = on_call
 
@@ -84,9 +85,17 @@ class CallLog(list):
         super().append(call)
 
 
-def run_step(make_sharder, case: Case, inputs: CaseInputs, comm, device, progress: Optional[Progress] = None,
-             on_step: Optional[StepCallback] = None, kept: Optional[KeptSharder] = None,
-             on_call: Optional[Callable[[Any], None]] = None) -> RankRun:
+def run_step(
+    make_sharder,
+    case: Case,
+    inputs: CaseInputs,
+    comm,
+    device,
+    progress: Progress | None = None,
+    on_step: StepCallback | None = None,
+    kept: KeptSharder | None = None,
+    on_call: Callable[[Any], None] | None = None,
+) -> RankRun:
     """Run the whole step for ``comm.rank``; never raises for the implementation's errors.
 
     ``on_step(step, run)`` is called after each step that returned, so a
@@ -112,30 +121,49 @@ def run_step(make_sharder, case: Case, inputs: CaseInputs, comm, device, progres
         run.error_in_collective = isinstance(exc, CollectiveError)
     finally:
         recorder.progress.enter(step=None)
-    run.outputs.inputs_modified = [name for key, old in before.items()
-                                   for name in changed_fields(key, old, watched[key])]
+    run.outputs.inputs_modified = [
+        name for key, old in before.items() for name in changed_fields(key, old, watched[key])
+    ]
     return run
 
 
 def _steps(make_sharder, case, inputs, recorder: RecordingComm, device, run: RankRun, before, watched) -> None:
     out, rank = run.outputs, recorder.rank
     if run.kept is None:
-        sharder = _timed(run, recorder.progress, "construct", make_sharder, case.max_num_reqs,
-                         case.max_num_logits_per_req, comm=recorder, device=device)
+        sharder = _timed(
+            run,
+            recorder.progress,
+            "construct",
+            make_sharder,
+            case.max_num_reqs,
+            case.max_num_logits_per_req,
+            comm=recorder,
+            device=device,
+        )
         run.kept = KeptSharder(sharder, recorder)
     sharder = run.kept.sharder
     out.shard = _timed(run, recorder.progress, "shard", sharder.shard_sampler_inputs, inputs.batch, inputs.grammar)
     logits_shard = local_logits_shard(inputs, out.shard.sorted_logits_indices, case, rank)
     before["logits_shard"], watched["logits_shard"] = snapshot(logits_shard), logits_shard
-    out.full_vocab_logits = _timed(run, recorder.progress, "all_to_all", sharder.all_to_all_logits,
-                                   logits_shard, out.shard.metadata)
-    out.local_output = _timed(run, recorder.progress, "sample", local_sampler_output,
-                              case, rank, out.full_vocab_logits, out.shard, device)
+    out.full_vocab_logits = _timed(
+        run, recorder.progress, "all_to_all", sharder.all_to_all_logits, logits_shard, out.shard.metadata
+    )
+    out.local_output = _timed(
+        run, recorder.progress, "sample", local_sampler_output, case, rank, out.full_vocab_logits, out.shard, device
+    )
     before["local_output"], watched["local_output"] = snapshot(out.local_output), out.local_output
     out.gathered = _timed(
-        run, recorder.progress, "gather", sharder.gather_sampler_output, out.local_output, out.shard.metadata,
-        inputs.batch, out.shard.local_batch,
-        gather_num_nans=case.gather_num_nans, logprobs_dims=case.logprobs_dims, **gather_options(case.extensions),
+        run,
+        recorder.progress,
+        "gather",
+        sharder.gather_sampler_output,
+        out.local_output,
+        out.shard.metadata,
+        inputs.batch,
+        out.shard.local_batch,
+        gather_num_nans=case.gather_num_nans,
+        logprobs_dims=case.logprobs_dims,
+        **gather_options(case.extensions),
     )
 
 
@@ -163,7 +191,7 @@ def should_check(case: Case, outputs: StepOutputs) -> bool:
 def run_rank_checks(record: StepRecord) -> list[Violation]:
     violations: list[Violation] = []
     for invariant_id, checker in RANK_CHECKERS.items():
-        violations.extend(_guarded(invariant_id, record.rank, lambda: checker(record)))
+        violations.extend(_guarded(invariant_id, record.rank, functools.partial(checker, record)))
     return violations
 
 
@@ -174,7 +202,7 @@ def judged_invariants(record: StepRecord) -> list[str]:
     return [invariant_id for invariant_id in RANK_CHECKERS if judgeable(invariant_id, record)]
 
 
-def _guarded(invariant_id: str, rank: Optional[int], call) -> list[Violation]:
+def _guarded(invariant_id: str, rank: int | None, call) -> list[Violation]:
     """Run a checker; a checker that crashes reports a violation instead of ending the run."""
     try:
         return list(call() or ())
@@ -188,11 +216,11 @@ def run_group_checks(case: Case, digests: dict[int, dict[str, Any]]) -> list[Vio
 
     violations: list[Violation] = []
     for invariant_id, checker in GROUP_CHECKERS.items():
-        violations.extend(_guarded(invariant_id, None, lambda: checker(case, digests)))
+        violations.extend(_guarded(invariant_id, None, functools.partial(checker, case, digests)))
     return violations
 
 
-def error_summary(run: RankRun) -> Optional[dict[str, Any]]:
+def error_summary(run: RankRun) -> dict[str, Any] | None:
     out = run.outputs
     if out.error is None:
         return None
@@ -226,10 +254,18 @@ def continue_after(case: Case, run: RankRun, expected: list[StepOutputs]) -> boo
     return all(ref.error is not None and len(ref.wire) == len(out.wire) for ref in expected)
 
 
-def run_case_on_rank(case: Case, comm, impl_name: str, make_sharder, expectation, device,
-                     progress: Optional[Progress] = None, on_step: Optional[StepCallback] = None,
-                     kept: Optional[KeptSharder] = None,
-                     on_call: Optional[Callable[[Any], None]] = None) -> tuple[dict[str, Any], Optional[KeptSharder]]:
+def run_case_on_rank(
+    case: Case,
+    comm,
+    impl_name: str,
+    make_sharder,
+    expectation,
+    device,
+    progress: Progress | None = None,
+    on_step: StepCallback | None = None,
+    kept: KeptSharder | None = None,
+    on_call: Callable[[Any], None] | None = None,
+) -> tuple[dict[str, Any], KeptSharder | None]:
     """Run ``case`` on ``comm.rank``, unjudged: the record carries the raw ``outputs``; and the sharder,
     kept for a next step of the same case.
 
@@ -253,8 +289,9 @@ def run_case_on_rank(case: Case, comm, impl_name: str, make_sharder, expectation
     }, run.kept
 
 
-def judge_rank(case: Case, record: dict[str, Any], expectation, inputs: CaseInputs,
-               completed: Optional[set[str]] = None) -> dict[str, Any]:
+def judge_rank(
+    case: Case, record: dict[str, Any], expectation, inputs: CaseInputs, completed: set[str] | None = None
+) -> dict[str, Any]:
     """``record`` with its ``outputs`` judged: ``violations`` and the group checkers' ``digest`` instead.
 
     ``completed``: the steps a rank that died mid-step finished; only
@@ -269,8 +306,14 @@ def judge_rank(case: Case, record: dict[str, Any], expectation, inputs: CaseInpu
     if completed is not None:
         violations = _judge_partial(case, rank, outputs, expectation, inputs, completed)
     elif should_check(case, outputs):
-        step_record = StepRecord(case=case, rank=rank, inputs=inputs, actual=outputs,
-                                 expected=expectation.expected[rank], replicated=expectation.replicated)
+        step_record = StepRecord(
+            case=case,
+            rank=rank,
+            inputs=inputs,
+            actual=outputs,
+            expected=expectation.expected[rank],
+            replicated=expectation.replicated,
+        )
         violations = run_rank_checks(step_record)
         judged = judged_invariants(step_record)
     elif outputs.error is not None:  # judge what the steps before the error returned
@@ -278,16 +321,23 @@ def judge_rank(case: Case, record: dict[str, Any], expectation, inputs: CaseInpu
     record["judged"] = judged
     record["timings"] = {**record.get("timings", {}), "checks": round(time.perf_counter() - start, 6)}
     record["violations"] = [violation_dict(v) for v in violations]
-    record["digest"] = step_digest(outputs, rank=rank, impl=record["impl"],
-                                   error_in_collective=record.get("error_in_collective", False))
+    record["digest"] = step_digest(
+        outputs, rank=rank, impl=record["impl"], error_in_collective=record.get("error_in_collective", False)
+    )
     return record
 
 
 def _judge_partial(case, rank, outputs, expectation, inputs, completed: set[str]) -> list[Violation]:
     """The invariants of the steps a dead rank completed; a checker that needs more is not judged."""
     steps = invariant_steps()
-    record = StepRecord(case=case, rank=rank, inputs=inputs, actual=outputs, expected=expectation.expected[rank],
-                        replicated=expectation.replicated)
+    record = StepRecord(
+        case=case,
+        rank=rank,
+        inputs=inputs,
+        actual=outputs,
+        expected=expectation.expected[rank],
+        replicated=expectation.replicated,
+    )
     violations = []
     for invariant_id, checker in RANK_CHECKERS.items():
         if steps.get(invariant_id) not in completed:
@@ -312,14 +362,26 @@ def invariant_steps() -> dict[str, str]:
     return {inv.id: inv.step for inv in load_spec().invariants}
 
 
-def check_case_on_rank(case: Case, comm, impl_name: str, make_sharder, expectation, device,
-                       progress: Optional[Progress] = None,
-                       kept: Optional[KeptSharder] = None) -> tuple[dict[str, Any], Optional[KeptSharder]]:
+def check_case_on_rank(
+    case: Case,
+    comm,
+    impl_name: str,
+    make_sharder,
+    expectation,
+    device,
+    progress: Progress | None = None,
+    kept: KeptSharder | None = None,
+) -> tuple[dict[str, Any], KeptSharder | None]:
     """Run ``case`` on ``comm.rank`` and judge it in this process (the in-process groups)."""
     record, kept = run_case_on_rank(case, comm, impl_name, make_sharder, expectation, device, progress, kept=kept)
     return judge_rank(case, record, expectation, build_case_inputs(case, device)), kept
 
 
 def violation_dict(v: Violation) -> dict[str, Any]:
-    return {"invariant_id": v.invariant_id, "message": v.message, "rank": v.rank,
-            "request": v.request, "field": v.field}
+    return {
+        "invariant_id": v.invariant_id,
+        "message": v.message,
+        "rank": v.rank,
+        "request": v.request,
+        "field": v.field,
+    }

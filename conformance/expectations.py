@@ -11,14 +11,14 @@ from __future__ import annotations
 import contextlib
 import importlib
 from dataclasses import dataclass, replace
-from typing import Any, Optional
+from typing import Any
 
 import torch
 
 from shardspec.comm import LockstepGroup
-from shardspec.conformance.recording import run_lockstep
 from shardspec.conformance.checks.base import StepOutputs
 from shardspec.conformance.execute import run_step
+from shardspec.conformance.recording import run_lockstep
 from shardspec.reference import ReferenceSharder
 from shardspec.reference.sampler import replicated_output
 from shardspec.spec.case import Case, build_case_inputs
@@ -28,7 +28,7 @@ from shardspec.spec.model import SamplerOutput
 @dataclass
 class Expectation:
     expected: list[StepOutputs]  # per rank
-    replicated: Optional[SamplerOutput]
+    replicated: SamplerOutput | None
 
 
 def reference_factory(max_num_reqs, max_num_logits_per_req, *, comm, device):
@@ -71,7 +71,7 @@ def expectation_device(choice: str = "auto") -> str:
     return choice
 
 
-def compute_expectation(case: Case, timeout_s: float = 60.0, device: Optional[str] = None) -> Expectation:
+def compute_expectation(case: Case, timeout_s: float = 60.0, device: str | None = None) -> Expectation:
     """The reference's run of ``case``; computed once per process (several implementations share it)."""
     device = device or expectation_device()
     key = f"{device}:{case!r}"
@@ -92,26 +92,28 @@ def _compute(case: Case, timeout_s: float, device: str) -> Expectation:
         return Expectation(expected=expected, replicated=_replicated(case, inputs))
 
 
-def _replicated(case: Case, inputs) -> Optional[SamplerOutput]:
+def _replicated(case: Case, inputs) -> SamplerOutput | None:
     """The unsharded path, for toy-sampled cases with valid inputs."""
     if case.local_outputs != "toy" or case.expect_error is not None:
         return None
     batch = inputs.batch
     logits = inputs.token_logits[batch.logits_indices][:, : case.vocab_size]
-    return replicated_output(logits, batch, inputs.grammar,
-                             gather_num_nans=case.gather_num_nans, logprobs_dims=case.logprobs_dims)
+    return replicated_output(
+        logits, batch, inputs.grammar, gather_num_nans=case.gather_num_nans, logprobs_dims=case.logprobs_dims
+    )
 
 
 # -- saving: exceptions do not always survive pickling (keyword-only args) ---
 
-def _pack_error(exc: Optional[BaseException]) -> Optional[dict[str, Any]]:
+
+def _pack_error(exc: BaseException | None) -> dict[str, Any] | None:
     if exc is None:
         return None
     cls = type(exc)
     return {"module": cls.__module__, "name": cls.__qualname__, "args": exc.args, "attrs": dict(vars(exc))}
 
 
-def _unpack_error(packed: Optional[dict[str, Any]]) -> Optional[BaseException]:
+def _unpack_error(packed: dict[str, Any] | None) -> BaseException | None:
     if packed is None:
         return None
     try:
@@ -140,6 +142,8 @@ def load_expectations(path, device="cpu") -> dict[str, Expectation]:
     packed = torch.load(path, map_location=device, weights_only=False)
     loaded = {}
     for case_id, item in packed.items():
-        expected = [replace(out, error=_unpack_error(err)) for out, err in zip(item["expected"], item["errors"])]
+        expected = [
+            replace(out, error=_unpack_error(err)) for out, err in zip(item["expected"], item["errors"], strict=False)
+        ]
         loaded[case_id] = Expectation(expected=expected, replicated=item["replicated"])
     return loaded

@@ -27,7 +27,6 @@ import os
 import pathlib
 import shlex
 import sys
-from typing import Optional
 
 JOIN_S = 600.0  # how long the judge waits for the user's launcher to start the ranks
 
@@ -40,12 +39,12 @@ class ExternalGroup:
 
     def __init__(self, command: str):
         self.command = command
-        self.returncode: Optional[int] = None
+        self.returncode: int | None = None
 
-    def poll(self) -> Optional[int]:
+    def poll(self) -> int | None:
         return self.returncode  # the judge ends the launch when every job is in, or nothing arrives
 
-    def wait(self, timeout: Optional[float] = None) -> int:
+    def wait(self, timeout: float | None = None) -> int:
         self.returncode = 0
         return 0
 
@@ -55,8 +54,18 @@ class ExternalGroup:
 
 def rank_command(run_dir: pathlib.Path, launch_file: pathlib.Path, tp: int) -> str:
     args = ["-m", "shardspec.conformance.worker", str(run_dir), str(launch_file)]
-    torchrun = ["torchrun", "--nnodes", "NODES", "--nproc-per-node", f"{tp}/NODES", "--rdzv-backend", "c10d",
-                "--rdzv-endpoint", "HOST:PORT", *args]
+    torchrun = [
+        "torchrun",
+        "--nnodes",
+        "NODES",
+        "--nproc-per-node",
+        f"{tp}/NODES",
+        "--rdzv-backend",
+        "c10d",
+        "--rdzv-endpoint",
+        "HOST:PORT",
+        *args,
+    ]
     srun = ["srun", "--ntasks", str(tp), sys.executable, *args]
     return f"{shlex.join(torchrun)}\n    or: {shlex.join(srun)}"
 

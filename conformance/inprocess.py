@@ -13,7 +13,7 @@ multi-process runner.
 from __future__ import annotations
 
 import traceback
-from typing import Callable, Iterable, Optional
+from collections.abc import Callable, Iterable
 
 from shardspec.comm import LockstepGroup
 from shardspec.conformance.api import ImplChoice, load_implementation
@@ -25,8 +25,14 @@ from shardspec.conformance.threaded import run_torch_threads
 from shardspec.spec.case import Case, expand_steps
 
 
-def run_case_in_process(case: Case, choice: ImplChoice, expectation: Optional[Expectation] = None,
-                        timeout_s: float = 60.0, group: str = "lockstep", device: str = "auto") -> CaseResult:
+def run_case_in_process(
+    case: Case,
+    choice: ImplChoice,
+    expectation: Expectation | None = None,
+    timeout_s: float = 60.0,
+    group: str = "lockstep",
+    device: str = "auto",
+) -> CaseResult:
     """One case; the steps of a multi-step case make one result whose violations and errors name their step."""
     if case.then:
         return merged_steps(case, run_steps_in_process(expand_steps(case), choice, None, timeout_s, group, device))
@@ -43,8 +49,14 @@ def merged_steps(case: Case, results: list[CaseResult]) -> CaseResult:
     return merged
 
 
-def run_steps_in_process(cases: list[Case], choice: ImplChoice, expectations: Optional[list[Expectation]] = None,
-                         timeout_s: float = 60.0, group: str = "lockstep", device: str = "auto") -> list[CaseResult]:
+def run_steps_in_process(
+    cases: list[Case],
+    choice: ImplChoice,
+    expectations: list[Expectation] | None = None,
+    timeout_s: float = 60.0,
+    group: str = "lockstep",
+    device: str = "auto",
+) -> list[CaseResult]:
     """``cases`` in one group, each rank calling one sharder for all of them (the steps of a multi-step
     case; a single case is one step); a result per case. ``device``: ``--in-process-device``."""
     device = expectation_device(device)
@@ -53,10 +65,9 @@ def run_steps_in_process(cases: list[Case], choice: ImplChoice, expectations: Op
 
     def one_rank(comm):
         impl, kept, records = impls[choice.for_rank(comm.rank)], None, []
-        for case, expectation in zip(cases, expectations):
+        for case, expectation in zip(cases, expectations, strict=False):
             try:
-                record, kept = check_case_on_rank(case, comm, impl.name, impl.factory, expectation,
-                                                  device, kept=kept)
+                record, kept = check_case_on_rank(case, comm, impl.name, impl.factory, expectation, device, kept=kept)
             except Exception:  # outside the implementation's calls (e.g. a device error surfacing in a checker)
                 records.append({"harness_error": traceback.format_exc()})
                 break
@@ -73,20 +84,30 @@ def run_steps_in_process(cases: list[Case], choice: ImplChoice, expectations: Op
                 per_rank = run_lockstep(LockstepGroup(cases[0].tp_size, timeout_s=timeout_s), one_rank)
     except TimeoutError as exc:
         return [combine(case, choice.label, {}, ended=f"in-process run failed: {exc}") for case in cases]
-    return [combine(case, choice.label, {rank: records[k] for rank, records in enumerate(per_rank)
-                                         if records and k < len(records)})
-            for k, case in enumerate(cases)]
+    return [
+        combine(
+            case,
+            choice.label,
+            {rank: records[k] for rank, records in enumerate(per_rank) if records and k < len(records)},
+        )
+        for k, case in enumerate(cases)
+    ]
 
 
-def run_jobs_in_process(jobs: Iterable, timeout_s: float = 60.0,
-                        on_result: Optional[Callable[[CaseResult], None]] = None,
-                        group: str = "lockstep", device: str = "auto") -> list[CaseResult]:
+def run_jobs_in_process(
+    jobs: Iterable,
+    timeout_s: float = 60.0,
+    on_result: Callable[[CaseResult], None] | None = None,
+    group: str = "lockstep",
+    device: str = "auto",
+) -> list[CaseResult]:
     """Run :class:`shardspec.conformance.launcher.Job` s one after the other; the steps of a multi-step
     case (consecutive jobs, each continuing the one before) share one group and one sharder per rank."""
     results = []
     for chain in _chains(list(jobs)):
-        for result in run_steps_in_process([job.case for job in chain], chain[0].choice, timeout_s=timeout_s,
-                                           group=group, device=device):
+        for result in run_steps_in_process(
+            [job.case for job in chain], chain[0].choice, timeout_s=timeout_s, group=group, device=device
+        ):
             results.append(result)
             if on_result:
                 on_result(result)

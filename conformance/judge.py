@@ -10,7 +10,7 @@ k: the invariants of the steps it finished are judged on what it sent.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any
 
 from shardspec.conformance.checks.base import StepOutputs
 from shardspec.conformance.execute import STEP_OUTPUT, judge_rank
@@ -28,7 +28,7 @@ class RankTranscript:
     parts: dict[str, Any] = field(default_factory=dict)  # step -> what it returned (encoded)
     wire: list = field(default_factory=list)  # encoded WireCalls, in issue order
     steps: list[str] = field(default_factory=list)  # steps that returned, in order
-    final: Optional[dict[str, Any]] = None  # the job's last frame: its record, a timeout or a harness error
+    final: dict[str, Any] | None = None  # the job's last frame: its record, a timeout or a harness error
 
     def add(self, frame: dict[str, Any]) -> None:
         if "call" in frame:
@@ -54,8 +54,14 @@ class Judge:
         self.device = "cuda" if device_kind == "cuda" else "cpu"
         self._inputs: dict[str, Any] = {}
 
-    def case_result(self, case: Case, label: str, transcripts: dict[int, RankTranscript],
-                    ended: Optional[str] = None, culprit: Optional[dict[str, Any]] = None) -> CaseResult:
+    def case_result(
+        self,
+        case: Case,
+        label: str,
+        transcripts: dict[int, RankTranscript],
+        ended: str | None = None,
+        culprit: dict[str, Any] | None = None,
+    ) -> CaseResult:
         """``culprit``: the rank whose process ended the launch, with how (``{"rank", "how"}``)."""
         records = {}
         for rank, transcript in transcripts.items():
@@ -77,15 +83,17 @@ class Judge:
             want = expected[rank].wire
             for position, encoded in enumerate(transcript.wire):
                 call = decode(encoded, self.device)
-                difference = "is one more than the plan has" if position >= len(want) else \
-                    call_difference(call, want[position])
+                difference = (
+                    "is one more than the plan has" if position >= len(want) else call_difference(call, want[position])
+                )
                 if difference:
                     found[rank] = f"rank {rank}'s collective {position} ({call.kind}) {difference}"
                     break
         return found
 
-    def rank_record(self, case: Case, rank: int, transcript: RankTranscript, ended: Optional[str],
-                    culprit: Optional[dict[str, Any]]) -> Optional[dict[str, Any]]:
+    def rank_record(
+        self, case: Case, rank: int, transcript: RankTranscript, ended: str | None, culprit: dict[str, Any] | None
+    ) -> dict[str, Any] | None:
         final = transcript.final
         if final is not None and "outputs" in final:
             record = dict(final)
@@ -97,19 +105,24 @@ class Judge:
         if culprit is not None and culprit.get("rank") == rank:
             return {**_died(case, rank, transcript, ended, culprit), "violations": partial}
         if partial:
-            return {"rank": rank, "case_id": case.case_id, "violations": partial,
-                    "stopped": f"in step {transcript.next_step()}"}
+            return {
+                "rank": rank,
+                "case_id": case.case_id,
+                "violations": partial,
+                "stopped": f"in step {transcript.next_step()}",
+            }
         return None
 
     def partial_violations(self, case: Case, rank: int, transcript: RankTranscript) -> list[dict[str, Any]]:
         if not transcript.steps:
             return []
         record = {"rank": rank, "impl": "", "outputs": self.outputs(transcript, None)}
-        judged = judge_rank(case, record, self.expectations[case.case_id], self.inputs(case),
-                            completed=set(transcript.steps))
+        judged = judge_rank(
+            case, record, self.expectations[case.case_id], self.inputs(case), completed=set(transcript.steps)
+        )
         return judged["violations"]
 
-    def outputs(self, transcript: RankTranscript, final: Optional[dict[str, Any]]) -> StepOutputs:
+    def outputs(self, transcript: RankTranscript, final: dict[str, Any] | None) -> StepOutputs:
         out = StepOutputs()
         for step, part in transcript.parts.items():
             if step in STEP_OUTPUT:
@@ -127,14 +140,19 @@ class Judge:
         return self._inputs[case.case_id]
 
 
-def _died(case: Case, rank: int, transcript: RankTranscript, ended: Optional[str],
-          culprit: dict[str, Any]) -> dict[str, Any]:
-    return {"rank": rank, "case_id": case.case_id, "step": transcript.next_step(),
-            "died": f"rank {rank} {culprit['how']} in step {transcript.next_step()} of case {case.case_id}"
-                    + (f" ({ended})" if ended else "")}
+def _died(
+    case: Case, rank: int, transcript: RankTranscript, ended: str | None, culprit: dict[str, Any]
+) -> dict[str, Any]:
+    return {
+        "rank": rank,
+        "case_id": case.case_id,
+        "step": transcript.next_step(),
+        "died": f"rank {rank} {culprit['how']} in step {transcript.next_step()} of case {case.case_id}"
+        + (f" ({ended})" if ended else ""),
+    }
 
 
-def call_difference(call, want) -> Optional[str]:
+def call_difference(call, want) -> str | None:
     """How a recorded call differs from the one the reference issues at its place (None: it does not)."""
     if call.kind != want.kind:
         return f"is not the {want.kind} the plan has there"

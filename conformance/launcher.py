@@ -20,16 +20,17 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any
 
 import torch
 
 from shardspec.conformance.api import ImplChoice
 from shardspec.conformance.expectations import compute_expectation, rank_device_kind, save_expectations
+from shardspec.conformance.external import JOIN_S, ExternalGroup, rank_command
 from shardspec.conformance.judge import Judge, RankTranscript
 from shardspec.conformance.results import CaseResult, not_run
-from shardspec.conformance.external import JOIN_S, ExternalGroup, rank_command
 from shardspec.conformance.spawn import RankServer
 from shardspec.conformance.transcript import read_frames
 from shardspec.spec.case import Case
@@ -54,22 +55,32 @@ class Job:
     case: Case
 
 
-def run_jobs_multiprocess(jobs: list[Job], tp: int, options: LaunchOptions,
-                          on_result: Optional[Callable[[CaseResult], None]] = None,
-                          log: Callable[[str], None] = print) -> list[CaseResult]:
+def run_jobs_multiprocess(
+    jobs: list[Job],
+    tp: int,
+    options: LaunchOptions,
+    on_result: Callable[[CaseResult], None] | None = None,
+    log: Callable[[str], None] = print,
+) -> list[CaseResult]:
     """Run ``jobs`` (all of group size ``tp``) in as few launches as possible; results in job order."""
     run_dir = options.run_dir
     run_dir.mkdir(parents=True, exist_ok=True)
-    device_kind = rank_device_kind(tp) if options.launcher != "external" else \
-        ("cuda" if torch.cuda.is_available() else "cpu")  # one GPU per rank on each node
+    device_kind = (
+        rank_device_kind(tp) if options.launcher != "external" else ("cuda" if torch.cuda.is_available() else "cpu")
+    )  # one GPU per rank on each node
     cases = list({job.case.case_id: job.case for job in jobs}.values())
     expectations = {case.case_id: compute_expectation(case, options.pg_timeout_s, device_kind) for case in cases}
     save_expectations(run_dir / "expectations.pt", expectations)
     torch.save(cases, run_dir / "cases.pt")
     position = {case.case_id: i for i, case in enumerate(cases)}
-    (run_dir / "jobs.json").write_text(json.dumps(
-        [{"impl": job.choice.impl, "impl_odd": job.choice.impl_odd, "case": position[job.case.case_id]}
-         for job in jobs]))
+    (run_dir / "jobs.json").write_text(
+        json.dumps(
+            [
+                {"impl": job.choice.impl, "impl_odd": job.choice.impl_odd, "case": position[job.case.case_id]}
+                for job in jobs
+            ]
+        )
+    )
     results: dict[int, CaseResult] = {}
     # Jobs after which the reference itself leaves peers waiting in a
     # collective end a launch: run them last, so they cost fewer relaunches.
@@ -92,8 +103,11 @@ def run_jobs_multiprocess(jobs: list[Job], tp: int, options: LaunchOptions,
                 results[index] = not_run(jobs[index].case, jobs[index].choice.label, outcome)
             remaining = []
     for index in remaining:
-        results[index] = not_run(jobs[index].case, jobs[index].choice.label,
-                                 f"not run: {options.max_relaunches + 1} launches in a row judged nothing")
+        results[index] = not_run(
+            jobs[index].case,
+            jobs[index].choice.label,
+            f"not run: {options.max_relaunches + 1} launches in a row judged nothing",
+        )
     return [results[i] for i in range(len(jobs))]
 
 
@@ -108,7 +122,7 @@ def _breaks_group(expectation) -> bool:
     return not all(out.error is not None and len(out.wire) == len(outs[0].wire) for out in outs)
 
 
-_SERVER: Optional[RankServer] = None  # shared by the launches of this process, while its environment holds
+_SERVER: RankServer | None = None  # shared by the launches of this process, while its environment holds
 
 
 def _rank_server(env: dict[str, str], run_dir: pathlib.Path, name: str) -> RankServer:
@@ -142,23 +156,37 @@ class _GroupStarter:
             self.log(f"  waiting for {tp} ranks started by your launcher; on every node run:\n    {command}")
             return ExternalGroup(command)
         if self.use_torchrun:
-            command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--max-restarts", "0",
-                       "--nproc-per-node", str(tp), "-m", WORKER, *args]
+            command = [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--standalone",
+                "--max-restarts",
+                "0",
+                "--nproc-per-node",
+                str(tp),
+                "-m",
+                WORKER,
+                *args,
+            ]
         elif self.device_kind != "cpu":
             command = [sys.executable, "-m", "shardspec.conformance.spawn", str(tp), WORKER, *args]
         else:
             log_path.write_text("")
             return _rank_server(env, self.run_dir, name).start(tp, args, log_path)
         with open(log_path, "w") as log_file:
-            return subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True,
-                                    env=env)
+            return subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True, env=env)
 
 
-def _launch(jobs, indices, tp, options, name, results, on_result, starter, judge) -> Optional[str]:
+def _launch(jobs, indices, tp, options, name, results, on_result, starter, judge) -> str | None:
     """One launch of the group. Returns a reason when the group never became ready."""
     run_dir = options.run_dir
-    spec = {"job_indices": indices, "device": starter.device_kind,
-            "case_timeout_s": options.case_timeout_s, "pg_timeout_s": options.pg_timeout_s}
+    spec = {
+        "job_indices": indices,
+        "device": starter.device_kind,
+        "case_timeout_s": options.case_timeout_s,
+        "pg_timeout_s": options.pg_timeout_s,
+    }
     (run_dir / f"{name}.json").write_text(json.dumps(spec))
     log_path = run_dir / f"{name}.log"
     startup = JOIN_S if starter.external else STARTUP_S
@@ -210,8 +238,11 @@ def _follow(proc, limit, follower, indices, settle, options) -> str:
         if follower.ready and quiet > quiet_limit:
             stopped = follower.stopped_ranks()
             _kill_group(proc)
-            how = (f"rank(s) {', '.join(map(str, stopped))} stopped by a signal (state T)" if stopped
-                   else "a rank hung where its own watchdog could not run (e.g. holding the GIL)")
+            how = (
+                f"rank(s) {', '.join(map(str, stopped))} stopped by a signal (state T)"
+                if stopped
+                else "a rank hung where its own watchdog could not run (e.g. holding the GIL)"
+            )
             return f"no rank sent anything for {quiet:.0f}s: {how}; the group was killed"
         if time.monotonic() > deadline:
             _kill_group(proc)
@@ -234,7 +265,7 @@ class _Settler:
                 return  # jobs finish in order: nothing later is complete either
             self.settle(index, transcripts)
 
-    def settle(self, index, transcripts, ended: Optional[str] = None, culprit=None) -> None:
+    def settle(self, index, transcripts, ended: str | None = None, culprit=None) -> None:
         job = self.jobs[index]
         self.results[index] = self.judge.case_result(job.case, job.choice.label, transcripts, ended, culprit)
         if self.on_result:
@@ -301,8 +332,16 @@ class _Follower:
             try:
                 frames, used = read_frames(chunk)
             except Exception as exc:  # an unreadable frame: what the rank sent cannot be trusted
-                frames, used = [{"job": self._current_job(rank), "rank": rank,
-                                 "harness_error": f"rank {rank} sent an unreadable frame: {exc}"}], len(chunk)
+                frames, used = (
+                    [
+                        {
+                            "job": self._current_job(rank),
+                            "rank": rank,
+                            "harness_error": f"rank {rank} sent an unreadable frame: {exc}",
+                        }
+                    ],
+                    len(chunk),
+                )
             self.offsets[rank] += used
             for frame in frames:
                 self._add(rank, frame)
@@ -311,7 +350,7 @@ class _Follower:
             self.last_frame = time.monotonic()
         return new
 
-    def _current_job(self, rank: int) -> Optional[int]:
+    def _current_job(self, rank: int) -> int | None:
         jobs = [job for job, ranks in self.transcripts.items() if rank in ranks]
         return max(jobs, default=None)
 

@@ -66,5 +66,15 @@ def _slots(kind: str, first: Case, previous: Case, rng: np.random.Generator) -> 
 def _step(first: Case, slots: list[int], rng: np.random.Generator, seed: int, description: str) -> Case:
     counts = [int(c) for c in rng.integers(1, first.max_num_logits_per_req + 1, size=len(slots))]
     grammar = None if first.grammar_positions is None else list(range(0, len(slots), 2))
-    return replace(first, slots=slots, num_logits_per_req=counts, spec_decode=None, grammar_positions=grammar,
-                   seed=seed, nan_tokens=[], local_outputs="toy", description=description, then=[])
+    return replace(
+        first,
+        slots=slots,
+        num_logits_per_req=counts,
+        spec_decode=None,
+        grammar_positions=grammar,
+        seed=seed,
+        nan_tokens=[],
+        local_outputs="toy",
+        description=description,
+        then=[],
+    )

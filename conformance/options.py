@@ -11,7 +11,8 @@ import math
 import os
 import pathlib
 import tempfile
-from typing import Any, Callable, Mapping, Optional
+from collections.abc import Callable, Mapping
+from typing import Any
 
 QUICK_TP_SIZES = [2, 4]
 QUICK_MAX_EXAMPLES = 10
@@ -24,7 +25,7 @@ class UsageError(ValueError):
     """A bad option or environment variable; the message names it."""
 
 
-def _source(option: str, env: str, args, environ: Mapping[str, str]) -> tuple[Optional[str], str]:
+def _source(option: str, env: str, args, environ: Mapping[str, str]) -> tuple[str | None, str]:
     """The raw value and where it came from (``--option`` or ``$ENV``)."""
     value = getattr(args, option.lstrip("-").replace("-", "_"), None)
     if value is not None:
@@ -63,7 +64,7 @@ def _tp_sizes(text: str, where: str) -> list[int]:
     return sizes
 
 
-def _flag(text: Optional[str], where: str) -> bool:
+def _flag(text: str | None, where: str) -> bool:
     if text is None or text is False:
         return False
     if text is True:
@@ -112,18 +113,31 @@ def resolve(args, environ: Mapping[str, str] = os.environ) -> dict[str, Any]:
     quick = _flag(*_source("--quick", "SHARDSPEC_QUICK", args, environ))
     values = {
         "tp": _one(args, environ, "--tp", "SHARDSPEC_TP", _tp_sizes, QUICK_TP_SIZES if quick else DEFAULT_TP_SIZES),
-        "max_examples": _one(args, environ, "--max-examples", "SHARDSPEC_MAX_EXAMPLES", lambda t, w: _int(t, w, 0),
-                             QUICK_MAX_EXAMPLES if quick else 100),
+        "max_examples": _one(
+            args,
+            environ,
+            "--max-examples",
+            "SHARDSPEC_MAX_EXAMPLES",
+            lambda t, w: _int(t, w, 0),
+            QUICK_MAX_EXAMPLES if quick else 100,
+        ),
         "seed": _one(args, environ, "--seed", "SHARDSPEC_SEED", lambda t, w: _int(t, w, 0), 0),
         "timeout": _one(args, environ, "--timeout", "SHARDSPEC_TIMEOUT", _seconds, 60.0),
         "xfails_file": _one(args, environ, "--xfails-file", "SHARDSPEC_XFAILS", _xfails, None),
         "json": None if args.json is None else _writable_file(args.json, "--json"),
     }
-    mixed = _one(args, environ, "--mixed-max-examples", "SHARDSPEC_MIXED_MAX_EXAMPLES", lambda t, w: _int(t, w, 0),
-                 MIXED_MAX_EXAMPLES)
+    mixed = _one(
+        args,
+        environ,
+        "--mixed-max-examples",
+        "SHARDSPEC_MIXED_MAX_EXAMPLES",
+        lambda t, w: _int(t, w, 0),
+        MIXED_MAX_EXAMPLES,
+    )
     values["mixed_max_examples"] = min(values["max_examples"], mixed)
-    values["pg_timeout"] = _seconds(args.pg_timeout, "--pg-timeout") if args.pg_timeout is not None \
-        else values["timeout"]
+    values["pg_timeout"] = (
+        _seconds(args.pg_timeout, "--pg-timeout") if args.pg_timeout is not None else values["timeout"]
+    )
     impl, where = _source("--impl", "SHARDSPEC_IMPL", args, environ)
     if impl is not None and not impl.replace(",", "").strip():
         raise UsageError(f"{where}: {impl!r} names no implementation")
@@ -138,7 +152,7 @@ def resolve(args, environ: Mapping[str, str] = os.environ) -> dict[str, Any]:
     return values
 
 
-def _check_run_dir(run_dir: Optional[pathlib.Path]) -> None:
+def _check_run_dir(run_dir: pathlib.Path | None) -> None:
     """A run never reads files an earlier run left: its folder must be new or empty."""
     if run_dir is None:
         return

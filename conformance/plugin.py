@@ -75,9 +75,14 @@ def pytest_generate_tests(metafunc):
     if "shardspec_invariant" not in metafunc.fixturenames:
         return
     run = conformance_run(metafunc.config)
-    params = [pytest.param(impl, tp, invariant, id=f"{run.label(impl)}-tp{tp}-{invariant}",
-                           marks=pytest.mark.xdist_group(f"tp{tp}"))
-              for tp in run.tp_sizes for impl in run.config.impls for invariant in run.judged_rows()]
+    params = [
+        pytest.param(
+            impl, tp, invariant, id=f"{run.label(impl)}-tp{tp}-{invariant}", marks=pytest.mark.xdist_group(f"tp{tp}")
+        )
+        for tp in run.tp_sizes
+        for impl in run.config.impls
+        for invariant in run.judged_rows()
+    ]
     metafunc.parametrize("shardspec_entry, shardspec_tp, shardspec_invariant", params)
 
 

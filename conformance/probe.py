@@ -35,8 +35,14 @@ def probe(names: list[str], timeout_s: float = 120.0, warnings: list[str] | None
 def _probe_once(names: list[str], timeout_s: float) -> tuple[dict[str, dict], str]:
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     try:
-        proc = subprocess.run([sys.executable, "-m", __name__, *names], capture_output=True, text=True,
-                              timeout=timeout_s, env=env, stdin=subprocess.DEVNULL)
+        proc = subprocess.run(
+            [sys.executable, "-m", __name__, *names],
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+            env=env,
+            stdin=subprocess.DEVNULL,
+        )
         stdout, ended = proc.stdout, _describe(proc.returncode, proc.stderr)
     except subprocess.TimeoutExpired as exc:
         stdout = exc.stdout.decode() if isinstance(exc.stdout, bytes) else (exc.stdout or "")

@@ -64,18 +64,27 @@ class RecordingComm:
         self._inside = threading.local()
 
     def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes):
-        self.calls.append(WireCall(
-            kind="all_to_all_single", send=input.detach().clone(), output_shape=tuple(output.shape),
-            output_split_sizes=[int(s) for s in output_split_sizes],
-            input_split_sizes=[int(s) for s in input_split_sizes],
-        ))
-        self._run("all_to_all_single", self.inner.all_to_all_single, output, input,
-                  output_split_sizes, input_split_sizes)
+        self.calls.append(
+            WireCall(
+                kind="all_to_all_single",
+                send=input.detach().clone(),
+                output_shape=tuple(output.shape),
+                output_split_sizes=[int(s) for s in output_split_sizes],
+                input_split_sizes=[int(s) for s in input_split_sizes],
+            )
+        )
+        self._run(
+            "all_to_all_single", self.inner.all_to_all_single, output, input, output_split_sizes, input_split_sizes
+        )
 
     def all_gather_into_tensor(self, output, input):
-        self.calls.append(WireCall(
-            kind="all_gather_into_tensor", send=input.detach().clone(), output_shape=tuple(output.shape),
-        ))
+        self.calls.append(
+            WireCall(
+                kind="all_gather_into_tensor",
+                send=input.detach().clone(),
+                output_shape=tuple(output.shape),
+            )
+        )
         self._run("all_gather_into_tensor", self.inner.all_gather_into_tensor, output, input)
 
     def _run(self, kind: str, fn, *args, **kwargs):
@@ -135,26 +144,59 @@ class RecordingComm:
 
 
 # The step's own collectives (INV-WIRE-SEQUENCE), by the names torch.distributed gives them.
-SPEC_COLLECTIVES = {"all_to_all_single": "all_to_all_single", "all_gather_into_tensor": "all_gather_into_tensor",
-                    "all_gather_single": "all_gather_into_tensor"}
+SPEC_COLLECTIVES = {
+    "all_to_all_single": "all_to_all_single",
+    "all_gather_into_tensor": "all_gather_into_tensor",
+    "all_gather_single": "all_gather_into_tensor",
+}
 # Every other torch.distributed function that talks to peers.
 OTHER_FUNCTIONS = (
-    "all_reduce", "all_reduce_coalesced", "reduce", "broadcast", "broadcast_object_list", "barrier",
-    "monitored_barrier", "send", "recv", "isend", "irecv", "batch_isend_irecv", "send_object_list",
-    "recv_object_list", "all_gather", "all_gather_coalesced", "all_gather_object", "_all_gather_base",
-    "reduce_scatter", "reduce_scatter_tensor", "_reduce_scatter_base", "all_to_all", "gather", "gather_object",
-    "scatter", "scatter_object_list",
+    "all_reduce",
+    "all_reduce_coalesced",
+    "reduce",
+    "broadcast",
+    "broadcast_object_list",
+    "barrier",
+    "monitored_barrier",
+    "send",
+    "recv",
+    "isend",
+    "irecv",
+    "batch_isend_irecv",
+    "send_object_list",
+    "recv_object_list",
+    "all_gather",
+    "all_gather_coalesced",
+    "all_gather_object",
+    "_all_gather_base",
+    "reduce_scatter",
+    "reduce_scatter_tensor",
+    "_reduce_scatter_base",
+    "all_to_all",
+    "gather",
+    "gather_object",
+    "scatter",
+    "scatter_object_list",
 )
 DIRECT_FUNCTIONS = tuple(SPEC_COLLECTIVES) + OTHER_FUNCTIONS
 # The argument (position, keyword) holding what a function sends; the others send nothing of their own
 # (barrier, recv) or objects rather than tensors.
 SENT_ARGUMENT = {
-    "all_reduce": (0, "tensor"), "reduce": (0, "tensor"), "broadcast": (0, "tensor"), "send": (0, "tensor"),
-    "isend": (0, "tensor"), "gather": (0, "tensor"), "all_gather": (1, "tensor"),
-    "all_gather_coalesced": (1, "input_tensor_list"), "_all_gather_base": (1, "input_tensor"),
-    "all_reduce_coalesced": (0, "tensors"), "reduce_scatter": (1, "input_list"),
-    "reduce_scatter_tensor": (1, "input"), "_reduce_scatter_base": (1, "input"),
-    "all_to_all": (1, "input_tensor_list"), "scatter": (1, "scatter_list"),
+    "all_reduce": (0, "tensor"),
+    "reduce": (0, "tensor"),
+    "broadcast": (0, "tensor"),
+    "send": (0, "tensor"),
+    "isend": (0, "tensor"),
+    "gather": (0, "tensor"),
+    "all_gather": (1, "tensor"),
+    "all_gather_coalesced": (1, "input_tensor_list"),
+    "_all_gather_base": (1, "input_tensor"),
+    "all_reduce_coalesced": (0, "tensors"),
+    "reduce_scatter": (1, "input_list"),
+    "reduce_scatter_tensor": (1, "input"),
+    "_reduce_scatter_base": (1, "input"),
+    "all_to_all": (1, "input_tensor_list"),
+    "scatter": (1, "scatter_list"),
 }
 
 
@@ -168,11 +210,17 @@ def _spec_call(kind: str, args: tuple, kwargs: dict) -> WireCall:
         output, input = kwargs.get("output"), kwargs.get("input")
     splits = {"output_split_sizes": None, "input_split_sizes": None}
     if kind == "all_to_all_single":
-        splits = {name: _argument(args, kwargs, position, name)
-                  for position, name in ((2, "output_split_sizes"), (3, "input_split_sizes"))}
-    return WireCall(kind=kind, send=_clone(input), output_shape=_shape(output),
-                    output_split_sizes=_int_list(splits["output_split_sizes"]),
-                    input_split_sizes=_int_list(splits["input_split_sizes"]))
+        splits = {
+            name: _argument(args, kwargs, position, name)
+            for position, name in ((2, "output_split_sizes"), (3, "input_split_sizes"))
+        }
+    return WireCall(
+        kind=kind,
+        send=_clone(input),
+        output_shape=_shape(output),
+        output_split_sizes=_int_list(splits["output_split_sizes"]),
+        input_split_sizes=_int_list(splits["input_split_sizes"]),
+    )
 
 
 def generic_call(name: str, args: tuple, kwargs: dict) -> WireCall:
@@ -225,8 +273,12 @@ class _DirectCalls:
     def _acquire(self) -> None:
         with self._lock:
             if self._users == 0:
-                self._originals = {(module, name): getattr(module, name) for module in self._namespaces()
-                                   for name in DIRECT_FUNCTIONS if hasattr(module, name)}
+                self._originals = {
+                    (module, name): getattr(module, name)
+                    for module in self._namespaces()
+                    for name in DIRECT_FUNCTIONS
+                    if hasattr(module, name)
+                }
                 for (module, name), original in self._originals.items():
                     setattr(module, name, self._router(name, original))
             self._users += 1
@@ -256,6 +308,7 @@ def _int_list(sizes):
 
 
 # -- snapshots of inputs (INV-INPUTS-UNCHANGED) -----------------------------
+
 
 def snapshot(value: Any) -> Any:
     """A deep copy of tensors, arrays, lists, dataclasses and NamedTuples."""

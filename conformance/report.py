@@ -17,7 +17,7 @@ import pathlib
 import platform
 import textwrap
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any
 
 import yaml
 
@@ -38,11 +38,15 @@ class InvariantInfo:
 def load_invariants() -> list[InvariantInfo]:
     from shardspec.spec.loader import load_spec
 
-    return [InvariantInfo(inv.id, inv.level, inv.step, " ".join(inv.statement.split()))
-            for inv in load_spec().invariants if not inv.retired]
+    return [
+        InvariantInfo(inv.id, inv.level, inv.step, " ".join(inv.statement.split()))
+        for inv in load_spec().invariants
+        if not inv.retired
+    ]
 
 
 # -- xfails ------------------------------------------------------------------
+
 
 @dataclass
 class Xfails:
@@ -66,7 +70,7 @@ class Xfails:
         return out
 
 
-def load_xfails(path: Optional[str]) -> Xfails:
+def load_xfails(path: str | None) -> Xfails:
     """YAML (a list of ids, or a mapping id -> reason) or plain text, one id per line, # comments."""
     if not path:
         return Xfails()
@@ -84,6 +88,7 @@ def load_xfails(path: Optional[str]) -> Xfails:
 
 
 # -- the table ---------------------------------------------------------------
+
 
 @dataclass
 class Section:
@@ -117,10 +122,10 @@ def judged_count(section: Section, invariant_id: str, tp: int) -> int:
     return sum(invariant_id in r.judged for r in section.results if r.tp == tp)
 
 
-def table_rows(section: Section, invariants: list[InvariantInfo], checked: set[str],
-               xfails: Xfails) -> list[list[str]]:
-    rows = [[inv.id, inv.level] + [cell(section, inv, tp, checked, xfails) for tp in section.tp_sizes]
-            for inv in invariants]
+def table_rows(section: Section, invariants: list[InvariantInfo], checked: set[str], xfails: Xfails) -> list[list[str]]:
+    rows = [
+        [inv.id, inv.level] + [cell(section, inv, tp, checked, xfails) for tp in section.tp_sizes] for inv in invariants
+    ]
     rows.append([ERRORS_ROW, "MUST"] + [_count_cell(section, tp, ERROR, xfails) for tp in section.tp_sizes])
     rows.append([NOT_RUN_ROW, "MUST"] + [_count_cell(section, tp, NOT_RUN, xfails) for tp in section.tp_sizes])
     return rows
@@ -140,7 +145,7 @@ def _count_cell(section: Section, tp: int, status: str, xfails: Xfails) -> str:
 def render_table(section: Section, rows: list[list[str]]) -> str:
     header = ["invariant", "level"] + [f"tp={tp}" for tp in section.tp_sizes]
     widths = [max(len(str(row[i])) for row in [header] + rows) for i in range(len(header))]
-    line = lambda row: "  ".join(str(v).ljust(w) for v, w in zip(row, widths)).rstrip()  # noqa: E731
+    line = lambda row: "  ".join(str(v).ljust(w) for v, w in zip(row, widths, strict=False)).rstrip()  # noqa: E731
     return "\n".join([line(header), line(["-" * w for w in widths])] + [line(r) for r in rows])
 
 
@@ -150,8 +155,10 @@ def failing_invariants(rows: list[list[str]]) -> list[str]:
 
 # -- failures ----------------------------------------------------------------
 
-def describe_failures(section: Section, levels: dict[str, str], xfails: Xfails,
-                      cases_per_invariant: int = 3) -> list[str]:
+
+def describe_failures(
+    section: Section, levels: dict[str, str], xfails: Xfails, cases_per_invariant: int = 3
+) -> list[str]:
     """One entry per violation (ranks that agree are merged), a few cases per invariant."""
     lines, shown = [], {}
     for result in section.results:
@@ -165,11 +172,14 @@ def describe_failures(section: Section, levels: dict[str, str], xfails: Xfails,
                 continue
             cases.add(result.case_id)
             level = "FAIL" if levels.get(invariant_id, "MUST") == "MUST" else "warn"
-            where = [_ranks(ranks)] + [f"{k} {v}" for k, v in (("request", request), ("field", field_name))
-                                       if v is not None]
-            lines.append(f"{level} [{invariant_id}] case {result.case_id} (tp {result.tp}): "
-                         f"{', '.join(w for w in where if w)}\n"
-                         f"{textwrap.indent(message.rstrip(), '    ')}\n    reproduce: {result.reproduce}")
+            where = [_ranks(ranks)] + [
+                f"{k} {v}" for k, v in (("request", request), ("field", field_name)) if v is not None
+            ]
+            lines.append(
+                f"{level} [{invariant_id}] case {result.case_id} (tp {result.tp}): "
+                f"{', '.join(w for w in where if w)}\n"
+                f"{textwrap.indent(message.rstrip(), '    ')}\n    reproduce: {result.reproduce}"
+            )
         if result.status == ERROR and not xfails.covers("", result.case_id):
             lines.append(_describe_errors(result))
     lines += _omitted(section, shown, xfails)
@@ -194,12 +204,17 @@ def _ranks(ranks: list) -> str:
 def _omitted(section: Section, shown: dict[str, set], xfails: Xfails) -> list[str]:
     lines = []
     for invariant_id, cases in shown.items():
-        failing = {r.case_id for r in section.results
-                   if any(v["invariant_id"] == invariant_id for v in r.violations)
-                   and not xfails.covers(invariant_id, r.case_id)}
+        failing = {
+            r.case_id
+            for r in section.results
+            if any(v["invariant_id"] == invariant_id for v in r.violations)
+            and not xfails.covers(invariant_id, r.case_id)
+        }
         if len(failing) > len(cases):
-            lines.append(f"... [{invariant_id}] fails in {len(failing) - len(cases)} more case(s) "
-                         "(all of them in the JSON report)")
+            lines.append(
+                f"... [{invariant_id}] fails in {len(failing) - len(cases)} more case(s) "
+                "(all of them in the JSON report)"
+            )
     return lines
 
 
@@ -216,21 +231,33 @@ def _describe_errors(result: CaseResult) -> str:
 
 # -- JSON --------------------------------------------------------------------
 
-def run_metadata(labels: list[str], tp_sizes: list[int], seed: int, wall_s: float,
-                 backend: str, device: str, extra: dict[str, Any]) -> dict[str, Any]:
+
+def run_metadata(
+    labels: list[str], tp_sizes: list[int], seed: int, wall_s: float, backend: str, device: str, extra: dict[str, Any]
+) -> dict[str, Any]:
     import numpy
     import torch
 
     try:
         import triton
+
         triton_version = triton.__version__
     except ImportError:
         triton_version = None
     return {
-        "implementations": labels, "spec_version": _spec_version(), "shardspec": package_version(),
-        "torch": torch.__version__, "triton": triton_version, "numpy": numpy.__version__,
-        "python": platform.python_version(), "backend": backend, "device": device,
-        "tp_sizes": tp_sizes, "seed": seed, "wall_s": round(wall_s, 2), **extra,
+        "implementations": labels,
+        "spec_version": _spec_version(),
+        "shardspec": package_version(),
+        "torch": torch.__version__,
+        "triton": triton_version,
+        "numpy": numpy.__version__,
+        "python": platform.python_version(),
+        "backend": backend,
+        "device": device,
+        "tp_sizes": tp_sizes,
+        "seed": seed,
+        "wall_s": round(wall_s, 2),
+        **extra,
     }
 
 
@@ -248,6 +275,7 @@ def package_version() -> str:
         return metadata.version("shardspec")
     except metadata.PackageNotFoundError:
         import shardspec
+
         return getattr(shardspec, "__version__", "unknown")
 
 
@@ -260,8 +288,14 @@ def _case_json(result: CaseResult, levels: dict[str, str]) -> dict[str, Any]:
     return data
 
 
-def json_report(metadata: dict[str, Any], sections: list[Section], tables: list[list[list[str]]],
-                warnings: list[str], exit_code: int, invariants: Optional[list[InvariantInfo]] = None) -> dict[str, Any]:
+def json_report(
+    metadata: dict[str, Any],
+    sections: list[Section],
+    tables: list[list[list[str]]],
+    warnings: list[str],
+    exit_code: int,
+    invariants: list[InvariantInfo] | None = None,
+) -> dict[str, Any]:
     levels = {inv.id: inv.level for inv in invariants or []}
     return {
         "metadata": metadata,
@@ -272,12 +306,17 @@ def json_report(metadata: dict[str, Any], sections: list[Section], tables: list[
                 "implementation": section.label,
                 "tp_sizes": section.tp_sizes,
                 "not_applicable": {str(tp): why for tp, why in section.not_applicable.items()},
-                "table": [{"invariant": row[0], "level": row[1],
-                           "results": {str(tp): c for tp, c in zip(section.tp_sizes, row[2:])},
-                           "judged": {str(tp): judged_count(section, row[0], tp) for tp in section.tp_sizes}}
-                          for row in rows],
+                "table": [
+                    {
+                        "invariant": row[0],
+                        "level": row[1],
+                        "results": {str(tp): c for tp, c in zip(section.tp_sizes, row[2:], strict=False)},
+                        "judged": {str(tp): judged_count(section, row[0], tp) for tp in section.tp_sizes},
+                    }
+                    for row in rows
+                ],
                 "cases": [_case_json(r, levels) for r in section.results],
             }
-            for section, rows in zip(sections, tables)
+            for section, rows in zip(sections, tables, strict=False)
         ],
     }

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any
 
 from shardspec.conformance.execute import run_group_checks, violation_dict
 from shardspec.spec.case import Case
@@ -36,9 +36,16 @@ class CaseResult:
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "case_id": self.case_id, "tp": self.tp, "impl": self.impl, "status": self.status,
-            "violations": self.violations, "errors": self.errors, "timings": self.timings,
-            "reason": self.reason, "generated": self.generated, "reproduce": self.reproduce,
+            "case_id": self.case_id,
+            "tp": self.tp,
+            "impl": self.impl,
+            "status": self.status,
+            "violations": self.violations,
+            "errors": self.errors,
+            "timings": self.timings,
+            "reason": self.reason,
+            "generated": self.generated,
+            "reproduce": self.reproduce,
             "judged": self.judged,
         }
 
@@ -47,8 +54,7 @@ def not_run(case: Case, impl: str, reason: str) -> CaseResult:
     return CaseResult(case=case, impl=impl, status=NOT_RUN, reason=reason)
 
 
-def combine(case: Case, impl: str, records: dict[int, dict[str, Any]],
-            ended: Optional[str] = None) -> CaseResult:
+def combine(case: Case, impl: str, records: dict[int, dict[str, Any]], ended: str | None = None) -> CaseResult:
     """Combine the per-rank records of ``case`` (rank -> record).
 
     ``ended`` explains missing ranks: why their process stopped.
@@ -66,44 +72,89 @@ def combine(case: Case, impl: str, records: dict[int, dict[str, Any]],
         judged = sorted(set.union(*per_rank) | set(GROUP_CHECKERS)) if per_rank else []
     status = ERROR if errors else (FAIL if violations else PASS)
     judged = sorted(set(judged) | {v["invariant_id"] for v in violations})  # a violation was judged, errors or not
-    return CaseResult(case=case, impl=impl, status=status, violations=violations,
-                      errors=errors, timings=_max_timings(records), judged=judged)
+    return CaseResult(
+        case=case,
+        impl=impl,
+        status=status,
+        violations=violations,
+        errors=errors,
+        timings=_max_timings(records),
+        judged=judged,
+    )
 
 
-def _rank_errors(case: Case, records: dict[int, dict[str, Any]], ended: Optional[str]) -> list[dict[str, Any]]:
+def _rank_errors(case: Case, records: dict[int, dict[str, Any]], ended: str | None) -> list[dict[str, Any]]:
     """Own failures first: an error inside a collective may just follow a peer's failure."""
     errors = []
     for rank in range(case.tp_size):
         record = records.get(rank)
         if record is None:
-            errors.append({"rank": rank, "kind": "no-result",
-                           "message": f"rank {rank} produced no result" + (f": {ended}" if ended else "")})
+            errors.append(
+                {
+                    "rank": rank,
+                    "kind": "no-result",
+                    "message": f"rank {rank} produced no result" + (f": {ended}" if ended else ""),
+                }
+            )
         elif record.get("mismatch"):
-            errors.append({"rank": rank, "kind": "mismatch", "step": record.get("step"),
-                           "message": f"{record['mismatch']}: the ranks' collectives disagree"})
+            errors.append(
+                {
+                    "rank": rank,
+                    "kind": "mismatch",
+                    "step": record.get("step"),
+                    "message": f"{record['mismatch']}: the ranks' collectives disagree",
+                }
+            )
         elif record.get("died"):
             errors.append({"rank": rank, "kind": "died", "step": record.get("step"), "message": record["died"]})
         elif record.get("stopped") and not record.get("error"):
-            errors.append({"rank": rank, "kind": "stopped",
-                           "message": f"rank {rank} was stopped {record['stopped']}" + (f": {ended}" if ended else "")})
+            errors.append(
+                {
+                    "rank": rank,
+                    "kind": "stopped",
+                    "message": f"rank {rank} was stopped {record['stopped']}" + (f": {ended}" if ended else ""),
+                }
+            )
         elif record.get("harness_error"):
-            errors.append({"rank": rank, "kind": "harness", "message": "the conformance suite failed",
-                           "traceback": record["harness_error"]})
+            errors.append(
+                {
+                    "rank": rank,
+                    "kind": "harness",
+                    "message": "the conformance suite failed",
+                    "traceback": record["harness_error"],
+                }
+            )
         elif record.get("timeout"):
             kind = "peer-timeout" if record.get("in_collective") else "timeout"
             errors.append({"rank": rank, "kind": kind, "message": record["timeout"]})
         elif record.get("error"):
             error = record["error"]
             kind = "peer" if error.get("in_collective") else "raised"
-            errors.append({"rank": rank, "kind": kind, "step": error["step"],
-                           "message": f"{error['type']} in step {error['step']}: {error['message']}",
-                           "traceback": error.get("traceback", "")})
+            errors.append(
+                {
+                    "rank": rank,
+                    "kind": kind,
+                    "step": error["step"],
+                    "message": f"{error['type']} in step {error['step']}: {error['message']}",
+                    "traceback": error.get("traceback", ""),
+                }
+            )
     if any(e["kind"] in ("harness", "raised", "timeout", "died", "mismatch") for e in errors):
         # Missing ranks were stopped because another rank failed.
         for error in errors:
             if error["kind"] == "no-result":
                 error["kind"] = "stopped"
-    order = {"harness": -2, "mismatch": -1, "raised": 0, "died": 0, "timeout": 1, "no-result": 2, "peer-timeout": 3, "peer": 4, "stopped": 5}
+    order = {
+        "harness": -2,
+        "mismatch": -1,
+        "raised": 0,
+        "died": 0,
+        "timeout": 1,
+        "no-result": 2,
+        "peer-timeout": 3,
+        "peer": 4,
+        "stopped": 5,
+    }
     return sorted(errors, key=lambda e: (order[e["kind"]], e["rank"]))
 
 

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import functools
-import os
 import pathlib
 import shutil
 import tempfile
 import textwrap
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Callable, Optional
 
 from shardspec.conformance.api import ImplChoice
 from shardspec.conformance.launcher import Job, LaunchOptions, run_jobs_multiprocess
@@ -41,13 +40,13 @@ class RunConfig:
     # How rank processes start: "torchrun", "fork" (CPU only), or "auto"
     # (fork on the CPU, where starting ranks dominates; torchrun on GPUs).
     launcher: str = "auto"
-    run_dir: Optional[pathlib.Path] = None
+    run_dir: pathlib.Path | None = None
     shrink: bool = True
     max_shrinks: int = 3  # kinds of failure whose generated cases are shrunk, per implementation
     verbose: bool = False
     in_process_device: str = "auto"  # auto | cpu | cuda
-    xfails_file: Optional[str] = None
-    json_path: Optional[str] = None
+    xfails_file: str | None = None
+    json_path: str | None = None
 
     @property
     def selected(self) -> bool:
@@ -72,18 +71,21 @@ class CaseSet:
 def collect_cases(config: RunConfig) -> CaseSet:
     notes: list[str] = []
     if config.selected:
-        from shardspec.conformance.case_limits import checked_case_file, checked_case_id, checked_case
+        from shardspec.conformance.case_limits import checked_case, checked_case_file, checked_case_id
         from shardspec.fixtures import load_case, load_case_file
 
-        from_files = {path: checked_case(_loaded(load_case_file, checked_case_file(path), "--case-file"),
-                                         f"--case-file {path}") for path in config.case_files}
-        named = [checked_case(_loaded(load_case, checked_case_id(case_id), "--case"), f"--case {case_id}")
-                 for case_id in config.case_ids]
+        from_files = {
+            path: checked_case(_loaded(load_case_file, checked_case_file(path), "--case-file"), f"--case-file {path}")
+            for path in config.case_files
+        }
+        named = [
+            checked_case(_loaded(load_case, checked_case_id(case_id), "--case"), f"--case {case_id}")
+            for case_id in config.case_ids
+        ]
         cases = _unique_ids(named + list(from_files.values()))
         files = {case.case_id: str(pathlib.Path(path).resolve()) for path, case in from_files.items()}
         steps, parents = _expanded(cases)
-        files.update({step_id: files[parent.case_id] for step_id, parent in parents.items()
-                      if parent.case_id in files})
+        files.update({step_id: files[parent.case_id] for step_id, parent in parents.items() if parent.case_id in files})
         return CaseSet(steps, set(), notes, files, parents)
     cases = [c for c in _fixture_cases(notes) if c.tp_size in config.tp_sizes]
     generated: list[Case] = []
@@ -158,11 +160,15 @@ def cases_of_entry(config: RunConfig, choice: ImplChoice, case_set: CaseSet, tp:
     cases = [c for c in case_set.cases if c.tp_size == tp]
     if not choice.mixed or config.selected:
         return cases
-    generated = [c for c in cases if c.case_id in case_set.generated][config.mixed_max_examples:]
+    generated = [c for c in cases if c.case_id in case_set.generated][config.mixed_max_examples :]
     first_multi_step = next((parent.case_id for c in cases if (parent := case_set.parents.get(c.case_id))), None)
     dropped = {c.case_id for c in generated} | {c.case_id for c in cases if undefined_behaviour(c)}
-    dropped |= {c.case_id for c in cases if c.case_id in case_set.parents  # one multi-step case
-                and case_set.parents[c.case_id].case_id != first_multi_step}
+    dropped |= {
+        c.case_id
+        for c in cases
+        if c.case_id in case_set.parents  # one multi-step case
+        and case_set.parents[c.case_id].case_id != first_multi_step
+    }
     return [c for c in cases if c.case_id not in dropped]
 
 
@@ -178,9 +184,16 @@ def _must_reject() -> frozenset[str]:
     return frozenset(must_reject_ids())
 
 
-def run_group_size(config: RunConfig, entries: list[str], case_set: CaseSet, run_dir: pathlib.Path,
-                   log: Log, tp: int, load_problems: dict[str, Optional[str]],
-                   results: dict[str, list[CaseResult]]) -> None:
+def run_group_size(
+    config: RunConfig,
+    entries: list[str],
+    case_set: CaseSet,
+    run_dir: pathlib.Path,
+    log: Log,
+    tp: int,
+    load_problems: dict[str, str | None],
+    results: dict[str, list[CaseResult]],
+) -> None:
     """Every entry's cases of group size ``tp``, appended to ``results[entry]`` as they are judged (an
     interrupted run keeps them); in the multi-process mode all entries share the launches (starting
     the ranks costs more than most cases). ``load_problems``: why an implementation cannot be loaded
@@ -205,11 +218,11 @@ def run_group_size(config: RunConfig, entries: list[str], case_set: CaseSet, run
             delivered.add(id(result))
             results[entry_of[result.impl]].append(result)
 
-        for entry, result in zip(owners, _run_jobs(config, tp, jobs, run_dir, log, deliver)):
+        for entry, result in zip(owners, _run_jobs(config, tp, jobs, run_dir, log, deliver), strict=False):
             if id(result) not in delivered:  # not run: never delivered on the way
                 results[entry].append(result)
     for entry in entries:
-        _finish_results(config, ImplChoice.parse(entry), results[entry][start[entry]:], case_set, run_dir, log)
+        _finish_results(config, ImplChoice.parse(entry), results[entry][start[entry] :], case_set, run_dir, log)
 
 
 def _finish_results(config, choice, results, case_set, run_dir, log) -> None:
@@ -224,8 +237,7 @@ def _finish_results(config, choice, results, case_set, run_dir, log) -> None:
             result.reproduce = _command(choice, f"--case-file {path} --tp {parent.tp_size}", mode)
         if not result.reproduce and result.case_id in case_set.files:
             result.reproduce = _command(choice, f"--case-file {case_set.files[result.case_id]}", mode)
-        result.reproduce = result.reproduce or reproduce_command(choice, result.case, result.generated, run_dir,
-                                                                 mode)
+        result.reproduce = result.reproduce or reproduce_command(choice, result.case, result.generated, run_dir, mode)
 
 
 def _run_jobs(config, tp, jobs, run_dir, log, deliver) -> list[CaseResult]:
@@ -239,11 +251,13 @@ def _run_jobs(config, tp, jobs, run_dir, log, deliver) -> list[CaseResult]:
     if config.in_process:
         from shardspec.conformance.inprocess import run_jobs_in_process
 
-        results = run_jobs_in_process(jobs, config.pg_timeout_s, on_result, group=config.in_process_group,
-                                      device=config.in_process_device)
+        results = run_jobs_in_process(
+            jobs, config.pg_timeout_s, on_result, group=config.in_process_group, device=config.in_process_device
+        )
     else:
-        options = LaunchOptions(run_dir / f"tp{tp}", config.case_timeout_s, config.pg_timeout_s,
-                                launcher=config.launcher)
+        options = LaunchOptions(
+            run_dir / f"tp{tp}", config.case_timeout_s, config.pg_timeout_s, launcher=config.launcher
+        )
         results = run_jobs_multiprocess(jobs, tp, options, on_result, log)
     for label in dict.fromkeys(job.choice.label for job in jobs):
         mine = [r for r in results if r.impl == label]
@@ -266,8 +280,14 @@ def _shrink_failures(config, choice, results, generated, run_dir, log) -> None:
         done.add(kind)
         log(f"  shrinking {result.case_id} in a child process ...")
         try:
-            smallest = shrink_in_child(result.case, set(kind), choice.label, config.in_process_group,
-                                       config.in_process_device, run_dir / "shrinking")
+            smallest = shrink_in_child(
+                result.case,
+                set(kind),
+                choice.label,
+                config.in_process_group,
+                config.in_process_device,
+                run_dir / "shrinking",
+            )
         except RuntimeError as exc:  # the failure is still reported, unshrunk
             log(f"  could not shrink {result.case_id}: {exc}")
             continue
@@ -288,8 +308,7 @@ def write_case_file(case: Case, run_dir: pathlib.Path) -> pathlib.Path:
     return path
 
 
-def reproduce_command(choice: ImplChoice, case: Case, generated: bool, run_dir: pathlib.Path,
-                      mode: tuple = ()) -> str:
+def reproduce_command(choice: ImplChoice, case: Case, generated: bool, run_dir: pathlib.Path, mode: tuple = ()) -> str:
     if not generated:
         return _command(choice, f"--case {case.case_id}", mode)
     path = run_dir / "failing" / f"{case.case_id}.yaml"

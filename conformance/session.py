@@ -10,14 +10,20 @@ import json
 import os
 import pathlib
 import time
-from typing import Optional
 
 from shardspec.conformance import report
 from shardspec.conformance.api import ImplChoice
 from shardspec.conformance.expectations import expectation_device
 from shardspec.conformance.results import NOT_RUN, CaseResult
 from shardspec.conformance.runner import (
-    Log, RunConfig, cases_of_entry, collect_cases, make_run_dir, remove_run_dir, run_group_size, tp_sizes_of,
+    Log,
+    RunConfig,
+    cases_of_entry,
+    collect_cases,
+    make_run_dir,
+    remove_run_dir,
+    run_group_size,
+    tp_sizes_of,
 )
 
 
@@ -36,7 +42,7 @@ class ConformanceSession:
         self.results: dict[str, list[CaseResult]] = {impl: [] for impl in config.impls}
         self.sizes_run: set[int] = set()
         self.invariants = report.load_invariants()
-        self._load_problems: Optional[dict[str, Optional[str]]] = None
+        self._load_problems: dict[str, str | None] | None = None
         self.version_warnings: list[str] = []  # implementations that target another spec version
 
     def label(self, impl: str) -> str:
@@ -52,26 +58,32 @@ class ConformanceSession:
         return {tp: "a mixed group needs an odd rank" for tp in self.tp_sizes if not choice.applies_to(tp)}
 
     def header(self) -> str:
-        mode = (f"in-process ({self.config.in_process_group} group, ranks as threads on {expectation_device(self.config.in_process_device)})"
-                if self.config.in_process
-                else "one process per rank (gloo or NCCL)")
+        device = expectation_device(self.config.in_process_device)
+        mode = (
+            f"in-process ({self.config.in_process_group} group, ranks as threads on {device})"
+            if self.config.in_process
+            else "one process per rank (gloo or NCCL)"
+        )
         from shardspec.spec.loader import spec_version
 
-        lines = [f"shardspec conformance against spec {spec_version()}: implementation(s): "
-                 f"{', '.join(self.label(i) for i in self.config.impls)}",
-                 f"  mode: {mode}; seed {self.config.seed}; run dir {self.run_dir}"]
+        lines = [
+            f"shardspec conformance against spec {spec_version()}: implementation(s): "
+            f"{', '.join(self.label(i) for i in self.config.impls)}",
+            f"  mode: {mode}; seed {self.config.seed}; run dir {self.run_dir}",
+        ]
         for impl in self.config.impls:
             counts = self.case_counts(impl)
-            cells = ", ".join(f"tp {tp}: {'n/a' if tp in self.not_applicable(impl) else n}"
-                              for tp, n in counts.items())
+            cells = ", ".join(f"tp {tp}: {'n/a' if tp in self.not_applicable(impl) else n}" for tp, n in counts.items())
             lines.append(f"  {self.label(impl)}: cases per tp: {cells}")
         if any(ImplChoice.parse(i).mixed for i in self.config.impls) and not self.config.selected:
-            lines.append(f"  mixed entries (A/B: even ranks A, odd ranks B) run the fixtures but those of "
-                         f"undefined behaviour, and {self.config.mixed_max_examples} generated case(s) per tp "
-                         f"(others {self.config.max_examples}); tp 1 is not applicable to them")
+            lines.append(
+                f"  mixed entries (A/B: even ranks A, odd ranks B) run the fixtures but those of "
+                f"undefined behaviour, and {self.config.mixed_max_examples} generated case(s) per tp "
+                f"(others {self.config.max_examples}); tp 1 is not applicable to them"
+            )
         return "\n".join(lines)
 
-    def run(self, impl: str, tp_sizes: Optional[list[int]] = None) -> list[CaseResult]:
+    def run(self, impl: str, tp_sizes: list[int] | None = None) -> list[CaseResult]:
         """The results of entry ``impl`` at ``tp_sizes`` (default: all); every entry runs
         at a group size the first time any of them is asked for it."""
         sizes = tp_sizes or self.tp_sizes
@@ -84,10 +96,18 @@ class ConformanceSession:
             return
         self.sizes_run.add(tp)
         self.log(f"== tp {tp}: {', '.join(self.label(i) for i in self.config.impls)}")
-        run_group_size(self.config, self.config.impls, self.case_set, self.run_dir, self.log, tp,
-                       self.load_problems(), self.results)
+        run_group_size(
+            self.config,
+            self.config.impls,
+            self.case_set,
+            self.run_dir,
+            self.log,
+            tp,
+            self.load_problems(),
+            self.results,
+        )
 
-    def load_problems(self) -> dict[str, Optional[str]]:
+    def load_problems(self) -> dict[str, str | None]:
         """Why each implementation cannot be loaded, asked once of a child process (this one judges)."""
         if self._load_problems is None:
             from shardspec.conformance.probe import probe
@@ -104,9 +124,13 @@ class ConformanceSession:
             self.run_size(tp)
 
     def sections(self) -> list[report.Section]:
-        return [report.Section(self.label(impl), sorted(results, key=lambda r: r.tp), self.tp_sizes,
-                               self.not_applicable(impl))
-                for impl, results in self.results.items() if results]
+        return [
+            report.Section(
+                self.label(impl), sorted(results, key=lambda r: r.tp), self.tp_sizes, self.not_applicable(impl)
+            )
+            for impl, results in self.results.items()
+            if results
+        ]
 
     def render(self, xfails: report.Xfails) -> tuple[str, list[list[list[str]]], list[str], int]:
         """The text report, the tables, warnings and the exit code."""
@@ -141,8 +165,9 @@ class ConformanceSession:
         from shardspec.conformance.checks.base import GROUP_CHECKERS, RANK_CHECKERS
 
         xfails = report.load_xfails(self.config.xfails_file)
-        section = report.Section(self.label(impl), [r for r in self.results[impl] if r.tp == tp], [tp],
-                                 self.not_applicable(impl))
+        section = report.Section(
+            self.label(impl), [r for r in self.results[impl] if r.tp == tp], [tp], self.not_applicable(impl)
+        )
         levels = {inv.id: inv.level for inv in self.invariants}
         rows = report.table_rows(section, self.invariants, set(RANK_CHECKERS) | set(GROUP_CHECKERS), xfails)
         cell = next(r[2] for r in rows if r[0] == row)
@@ -152,7 +177,7 @@ class ConformanceSession:
         mine = [line for line in lines if f"[{row}]" in line or (row == report.ERRORS_ROW and line.startswith("ERROR"))]
         return cell, "\n".join(mine or lines)
 
-    def finish(self, log: Optional[Log] = None, interrupted: Optional[str] = None) -> int:
+    def finish(self, log: Log | None = None, interrupted: str | None = None) -> int:
         """Print the report, write the JSON; the exit code (never 0 when no case was judged)."""
         xfails = report.load_xfails(self.config.xfails_file)
         text, tables, warnings, exit_code = self.render(xfails)
@@ -169,8 +194,14 @@ class ConformanceSession:
             exit_code = 1
         wall = time.perf_counter() - self.start
         if self.config.json_path:
-            metadata = report.run_metadata([s.label for s in self.sections()], self.tp_sizes, self.config.seed,
-                                           wall, *self._backend(), self._extra())
+            metadata = report.run_metadata(
+                [s.label for s in self.sections()],
+                self.tp_sizes,
+                self.config.seed,
+                wall,
+                *self._backend(),
+                self._extra(),
+            )
             data = report.json_report(metadata, self.sections(), tables, warnings, exit_code, self.invariants)
             write_atomically(pathlib.Path(self.config.json_path), json.dumps(data, indent=1, default=repr))
             log(f"JSON report: {self.config.json_path}")
@@ -184,20 +215,24 @@ class ConformanceSession:
 
         if self.config.in_process:
             device = expectation_device(self.config.in_process_device)
-            return (f"{self.config.in_process_group} group (ranks as threads)",
-                    torch.cuda.get_device_name(0) if device == "cuda" else device)
+            return (
+                f"{self.config.in_process_group} group (ranks as threads)",
+                torch.cuda.get_device_name(0) if device == "cuda" else device,
+            )
         if torch.cuda.is_available():
             gpus = torch.cuda.device_count()
-            return (f"nccl where tp <= {gpus} GPUs, else gloo on the CPU",
-                    f"{gpus} x {torch.cuda.get_device_name(0)}")
+            return (f"nccl where tp <= {gpus} GPUs, else gloo on the CPU", f"{gpus} x {torch.cuda.get_device_name(0)}")
         return "gloo", "cpu"
 
     def _extra(self) -> dict:
-        return {"mode": f"in-process ({self.config.in_process_group})" if self.config.in_process else "multi-process",
-                "cases": len(self.case_set.cases), "max_examples": self.config.max_examples,
-                "mixed_max_examples": self.config.mixed_max_examples,
-                "cases_per_tp": {self.label(i): self.case_counts(i) for i in self.config.impls},
-                "run_dir": str(self.run_dir)}
+        return {
+            "mode": f"in-process ({self.config.in_process_group})" if self.config.in_process else "multi-process",
+            "cases": len(self.case_set.cases),
+            "max_examples": self.config.max_examples,
+            "mixed_max_examples": self.config.mixed_max_examples,
+            "cases_per_tp": {self.label(i): self.case_counts(i) for i in self.config.impls},
+            "run_dir": str(self.run_dir),
+        }
 
 
 def write_atomically(path: pathlib.Path, text: str) -> None:

@@ -16,8 +16,8 @@ import pathlib
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import replace
-from typing import Callable, Iterator, Optional
 
 from shardspec.conformance.results import ERROR, CaseResult
 from shardspec.spec.case import Case
@@ -115,7 +115,7 @@ def _smaller_slots(case: Case) -> Iterator[Case]:
                 break
 
 
-def _clip_dims(dims: Optional[tuple[int, int]], vocab: int):
+def _clip_dims(dims: tuple[int, int] | None, vocab: int):
     return None if dims is None else (min(dims[0], vocab), dims[1])
 
 
@@ -126,22 +126,25 @@ def _without_requests(case: Case, keep) -> Case:
     if case.grammar_positions is not None:
         kept = [new_position[p] for p in case.grammar_positions if p in new_position]
         grammar = kept or None
-    return _clean(replace(
-        case,
-        slots=[case.slots[i] for i in keep],
-        num_logits_per_req=[case.num_logits_per_req[i] for i in keep],
-        grammar_positions=grammar,
-    ))
+    return _clean(
+        replace(
+            case,
+            slots=[case.slots[i] for i in keep],
+            num_logits_per_req=[case.num_logits_per_req[i] for i in keep],
+            grammar_positions=grammar,
+        )
+    )
 
 
 def _clean(case: Case) -> Case:
     """Drop NaN tokens beyond the (possibly smaller) token count."""
-    num_tokens = sum(c + s % 3 for c, s in zip(case.num_logits_per_req, case.slots))
+    num_tokens = sum(c + s % 3 for c, s in zip(case.num_logits_per_req, case.slots, strict=False))
     return replace(case, nan_tokens=[t for t in case.nan_tokens if t < num_tokens])
 
 
-def shrink_in_child(case: Case, target: set[str], entry: str, group: str, device: str, folder: pathlib.Path,
-                    budget_s: float = 30.0) -> Case:
+def shrink_in_child(
+    case: Case, target: set[str], entry: str, group: str, device: str, folder: pathlib.Path, budget_s: float = 30.0
+) -> Case:
     """:func:`shrink_to` in a child process running ``entry`` in-process; raises RuntimeError when it fails."""
     from shardspec.fixtures import case_to_yaml, load_case_file
 
@@ -150,11 +153,20 @@ def shrink_in_child(case: Case, target: set[str], entry: str, group: str, device
     source, result = folder / "in" / f"{case.case_id}.yaml", folder / f"{case.case_id}-min.yaml"
     source.write_text(case_to_yaml(case))
     result.unlink(missing_ok=True)
-    command = [sys.executable, "-m", __name__, str(source), entry, group, device, json.dumps(sorted(target)),
-               str(result), str(budget_s)]
+    command = [
+        sys.executable,
+        "-m",
+        __name__,
+        str(source),
+        entry,
+        group,
+        device,
+        json.dumps(sorted(target)),
+        str(result),
+        str(budget_s),
+    ]
     try:
-        proc = subprocess.run(command, capture_output=True, text=True, timeout=budget_s + 60,
-                              stdin=subprocess.DEVNULL)
+        proc = subprocess.run(command, capture_output=True, text=True, timeout=budget_s + 60, stdin=subprocess.DEVNULL)
     except subprocess.TimeoutExpired as exc:
         raise RuntimeError(f"the shrinking process did not finish within {budget_s + 60:.0f}s") from exc
     finally:
@@ -185,9 +197,12 @@ def main(argv: list[str]) -> int:
     import shardspec.conformance.checks  # noqa: F401  registers every checker
 
     choice = ImplChoice.parse(entry)
-    smallest = shrink_to(load_case_file(source), set(json.loads(target)),
-                         lambda c: run_case_in_process(c, choice, timeout_s=10.0, group=group, device=device),
-                         float(budget))
+    smallest = shrink_to(
+        load_case_file(source),
+        set(json.loads(target)),
+        lambda c: run_case_in_process(c, choice, timeout_s=10.0, group=group, device=device),
+        float(budget),
+    )
     pathlib.Path(out).write_text(case_to_yaml(smallest))
     return 0
 

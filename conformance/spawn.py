@@ -24,7 +24,6 @@ import subprocess
 import sys
 import time
 import traceback
-from typing import Optional
 
 
 def free_port() -> int:
@@ -34,14 +33,23 @@ def free_port() -> int:
 
 
 def rank_env(rank: int, world_size: int, port: int) -> dict[str, str]:
-    return {"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world_size),
-            "LOCAL_WORLD_SIZE": str(world_size), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+    return {
+        "RANK": str(rank),
+        "LOCAL_RANK": str(rank),
+        "WORLD_SIZE": str(world_size),
+        "LOCAL_WORLD_SIZE": str(world_size),
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(port),
+    }
 
 
 def start_processes(world_size: int, module: str, args: list[str], port: int) -> list[int]:
-    ranks = [subprocess.Popen([sys.executable, "-u", "-m", module, *args],
-                              env={**os.environ, **rank_env(rank, world_size, port)})
-             for rank in range(world_size)]
+    ranks = [
+        subprocess.Popen(
+            [sys.executable, "-u", "-m", module, *args], env={**os.environ, **rank_env(rank, world_size, port)}
+        )
+        for rank in range(world_size)
+    ]
     return [proc.pid for proc in ranks]
 
 
@@ -53,7 +61,7 @@ def preloaded(module_name: str, args: list[str]):
     return module
 
 
-def fork_group(module, world_size: int, args: list[str], port: int, log_path: Optional[str] = None) -> list[int]:
+def fork_group(module, world_size: int, args: list[str], port: int, log_path: str | None = None) -> list[int]:
     pids = []
     for rank in range(world_size):
         pid = os.fork()
@@ -63,7 +71,7 @@ def fork_group(module, world_size: int, args: list[str], port: int, log_path: Op
     return pids
 
 
-def _run_fork(module, args: list[str], env: dict[str, str], log_path: Optional[str]) -> int:
+def _run_fork(module, args: list[str], env: dict[str, str], log_path: str | None) -> int:
     if log_path:
         log = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
         os.dup2(log, 1)
@@ -86,7 +94,7 @@ def wait_all(pids: list[int]) -> int:
     return wait_group(pids)[0]
 
 
-def wait_group(pids: list[int]) -> tuple[int, Optional[dict]]:
+def wait_group(pids: list[int]) -> tuple[int, dict | None]:
     """Like :func:`wait_all`, and which rank failed first and how (``{"rank", "how"}``), if one did."""
     running = set(pids)
     while running:
@@ -120,8 +128,9 @@ def serve(module_name: str, args: list[str]) -> int:
     module = preloaded(module_name, args)
     for line in sys.stdin:
         request = json.loads(line)
-        code, culprit = wait_group(fork_group(module, request["world_size"], request["args"], free_port(),
-                                              request["log"]))
+        code, culprit = wait_group(
+            fork_group(module, request["world_size"], request["args"], free_port(), request["log"])
+        )
         partial = request["exit"] + ".partial"
         pathlib.Path(partial).write_text(json.dumps({"code": code, "culprit": culprit}))
         os.replace(partial, request["exit"])
@@ -134,15 +143,21 @@ class RankServer:
     def __init__(self, module: str, args: list[str], env: dict[str, str], log_path: pathlib.Path):
         self.env = env
         with open(log_path, "w") as log:
-            self.proc = subprocess.Popen([sys.executable, "-u", "-m", __name__, "--serve", module, *args],
-                                         stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT, text=True,
-                                         start_new_session=True, env=env)
+            self.proc = subprocess.Popen(
+                [sys.executable, "-u", "-m", __name__, "--serve", module, *args],
+                stdin=subprocess.PIPE,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                text=True,
+                start_new_session=True,
+                env=env,
+            )
 
     @property
     def alive(self) -> bool:
         return self.proc.poll() is None
 
-    def start(self, world_size: int, args: list[str], log_path: pathlib.Path) -> "ServedGroup":
+    def start(self, world_size: int, args: list[str], log_path: pathlib.Path) -> ServedGroup:
         exit_path = log_path.with_suffix(".exit")
         request = {"world_size": world_size, "args": args, "log": str(log_path), "exit": str(exit_path)}
         self.proc.stdin.write(json.dumps(request) + "\n")
@@ -165,9 +180,9 @@ class ServedGroup:
 
     def __init__(self, server: subprocess.Popen, exit_path: pathlib.Path):
         self.server, self.exit_path, self.pid, self.returncode = server, exit_path, server.pid, None
-        self.culprit: Optional[dict] = None  # the rank that failed first, and how
+        self.culprit: dict | None = None  # the rank that failed first, and how
 
-    def poll(self) -> Optional[int]:
+    def poll(self) -> int | None:
         if self.returncode is None and self.exit_path.exists():
             status = json.loads(self.exit_path.read_text())
             self.returncode, self.culprit = status["code"], status["culprit"]
@@ -175,7 +190,7 @@ class ServedGroup:
             self.returncode = self.server.returncode
         return self.returncode
 
-    def wait(self, timeout: Optional[float] = None) -> int:
+    def wait(self, timeout: float | None = None) -> int:
         deadline = None if timeout is None else time.monotonic() + timeout
         while self.poll() is None:
             if deadline is not None and time.monotonic() > deadline:

@@ -69,7 +69,8 @@ def base_cases(draw, tp_size: int) -> tuple[Case, dict[int, ExplicitLocalOutput]
         vocab_size=vocab_size,
         seed=draw(st.integers(0, 2**16)),
         nan_tokens=draw(st.lists(st.integers(0, max(num_tokens - 1, 0)), unique=True, max_size=3))
-        if num_tokens else [],
+        if num_tokens
+        else [],
         gather_num_nans=draw(st.booleans()),
         # The explicit outputs below are drawn for these dims; the kind may choose others (ranks' widths vary).
         logprobs_dims=draw(st.one_of(st.none(), st.tuples(st.integers(0, min(4, vocab_size)), st.integers(0, 6)))),
@@ -80,8 +81,7 @@ def base_cases(draw, tp_size: int) -> tuple[Case, dict[int, ExplicitLocalOutput]
 @st.composite
 def cases(draw, tp_size: int, case_id: str = "generated") -> Case:
     case, candidate = draw(base_cases(tp_size))
-    return replace(with_kind(case, candidate, np.random.default_rng(draw(st.integers(0, 2**32 - 1)))),
-                   case_id=case_id)
+    return replace(with_kind(case, candidate, np.random.default_rng(draw(st.integers(0, 2**32 - 1)))), case_id=case_id)
 
 
 def with_kind(case: Case, candidate, kind: np.random.Generator) -> Case:
@@ -90,10 +90,15 @@ def with_kind(case: Case, candidate, kind: np.random.Generator) -> Case:
         case = _as_large_batch(case, kind)
     elif candidate is not None and kind.random() < EXPLICIT_OUTPUT_SHARE:
         extreme = kind.random() < EXTREME_SHARE
-        case = replace(case, local_outputs={rank: _with_extremes(out, kind) if extreme else out
-                                            for rank, out in candidate.items()})
-    return replace(case, logits_dtype=str(kind.choice(list(LOGITS_DTYPES))), layouts=_layouts(case, kind),
-                   logprobs_dims=_logprobs_dims(case.vocab_size, kind))
+        case = replace(
+            case, local_outputs={rank: _with_extremes(out, kind) if extreme else out for rank, out in candidate.items()}
+        )
+    return replace(
+        case,
+        logits_dtype=str(kind.choice(list(LOGITS_DTYPES))),
+        layouts=_layouts(case, kind),
+        logprobs_dims=_logprobs_dims(case.vocab_size, kind),
+    )
 
 
 def _logprobs_dims(vocab_size: int, kind: np.random.Generator) -> tuple[int, int] | None:
@@ -136,8 +141,14 @@ def _as_large_batch(case: Case, rng: np.random.Generator) -> Case:
         grammar = [int(p) for p in rng.permutation(num_reqs)[: int(rng.integers(1, num_reqs + 1))]]
     num_tokens = _num_tokens(slots, counts)
     return replace(
-        case, slots=slots, num_logits_per_req=counts, max_num_reqs=max_num_reqs, max_num_logits_per_req=max_logits,
-        spec_decode=None if max(counts) > 1 else case.spec_decode, grammar_positions=grammar, vocab_size=vocab_size,
+        case,
+        slots=slots,
+        num_logits_per_req=counts,
+        max_num_reqs=max_num_reqs,
+        max_num_logits_per_req=max_logits,
+        spec_decode=None if max(counts) > 1 else case.spec_decode,
+        grammar_positions=grammar,
+        vocab_size=vocab_size,
         nan_tokens=sorted(int(t) for t in rng.choice(num_tokens, size=3, replace=False)),
         local_outputs="toy",
     )
@@ -149,8 +160,11 @@ def _num_tokens(slots: list[int], counts: list[int]) -> int:
 
 def _layouts(case: Case, kind: np.random.Generator) -> dict[str, str]:
     """Contiguous inputs (a quarter of the cases), every input one view kind (a quarter), or a few views."""
-    fields = [name for name in BATCH_TENSORS + BATCH_ARRAYS
-              if name != "num_draft_tokens_per_req" or case.spec_decode is not False]
+    fields = [
+        name
+        for name in BATCH_TENSORS + BATCH_ARRAYS
+        if name != "num_draft_tokens_per_req" or case.spec_decode is not False
+    ]
     fields += ["logits_shard", LOCAL_OUTPUT] + (["grammar_bitmask"] if case.grammar_positions is not None else [])
     style = int(kind.integers(0, 4))
     if style == 0:
@@ -166,7 +180,8 @@ def _grammar_positions(num_reqs: int):
     if num_reqs == 0:
         return st.none()
     subset = st.permutations(list(range(num_reqs))).flatmap(
-        lambda order: st.integers(1, num_reqs).map(lambda n: order[:n]))
+        lambda order: st.integers(1, num_reqs).map(lambda n: order[:n])
+    )
     return st.one_of(st.none(), subset)
 
 
@@ -226,8 +241,7 @@ def _with_extremes(out: ExplicitLocalOutput, rng: np.random.Generator) -> Explic
         num_nans=None if out.num_nans is None else some(out.num_nans, (NAN_COUNT_EXTREME,)),
         logprob_token_ids=rows(out.logprob_token_ids, TOKEN_EXTREMES),
         logprobs=rows(out.logprobs, LOGPROB_EXTREMES),
-        selected_token_ranks=None if out.selected_token_ranks is None
-        else some(out.selected_token_ranks, (INT64_MAX,)),
+        selected_token_ranks=None if out.selected_token_ranks is None else some(out.selected_token_ranks, (INT64_MAX,)),
     )
 
 
@@ -242,8 +256,14 @@ def generate_cases(tp_size: int, count: int, seed: int) -> list[Case]:
 
     # The budget stays count * 3 even though drawing stops early: hypothesis
     # adapts what it draws to the budget, and the cases must not change.
-    @settings(max_examples=count * 3, database=None, deadline=None, phases=[Phase.generate],
-              suppress_health_check=list(HealthCheck), verbosity=Verbosity.quiet)
+    @settings(
+        max_examples=count * 3,
+        database=None,
+        deadline=None,
+        phases=[Phase.generate],
+        suppress_health_check=list(HealthCheck),
+        verbosity=Verbosity.quiet,
+    )
     @given(base_cases(tp_size))
     def collect(drawn_base) -> None:
         if len(drawn) < count:

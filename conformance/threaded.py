@@ -23,7 +23,7 @@ import sys
 import threading
 import time
 import traceback
-from typing import Callable, Optional
+from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
@@ -38,8 +38,10 @@ def _threaded_pg():
     try:
         from torch.testing._internal.distributed import multi_threaded_pg
     except ImportError as exc:  # pragma: no cover - depends on the torch build
-        raise RuntimeError("the torch-threads group needs torch.testing._internal.distributed."
-                           f"multi_threaded_pg, which this torch ({torch.__version__}) lacks: {exc}") from exc
+        raise RuntimeError(
+            "the torch-threads group needs torch.testing._internal.distributed."
+            f"multi_threaded_pg, which this torch ({torch.__version__}) lacks: {exc}"
+        ) from exc
     return multi_threaded_pg
 
 
@@ -54,7 +56,7 @@ class _Turns:
         self._terminate = terminate
         self.waiting: dict[int, object] = {}  # rank -> the backend's Collective it waits in
         self.finished: set[int] = set()
-        self.abandoned: Optional[str] = None  # why waiting ranks were woken
+        self.abandoned: str | None = None  # why waiting ranks were woken
 
     def take(self) -> None:
         """Wait for the turn; once the run has ended, go on without it (a hung rank may keep it)."""
@@ -93,8 +95,9 @@ class _Turns:
         stuck = {rank: collective for rank, collective in self.waiting.items() if not collective._done}
         if self.finished and stuck and len(self.finished) + len(stuck) == self.world_size:
             waiting = ", ".join(f"rank {r} in {type(c._collective).__name__}" for r, c in sorted(stuck.items()))
-            self._end(f"rank(s) {sorted(self.finished)} finished without joining the collective(s) that "
-                      f"{waiting} waited in")
+            self._end(
+                f"rank(s) {sorted(self.finished)} finished without joining the collective(s) that {waiting} waited in"
+            )
 
     def _end(self, why: str) -> None:
         if self.abandoned is None:
@@ -169,8 +172,9 @@ def _run_ranks(world_size: int, fn: Callable, timeout_s: float, turns: _Turns) -
             if dist.distributed_c10d._world is world:  # not after a timeout has taken the world down
                 _destroy_group()
 
-    threads = [threading.Thread(target=body, args=(rank,), daemon=True, name=f"rank{rank}")
-               for rank in range(world_size)]
+    threads = [
+        threading.Thread(target=body, args=(rank,), daemon=True, name=f"rank{rank}") for rank in range(world_size)
+    ]
     for thread in threads:
         thread.start()
     deadline = time.monotonic() + timeout_s

@@ -19,16 +19,31 @@ import io
 import pickle
 import struct
 from dataclasses import dataclass
-from typing import Any, BinaryIO, Optional
+from typing import Any, BinaryIO
 
 import numpy as np
 import torch
 
 # Dtypes numpy cannot hold: sent as same-size integers, rebuilt by a view.
 _CARRIER = {torch.bfloat16: torch.int16, torch.float8_e4m3fn: torch.uint8, torch.float8_e5m2: torch.uint8}
-_DTYPES = {str(dtype).removeprefix("torch."): dtype for dtype in (
-    torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.int64, torch.int32, torch.int16,
-    torch.int8, torch.uint8, torch.bool, torch.float8_e4m3fn, torch.float8_e5m2, torch.complex64)}
+_DTYPES = {
+    str(dtype).removeprefix("torch."): dtype
+    for dtype in (
+        torch.float64,
+        torch.float32,
+        torch.float16,
+        torch.bfloat16,
+        torch.int64,
+        torch.int32,
+        torch.int16,
+        torch.int8,
+        torch.uint8,
+        torch.bool,
+        torch.float8_e4m3fn,
+        torch.float8_e5m2,
+        torch.complex64,
+    )
+}
 # Classes the judge rebuilds as themselves (everything else becomes a stand-in): the data model, and the
 # spec's own types an input may carry (e.g. an engine's InputBatch subclass built by a case).
 _OWN_PACKAGES = ("shardspec.spec.", "shardspec.conformance.checks.base")
@@ -89,11 +104,17 @@ def _encode_tensor(t: torch.Tensor) -> TensorData:
     carrier = data.contiguous().cpu()
     if carrier.dtype in _CARRIER:
         carrier = carrier.view(_CARRIER[carrier.dtype])
-    return TensorData(str(t.dtype).removeprefix("torch."), tuple(t.shape), tuple(t.stride()), t.storage_offset(),
-                      str(t.device), carrier.numpy().copy())
+    return TensorData(
+        str(t.dtype).removeprefix("torch."),
+        tuple(t.shape),
+        tuple(t.stride()),
+        t.storage_offset(),
+        str(t.device),
+        carrier.numpy().copy(),
+    )
 
 
-def decode(value: Any, device: Optional[str] = None) -> Any:
+def decode(value: Any, device: str | None = None) -> Any:
     """The inverse of :func:`encode`; tensors land on ``device`` (default: where they were, when possible)."""
     if isinstance(value, TensorData):
         return _decode_tensor(value, device)
@@ -108,7 +129,7 @@ def decode(value: Any, device: Optional[str] = None) -> Any:
     return value
 
 
-def _decode_tensor(data: TensorData, device: Optional[str]) -> torch.Tensor:
+def _decode_tensor(data: TensorData, device: str | None) -> torch.Tensor:
     dtype = _DTYPES.get(data.dtype)
     if dtype is None:
         raise ValueError(f"a tensor of unsupported dtype {data.dtype!r} in a rank's transcript")
@@ -121,7 +142,7 @@ def _decode_tensor(data: TensorData, device: Optional[str]) -> torch.Tensor:
     return t.to(target)
 
 
-def _decode_object(data: ObjectData, device: Optional[str]) -> Any:
+def _decode_object(data: ObjectData, device: str | None) -> Any:
     fields = {k: decode(v, device) for k, v in data.fields.items()}
     own = _own_class(data.module, data.qualname)
     if own is not None and data.kind in ("dataclass", "namedtuple"):
@@ -183,15 +204,33 @@ def _own_class(module: str, qualname: str):
 # -- framing -----------------------------------------------------------------
 
 _HEADER = struct.Struct("<Q")
-_ALLOWED = {
-    ("builtins", name) for name in ("list", "tuple", "dict", "set", "frozenset", "int", "float", "str", "bytes",
-                                    "bool", "complex", "slice")
-} | {(__name__, name) for name in ("TensorData", "ObjectData", "ErrorData")} | {
-    (module, name) for module in ("numpy.core.multiarray", "numpy._core.multiarray")
-    for name in ("_reconstruct", "scalar")
-} | {("numpy", "ndarray"), ("numpy", "dtype")} | {
-    (module, name) for module in ("numpy", "numpy.dtypes") for name in dir(np.dtypes) if name.endswith("DType")
-}
+_ALLOWED = (
+    {
+        ("builtins", name)
+        for name in (
+            "list",
+            "tuple",
+            "dict",
+            "set",
+            "frozenset",
+            "int",
+            "float",
+            "str",
+            "bytes",
+            "bool",
+            "complex",
+            "slice",
+        )
+    }
+    | {(__name__, name) for name in ("TensorData", "ObjectData", "ErrorData")}
+    | {
+        (module, name)
+        for module in ("numpy.core.multiarray", "numpy._core.multiarray")
+        for name in ("_reconstruct", "scalar")
+    }
+    | {("numpy", "ndarray"), ("numpy", "dtype")}
+    | {(module, name) for module in ("numpy", "numpy.dtypes") for name in dir(np.dtypes) if name.endswith("DType")}
+)
 
 
 class _RestrictedUnpickler(pickle.Unpickler):
@@ -215,6 +254,6 @@ def read_frames(data: bytes) -> tuple[list[dict], int]:
         end = offset + _HEADER.size + length
         if end > len(data):
             break
-        frames.append(_RestrictedUnpickler(io.BytesIO(data[offset + _HEADER.size:end])).load())
+        frames.append(_RestrictedUnpickler(io.BytesIO(data[offset + _HEADER.size : end])).load())
         offset = end
     return frames, offset

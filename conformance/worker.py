@@ -84,10 +84,15 @@ class Watchdog:
                     self._extended, expired = True, False
             if expired:
                 where = self.progress.where()
-                self.writer.write({
-                    "job": job, "case_id": case_id, "rank": self.rank, "in_collective": self.progress.collective is not None,
-                    "timeout": f"rank {self.rank} made no progress for {self.timeout_s:.0f}s in {where}",
-                })
+                self.writer.write(
+                    {
+                        "job": job,
+                        "case_id": case_id,
+                        "rank": self.rank,
+                        "in_collective": self.progress.collective is not None,
+                        "timeout": f"rank {self.rank} made no progress for {self.timeout_s:.0f}s in {where}",
+                    }
+                )
                 os._exit(EXIT_HUNG)
 
 
@@ -113,8 +118,14 @@ class Streamer:
     def final(self, outputs) -> dict:
         from shardspec.conformance.transcript import encode
 
-        return encode({"failed_step": outputs.failed_step, "error": outputs.error,
-                       "error_traceback": outputs.error_traceback, "inputs_modified": outputs.inputs_modified})
+        return encode(
+            {
+                "failed_step": outputs.failed_step,
+                "error": outputs.error,
+                "error_traceback": outputs.error_traceback,
+                "inputs_modified": outputs.inputs_modified,
+            }
+        )
 
 
 def _init_group(pg_timeout_s: float, device_kind: str):
@@ -178,7 +189,9 @@ def main(argv: list[str]) -> int:
     watchdog = Watchdog(launch["case_timeout_s"], progress, writer, rank)
     implementations: dict[str, object] = {}  # loaded once per launch
     kept: dict[str, tuple] = {}  # implementation -> (case id, its sharder), for the next step of a multi-step case
-    writer.write({"event": "ready", "rank": rank, "pid": os.getpid(), "device": str(device), "backend": dist.get_backend()})
+    writer.write(
+        {"event": "ready", "rank": rank, "pid": os.getpid(), "device": str(device), "backend": dist.get_backend()}
+    )
     for index in launch["job_indices"]:
         job = jobs[index]
         case = cases[job["case"]]
@@ -191,15 +204,22 @@ def main(argv: list[str]) -> int:
         try:
             streamer = Streamer(writer, index, rank)
             previous_id, sharder = kept.pop(name, (None, None))
-            record, sharder = run_case_on_rank(case, comm, impl.name, impl.factory, expectations[case.case_id],
-                                               device, progress, on_step=streamer.on_step, on_call=streamer.on_call,
-                                               kept=sharder if case.continues and case.continues == previous_id
-                                               else None)
+            record, sharder = run_case_on_rank(
+                case,
+                comm,
+                impl.name,
+                impl.factory,
+                expectations[case.case_id],
+                device,
+                progress,
+                on_step=streamer.on_step,
+                on_call=streamer.on_call,
+                kept=sharder if case.continues and case.continues == previous_id else None,
+            )
             kept[name] = (case.case_id, sharder)
             record["outputs"] = streamer.final(record["outputs"])
         except Exception:  # a defect of the suite itself, not of the implementation
-            writer.write({"job": index, "case_id": case.case_id, "rank": rank,
-                          "harness_error": traceback.format_exc()})
+            writer.write({"job": index, "case_id": case.case_id, "rank": rank, "harness_error": traceback.format_exc()})
             os._exit(0)
         writer.write({"job": index, **record})
         if not record["aligned"]:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import torch
@@ -14,10 +14,10 @@ def build_input_batch(
     slots: Sequence[int],
     num_logits_per_req: Sequence[int],
     *,
-    spec_decode: Optional[bool] = None,
-    query_lens: Optional[Sequence[int]] = None,
-    seq_lens: Optional[Sequence[int]] = None,
-    req_ids: Optional[Sequence[str]] = None,
+    spec_decode: bool | None = None,
+    query_lens: Sequence[int] | None = None,
+    seq_lens: Sequence[int] | None = None,
+    req_ids: Sequence[str] | None = None,
     device: torch.device | str = "cpu",
 ) -> InputBatch:
     """A batch that meets every precondition.
@@ -66,7 +66,7 @@ def build_grammar_output(
     vocab_size: int,
     *,
     seed: int = 0,
-) -> Optional[GrammarOutput]:
+) -> GrammarOutput | None:
     """Random bitmasks for the requests at ``req_positions`` (in that order).
 
     Every row allows at least one token, so a masked row is never all -inf.
@@ -86,7 +86,9 @@ def build_grammar_output(
     )
 
 
-def build_token_logits(num_tokens: int, padded_vocab: int, *, seed: int = 0, nan_rows: Sequence[int] = ()) -> torch.Tensor:
+def build_token_logits(
+    num_tokens: int, padded_vocab: int, *, seed: int = 0, nan_rows: Sequence[int] = ()
+) -> torch.Tensor:
     """[T, Vp] float32 logits of every token; NaN in a few columns of ``nan_rows``."""
     generator = torch.Generator().manual_seed(seed)
     logits = torch.randn(num_tokens, padded_vocab, generator=generator)

@@ -10,7 +10,6 @@ per rank, which lets a case make ranks disagree on widths or omit logprobs.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Optional, Union
 
 import torch
 
@@ -27,11 +26,11 @@ class ExplicitLocalOutput:
     sampled_token_ids: list[list[int]]  # [n_local][width]
     num_sampled: list[int]
     num_rejected: list[int]
-    num_nans: Optional[list[int]] = None  # per local logits row
+    num_nans: list[int] | None = None  # per local logits row
     # None: this rank's sampler returned no logprobs.
-    logprob_token_ids: Optional[list[list[int]]] = None  # [L_local][cols]
-    logprobs: Optional[list[list[float]]] = None
-    selected_token_ranks: Optional[list[int]] = None
+    logprob_token_ids: list[list[int]] | None = None  # [L_local][cols]
+    logprobs: list[list[float]] | None = None
+    selected_token_ranks: list[int] | None = None
 
     def to_sampler_output(self, device) -> SamplerOutput:
         width = max((len(row) for row in self.sampled_token_ids), default=1)
@@ -66,18 +65,18 @@ class Case:
     max_num_reqs: int = 64
     max_num_logits_per_req: int = 4
     # None: speculative decoding iff some request has more than one row.
-    spec_decode: Optional[bool] = None
+    spec_decode: bool | None = None
     # Batch positions listed by the grammar output, in its order; None: no grammar.
-    grammar_positions: Optional[list[int]] = None
+    grammar_positions: list[int] | None = None
     vocab_size: int = 100
     seed: int = 0
     # Token indices whose logits hold NaNs.
     nan_tokens: list[int] = field(default_factory=list)
     gather_num_nans: bool = True
-    logprobs_dims: Optional[tuple[int, int]] = (2, 0)
-    local_outputs: Union[str, dict[int, ExplicitLocalOutput]] = "toy"
+    logprobs_dims: tuple[int, int] | None = (2, 0)
+    local_outputs: str | dict[int, ExplicitLocalOutput] = "toy"
     # A precondition ID the inputs violate on purpose; the step must raise.
-    expect_error: Optional[str] = None
+    expect_error: str | None = None
     # Input field -> "strided" | "offset" (spec/layouts.py); fields not named are contiguous.
     layouts: dict[str, str] = field(default_factory=dict)
     # dtype of the logits (the logits shard handed to all_to_all_logits): float32, bfloat16, float16.
@@ -89,10 +88,10 @@ class Case:
     edits: list[str] = field(default_factory=list)
     # A multi-step case: the steps after this one, called on the same sharder instance, as an engine
     # calls it every step (same tp_size and capacity; their own batches).
-    then: list["Case"] = field(default_factory=list)
+    then: list[Case] = field(default_factory=list)
     # On a step of an expanded multi-step case (see expand_steps): the id of the step before it,
     # whose sharder this step uses.
-    continues: Optional[str] = None
+    continues: str | None = None
 
     @property
     def padded_vocab_size(self) -> int:
@@ -115,19 +114,22 @@ def expand_steps(case: Case) -> list[Case]:
     for k, step in enumerate(steps):
         for name in ("tp_size", "max_num_reqs", "max_num_logits_per_req"):
             if getattr(step, name) != getattr(case, name):
-                raise ValueError(f"case {case.case_id}: step {k} has {name} {getattr(step, name)}, the first "
-                                 f"step {getattr(case, name)}: the steps of a case share one sharder")
+                raise ValueError(
+                    f"case {case.case_id}: step {k} has {name} {getattr(step, name)}, the first "
+                    f"step {getattr(case, name)}: the steps of a case share one sharder"
+                )
         if step.then:
             raise ValueError(f"case {case.case_id}: step {k} has steps of its own")
-        expanded.append(replace(step, case_id=f"{case.case_id}.step{k}",
-                                continues=expanded[-1].case_id if expanded else None))
+        expanded.append(
+            replace(step, case_id=f"{case.case_id}.step{k}", continues=expanded[-1].case_id if expanded else None)
+        )
     return expanded
 
 
 @dataclass
 class CaseInputs:
     batch: InputBatch
-    grammar: Optional[GrammarOutput]
+    grammar: GrammarOutput | None
     # [num_tokens, padded_vocab] logits of every token, replicated; rank r's
     # vocab shard is columns [r * shard_width, (r + 1) * shard_width).
     token_logits: torch.Tensor
@@ -140,12 +142,19 @@ def build_case_inputs(case: Case, device: torch.device | str = "cpu") -> CaseInp
     if case.grammar_positions is not None:
         grammar = build_grammar_output(batch, case.grammar_positions, case.vocab_size, seed=case.seed + 1)
     num_tokens = int(batch.query_start_loc[-1]) if batch.num_reqs else 0
-    logits = build_token_logits(max(num_tokens, 1), case.padded_vocab_size, seed=case.seed,
-                                nan_rows=[t for t in case.nan_tokens if t < num_tokens])
+    logits = build_token_logits(
+        max(num_tokens, 1),
+        case.padded_vocab_size,
+        seed=case.seed,
+        nan_rows=[t for t in case.nan_tokens if t < num_tokens],
+    )
     check_edit_names(case.edits)
     batch, grammar = edit_inputs(batch, grammar, case.edits)
-    return CaseInputs(batch=lay_out_batch(batch, case.layouts), grammar=lay_out_grammar(grammar, case.layouts),
-                      token_logits=logits.to(device, logits_dtype_of(case.logits_dtype)))
+    return CaseInputs(
+        batch=lay_out_batch(batch, case.layouts),
+        grammar=lay_out_grammar(grammar, case.layouts),
+        token_logits=logits.to(device, logits_dtype_of(case.logits_dtype)),
+    )
 
 
 def local_logits_shard(inputs: CaseInputs, sorted_logits_indices: torch.Tensor, case: Case, rank: int) -> torch.Tensor:

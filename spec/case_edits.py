@@ -15,7 +15,6 @@ from __future__ import annotations
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Optional
 
 import numpy as np
 import torch
@@ -24,17 +23,28 @@ from shardspec.spec.model import ExtensionSpec, InputBatch, SamplerOutput
 
 # -- extension fields ---------------------------------------------------------------
 
-DTYPES = {"bool": torch.bool, "uint8": torch.uint8, "int8": torch.int8, "int16": torch.int16,
-          "int32": torch.int32, "int64": torch.int64, "float16": torch.float16, "bfloat16": torch.bfloat16,
-          "float32": torch.float32, "float64": torch.float64}
+DTYPES = {
+    "bool": torch.bool,
+    "uint8": torch.uint8,
+    "int8": torch.int8,
+    "int16": torch.int16,
+    "int32": torch.int32,
+    "int64": torch.int64,
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "float32": torch.float32,
+    "float64": torch.float64,
+}
 
 
-def extension_fields(declared: dict) -> Optional[dict[str, ExtensionSpec]]:
+def extension_fields(declared: dict) -> dict[str, ExtensionSpec] | None:
     """A case's declarations (name -> {per, dtype, shape}) as ExtensionSpecs; None when it declares none."""
     if not declared:
         return None
-    return {name: ExtensionSpec(per=d["per"], dtype=DTYPES[d["dtype"]], shape=tuple(d.get("shape", ())))
-            for name, d in declared.items()}
+    return {
+        name: ExtensionSpec(per=d["per"], dtype=DTYPES[d["dtype"]], shape=tuple(d.get("shape", ())))
+        for name, d in declared.items()
+    }
 
 
 def extension_rows(name: str, spec: ExtensionSpec, slots: np.ndarray, positions: np.ndarray) -> torch.Tensor:
@@ -71,11 +81,12 @@ def batch_extension_values(name: str, spec: ExtensionSpec, batch: InputBatch, de
 
 # -- named edits ----------------------------------------------------------------------
 
+
 @dataclass
 class EngineInputBatch(InputBatch):
     """An engine's batch with a field this spec does not list (INV-LOCAL-UNLISTED-FIELDS)."""
 
-    engine_positions: Optional[torch.Tensor] = None
+    engine_positions: torch.Tensor | None = None
 
 
 def _batch(**changes) -> Callable:
@@ -110,8 +121,11 @@ INPUT_EDITS: dict[str, Callable] = {
     "grammar-bitmask-short": lambda b, g: (b, replace(g, grammar_bitmask=g.grammar_bitmask[:-1])),
     # Valid inputs in forms the builders do not produce.
     "idx-mapping-np-int32": _batch(idx_mapping_np=lambda b: np.asarray(b.idx_mapping_np, dtype=np.int32)),
-    "draft-counts-int64": _batch(num_draft_tokens_per_req=lambda b: None if b.num_draft_tokens_per_req is None
-                                 else np.asarray(b.num_draft_tokens_per_req, dtype=np.int64)),
+    "draft-counts-int64": _batch(
+        num_draft_tokens_per_req=lambda b: (
+            None if b.num_draft_tokens_per_req is None else np.asarray(b.num_draft_tokens_per_req, dtype=np.int64)
+        )
+    ),
     "engine-batch-field": _engine_batch,
 }
 
@@ -128,8 +142,10 @@ def _undeclared_extension(out: SamplerOutput) -> SamplerOutput:
 
 # stage "logits_shard": f(tensor) -> tensor; stage "local_output": f(SamplerOutput) -> SamplerOutput
 LOGITS_SHARD_EDITS: dict[str, Callable] = {"logits-shard-extra-row": lambda s: torch.cat([s, s[:1]])}
-LOCAL_OUTPUT_EDITS: dict[str, Callable] = {"local-output-extra-row": _extra_row,
-                                           "extension-undeclared": _undeclared_extension}
+LOCAL_OUTPUT_EDITS: dict[str, Callable] = {
+    "local-output-extra-row": _extra_row,
+    "extension-undeclared": _undeclared_extension,
+}
 EDIT_NAMES = (*INPUT_EDITS, *LOGITS_SHARD_EDITS, *LOCAL_OUTPUT_EDITS)
 
 
@@ -153,8 +169,9 @@ def edit_logits_shard(shard: torch.Tensor, edits) -> torch.Tensor:
     return shard
 
 
-def finish_local_output(out: Optional[SamplerOutput], local_batch: InputBatch, declared: dict, edits,
-                        device) -> Optional[SamplerOutput]:
+def finish_local_output(
+    out: SamplerOutput | None, local_batch: InputBatch, declared: dict, edits, device
+) -> SamplerOutput | None:
     """The sampler output with the case's extension fields attached and its local-output edits applied."""
     fields = extension_fields(declared)
     if out is not None and fields:

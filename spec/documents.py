@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional, Union
 
 
 @dataclass(frozen=True)
@@ -23,7 +22,7 @@ class OnViolation:
 
     outcome: str  # "reject" | "undefined"
     reason: str
-    raised_on: Optional[str] = None  # "every rank" | "the faulty rank" (reject only)
+    raised_on: str | None = None  # "every rank" | "the faulty rank" (reject only)
 
 
 @dataclass(frozen=True)
@@ -35,7 +34,7 @@ class Precondition:
     fields: tuple[str, ...]
     error: str
     on_violation: OnViolation
-    rationale: Optional[str] = None
+    rationale: str | None = None
     retired: bool = False
 
     @property
@@ -58,9 +57,9 @@ class LocalView:
     """How a field of the batch appears in the local batch."""
 
     scope: str  # "localized" | "global"
-    dtype: Optional[str] = None
-    shape: Optional[tuple[str, ...]] = None
-    note: Optional[str] = None
+    dtype: str | None = None
+    shape: tuple[str, ...] | None = None
+    note: str | None = None
 
 
 @dataclass(frozen=True)
@@ -69,17 +68,17 @@ class FieldSpec:
     type: str
     placement: str
     meaning: str
-    dtype: Optional[str] = None
-    shape: Optional[tuple[str, ...]] = None
-    received_shape: Optional[tuple[str, ...]] = None
+    dtype: str | None = None
+    shape: tuple[str, ...] | None = None
+    received_shape: tuple[str, ...] | None = None
     optional: bool = False
-    ref: Optional[str] = None
-    local: Optional[LocalView] = None
-    step: Optional[str] = None
-    view: Optional[str] = None
+    ref: str | None = None
+    local: LocalView | None = None
+    step: str | None = None
+    view: str | None = None
     expand: bool = False
-    layout: Optional[str] = None
-    fields: tuple["FieldSpec", ...] = ()
+    layout: str | None = None
+    fields: tuple[FieldSpec, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -87,7 +86,7 @@ class TypeSpec:
     name: str
     meaning: str
     fields: tuple[FieldSpec, ...]
-    python: Optional[str] = None
+    python: str | None = None
 
 
 @dataclass(frozen=True)
@@ -109,11 +108,11 @@ class DataModel:
                 return spec
         raise KeyError(f"no type {name!r} in the data model")
 
-    def resolve_output(self, path: str) -> Optional[FieldSpec]:
+    def resolve_output(self, path: str) -> FieldSpec | None:
         """The output (or sub-field of one) a dotted path names, or None."""
         return self._resolve(self.outputs, path)
 
-    def resolve_argument(self, path: str) -> Optional[FieldSpec]:
+    def resolve_argument(self, path: str) -> FieldSpec | None:
         return self._resolve(self.arguments, path)
 
     def output_leaves(self) -> list[tuple[str, FieldSpec]]:
@@ -133,7 +132,7 @@ class DataModel:
     def _children(self, node: FieldSpec) -> tuple[FieldSpec, ...]:
         return self.type(node.ref).fields if node.ref else node.fields
 
-    def _resolve(self, roots: tuple[FieldSpec, ...], path: str) -> Optional[FieldSpec]:
+    def _resolve(self, roots: tuple[FieldSpec, ...], path: str) -> FieldSpec | None:
         # Root names may contain dots ("wire.all_to_all"): take the longest match.
         for root in sorted(roots, key=lambda r: -len(r.name)):
             if path == root.name:
@@ -142,7 +141,7 @@ class DataModel:
                 return self._walk(root, path[len(root.name) + 1 :].split("."))
         return None
 
-    def _walk(self, node: FieldSpec, names: list[str]) -> Optional[FieldSpec]:
+    def _walk(self, node: FieldSpec, names: list[str]) -> FieldSpec | None:
         for name in names:
             node = next((c for c in self._children(node) if c.name == name), None)
             if node is None:
@@ -170,7 +169,7 @@ class Spec:
     preconditions: tuple[Precondition, ...] = ()
     clarifications: tuple[Clarification, ...] = ()
 
-    def by_id(self, entry_id: str) -> Union[Invariant, Precondition, Clarification]:
+    def by_id(self, entry_id: str) -> Invariant | Precondition | Clarification:
         for entry in (*self.invariants, *self.preconditions, *self.clarifications):
             if entry.id == entry_id:
                 return entry

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Optional
-
 
 class PreconditionError(ValueError):
     """An input violates precondition ``precondition_id`` of the spec.
@@ -18,8 +16,8 @@ class PreconditionError(ValueError):
         field: str,
         message: str,
         *,
-        request: Optional[int] = None,
-        rank: Optional[int] = None,
+        request: int | None = None,
+        rank: int | None = None,
     ):
         self.precondition_id = precondition_id
         self.field = field

@@ -25,8 +25,15 @@ OFFSET_ELEMENTS = 3
 
 LOGITS_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
-BATCH_TENSORS = ("idx_mapping", "expanded_idx_mapping", "expanded_local_pos", "query_start_loc", "seq_lens",
-                 "logits_indices", "cu_num_logits")
+BATCH_TENSORS = (
+    "idx_mapping",
+    "expanded_idx_mapping",
+    "expanded_local_pos",
+    "query_start_loc",
+    "seq_lens",
+    "logits_indices",
+    "cu_num_logits",
+)
 BATCH_ARRAYS = ("idx_mapping_np", "cu_num_logits_np", "num_draft_tokens_per_req")
 # Every tensor of the local sampler output handed to gather_sampler_output.
 LOCAL_OUTPUT = "local_output"
@@ -89,8 +96,9 @@ def _decoy_tensor(tensor: torch.Tensor) -> torch.Tensor:
 def lay_out_batch(batch, layouts: dict):
     """``batch`` with each field named in ``layouts`` replaced by a view of that layout."""
     changes = {name: lay_out_tensor(getattr(batch, name), layouts[name]) for name in BATCH_TENSORS if name in layouts}
-    changes.update({name: lay_out_array(getattr(batch, name), layouts[name]) for name in BATCH_ARRAYS
-                    if name in layouts})
+    changes.update(
+        {name: lay_out_array(getattr(batch, name), layouts[name]) for name in BATCH_ARRAYS if name in layouts}
+    )
     return replace(batch, **changes) if changes else batch
 
 
@@ -100,7 +108,6 @@ def lay_out_grammar(grammar, layouts: dict):
     return replace(grammar, grammar_bitmask=lay_out_tensor(grammar.grammar_bitmask, layouts["grammar_bitmask"]))
 
 
-
 def lay_out_sampler_output(output, layouts: dict):
     """Every tensor of a local sampler output in the ``local_output`` layout."""
     layout = layouts.get(LOCAL_OUTPUT, CONTIGUOUS)
@@ -108,10 +115,16 @@ def lay_out_sampler_output(output, layouts: dict):
         return output
     lp = output.logprobs_tensors
     if lp is not None:
-        lp = lp._replace(logprob_token_ids=lay_out_tensor(lp.logprob_token_ids, layout),
-                         logprobs=lay_out_tensor(lp.logprobs, layout),
-                         selected_token_ranks=lay_out_tensor(lp.selected_token_ranks, layout))
-    return replace(output, sampled_token_ids=lay_out_tensor(output.sampled_token_ids, layout), logprobs_tensors=lp,
-                   num_nans=lay_out_tensor(output.num_nans, layout),
-                   num_sampled=lay_out_tensor(output.num_sampled, layout),
-                   num_rejected=lay_out_tensor(output.num_rejected, layout))
+        lp = lp._replace(
+            logprob_token_ids=lay_out_tensor(lp.logprob_token_ids, layout),
+            logprobs=lay_out_tensor(lp.logprobs, layout),
+            selected_token_ranks=lay_out_tensor(lp.selected_token_ranks, layout),
+        )
+    return replace(
+        output,
+        sampled_token_ids=lay_out_tensor(output.sampled_token_ids, layout),
+        logprobs_tensors=lp,
+        num_nans=lay_out_tensor(output.num_nans, layout),
+        num_sampled=lay_out_tensor(output.num_sampled, layout),
+        num_rejected=lay_out_tensor(output.num_rejected, layout),
+    )

@@ -17,7 +17,7 @@ import re
 from collections.abc import Hashable
 from importlib import resources
 from pathlib import Path
-from typing import Any, Optional, Union
+from typing import Any, Union
 
 import jsonschema
 import yaml
@@ -45,6 +45,7 @@ PathLike = Union[str, Path, "resources.abc.Traversable"]
 
 
 # ------------------------------------------------------------ YAML + schema
+
 
 class _StrictLoader(yaml.SafeLoader):
     """A safe loader that refuses duplicate mapping keys (PyYAML keeps the last)."""
@@ -136,6 +137,7 @@ def _join(place: str, name: str) -> str:
 
 # ------------------------------------------------------------------ loading
 
+
 def _package_root():
     return resources.files("shardspec.spec")
 
@@ -153,7 +155,7 @@ def document_schema(document: str) -> dict:
     return {**root, "$ref": f"#/$defs/{document}"}
 
 
-def load_spec(root: Optional[PathLike] = None) -> "Spec":
+def load_spec(root: PathLike | None = None) -> Spec:
     """Load the specification from ``root`` (default: the installed package's spec/)."""
     base = _package_root() if root is None else Path(root)
     index_path = base.joinpath("index.yaml")
@@ -166,7 +168,7 @@ def load_spec(root: Optional[PathLike] = None) -> "Spec":
     return spec
 
 
-def spec_version(root: Optional[PathLike] = None) -> str:
+def spec_version(root: PathLike | None = None) -> str:
     """The version of the specification in ``root`` (default: the installed one), e.g. ``"0.2.0"``.
 
     Reads only index.yaml, so a report header can name the version without loading every document.
@@ -175,7 +177,7 @@ def spec_version(root: Optional[PathLike] = None) -> str:
     return load_yaml_document(base.joinpath("index.yaml"), document_schema("index"))["version"]
 
 
-def target_version_warning(factory: Any, checked: Optional[str] = None) -> Optional[str]:
+def target_version_warning(factory: Any, checked: str | None = None) -> str | None:
     """A warning when ``factory`` declares (``SPEC_VERSION``) a spec version whose MAJOR.MINOR differs
     from the one checked (default: this spec's); None when it declares none or they agree."""
     declared = getattr(factory, "SPEC_VERSION", None)
@@ -183,11 +185,13 @@ def target_version_warning(factory: Any, checked: Optional[str] = None) -> Optio
     if declared is None or str(declared).split(".")[:2] == checked.split(".")[:2]:
         return None
     name = getattr(factory, "__qualname__", type(factory).__name__)
-    return (f"{name} targets spec {declared}, the suite checks spec {checked}: see spec/CHANGELOG.md and "
-            "docs/validate-your-implementation.md (section 6)")
+    return (
+        f"{name} targets spec {declared}, the suite checks spec {checked}: see spec/CHANGELOG.md and "
+        "docs/validate-your-implementation.md (section 6)"
+    )
 
 
-def must_reject_ids(spec: Optional[Spec] = None) -> tuple[str, ...]:
+def must_reject_ids(spec: Spec | None = None) -> tuple[str, ...]:
     """IDs of the preconditions whose violation MUST be rejected (``on_violation.outcome: reject``)."""
     spec = load_spec() if spec is None else spec
     return tuple(p.id for p in spec.preconditions if p.must_reject and not p.retired)
@@ -241,11 +245,13 @@ def _fields(entries: list[dict]) -> tuple[FieldSpec, ...]:
     for entry in entries:
         values = _tupled({k: v for k, v in entry.items() if k not in ("local", "fields")})
         local = entry.get("local")
-        built.append(FieldSpec(
-            **values,
-            local=None if local is None else LocalView(**_tupled(local)),
-            fields=_fields(entry.get("fields", [])),
-        ))
+        built.append(
+            FieldSpec(
+                **values,
+                local=None if local is None else LocalView(**_tupled(local)),
+                fields=_fields(entry.get("fields", [])),
+            )
+        )
     return tuple(built)
 
 
@@ -256,8 +262,11 @@ _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 def _check_references(spec: Spec, paths: dict[str, str]) -> None:
     _check_data_model(spec.data_model, paths["data_model"])
-    for document, entries in (("invariants", spec.invariants), ("preconditions", spec.preconditions),
-                              ("clarifications", spec.clarifications)):
+    for document, entries in (
+        ("invariants", spec.invariants),
+        ("preconditions", spec.preconditions),
+        ("clarifications", spec.clarifications),
+    ):
         _check_unique_ids(entries, document, paths[document])
     _check_invariant_fields(spec, paths["invariants"])
     _check_precondition_fields(spec, paths["preconditions"])
@@ -268,8 +277,11 @@ def _check_unique_ids(entries, document: str, path: str) -> None:
     first: dict[str, int] = {}
     for position, entry in enumerate(entries):
         if entry.id in first:
-            raise SpecFileError(path, f"{document}[{position}].id",
-                                f"field 'id': duplicate ID {entry.id} (first at {document}[{first[entry.id]}])")
+            raise SpecFileError(
+                path,
+                f"{document}[{position}].id",
+                f"field 'id': duplicate ID {entry.id} (first at {document}[{first[entry.id]}])",
+            )
         first[entry.id] = position
 
 
@@ -283,8 +295,11 @@ def _check_invariant_fields(spec: Spec, path: str) -> None:
                 raise SpecFileError(path, place, f"field '{name}' is not an output in data_model.yaml")
             root_step = _output_step(model, name)
             if inv.step != "step" and root_step not in (inv.step, "step"):
-                raise SpecFileError(path, place, f"field '{name}' is an output of step '{root_step}', "
-                                                 f"not of the invariant's step '{inv.step}'")
+                raise SpecFileError(
+                    path,
+                    place,
+                    f"field '{name}' is an output of step '{root_step}', not of the invariant's step '{inv.step}'",
+                )
 
 
 def _output_step(model: DataModel, path: str) -> str:
@@ -296,8 +311,11 @@ def _check_precondition_fields(spec: Spec, path: str) -> None:
     for position, pre in enumerate(spec.preconditions):
         for k, name in enumerate(pre.fields):
             if spec.data_model.resolve_argument(name) is None:
-                raise SpecFileError(path, f"preconditions[{position}].fields[{k}]",
-                                    f"field '{name}' is not an argument in data_model.yaml")
+                raise SpecFileError(
+                    path,
+                    f"preconditions[{position}].fields[{k}]",
+                    f"field '{name}' is not an argument in data_model.yaml",
+                )
 
 
 def _check_enforced_by(spec: Spec, path: str) -> None:
@@ -305,8 +323,9 @@ def _check_enforced_by(spec: Spec, path: str) -> None:
     for position, cl in enumerate(spec.clarifications):
         for k, ref in enumerate(cl.enforced_by):
             if ref not in known:
-                raise SpecFileError(path, f"clarifications[{position}].enforced_by[{k}]",
-                                    f"field 'enforced_by': unknown ID {ref}")
+                raise SpecFileError(
+                    path, f"clarifications[{position}].enforced_by[{k}]", f"field 'enforced_by': unknown ID {ref}"
+                )
 
 
 def _check_data_model(model: DataModel, path: str) -> None:
@@ -344,4 +363,6 @@ def _check_symbols(shape, place: str, symbols: set, path: str) -> None:
     for k, expr in enumerate(shape or ()):
         unknown = [n for n in _IDENTIFIER.findall(expr) if n not in symbols]
         if unknown:
-            raise SpecFileError(path, f"{place}[{k}]", f"field '{place.rsplit('.', 1)[-1]}': unknown symbol {unknown[0]}")
+            raise SpecFileError(
+                path, f"{place}[{k}]", f"field '{place.rsplit('.', 1)[-1]}': unknown symbol {unknown[0]}"
+            )

@@ -9,7 +9,7 @@ step. ``N`` is the number of requests, ``L`` the number of logits rows.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import NamedTuple, Optional
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -41,7 +41,7 @@ class InputBatch:
     # Total number of draft tokens and, with speculative decoding, the count
     # per request (host, int32), else None.
     num_draft_tokens: int = 0
-    num_draft_tokens_per_req: Optional[np.ndarray] = None
+    num_draft_tokens_per_req: np.ndarray | None = None
 
     @property
     def num_logits(self) -> int:
@@ -67,24 +67,24 @@ class LogprobsTensors(NamedTuple):
     # [L] int64 rank of the sampled token.
     selected_token_ranks: torch.Tensor
     # Prefix sum of generated tokens per request, or None.
-    cu_num_generated_tokens: Optional[list[int]] = None
+    cu_num_generated_tokens: list[int] | None = None
 
 
 @dataclass
 class SamplerOutput:
     # [N, W] int64 sampled ids per request.
     sampled_token_ids: torch.Tensor
-    logprobs_tensors: Optional[LogprobsTensors] = None
+    logprobs_tensors: LogprobsTensors | None = None
     # Local sampler: [L_local] per logits row. Gathered: [N] int32 per request.
-    num_nans: Optional[torch.Tensor] = None
+    num_nans: torch.Tensor | None = None
     # [N] int32.
-    num_sampled: Optional[torch.Tensor] = None
+    num_sampled: torch.Tensor | None = None
     # [N] int32.
-    num_rejected: Optional[torch.Tensor] = None
+    num_rejected: torch.Tensor | None = None
     # Extension fields: tensors a sampler returns beyond the named fields
     # (e.g. sampling masks), by name. Local: [n, *E] or [L_local, *E] as the
     # field's ExtensionSpec declares; gathered: [N, *E] or [L, *E] in batch order.
-    extensions: Optional[dict[str, torch.Tensor]] = None
+    extensions: dict[str, torch.Tensor] | None = None
 
 
 @dataclass(frozen=True)
@@ -102,8 +102,17 @@ class ExtensionSpec:
 EXTENSION_KINDS = ("request", "logits_row")
 # The dtypes an extension field may have (PRE-EXTENSION-SUPPORTED); int16 is left out because
 # gloo's all-gather rejects it ("Invalid scalar type", torch 2.13).
-EXTENSION_DTYPES = (torch.bool, torch.uint8, torch.int8, torch.int32, torch.int64,
-                    torch.float16, torch.bfloat16, torch.float32, torch.float64)
+EXTENSION_DTYPES = (
+    torch.bool,
+    torch.uint8,
+    torch.int8,
+    torch.int32,
+    torch.int64,
+    torch.float16,
+    torch.bfloat16,
+    torch.float32,
+    torch.float64,
+)
 
 
 @dataclass
@@ -129,7 +138,7 @@ class ShardResult(NamedTuple):
     local_batch: InputBatch
     # [L] int64 token indices in owner-sorted order (the all-to-all send order).
     sorted_logits_indices: torch.Tensor
-    local_grammar_output: Optional[GrammarOutput]
+    local_grammar_output: GrammarOutput | None
     metadata: BatchShardMetadata
 
 

@@ -13,9 +13,9 @@ import argparse
 import difflib
 import re
 import sys
+from collections.abc import Iterable
 from itertools import accumulate
 from pathlib import Path
-from typing import Iterable, Optional
 
 from shardspec.spec.loader import FieldSpec, Spec, TypeSpec, load_spec
 
@@ -64,11 +64,12 @@ def table(header: list[str], rows: Iterable[list]) -> list[str]:
     return lines + [""]
 
 
-def shape_text(shape: Optional[tuple[str, ...]]) -> str:
+def shape_text(shape: tuple[str, ...] | None) -> str:
     return "[" + ", ".join(shape) + "]" if shape else ""
 
 
 # ------------------------------------------------------------------ overview
+
 
 def render_overview(spec: Spec) -> list[str]:
     lines = ["## 1. Overview", ""]
@@ -81,41 +82,70 @@ def render_example(ex: dict) -> list[str]:
     tp, M, W = ex["tp"], ex["max_num_reqs_per_rank"], ex["max_num_logits_per_req"]
     cu = [0, *accumulate(ex["num_logits_per_req"])]
     qsl = ex["query_start_loc"]
-    lines = [f"### {ex['title']}", "",
-             f"A batch of {len(ex['slots'])} requests on tp = {tp} ranks, with speculative decoding "
-             f"(L = {cu[-1]} logits rows).", ""]
+    lines = [
+        f"### {ex['title']}",
+        "",
+        f"A batch of {len(ex['slots'])} requests on tp = {tp} ranks, with speculative decoding "
+        f"(L = {cu[-1]} logits rows).",
+        "",
+    ]
     lines += table(
         ["request i", "slot", "n_i", "query tokens", "logits rows", "logits_indices", "owner = slot mod tp"],
-        [[i, slot, n, f"{qsl[i]}..{qsl[i + 1] - 1}", f"{cu[i]}..{cu[i + 1] - 1}",
-          ex["logits_indices"][cu[i]:cu[i + 1]], ex["owners"][i]]
-         for i, (slot, n) in enumerate(zip(ex["slots"], ex["num_logits_per_req"]))])
+        [
+            [
+                i,
+                slot,
+                n,
+                f"{qsl[i]}..{qsl[i + 1] - 1}",
+                f"{cu[i]}..{cu[i + 1] - 1}",
+                ex["logits_indices"][cu[i] : cu[i + 1]],
+                ex["owners"][i],
+            ]
+            for i, (slot, n) in enumerate(zip(ex["slots"], ex["num_logits_per_req"], strict=False))
+        ],
+    )
     splits = ex["num_logits_per_rank"]
     starts = [0, *accumulate(splits)]
     lines += [
-        f"- Owner-sorted requests: {ex['owner_sorted_reqs']}; "
-        f"`sorted_logits_indices` = {ex['sorted_logits_indices']}.",
+        f"- Owner-sorted requests: {ex['owner_sorted_reqs']}; `sorted_logits_indices` = {ex['sorted_logits_indices']}.",
         f"- `num_logits_per_rank` = {splits}: owner-sorted rows "
-        + "; ".join(f"{starts[r]}..{starts[r + 1] - 1} go to rank {r}" for r in range(tp)) + ".",
+        + "; ".join(f"{starts[r]}..{starts[r + 1] - 1} go to rank {r}" for r in range(tp))
+        + ".",
         "- After the all-to-all, rank r holds `[num_logits_per_rank[r], tp * Vs]`: "
-        + ", ".join(f"rank {r} `[{splits[r]}, {tp} * Vs]`" for r in range(tp)) + ".",
+        + ", ".join(f"rank {r} `[{splits[r]}, {tp} * Vs]`" for r in range(tp))
+        + ".",
         f"- M = `max_num_reqs_per_rank` = {M}, W = `max_num_logits_per_req` = {W}; "
         f"`gathered_src_indices` = {ex['gathered_src_indices']}.",
         "",
         f"Sampled-output all-gather: each rank sends int64 `[M, W + 2 + g]` = `[{M}, {W + 2} + g]`; "
-        f"gathered row `r * M + j` is rank r's row j.", "",
+        f"gathered row `r * M + j` is rank r's row j.",
+        "",
     ]
-    lines += table(["rank", "wire row j", "gathered row", "carries"],
-                   [[r, j, r * M + j, "padding" if req is None else f"request {req}"]
-                    for r, rows in enumerate(ex["wire_sampled_rows"]) for j, req in enumerate(rows)])
-    lines += [f"With logprobs, each rank sends `[M * W, C + 1]` int64 ids and `[M * W, C]` float32 values "
-              f"({M * W} rows); row `j * W + p` is the p-th logits row of local request j.", ""]
-    lines += table(["rank", f"wire rows 0..{M * W - 1}: (request, position) or pad"],
-                   [[r, ", ".join("pad" if item is None else f"({item[0]}, {item[1]})" for item in rows)]
-                    for r, rows in enumerate(ex["wire_logprob_rows"])])
+    lines += table(
+        ["rank", "wire row j", "gathered row", "carries"],
+        [
+            [r, j, r * M + j, "padding" if req is None else f"request {req}"]
+            for r, rows in enumerate(ex["wire_sampled_rows"])
+            for j, req in enumerate(rows)
+        ],
+    )
+    lines += [
+        f"With logprobs, each rank sends `[M * W, C + 1]` int64 ids and `[M * W, C]` float32 values "
+        f"({M * W} rows); row `j * W + p` is the p-th logits row of local request j.",
+        "",
+    ]
+    lines += table(
+        ["rank", f"wire rows 0..{M * W - 1}: (request, position) or pad"],
+        [
+            [r, ", ".join("pad" if item is None else f"({item[0]}, {item[1]})" for item in rows)]
+            for r, rows in enumerate(ex["wire_logprob_rows"])
+        ],
+    )
     return lines
 
 
 # ---------------------------------------------------------------- data model
+
 
 def render_data_model(spec: Spec) -> list[str]:
     model = spec.data_model
@@ -129,15 +159,21 @@ def render_data_model(spec: Spec) -> list[str]:
     for arg in model.arguments:
         if arg.fields:
             lines += [f"`{arg.name}` fields:", ""] + field_table(arg.fields)
-    lines += ["### Outputs by step", "",
-              "Invariants name these outputs (and the sub-fields of expanded ones) in their `fields`.", ""]
+    lines += [
+        "### Outputs by step",
+        "",
+        "Invariants name these outputs (and the sub-fields of expanded ones) in their `fields`.",
+        "",
+    ]
     for step in STEPS:
         outputs = [o for o in model.outputs if o.step == step]
         lines += [f"#### Step: {STEP_TITLES[step]}", ""] + field_table(outputs)
         for out in outputs:
             if out.layout:
-                lines += [f"- **`{out.name}`** — sent {_shape_and_dtype(out)}, received "
-                          f"`{shape_text(out.received_shape)}`. {' '.join(out.layout.split())}"]
+                lines += [
+                    f"- **`{out.name}`** — sent {_shape_and_dtype(out)}, received "
+                    f"`{shape_text(out.received_shape)}`. {' '.join(out.layout.split())}"
+                ]
         lines += [""] if any(o.layout for o in outputs) else []
     return lines
 
@@ -150,8 +186,10 @@ def render_type(type_spec: TypeSpec) -> list[str]:
     python = f" (Python: `{type_spec.python}`)" if type_spec.python else ""
     lines = [f"#### {type_spec.name}{python}", "", type_spec.meaning, ""]
     if any(f.local for f in type_spec.fields):
-        rows = [[f"`{f.name}`", _type_text(f), shape_text(f.shape), f.placement, _local_text(f), f.meaning]
-                for f in type_spec.fields]
+        rows = [
+            [f"`{f.name}`", _type_text(f), shape_text(f.shape), f.placement, _local_text(f), f.meaning]
+            for f in type_spec.fields
+        ]
         return lines + table(["field", "type", "shape", "placement", "local batch", "meaning"], rows)
     return lines + field_table(type_spec.fields)
 
@@ -183,31 +221,52 @@ def _local_text(f: FieldSpec) -> str:
 
 # ------------------------------------------------------- the three catalogues
 
+
 def _outcome_text(pre) -> str:
     if pre.must_reject:
-        return (f"MUST be rejected with an error naming the ID (the reference raises `{pre.error}`), raised on "
-                f"{pre.on_violation.raised_on}")
+        return (
+            f"MUST be rejected with an error naming the ID (the reference raises `{pre.error}`), raised on "
+            f"{pre.on_violation.raised_on}"
+        )
     return "undefined (the caller's fault); an implementation MAY reject it"
 
 
 def render_preconditions(spec: Spec) -> list[str]:
-    lines = ["## 3. Preconditions", "",
-             "The caller guarantees these. For each one the spec decides what happens when it does not "
-             "hold. **Rejected**: the operation raises an exception naming the ID (e.g. `[PRE-SLOT-RANGE]`; "
-             "the reference raises `PreconditionError` with the field and, where known, the request and rank) "
-             "before it writes any output or issues any collective of that operation (INV-REJECT-INVALID). "
-             "**Undefined**: the caller's fault; outputs are unspecified, and an implementation that rejects "
-             "it anyway SHOULD name the ID (INV-REJECT-NAMES-PRECONDITION).", ""]
-    lines += table(["ID", "step", "on violation", "raised on"],
-                   [[link(p.id), p.step, p.on_violation.outcome, p.on_violation.raised_on or ""]
-                    for p in spec.preconditions if not p.retired])
+    lines = [
+        "## 3. Preconditions",
+        "",
+        "The caller guarantees these. For each one the spec decides what happens when it does not "
+        "hold. **Rejected**: the operation raises an exception naming the ID (e.g. `[PRE-SLOT-RANGE]`; "
+        "the reference raises `PreconditionError` with the field and, where known, the request and rank) "
+        "before it writes any output or issues any collective of that operation (INV-REJECT-INVALID). "
+        "**Undefined**: the caller's fault; outputs are unspecified, and an implementation that rejects "
+        "it anyway SHOULD name the ID (INV-REJECT-NAMES-PRECONDITION).",
+        "",
+    ]
+    lines += table(
+        ["ID", "step", "on violation", "raised on"],
+        [
+            [link(p.id), p.step, p.on_violation.outcome, p.on_violation.raised_on or ""]
+            for p in spec.preconditions
+            if not p.retired
+        ],
+    )
     for pre in spec.preconditions:
-        lines += [f'<a id="{anchor(pre.id)}"></a>', f"#### {pre.id} · {pre.level} · step {pre.step}", "",
-                  pre.statement, ""]
+        lines += [
+            f'<a id="{anchor(pre.id)}"></a>',
+            f"#### {pre.id} · {pre.level} · step {pre.step}",
+            "",
+            pre.statement,
+            "",
+        ]
         if pre.rationale:
             lines += [f"*Why:* {pre.rationale}", ""]
-        lines += [f"*On violation:* {_outcome_text(pre)}. {' '.join(pre.on_violation.reason.split())}", "",
-                  f"*Fields:* {code_list(pre.fields)} · *Error:* `{pre.error}`", ""]
+        lines += [
+            f"*On violation:* {_outcome_text(pre)}. {' '.join(pre.on_violation.reason.split())}",
+            "",
+            f"*Fields:* {code_list(pre.fields)} · *Error:* `{pre.error}`",
+            "",
+        ]
     return lines
 
 
@@ -217,19 +276,41 @@ def render_invariants(spec: Spec) -> list[str]:
         lines += [f"### Step: {STEP_TITLES[step]}", ""]
         for inv in (i for i in spec.invariants if i.step == step):
             retired = " · retired" if inv.retired else ""
-            lines += [f'<a id="{anchor(inv.id)}"></a>', f"#### {inv.id} · {inv.level}{retired}", "",
-                      inv.statement, "", f"*Why:* {inv.rationale}", "", f"*Fields:* {code_list(inv.fields)}", ""]
+            lines += [
+                f'<a id="{anchor(inv.id)}"></a>',
+                f"#### {inv.id} · {inv.level}{retired}",
+                "",
+                inv.statement,
+                "",
+                f"*Why:* {inv.rationale}",
+                "",
+                f"*Fields:* {code_list(inv.fields)}",
+                "",
+            ]
     return lines
 
 
 def render_clarifications(spec: Spec) -> list[str]:
-    lines = ["## 5. Clarifications", "",
-             "Points the upstream implementation leaves open, and what this specification decides.", ""]
+    lines = [
+        "## 5. Clarifications",
+        "",
+        "Points the upstream implementation leaves open, and what this specification decides.",
+        "",
+    ]
     for cl in spec.clarifications:
-        lines += [f'<a id="{anchor(cl.id)}"></a>', f"### {cl.id} — {cl.topic}", "",
-                  f"**Question.** {cl.question}", "", f"**Decision.** {cl.decision}", "",
-                  f"**Why.** {cl.rationale}", "",
-                  f"**Enforced by:** {', '.join(link(i) for i in cl.enforced_by)}", ""]
+        lines += [
+            f'<a id="{anchor(cl.id)}"></a>',
+            f"### {cl.id} — {cl.topic}",
+            "",
+            f"**Question.** {cl.question}",
+            "",
+            f"**Decision.** {cl.decision}",
+            "",
+            f"**Why.** {cl.rationale}",
+            "",
+            f"**Enforced by:** {', '.join(link(i) for i in cl.enforced_by)}",
+            "",
+        ]
     return lines
 
 
@@ -242,13 +323,25 @@ def render_id_index(spec: Spec) -> list[str]:
 
 
 def render(spec: Spec) -> str:
-    lines = [f"# {spec.title}", "",
-             f"Specification `{spec.name}` version **{spec.version}**.", "",
-             "<!-- Generated by `python -m shardspec.spec.render` from spec/*.yaml; do not edit by hand. -->", "",
-             "Contents: 1. Overview · 2. Data model · 3. Preconditions · 4. Invariants · "
-             "5. Clarifications · 6. Index of identifiers", ""]
-    for part in (render_overview, render_data_model, render_preconditions, render_invariants,
-                 render_clarifications, render_id_index):
+    lines = [
+        f"# {spec.title}",
+        "",
+        f"Specification `{spec.name}` version **{spec.version}**.",
+        "",
+        "<!-- Generated by `python -m shardspec.spec.render` from spec/*.yaml; do not edit by hand. -->",
+        "",
+        "Contents: 1. Overview · 2. Data model · 3. Preconditions · 4. Invariants · "
+        "5. Clarifications · 6. Index of identifiers",
+        "",
+    ]
+    for part in (
+        render_overview,
+        render_data_model,
+        render_preconditions,
+        render_invariants,
+        render_clarifications,
+        render_id_index,
+    ):
         lines += part(spec)
     ids = frozenset(spec.ids)
     lines = [line if line.startswith(("#", "<a ")) else linkify(line, ids) for line in lines]
@@ -257,17 +350,22 @@ def render(spec: Spec) -> str:
 
 # ----------------------------------------------------------------------- CLI
 
+
 def check(expected: str, path: Path) -> tuple[bool, str]:
     """Whether ``path`` holds ``expected``; otherwise a unified diff (current -> expected)."""
     current = path.read_text(encoding="utf-8") if path.is_file() else ""
     if current == expected:
         return True, ""
-    diff = difflib.unified_diff(current.splitlines(keepends=True), expected.splitlines(keepends=True),
-                                fromfile=f"{path} (current)", tofile=f"{path} (rendered)")
+    diff = difflib.unified_diff(
+        current.splitlines(keepends=True),
+        expected.splitlines(keepends=True),
+        fromfile=f"{path} (current)",
+        tofile=f"{path} (rendered)",
+    )
     return False, "".join(diff)
 
 
-def main(argv: Optional[list[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m shardspec.spec.render", description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="exit 1 with a diff if the output file is stale")
     parser.add_argument("--output", type=Path, default=DEFAULT_OUTPUT, help="default: spec/SPEC.md")

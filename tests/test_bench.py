@@ -15,14 +15,31 @@ STAND_IN = ROOT / "tests" / "conformance" / "plugins" / "vllm_style_batch_shard.
 def test_quick_bench_with_an_upstream_column(tmp_path):
     out = tmp_path / "bench.json"
     env = dict(os.environ, TRITON_INTERPRET="1")
-    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "bench_step.py"), "--quick",
-                           "--upstream", str(STAND_IN), "--out", str(out)],
-                          capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "bench" / "bench_step.py"),
+            "--quick",
+            "--upstream",
+            str(STAND_IN),
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+        cwd=tmp_path,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     result = json.loads(out.read_text())
     assert result["settings"]["upstream"] == str(STAND_IN)
     assert [(r["tp"], r["num_reqs"], r["logits_per_req"]) for r in result["rows"]] == [
-        (2, 4, 1), (2, 16, 1), (2, 4, 2), (2, 16, 2)]
+        (2, 4, 1),
+        (2, 16, 1),
+        (2, 4, 2),
+        (2, 16, 2),
+    ]
     for row in result["rows"]:
         for impl in ("reference", "production", "upstream"):
             for op in ("shard", "gather", "step"):
@@ -32,9 +49,13 @@ def test_quick_bench_with_an_upstream_column(tmp_path):
 
 
 def test_bad_upstream_path_is_named_before_any_timing(tmp_path):
-    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "bench_step.py"), "--quick",
-                           "--upstream", str(tmp_path / "missing.py")],
-                          capture_output=True, text=True, timeout=120, env=dict(os.environ, TRITON_INTERPRET="1"))
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "bench_step.py"), "--quick", "--upstream", str(tmp_path / "missing.py")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=dict(os.environ, TRITON_INTERPRET="1"),
+    )
     assert proc.returncode != 0
     assert "missing.py: no such file" in proc.stderr
 
@@ -55,38 +76,62 @@ def test_in_process_ab_loads_two_installs_side_by_side(tmp_path):
     ab = [sys.executable, str(ROOT / "bench" / "ab_inprocess.py")]
     small = ["--quick", "--num-reqs", "4", "--tp", "2", "--rounds", "2", "--calls", "1"]
     env = dict(os.environ, TRITON_INTERPRET="1")
-    proc = subprocess.run([*ab, str(site), str(site), *small], capture_output=True, text=True, timeout=300,
-                          env=env, cwd=tmp_path)
+    proc = subprocess.run(
+        [*ab, str(site), str(site), *small], capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert [line.split(":")[0].strip() for line in proc.stdout.splitlines()[1:]] == ["shard", "gather", "step"]
-    proc = subprocess.run([*ab, f"upstream:{STAND_IN}", str(site), *small], capture_output=True, text=True,
-                          timeout=300, env=env, cwd=tmp_path)
+    proc = subprocess.run(
+        [*ab, f"upstream:{STAND_IN}", str(site), *small],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+        cwd=tmp_path,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     empty = tmp_path / "empty"
     empty.mkdir()
-    proc = subprocess.run([*ab, str(empty), str(site), *small], capture_output=True, text=True, timeout=300,
-                          env=env, cwd=tmp_path)
+    proc = subprocess.run(
+        [*ab, str(empty), str(site), *small], capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path
+    )
     assert proc.returncode != 0 and f"{empty} holds no shardspec" in proc.stderr
 
 
 def test_scale_grid_quick_writes_json_and_plots(tmp_path):
     """The deployment-scale grid end to end on tiny shapes: every part, floors, ratios, the PNGs."""
     out, plots = tmp_path / "scale.json", tmp_path / "plots"
-    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "scale_grid.py"), "--quick", "--upstream",
-                           str(STAND_IN), "--out", str(out), "--plots", str(plots)],
-                          capture_output=True, text=True, timeout=300, env=dict(os.environ, TRITON_INTERPRET="1"),
-                          cwd=tmp_path)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "bench" / "scale_grid.py"),
+            "--quick",
+            "--upstream",
+            str(STAND_IN),
+            "--out",
+            str(out),
+            "--plots",
+            str(plots),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=dict(os.environ, TRITON_INTERPRET="1"),
+        cwd=tmp_path,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     result = json.loads(out.read_text())
     assert result["implementations"] == ["production", "upstream"]
     assert result["floors"]["copy"]["bytes_per_s"] > 0 and result["floors"]["launch"]["wall_us"] > 0
     assert {(r["vocab"], r["dtype"], r["num_reqs"]) for r in result["step"]} == {
-        (256, dtype, n) for dtype in ("bfloat16", "float32") for n in (1, 8)}
+        (256, dtype, n) for dtype in ("bfloat16", "float32") for n in (1, 8)
+    }
     for row in result["step"]:
         # Rank 0 is the most loaded rank: ceil(requests / tp) requests of 2 rows each.
         assert row["num_local_logits"] == -(-row["num_reqs"] // 2) * 2
         assert row["bytes"]["must_move"] == (row["num_reqs"] * 2 * 128 + row["num_local_logits"] * 256) * (
-            2 if row["dtype"] == "bfloat16" else 4)
+            2 if row["dtype"] == "bfloat16" else 4
+        )
         assert row["production"]["q1"] <= row["production"]["median"] <= row["production"]["q3"]
         assert row["production"]["x_floor"] == row["production"]["median"] / row["floor_us"]
         assert row["production_over_upstream"]["n"] == 2
@@ -95,29 +140,46 @@ def test_scale_grid_quick_writes_json_and_plots(tmp_path):
         assert row["replicated"]["median"] > 0 and row["sharded"]["median"] > 0
     assert result["focus"]["production_over_upstream"]["median"] > 0
     assert sorted(p.name for p in plots.iterdir()) == [
-        "baseline_memory.png", "baseline_time.png", "step_time_bfloat16.png", "step_time_float32.png"]
+        "baseline_memory.png",
+        "baseline_time.png",
+        "step_time_bfloat16.png",
+        "step_time_float32.png",
+    ]
     assert all(p.read_bytes().startswith(b"\x89PNG") for p in plots.iterdir())
     assert "prod/vLLM" in proc.stdout
 
 
 def test_scale_grid_rejects_an_unknown_part():
-    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "scale_grid.py"), "--quick", "--parts", "step,floor"],
-                          capture_output=True, text=True, timeout=120, env=dict(os.environ, TRITON_INTERPRET="1"))
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "scale_grid.py"), "--quick", "--parts", "step,floor"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=dict(os.environ, TRITON_INTERPRET="1"),
+    )
     assert proc.returncode != 0 and "unknown part(s) ['floor']" in proc.stderr
 
 
 def test_wire_layout_prototypes_match_todays_exchange(tmp_path):
     """Both prototypes are checked against today's all-to-all before they are timed; the run fails otherwise."""
     out = tmp_path / "wire.json"
-    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "wire_layout.py"), "--quick", "--out", str(out)],
-                          capture_output=True, text=True, timeout=300, env=dict(os.environ, TRITON_INTERPRET="1"),
-                          cwd=tmp_path)
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "wire_layout.py"), "--quick", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=dict(os.environ, TRITON_INTERPRET="1"),
+        cwd=tmp_path,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     result = json.loads(out.read_text())
     assert [(r["tp"], r["num_local_logits"]) for r in result["exchange"]] == [(2, 8), (2, 4)]
     assert set(result["exchange"][0]["ratios"]) == {
-        "exchange: vocab_major / today", "greedy: vocab_major / today", "greedy: fused / today",
-        "top_p: vocab_major / today"}
+        "exchange: vocab_major / today",
+        "greedy: vocab_major / today",
+        "greedy: fused / today",
+        "top_p: vocab_major / today",
+    }
     assert result["lm_head"][0]["per_destination"]["median"] > 0
 
 

@@ -2,6 +2,7 @@
 
 import ast
 import pathlib
+
 import tomllib
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]

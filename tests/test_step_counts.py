@@ -36,7 +36,8 @@ def test_aten_operators_counts_dispatched_operators():
 def test_allocations_count_tensors_allocated():
     device = torch.device("cpu")
     allocs, device_ops = step_counts.allocations_and_device_ops(
-        lambda: (torch.empty(6), torch.empty(6).view(2, 3), torch.zeros(2).clone()), calls=4, device=device)
+        lambda: (torch.empty(6), torch.empty(6).view(2, 3), torch.zeros(2).clone()), calls=4, device=device
+    )
     assert allocs == 4  # empty, empty, zeros, clone; the view allocates nothing
     assert device_ops != device_ops  # NaN: nothing to count without a GPU
 
@@ -49,9 +50,22 @@ def test_synchronizations_are_counted_on_the_gpu():
 
 def test_quick_run_writes_every_count_for_every_implementation(tmp_path):
     out = tmp_path / "counts.json"
-    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "step_counts.py"), "--quick", "--upstream",
-                           str(STAND_IN), "--out", str(out)], capture_output=True, text=True, timeout=300,
-                          env=dict(os.environ), cwd=tmp_path)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "bench" / "step_counts.py"),
+            "--quick",
+            "--upstream",
+            str(STAND_IN),
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=dict(os.environ),
+        cwd=tmp_path,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     counts = json.loads(out.read_text())["counts"]
     assert set(counts) == {"reference", "production", "upstream"}

@@ -94,8 +94,14 @@ CORPUS: list[Entry] = [
     _entry("logprob-values-as-float64", "logprobs", "LogprobValuesAsFloat64", "decode"),
     # inputs and invalid inputs
     _entry("sanitizes-logits-in-place", "exchange", "SanitizesLogitsInPlace", "decode"),
-    _entry("accepts-beyond-capacity", "rejection", "AcceptsBeyondCapacity",
-           "error-capacity-reqs", "error-capacity-logits", "error-slot-range"),
+    _entry(
+        "accepts-beyond-capacity",
+        "rejection",
+        "AcceptsBeyondCapacity",
+        "error-capacity-reqs",
+        "error-capacity-logits",
+        "error-slot-range",
+    ),
     _entry("anonymous-errors", "rejection", "AnonymousErrors", "error-logits-tail"),
     # what engines add: extension fields, their own batch fields
     _entry("drops-extension-field", "extensions", "DropsExtensionField", "extensions"),

@@ -24,12 +24,12 @@ DECODE = _case("decode", slots=[0, 1, 2, 3, 5], num_logits_per_req=[1] * 5, nan_
 SPEC = _case("spec", slots=[4, 1, 2, 3, 6], num_logits_per_req=[2, 1, 3, 1, 2], nan_tokens=[1, 4, 7])
 
 # The grammar lists rank 0's requests in an order other than batch order.
-GRAMMAR = _case("grammar", slots=[0, 1, 2, 3, 4], num_logits_per_req=[1, 2, 1, 1, 1],
-                grammar_positions=[4, 1, 0, 2])
+GRAMMAR = _case("grammar", slots=[0, 1, 2, 3, 4], num_logits_per_req=[1, 2, 1, 1, 1], grammar_positions=[4, 1, 0, 2])
 
 # Only rank 0's requests have a grammar.
-GRAMMAR_ONE_RANK = _case("grammar-one-rank", slots=[0, 1, 2, 3], num_logits_per_req=[1, 1, 1, 1],
-                         grammar_positions=[2, 0])
+GRAMMAR_ONE_RANK = _case(
+    "grammar-one-rank", slots=[0, 1, 2, 3], num_logits_per_req=[1, 1, 1, 1], grammar_positions=[2, 0]
+)
 
 # Rank 2 owns nothing.
 IDLE_RANK = _case("idle-rank", tp_size=3, slots=[0, 3, 1, 4], num_logits_per_req=[1, 2, 1, 1])
@@ -54,75 +54,153 @@ def _logprobs(first_id: int, rows: int, cols: int) -> dict:
 
 def _explicit(ids: list[list[int]], rows: int, logprob_cols: int | None, first_id: int) -> ExplicitLocalOutput:
     lp = _logprobs(first_id, rows, logprob_cols) if logprob_cols else {}
-    return ExplicitLocalOutput(sampled_token_ids=ids, num_sampled=[1] * len(ids), num_rejected=[0] * len(ids),
-                               num_nans=[r % 2 for r in range(rows)], **lp)
+    return ExplicitLocalOutput(
+        sampled_token_ids=ids,
+        num_sampled=[1] * len(ids),
+        num_rejected=[0] * len(ids),
+        num_nans=[r % 2 for r in range(rows)],
+        **lp,
+    )
 
 
 # Rank 0's sampler is 1 wide (narrower than W), rank 1's 4 wide (wider).
-WIDTHS = _case("explicit-widths", slots=_SLOTS, num_logits_per_req=_COUNTS, local_outputs={
-    0: _explicit([[11], [12]], 5, 3, 100),
-    1: _explicit([[21, 22, 23, 24], [25, 26, 27, 28]], 2, 3, 200),
-})
+WIDTHS = _case(
+    "explicit-widths",
+    slots=_SLOTS,
+    num_logits_per_req=_COUNTS,
+    local_outputs={
+        0: _explicit([[11], [12]], 5, 3, 100),
+        1: _explicit([[21, 22, 23, 24], [25, 26, 27, 28]], 2, 3, 200),
+    },
+)
 
 # Agreed logprob width 4: rank 0 supplies 2 columns, rank 1 supplies 5.
-NARROW_LOGPROBS = _case("explicit-narrow-logprobs", slots=_SLOTS, num_logits_per_req=_COUNTS, logprobs_dims=(3, 0),
-                        local_outputs={0: _explicit([[11, 12, 13], [14, 0, 0]], 5, 2, 100),
-                                       1: _explicit([[21], [22]], 2, 5, 200)})
+NARROW_LOGPROBS = _case(
+    "explicit-narrow-logprobs",
+    slots=_SLOTS,
+    num_logits_per_req=_COUNTS,
+    logprobs_dims=(3, 0),
+    local_outputs={0: _explicit([[11, 12, 13], [14, 0, 0]], 5, 2, 100), 1: _explicit([[21], [22]], 2, 5, 200)},
+)
 
 # Rank 1's sampler returns no logprobs.
-MISSING_LOGPROBS = _case("explicit-missing-logprobs", slots=_SLOTS, num_logits_per_req=_COUNTS,
-                         local_outputs={0: _explicit([[11, 12, 13], [14, 0, 0]], 5, 3, 100),
-                                        1: _explicit([[21], [22]], 2, None, 200)})
+MISSING_LOGPROBS = _case(
+    "explicit-missing-logprobs",
+    slots=_SLOTS,
+    num_logits_per_req=_COUNTS,
+    local_outputs={0: _explicit([[11, 12, 13], [14, 0, 0]], 5, 3, 100), 1: _explicit([[21], [22]], 2, None, 200)},
+)
 
 # Invalid inputs.
-CAPACITY_REQS = _case("error-capacity-reqs", slots=[0, 1, 2, 3, 4], num_logits_per_req=[1] * 5, max_num_reqs=4,
-                      expect_error="PRE-CAPACITY-REQS")
-CAPACITY_LOGITS = _case("error-capacity-logits", slots=[0, 1], num_logits_per_req=[1, 5],
-                        expect_error="PRE-CAPACITY-LOGITS")
+CAPACITY_REQS = _case(
+    "error-capacity-reqs",
+    slots=[0, 1, 2, 3, 4],
+    num_logits_per_req=[1] * 5,
+    max_num_reqs=4,
+    expect_error="PRE-CAPACITY-REQS",
+)
+CAPACITY_LOGITS = _case(
+    "error-capacity-logits", slots=[0, 1], num_logits_per_req=[1, 5], expect_error="PRE-CAPACITY-LOGITS"
+)
 SLOT_RANGE = _case("error-slot-range", slots=[3, 64], num_logits_per_req=[1, 1], expect_error="PRE-SLOT-RANGE")
-ZERO_LOGITS = _case("error-zero-logits", slots=[0, 1, 2], num_logits_per_req=[1, 0, 2],
-                    expect_error="PRE-LOGITS-PER-REQ")
+ZERO_LOGITS = _case(
+    "error-zero-logits", slots=[0, 1, 2], num_logits_per_req=[1, 0, 2], expect_error="PRE-LOGITS-PER-REQ"
+)
 
 # A precondition whose outcome is undefined, which the reference rejects anyway.
-LOGITS_TAIL = _case("error-logits-tail", slots=[0, 1, 2], num_logits_per_req=[1, 1, 1],
-                    edits=["logits-indices-reversed"], expect_error="PRE-LOGITS-TAIL")
+LOGITS_TAIL = _case(
+    "error-logits-tail",
+    slots=[0, 1, 2],
+    num_logits_per_req=[1, 1, 1],
+    edits=["logits-indices-reversed"],
+    expect_error="PRE-LOGITS-TAIL",
+)
 
 # Extension fields of three dtypes and both kinds; rank 2 owns nothing (spec decode rows on rank 0).
-EXTENSIONS = _case("extensions", tp_size=3, slots=[0, 3, 1, 4], num_logits_per_req=[1, 2, 1, 1], extensions={
-    "sampling_mask": {"per": "logits_row", "dtype": "int32", "shape": [4]},
-    "asked": {"per": "request", "dtype": "bool"},
-    "temperature": {"per": "request", "dtype": "bfloat16", "shape": [2]},
-})
+EXTENSIONS = _case(
+    "extensions",
+    tp_size=3,
+    slots=[0, 3, 1, 4],
+    num_logits_per_req=[1, 2, 1, 1],
+    extensions={
+        "sampling_mask": {"per": "logits_row", "dtype": "int32", "shape": [4]},
+        "asked": {"per": "request", "dtype": "bool"},
+        "temperature": {"per": "request", "dtype": "bfloat16", "shape": [2]},
+    },
+)
 
 # An engine's batch type with a field the spec does not list.
 ENGINE_BATCH = _case("engine-batch", slots=[0, 1, 2], num_logits_per_req=[1, 1, 1], edits=["engine-batch-field"])
 
-ALL = [DECODE, SPEC, GRAMMAR, GRAMMAR_ONE_RANK, IDLE_RANK, EMPTY, TOKEN_IDS_WIDER, WIDTHS, NARROW_LOGPROBS,
-       MISSING_LOGPROBS, CAPACITY_REQS, CAPACITY_LOGITS, SLOT_RANGE, ZERO_LOGITS, LOGITS_TAIL, EXTENSIONS,
-       ENGINE_BATCH]
+ALL = [
+    DECODE,
+    SPEC,
+    GRAMMAR,
+    GRAMMAR_ONE_RANK,
+    IDLE_RANK,
+    EMPTY,
+    TOKEN_IDS_WIDER,
+    WIDTHS,
+    NARROW_LOGPROBS,
+    MISSING_LOGPROBS,
+    CAPACITY_REQS,
+    CAPACITY_LOGITS,
+    SLOT_RANGE,
+    ZERO_LOGITS,
+    LOGITS_TAIL,
+    EXTENSIONS,
+    ENGINE_BATCH,
+]
 # SPEC's batch with every batch field and the logits shard passed as views (spec/layouts.py):
 # every other element of an interleaved buffer, or a slice three elements into its storage.
 _VIEWED = BATCH_TENSORS + BATCH_ARRAYS + ("logits_shard",)
-STRIDED_INPUTS = _case("strided-inputs", slots=SPEC.slots, num_logits_per_req=SPEC.num_logits_per_req,
-                       layouts={name: STRIDED for name in _VIEWED})
-OFFSET_INPUTS = _case("offset-inputs", slots=SPEC.slots, num_logits_per_req=SPEC.num_logits_per_req,
-                      layouts={name: OFFSET for name in _VIEWED})
+STRIDED_INPUTS = _case(
+    "strided-inputs",
+    slots=SPEC.slots,
+    num_logits_per_req=SPEC.num_logits_per_req,
+    layouts={name: STRIDED for name in _VIEWED},
+)
+OFFSET_INPUTS = _case(
+    "offset-inputs",
+    slots=SPEC.slots,
+    num_logits_per_req=SPEC.num_logits_per_req,
+    layouts={name: OFFSET for name in _VIEWED},
+)
 # SPEC's local sampler outputs as every-other-element views (rank 0's num_sampled is [2, 1, 2]).
-STRIDED_LOCAL_OUTPUT = _case("strided-local-output", slots=SPEC.slots, num_logits_per_req=SPEC.num_logits_per_req,
-                             layouts={LOCAL_OUTPUT: STRIDED})
+STRIDED_LOCAL_OUTPUT = _case(
+    "strided-local-output",
+    slots=SPEC.slots,
+    num_logits_per_req=SPEC.num_logits_per_req,
+    layouts={LOCAL_OUTPUT: STRIDED},
+)
 # DECODE with bfloat16 logits: the exchange must return bfloat16 rows.
-DECODE_BF16 = _case("decode-bf16", slots=DECODE.slots, num_logits_per_req=DECODE.num_logits_per_req,
-                    nan_tokens=DECODE.nan_tokens, logits_dtype="bfloat16")
+DECODE_BF16 = _case(
+    "decode-bf16",
+    slots=DECODE.slots,
+    num_logits_per_req=DECODE.num_logits_per_req,
+    nan_tokens=DECODE.nan_tokens,
+    logits_dtype="bfloat16",
+)
 # 150 requests: each rank owns 75, more than a 64-entry block.
-LARGE_BATCH = _case("large-batch", slots=list(range(150)), num_logits_per_req=[1 + s % 2 for s in range(150)],
-                    max_num_reqs=256, vocab_size=8)
+LARGE_BATCH = _case(
+    "large-batch",
+    slots=list(range(150)),
+    num_logits_per_req=[1 + s % 2 for s in range(150)],
+    max_num_reqs=256,
+    vocab_size=8,
+)
 # Up to 7 draft tokens: W = 8; rank 0's toy sampler is 6 wide, rank 1's 8.
 MANY_DRAFTS = _case("many-drafts", slots=[0, 1, 2, 3], num_logits_per_req=[6, 8, 2, 5], max_num_logits_per_req=8)
 ALL += [STRIDED_INPUTS, OFFSET_INPUTS, STRIDED_LOCAL_OUTPUT, DECODE_BF16, LARGE_BATCH, MANY_DRAFTS]
 # Three steps on one sharder: four requests, four requests in slots owned the other way round, then two.
-MULTI_STEP = _case("multi-step", slots=[0, 1, 2, 3], num_logits_per_req=[1, 2, 1, 1], then=[
-    _case("multi-step", slots=[5, 6, 7, 8], num_logits_per_req=[1, 1, 2, 1]),
-    _case("multi-step", slots=[6, 1], num_logits_per_req=[2, 1]),
-])
+MULTI_STEP = _case(
+    "multi-step",
+    slots=[0, 1, 2, 3],
+    num_logits_per_req=[1, 2, 1, 1],
+    then=[
+        _case("multi-step", slots=[5, 6, 7, 8], num_logits_per_req=[1, 1, 2, 1]),
+        _case("multi-step", slots=[6, 1], num_logits_per_req=[2, 1]),
+    ],
+)
 ALL += [MULTI_STEP]
 BY_ID = {case.case_id: case for case in ALL}

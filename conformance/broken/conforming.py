@@ -34,7 +34,7 @@ class GarbageWirePadding(ReferenceSharder):
         else:  # per-row buffers: row j * W + p carries local request j's p-th row
             width = metadata.max_num_logits_per_req
             for j, count in enumerate(np.diff(cu)):
-                padding[j * width: j * width + int(count)] = False
+                padding[j * width : j * width + int(count)] = False
         self._gathers_issued += 1
         junk = float("nan") if send.is_floating_point() else GARBAGE_ID
         if send.dtype == torch.bool or send.dtype in (torch.uint8, torch.int8):

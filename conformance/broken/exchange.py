@@ -21,8 +21,10 @@ class ExchangeInTwoHalves(ReferenceSharder):
 
     def all_to_all_logits(self, logits_shard, metadata):
         half = logits_shard.shape[1] // 2
-        parts = [super(ExchangeInTwoHalves, self).all_to_all_logits(part, metadata)
-                 for part in (logits_shard[:, :half], logits_shard[:, half:])]
+        parts = [
+            super(ExchangeInTwoHalves, self).all_to_all_logits(part, metadata)
+            for part in (logits_shard[:, :half], logits_shard[:, half:])
+        ]
         rows, tp = parts[0].shape[0], metadata.tp_size
         blocks = [part.view(rows, tp, -1) for part in parts]
         return torch.cat(blocks, dim=2).reshape(rows, -1)

@@ -17,7 +17,7 @@ class NarrowIdsFilledWithMinusOne(ReferenceSharder):
         packed = super()._pack_sampled(local_output, metadata, local_batch, gather_num_nans)
         if local_output is not None and metadata.num_local_reqs:
             width = min(local_output.sampled_token_ids.shape[1], metadata.max_num_logits_per_req)
-            packed[: metadata.num_local_reqs, width: metadata.max_num_logits_per_req] = -1
+            packed[: metadata.num_local_reqs, width : metadata.max_num_logits_per_req] = -1
         return packed
 
 
@@ -81,10 +81,12 @@ def _counts_first(width: int, num_cols: int) -> list[int]:
 class NanCountsInOwnGather(ReferenceSharder):
     """INV-WIRE-SEQUENCE: NaN sums travel in a fifth all_gather instead of the sampled buffer's last column."""
 
-    def gather_sampler_output(self, local_output, metadata, global_batch, local_batch, *,
-                              gather_num_nans=False, logprobs_dims=None):
-        out = super().gather_sampler_output(local_output, metadata, global_batch, local_batch,
-                                            gather_num_nans=False, logprobs_dims=logprobs_dims)
+    def gather_sampler_output(
+        self, local_output, metadata, global_batch, local_batch, *, gather_num_nans=False, logprobs_dims=None
+    ):
+        out = super().gather_sampler_output(
+            local_output, metadata, global_batch, local_batch, gather_num_nans=False, logprobs_dims=logprobs_dims
+        )
         if not gather_num_nans:
             return out
         sums = torch.zeros(metadata.max_num_reqs_per_rank, dtype=torch.int64, device=self.device)

@@ -24,30 +24,40 @@ def _widened(lp: LogprobsTensors, num_cols: int, pad_logprob: float) -> Logprobs
 class LogprobPadZero(ReferenceSharder):
     """INV-LOGPROBS-VALUES: columns beyond a narrow local logprob width hold 0.0 instead of -inf."""
 
-    def gather_sampler_output(self, local_output, metadata, global_batch, local_batch, *,
-                              gather_num_nans=False, logprobs_dims=None):
+    def gather_sampler_output(
+        self, local_output, metadata, global_batch, local_batch, *, gather_num_nans=False, logprobs_dims=None
+    ):
         if logprobs_dims is not None and local_output is not None and local_output.logprobs_tensors is not None:
             widened = _widened(local_output.logprobs_tensors, num_logprob_columns(logprobs_dims), 0.0)
             local_output = replace(local_output, logprobs_tensors=widened)
-        return super().gather_sampler_output(local_output, metadata, global_batch, local_batch,
-                                             gather_num_nans=gather_num_nans, logprobs_dims=logprobs_dims)
+        return super().gather_sampler_output(
+            local_output,
+            metadata,
+            global_batch,
+            local_batch,
+            gather_num_nans=gather_num_nans,
+            logprobs_dims=logprobs_dims,
+        )
 
 
 class LogprobWidthIgnoresTokenIds(ReferenceSharder):
     """INV-LOGPROBS-SHAPES: logprob width 1 + k, ignoring max_token_ids (should be 1 + max(k, t))."""
 
-    def gather_sampler_output(self, local_output, metadata, global_batch, local_batch, *,
-                              gather_num_nans=False, logprobs_dims=None):
+    def gather_sampler_output(
+        self, local_output, metadata, global_batch, local_batch, *, gather_num_nans=False, logprobs_dims=None
+    ):
         dims = None if logprobs_dims is None else (logprobs_dims[0], 0)
-        return super().gather_sampler_output(local_output, metadata, global_batch, local_batch,
-                                             gather_num_nans=gather_num_nans, logprobs_dims=dims)
+        return super().gather_sampler_output(
+            local_output, metadata, global_batch, local_batch, gather_num_nans=gather_num_nans, logprobs_dims=dims
+        )
 
 
 class MissingLogprobsAsZeros(ReferenceSharder):
     """INV-LOGPROBS-MISSING: a rank without logprobs sends logprob 0.0 rows instead of -inf."""
 
-    def gather_sampler_output(self, local_output, metadata, global_batch, local_batch, *,
-                              gather_num_nans=False, logprobs_dims=None):
+    def gather_sampler_output(
+        self, local_output, metadata, global_batch, local_batch, *, gather_num_nans=False, logprobs_dims=None
+    ):
         if logprobs_dims is not None and local_output is not None and local_output.logprobs_tensors is None:
             rows, cols = local_batch.num_logits, num_logprob_columns(logprobs_dims)
             zeros = LogprobsTensors(
@@ -57,8 +67,14 @@ class MissingLogprobsAsZeros(ReferenceSharder):
                 None,
             )
             local_output = replace(local_output, logprobs_tensors=zeros)
-        return super().gather_sampler_output(local_output, metadata, global_batch, local_batch,
-                                             gather_num_nans=gather_num_nans, logprobs_dims=logprobs_dims)
+        return super().gather_sampler_output(
+            local_output,
+            metadata,
+            global_batch,
+            local_batch,
+            gather_num_nans=gather_num_nans,
+            logprobs_dims=logprobs_dims,
+        )
 
 
 class SelectedRanksDropped(ReferenceSharder):
@@ -69,7 +85,9 @@ class SelectedRanksDropped(ReferenceSharder):
         lp = out.logprobs_tensors
         if lp is None:
             return out
-        return replace(out, logprobs_tensors=lp._replace(selected_token_ranks=torch.zeros_like(lp.selected_token_ranks)))
+        return replace(
+            out, logprobs_tensors=lp._replace(selected_token_ranks=torch.zeros_like(lp.selected_token_ranks))
+        )
 
 
 class CuNumGeneratedAlwaysList(ReferenceSharder):

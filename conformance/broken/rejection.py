@@ -13,8 +13,7 @@ class AcceptsBeyondCapacity(ReferenceSharder):
     """INV-REJECT-INVALID: capacity and slot range go unchecked; oversized batches are processed."""
 
     def shard_sampler_inputs(self, batch, grammar):
-        preconditions.check_input_batch(batch, max_num_reqs=UNBOUNDED, max_num_logits_per_req=UNBOUNDED,
-                                        rank=self.rank)
+        preconditions.check_input_batch(batch, max_num_reqs=UNBOUNDED, max_num_logits_per_req=UNBOUNDED, rank=self.rank)
         preconditions.check_grammar_output(grammar, batch, rank=self.rank)
         self.check_preconditions = False
         try:

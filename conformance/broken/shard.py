@@ -55,8 +55,9 @@ class SplitsCountRequests(MisreportingSharder):
     def corrupt(self, batch, result):
         owners = np.asarray(batch.idx_mapping_np) % self.tp_size
         counts = [int(n) for n in np.bincount(owners, minlength=self.tp_size)]
-        return result._replace(metadata=replace(result.metadata, num_logits_per_rank=counts,
-                                                num_local_logits=counts[self.rank]))
+        return result._replace(
+            metadata=replace(result.metadata, num_logits_per_rank=counts, num_local_logits=counts[self.rank])
+        )
 
 
 class EmptyBatchZeroReqsPerRank(ReferenceSharder):
@@ -103,8 +104,9 @@ class EmptyRankCuNumLogitsEmpty(MisreportingSharder):
         if result.local_batch.num_reqs:
             return result
         local = result.local_batch
-        return self.corrupt_local_batch(result, cu_num_logits=local.cu_num_logits[:0],
-                                        cu_num_logits_np=local.cu_num_logits_np[:0])
+        return self.corrupt_local_batch(
+            result, cu_num_logits=local.cu_num_logits[:0], cu_num_logits_np=local.cu_num_logits_np[:0]
+        )
 
 
 class LogitsIndicesLeadingRows(MisreportingSharder):
@@ -119,8 +121,9 @@ class ExpandedLocalPosZero(MisreportingSharder):
     """INV-LOCAL-EXPANDED: expanded_local_pos is 0 on every row (as if one row per request)."""
 
     def corrupt(self, batch, result):
-        return self.corrupt_local_batch(result,
-                                        expanded_local_pos=torch.zeros_like(result.local_batch.expanded_local_pos))
+        return self.corrupt_local_batch(
+            result, expanded_local_pos=torch.zeros_like(result.local_batch.expanded_local_pos)
+        )
 
 
 class SeqLensGlobal(MisreportingSharder):
@@ -142,8 +145,11 @@ class DraftsNotSliced(MisreportingSharder):
 
     def corrupt(self, batch, result):
         drafts = batch.num_draft_tokens_per_req
-        return self.corrupt_local_batch(result, num_draft_tokens=batch.num_draft_tokens,
-                                        num_draft_tokens_per_req=None if drafts is None else drafts.copy())
+        return self.corrupt_local_batch(
+            result,
+            num_draft_tokens=batch.num_draft_tokens,
+            num_draft_tokens_per_req=None if drafts is None else drafts.copy(),
+        )
 
 
 class QueryStartLocLocalized(MisreportingSharder):

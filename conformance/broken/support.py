@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Optional
 
 from shardspec.reference import ReferenceSharder
 from shardspec.spec.model import GrammarOutput, InputBatch, ShardResult
@@ -16,7 +15,7 @@ class MisreportingSharder(ReferenceSharder):
     caller reads is wrong (subclasses override :meth:`corrupt`).
     """
 
-    def shard_sampler_inputs(self, batch: InputBatch, grammar: Optional[GrammarOutput]) -> ShardResult:
+    def shard_sampler_inputs(self, batch: InputBatch, grammar: GrammarOutput | None) -> ShardResult:
         self._true = super().shard_sampler_inputs(batch, grammar)
         return self.corrupt(batch, self._true)
 
@@ -30,5 +29,6 @@ class MisreportingSharder(ReferenceSharder):
         return super().all_to_all_logits(logits_shard, self._true.metadata)
 
     def gather_sampler_output(self, local_output, metadata, global_batch, local_batch, **kwargs):
-        return super().gather_sampler_output(local_output, self._true.metadata, global_batch,
-                                             self._true.local_batch, **kwargs)
+        return super().gather_sampler_output(
+            local_output, self._true.metadata, global_batch, self._true.local_batch, **kwargs
+        )

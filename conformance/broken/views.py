@@ -28,8 +28,9 @@ class LogitsShardFromStorageStart(ReferenceSharder):
     """INV-A2A-SPLITS: sends the logits shard read from the start of its storage, ignoring the view's storage offset."""
 
     def all_to_all_logits(self, logits_shard, metadata):
-        misread = logits_shard.new_empty(0).set_(logits_shard.untyped_storage(), 0, logits_shard.shape,
-                                                 logits_shard.stride())
+        misread = logits_shard.new_empty(0).set_(
+            logits_shard.untyped_storage(), 0, logits_shard.shape, logits_shard.stride()
+        )
         return super().all_to_all_logits(misread, metadata)
 
 

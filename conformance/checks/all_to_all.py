@@ -9,15 +9,23 @@ all_to_all_logits returns, in the logits' dtype.
 
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 import numpy as np
 import torch
 
 from shardspec.conformance.checks.base import StepRecord, Violation, WireCall, rank_check
 from shardspec.conformance.checks.common import (
-    check_tensor, first_bad_row, fmt, found, local_row_owner, lookup, plan_of, shards,
-    unexpected_error, values_equal,
+    check_tensor,
+    first_bad_row,
+    fmt,
+    found,
+    local_row_owner,
+    lookup,
+    plan_of,
+    shards,
+    unexpected_error,
+    values_equal,
 )
 from shardspec.spec.case import local_logits_shard
 from shardspec.spec.layouts import logits_dtype_of
@@ -38,15 +46,25 @@ def check_a2a_splits(record: StepRecord) -> Iterable[Violation]:
     want_in = list(metadata.num_logits_per_rank)
     want_out = [metadata.num_local_logits] * metadata.tp_size
     if len(calls) != 1:
-        yield Violation("INV-A2A-SPLITS", f"the step issued {len(calls)} {A2A} calls, expected exactly 1",
-                        rank=record.rank, field="wire.all_to_all")
+        yield Violation(
+            "INV-A2A-SPLITS",
+            f"the step issued {len(calls)} {A2A} calls, expected exactly 1",
+            rank=record.rank,
+            field="wire.all_to_all",
+        )
         return
     call = calls[0]
-    for name, got, want in (("input_split_sizes", call.input_split_sizes, want_in),
-                            ("output_split_sizes", call.output_split_sizes, want_out)):
+    for name, got, want in (
+        ("input_split_sizes", call.input_split_sizes, want_in),
+        ("output_split_sizes", call.output_split_sizes, want_out),
+    ):
         if list(got or []) != want:
-            yield Violation("INV-A2A-SPLITS", f"{A2A} {name} {got}, expected {want}",
-                            rank=record.rank, field=f"wire.all_to_all.{name}")
+            yield Violation(
+                "INV-A2A-SPLITS",
+                f"{A2A} {name} {got}, expected {want}",
+                rank=record.rank,
+                field=f"wire.all_to_all.{name}",
+            )
             return
     yield from found(_check_a2a_buffers(record, call, pair))
 
@@ -60,19 +78,33 @@ def _check_a2a_buffers(record: StepRecord, call: WireCall, pair) -> Violation | 
     want = local_logits_shard(record.inputs, sorted_indices, record.case, record.rank)
     field, send = "wire.all_to_all", call.send
     if send.dtype != want.dtype or tuple(send.shape) != tuple(want.shape):
-        return Violation("INV-A2A-SPLITS", f"{A2A} sends {send.dtype} {list(send.shape)}, expected the logits "
-                         f"shard's {want.dtype} {list(want.shape)}", rank=record.rank, field=field)
+        return Violation(
+            "INV-A2A-SPLITS",
+            f"{A2A} sends {send.dtype} {list(send.shape)}, expected the logits shard's {want.dtype} {list(want.shape)}",
+            rank=record.rank,
+            field=field,
+        )
     bad = first_bad_row(values_equal(send, want.to(send.device)))
     if bad is not None:
         plan = plan_of(record)
         # Owner-sorted row k belongs to the k-th entry of this expansion.
         request = lookup(np.repeat(plan.owner_sorted_reqs, plan.num_logits_per_req[plan.owner_sorted_reqs]))(bad)
-        return Violation("INV-A2A-SPLITS", f"{A2A} send row {bad} is {fmt(send[bad])}, but the logits shard the "
-                         f"caller passed holds {fmt(want[bad])} there", rank=record.rank, request=request, field=field)
+        return Violation(
+            "INV-A2A-SPLITS",
+            f"{A2A} send row {bad} is {fmt(send[bad])}, but the logits shard the "
+            f"caller passed holds {fmt(want[bad])} there",
+            rank=record.rank,
+            request=request,
+            field=field,
+        )
     received = (record.case.tp_size * expected.metadata.num_local_logits, want.shape[1])
     if tuple(call.output_shape) != received:
-        return Violation("INV-A2A-SPLITS", f"{A2A} receives into {list(call.output_shape)}, expected "
-                         f"{list(received)}", rank=record.rank, field=field)
+        return Violation(
+            "INV-A2A-SPLITS",
+            f"{A2A} receives into {list(call.output_shape)}, expected {list(received)}",
+            rank=record.rank,
+            field=field,
+        )
     return None
 
 
@@ -86,8 +118,12 @@ def check_a2a_layout(record: StepRecord) -> Iterable[Violation]:
         return
     logits_dtype = logits_dtype_of(record.case.logits_dtype)
     if isinstance(actual, torch.Tensor) and actual.dtype != logits_dtype:
-        yield Violation("INV-A2A-LAYOUT", f"full_vocab_logits: dtype {actual.dtype}, expected the logits' dtype "
-                        f"{logits_dtype}", rank=record.rank, field="full_vocab_logits")
+        yield Violation(
+            "INV-A2A-LAYOUT",
+            f"full_vocab_logits: dtype {actual.dtype}, expected the logits' dtype {logits_dtype}",
+            rank=record.rank,
+            field="full_vocab_logits",
+        )
         return
     by_row = lookup(local_row_owner(plan_of(record)))
     yield from found(check_tensor("INV-A2A-LAYOUT", record, "full_vocab_logits", actual, expected, by_row))

@@ -10,8 +10,9 @@ than the ranks). Each checker is registered under exactly one invariant ID.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Optional
+from typing import Any
 
 import torch
 
@@ -26,23 +27,23 @@ class WireCall:
     kind: str  # "all_to_all_single" | "all_gather_into_tensor"
     send: torch.Tensor
     output_shape: tuple
-    output_split_sizes: Optional[list[int]] = None
-    input_split_sizes: Optional[list[int]] = None
+    output_split_sizes: list[int] | None = None
+    input_split_sizes: list[int] | None = None
 
 
 @dataclass
 class StepOutputs:
-    shard: Optional[ShardResult] = None
+    shard: ShardResult | None = None
     # all_to_all_logits output, trimmed to nothing: [L_local, tp * shard_width].
-    full_vocab_logits: Optional[torch.Tensor] = None
+    full_vocab_logits: torch.Tensor | None = None
     # The local sampler output that was passed to gather_sampler_output.
-    local_output: Optional[SamplerOutput] = None
-    gathered: Optional[SamplerOutput] = None
+    local_output: SamplerOutput | None = None
+    gathered: SamplerOutput | None = None
     wire: list[WireCall] = field(default_factory=list)
     # Set when the implementation raised: the step name and the traceback.
-    failed_step: Optional[str] = None
-    error: Optional[BaseException] = None
-    error_traceback: Optional[str] = None
+    failed_step: str | None = None
+    error: BaseException | None = None
+    error_traceback: str | None = None
     # Names of inputs whose contents changed during the step.
     inputs_modified: list[str] = field(default_factory=list)
 
@@ -55,21 +56,23 @@ class StepRecord:
     actual: StepOutputs
     expected: StepOutputs
     # The replicated (unsharded) path's output, for INV-E2E-TRANSPARENCY.
-    replicated: Optional[SamplerOutput] = None
+    replicated: SamplerOutput | None = None
 
 
 @dataclass
 class Violation:
     invariant_id: str
     message: str
-    rank: Optional[int] = None
-    request: Optional[int] = None  # batch position
-    field: Optional[str] = None
+    rank: int | None = None
+    request: int | None = None  # batch position
+    field: str | None = None
 
     def describe(self) -> str:
-        where = [f"rank {self.rank}" if self.rank is not None else None,
-                 f"request {self.request}" if self.request is not None else None,
-                 f"field {self.field}" if self.field else None]
+        where = [
+            f"rank {self.rank}" if self.rank is not None else None,
+            f"request {self.request}" if self.request is not None else None,
+            f"field {self.field}" if self.field else None,
+        ]
         return f"[{self.invariant_id}] {self.message} ({', '.join(w for w in where if w)})"
 
 
@@ -84,7 +87,7 @@ GROUP_CHECKERS: dict[str, GroupChecker] = {}
 APPLIES: dict[str, Callable[[StepRecord], bool]] = {}
 
 
-def rank_check(invariant_id: str, applies: Optional[Callable[[StepRecord], bool]] = None):
+def rank_check(invariant_id: str, applies: Callable[[StepRecord], bool] | None = None):
     def register(fn: RankChecker) -> RankChecker:
         if invariant_id in RANK_CHECKERS or invariant_id in GROUP_CHECKERS:
             raise ValueError(f"two checkers for {invariant_id}")
@@ -92,6 +95,7 @@ def rank_check(invariant_id: str, applies: Optional[Callable[[StepRecord], bool]
         if applies is not None:
             APPLIES[invariant_id] = applies
         return fn
+
     return register
 
 
@@ -106,5 +110,5 @@ def group_check(invariant_id: str):
             raise ValueError(f"two checkers for {invariant_id}")
         GROUP_CHECKERS[invariant_id] = fn
         return fn
-    return register
 
+    return register

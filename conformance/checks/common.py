@@ -14,7 +14,8 @@ runs the checkers directly never passes a crashing implementation silently.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Optional, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -35,7 +36,7 @@ STEP_REPORTER = {
     "gather": "INV-WIRE-SAMPLED",
 }
 
-RowToRequest = Callable[[int], Optional[int]]
+RowToRequest = Callable[[int], int | None]
 
 
 def judgeable(record: StepRecord) -> bool:
@@ -54,8 +55,14 @@ def declined_extensions(case, outputs) -> bool:
     """The implementation refused the case's extension fields with PRE-EXTENSION-SUPPORTED, which the spec
     allows (INV-GATHER-EXTENSIONS judges where and how): a verdict, not a run error."""
     error = outputs.error
-    return bool(case.extensions) and error is not None and (
-        getattr(error, "precondition_id", None) == "PRE-EXTENSION-SUPPORTED" or "PRE-EXTENSION-SUPPORTED" in str(error))
+    return (
+        bool(case.extensions)
+        and error is not None
+        and (
+            getattr(error, "precondition_id", None) == "PRE-EXTENSION-SUPPORTED"
+            or "PRE-EXTENSION-SUPPORTED" in str(error)
+        )
+    )
 
 
 def unexpected_error(record: StepRecord, invariant_id: str) -> list[Violation]:
@@ -111,7 +118,7 @@ def values_equal(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return equal
 
 
-def first_bad_row(equal: torch.Tensor) -> Optional[int]:
+def first_bad_row(equal: torch.Tensor) -> int | None:
     """Index along dim 0 of the first row holding a False, or None."""
     rows = equal.reshape(1) if equal.dim() == 0 else equal.flatten(1).all(dim=1) if equal.dim() > 1 else equal
     bad = torch.nonzero(~rows).flatten()
@@ -127,10 +134,10 @@ def check_tensor(
     row_to_request: RowToRequest = lambda row: None,
     *,
     values: bool = True,
-) -> Optional[Violation]:
+) -> Violation | None:
     """Type, dtype, shape, device and (unless ``values`` is False) values of a device tensor."""
 
-    def violation(message: str, request: Optional[int] = None) -> Violation:
+    def violation(message: str, request: int | None = None) -> Violation:
         return Violation(invariant_id, f"{field}: {message}", rank=record.rank, request=request, field=field)
 
     if not isinstance(actual, torch.Tensor):
@@ -168,10 +175,10 @@ def check_array(
     expected: np.ndarray,
     dtype: Any,
     row_to_request: RowToRequest = lambda row: None,
-) -> Optional[Violation]:
+) -> Violation | None:
     """A host numpy array: type, dtype, shape and values."""
 
-    def violation(message: str, request: Optional[int] = None) -> Violation:
+    def violation(message: str, request: int | None = None) -> Violation:
         return Violation(invariant_id, f"{field}: {message}", rank=record.rank, request=request, field=field)
 
     if not isinstance(actual, np.ndarray):
@@ -187,8 +194,9 @@ def check_array(
     return violation(f"{shown} ({bad.size} of {actual.size} entries differ)", row_to_request(int(bad[0])))
 
 
-def check_int(invariant_id: str, record: StepRecord, field: str, actual: Any, expected: int,
-              request: Optional[int] = None) -> Optional[Violation]:
+def check_int(
+    invariant_id: str, record: StepRecord, field: str, actual: Any, expected: int, request: int | None = None
+) -> Violation | None:
     """A Python int (bool, numpy and tensor scalars are not ints here)."""
     if type(actual) is not int:
         message = f"{field}: expected a Python int {expected}, got {type(actual).__name__} {fmt(actual)}"
@@ -199,11 +207,17 @@ def check_int(invariant_id: str, record: StepRecord, field: str, actual: Any, ex
     return Violation(invariant_id, message, rank=record.rank, request=request, field=field)
 
 
-def check_int_list(invariant_id: str, record: StepRecord, field: str, actual: Any,
-                   expected: Sequence[int], row_to_request: RowToRequest = lambda row: None) -> Optional[Violation]:
+def check_int_list(
+    invariant_id: str,
+    record: StepRecord,
+    field: str,
+    actual: Any,
+    expected: Sequence[int],
+    row_to_request: RowToRequest = lambda row: None,
+) -> Violation | None:
     """A list of Python ints."""
 
-    def violation(message: str, request: Optional[int] = None) -> Violation:
+    def violation(message: str, request: int | None = None) -> Violation:
         return Violation(invariant_id, f"{field}: {message}", rank=record.rank, request=request, field=field)
 
     if type(actual) is not list:
@@ -215,24 +229,33 @@ def check_int_list(invariant_id: str, record: StepRecord, field: str, actual: An
         return violation(f"{len(actual)} entries {fmt(actual)}, expected {len(expected)}: {fmt(list(expected))}")
     for i, (got, want) in enumerate(zip(actual, expected, strict=True)):
         if got != want:
-            return violation(f"entry {i} is {got}, expected {want}; whole list {fmt(actual)}, expected "
-                             f"{fmt(list(expected))}", row_to_request(i))
+            return violation(
+                f"entry {i} is {got}, expected {want}; whole list {fmt(actual)}, expected {fmt(list(expected))}",
+                row_to_request(i),
+            )
     return None
 
 
-def check_str_list(invariant_id: str, record: StepRecord, field: str, actual: Any,
-                   expected: Sequence[str], row_to_request: RowToRequest = lambda row: None) -> Optional[Violation]:
+def check_str_list(
+    invariant_id: str,
+    record: StepRecord,
+    field: str,
+    actual: Any,
+    expected: Sequence[str],
+    row_to_request: RowToRequest = lambda row: None,
+) -> Violation | None:
     """A Python list of str (the data model's list[str]: a tuple or an array is not one)."""
 
-    def violation(message: str, request: Optional[int] = None) -> Violation:
+    def violation(message: str, request: int | None = None) -> Violation:
         return Violation(invariant_id, f"{field}: {message}", rank=record.rank, request=request, field=field)
 
     if type(actual) is not list:
         return violation(f"expected a list of str {fmt(list(expected))}, got {type(actual).__name__} {fmt(actual)}")
     wrong = [i for i, v in enumerate(actual) if type(v) is not str]
     if wrong:
-        return violation(f"entry {wrong[0]} is a {type(actual[wrong[0]]).__name__}, not a str",
-                         row_to_request(wrong[0]))
+        return violation(
+            f"entry {wrong[0]} is a {type(actual[wrong[0]]).__name__}, not a str", row_to_request(wrong[0])
+        )
     if actual != list(expected):
         pairs = enumerate(zip(actual, expected, strict=False))
         bad = next((i for i, (a, b) in pairs if a != b), min(len(actual), len(expected)))
@@ -240,6 +263,6 @@ def check_str_list(invariant_id: str, record: StepRecord, field: str, actual: An
     return None
 
 
-def found(*violations: Optional[Violation]) -> list[Violation]:
+def found(*violations: Violation | None) -> list[Violation]:
     """The violations that were found, in order (for checkers that judge several fields)."""
     return [v for v in violations if v is not None]

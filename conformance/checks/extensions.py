@@ -10,7 +10,6 @@ reference's run. The wire is judged on the rows that carry data.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Optional
 
 import numpy as np
 import torch
@@ -23,7 +22,7 @@ INVARIANT = "INV-GATHER-EXTENSIONS"
 ALL_GATHER = "all_gather_into_tensor"
 
 
-def _violation(record: StepRecord, message: str, field: str, request: Optional[int] = None) -> Violation:
+def _violation(record: StepRecord, message: str, field: str, request: int | None = None) -> Violation:
     return Violation(INVARIANT, message, rank=record.rank, request=request, field=field)
 
 
@@ -31,8 +30,9 @@ def _declined(record: StepRecord) -> bool:
     """The implementation rejected the declared fields as unsupported, in the gather, before its collectives."""
     actual = record.actual
     error = actual.error
-    names = error is not None and (getattr(error, "precondition_id", None) == "PRE-EXTENSION-SUPPORTED"
-                                   or "PRE-EXTENSION-SUPPORTED" in str(error))
+    names = error is not None and (
+        getattr(error, "precondition_id", None) == "PRE-EXTENSION-SUPPORTED" or "PRE-EXTENSION-SUPPORTED" in str(error)
+    )
     # Only the all_to_all precedes the gather's collectives.
     return names and actual.failed_step == "gather" and len(actual.wire) <= 1
 
@@ -40,47 +40,64 @@ def _declined(record: StepRecord) -> bool:
 @rank_check(INVARIANT, applies=lambda record: bool(record.case.extensions) and record.case.expect_error is None)
 def check_gather_extensions(record: StepRecord) -> Iterable[Violation]:
     fields = extension_fields(record.case.extensions)
-    if fields is None or not judgeable(record) or record.actual.failed_step in ("construct", "shard", "all_to_all",
-                                                                                "sample"):
+    if (
+        fields is None
+        or not judgeable(record)
+        or record.actual.failed_step in ("construct", "shard", "all_to_all", "sample")
+    ):
         return
     if record.actual.error is not None:
         if not _declined(record):
             error = record.actual.error
-            yield _violation(record, f"the gather raised {type(error).__name__}: {error}; with extension fields "
-                             "it must gather them or reject them with PRE-EXTENSION-SUPPORTED", "gathered.extensions")
+            yield _violation(
+                record,
+                f"the gather raised {type(error).__name__}: {error}; with extension fields "
+                "it must gather them or reject them with PRE-EXTENSION-SUPPORTED",
+                "gathered.extensions",
+            )
         return
     gathered = record.actual.gathered.extensions
     if not isinstance(gathered, dict) or set(gathered) != set(fields):
         have = sorted(gathered) if isinstance(gathered, dict) else gathered
-        yield _violation(record, f"gathered.extensions is {have}, expected the declared fields {sorted(fields)} "
-                         "(a dropped field reads as null to the engine)", "gathered.extensions")
+        yield _violation(
+            record,
+            f"gathered.extensions is {have}, expected the declared fields {sorted(fields)} "
+            "(a dropped field reads as null to the engine)",
+            "gathered.extensions",
+        )
         return
     batch = record.inputs.batch
     device = record.expected.gathered.sampled_token_ids.device
     for name, spec in fields.items():
-        violation = _compare_field(record, name, gathered[name], batch_extension_values(name, spec, batch, device),
-                                   spec.per)
+        violation = _compare_field(
+            record, name, gathered[name], batch_extension_values(name, spec, batch, device), spec.per
+        )
         if violation:
             yield violation
             return
     yield from _check_wire(record, fields)
 
 
-def _compare_field(record: StepRecord, name: str, actual, expected: torch.Tensor, per: str) -> Optional[Violation]:
+def _compare_field(record: StepRecord, name: str, actual, expected: torch.Tensor, per: str) -> Violation | None:
     field = f"gathered.extensions.{name}"
     if not isinstance(actual, torch.Tensor):
         return _violation(record, f"is {type(actual).__name__}, expected a tensor", field)
     if actual.dtype != expected.dtype or tuple(actual.shape) != tuple(expected.shape):
-        return _violation(record, f"is {actual.dtype} {list(actual.shape)}, expected {expected.dtype} "
-                          f"{list(expected.shape)}", field)
+        return _violation(
+            record, f"is {actual.dtype} {list(actual.shape)}, expected {expected.dtype} {list(expected.shape)}", field
+        )
     if actual.device != expected.device:
         return _violation(record, f"is on {actual.device}, expected the sharder's device {expected.device}", field)
     bad = first_bad_row(values_equal(actual, expected))
     if bad is None:
         return None
     request = bad if per == "request" else int(_row_owner(record)[bad])
-    return _violation(record, f"row {bad} is {fmt(actual[bad])}, expected {fmt(expected[bad])} (another request's "
-                      "entry or none)", field, request=request)
+    return _violation(
+        record,
+        f"row {bad} is {fmt(actual[bad])}, expected {fmt(expected[bad])} (another request's entry or none)",
+        field,
+        request=request,
+    )
 
 
 def _row_owner(record: StepRecord) -> np.ndarray:
@@ -95,8 +112,11 @@ def _check_wire(record: StepRecord, fields: dict) -> Iterable[Violation]:
     reference = record.expected.shard
     local_out = record.actual.local_output
     if first < 1 or reference is None:
-        yield _violation(record, f"{len(gathers)} all_gathers cannot hold {len(fields)} extension fields after the "
-                         "sampled outputs", "wire.all_gather_extensions")
+        yield _violation(
+            record,
+            f"{len(gathers)} all_gathers cannot hold {len(fields)} extension fields after the sampled outputs",
+            "wire.all_gather_extensions",
+        )
         return
     metadata, local_batch = reference.metadata, reference.local_batch
     width, rows_per = metadata.max_num_logits_per_req, metadata.max_num_reqs_per_rank
@@ -109,8 +129,9 @@ def _check_wire(record: StepRecord, fields: dict) -> Iterable[Violation]:
         shape = (rows_per * (1 if per_request else width), *spec.shape)
         field = f"wire.all_gather_extensions.{name}"
         if send.dtype != spec.dtype or tuple(send.shape) != shape:
-            yield _violation(record, f"sends {send.dtype} {list(send.shape)}, expected {spec.dtype} {list(shape)}",
-                             field)
+            yield _violation(
+                record, f"sends {send.dtype} {list(send.shape)}, expected {spec.dtype} {list(shape)}", field
+            )
             return
         local = None if local_out is None or local_out.extensions is None else local_out.extensions.get(name)
         rows = np.arange(metadata.num_local_reqs) if per_request else row_rows.astype(np.int64)
@@ -122,6 +143,10 @@ def _check_wire(record: StepRecord, fields: dict) -> Iterable[Violation]:
         bad = first_bad_row(values_equal(send[index], local.to(send.device)))
         if bad is not None:
             request = int(local_reqs[bad if per_request else int(rows[bad]) // width])
-            yield _violation(record, f"wire row {int(rows[bad])} is {fmt(send[int(rows[bad])])}, expected the local "
-                             f"entry {fmt(local[bad])}", field, request=request)
+            yield _violation(
+                record,
+                f"wire row {int(rows[bad])} is {fmt(send[int(rows[bad])])}, expected the local entry {fmt(local[bad])}",
+                field,
+                request=request,
+            )
             return

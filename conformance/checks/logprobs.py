@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
-from typing import Iterable, Optional
+from collections.abc import Iterable
 
 import numpy as np
 import torch
 
 from shardspec.conformance.checks.base import StepRecord, Violation, rank_check
 from shardspec.conformance.checks.common import (
-    check_tensor, first_bad_row, fmt, global_row_owner, lookup, plan_of, values_equal,
+    check_tensor,
+    first_bad_row,
+    fmt,
+    global_row_owner,
+    lookup,
+    plan_of,
+    values_equal,
 )
 from shardspec.conformance.checks.gather import gathered_pair
 from shardspec.spec.case import Case
@@ -22,8 +28,11 @@ def ranks_without_logprobs(case: Case) -> set[int]:
     """Ranks whose local sampler output has no logprobs_tensors (the toy sampler always has them)."""
     if case.local_outputs == "toy":
         return set()
-    return {rank for rank in range(case.tp_size)
-            if case.local_outputs.get(rank) is None or case.local_outputs[rank].logprob_token_ids is None}
+    return {
+        rank
+        for rank in range(case.tp_size)
+        if case.local_outputs.get(rank) is None or case.local_outputs[rank].logprob_token_ids is None
+    }
 
 
 def logprob_pair(record: StepRecord):
@@ -56,18 +65,28 @@ def check_logprobs_shapes(record: StepRecord) -> Iterable[Violation]:
     if expected is None or actual is None:
         if (actual is None) != (expected is None):
             dims = record.case.logprobs_dims
-            yield Violation("INV-LOGPROBS-SHAPES", f"{PREFIX} is {'None' if actual is None else 'set'} with "
-                            f"logprobs_dims={dims}", rank=record.rank, field=PREFIX)
+            yield Violation(
+                "INV-LOGPROBS-SHAPES",
+                f"{PREFIX} is {'None' if actual is None else 'set'} with logprobs_dims={dims}",
+                rank=record.rank,
+                field=PREFIX,
+            )
         return
     for name in FIELDS:
-        violation = check_tensor("INV-LOGPROBS-SHAPES", record, f"{PREFIX}.{name}", getattr(actual, name),
-                                 getattr(expected, name), values=False)
+        violation = check_tensor(
+            "INV-LOGPROBS-SHAPES",
+            record,
+            f"{PREFIX}.{name}",
+            getattr(actual, name),
+            getattr(expected, name),
+            values=False,
+        )
         if violation:
             yield violation
             return
 
 
-def _first_mismatch(record: StepRecord, invariant_id: str, actual, expected, rows: np.ndarray) -> Optional[Violation]:
+def _first_mismatch(record: StepRecord, invariant_id: str, actual, expected, rows: np.ndarray) -> Violation | None:
     by_row = lookup(global_row_owner(plan_of(record)))
     index = torch.from_numpy(rows)
     for name in FIELDS:
@@ -76,8 +95,13 @@ def _first_mismatch(record: StepRecord, invariant_id: str, actual, expected, row
         bad = first_bad_row(equal)
         if bad is not None:
             row = int(rows[bad])
-            return Violation(invariant_id, f"{PREFIX}.{name} row {row} is {fmt(got[row])}, expected {fmt(want[row])}",
-                             rank=record.rank, request=by_row(row), field=f"{PREFIX}.{name}")
+            return Violation(
+                invariant_id,
+                f"{PREFIX}.{name} row {row} is {fmt(got[row])}, expected {fmt(want[row])}",
+                rank=record.rank,
+                request=by_row(row),
+                field=f"{PREFIX}.{name}",
+            )
     return None
 
 
@@ -105,8 +129,9 @@ def check_logprobs_missing(record: StepRecord) -> Iterable[Violation]:
     # What the spec prescribes for those rows, independent of the reference.
     padded = type(actual)(
         torch.zeros_like(actual.logprob_token_ids),
-        torch.full((actual.logprobs.shape[0], cols), float("-inf"), dtype=actual.logprobs.dtype,
-                   device=actual.logprobs.device),
+        torch.full(
+            (actual.logprobs.shape[0], cols), float("-inf"), dtype=actual.logprobs.dtype, device=actual.logprobs.device
+        ),
         torch.zeros_like(actual.selected_token_ranks),
         None,
     )

@@ -8,7 +8,7 @@ rejected is read from the spec (``on_violation.outcome``).
 
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 from shardspec.conformance.checks.base import StepRecord, Violation, rank_check
 from shardspec.spec.loader import must_reject_ids
@@ -25,20 +25,34 @@ def check_reject_invalid(record: StepRecord) -> Iterable[Violation]:
         return
     actual, step = record.actual, reference.failed_step
     if actual.error is None:
-        yield Violation("INV-REJECT-INVALID", f"inputs violating {expected_id} were accepted: the step "
-                        f"completed instead of raising in {step}", rank=record.rank, field="errors")
+        yield Violation(
+            "INV-REJECT-INVALID",
+            f"inputs violating {expected_id} were accepted: the step completed instead of raising in {step}",
+            rank=record.rank,
+            field="errors",
+        )
     elif actual.failed_step != step or len(actual.wire) > len(reference.wire):
-        yield Violation("INV-REJECT-INVALID", f"inputs violating {expected_id} raised in step {actual.failed_step} "
-                        f"after {len(actual.wire)} collectives, expected a raise in step {step} after "
-                        f"{len(reference.wire)}", rank=record.rank, field="errors")
+        yield Violation(
+            "INV-REJECT-INVALID",
+            f"inputs violating {expected_id} raised in step {actual.failed_step} "
+            f"after {len(actual.wire)} collectives, expected a raise in step {step} after "
+            f"{len(reference.wire)}",
+            rank=record.rank,
+            field="errors",
+        )
     elif not names(actual.error, expected_id):
-        yield Violation("INV-REJECT-INVALID", f"the error does not name {expected_id}: "
-                        f"{type(actual.error).__name__}: {actual.error}", rank=record.rank, field="errors")
+        yield Violation(
+            "INV-REJECT-INVALID",
+            f"the error does not name {expected_id}: {type(actual.error).__name__}: {actual.error}",
+            rank=record.rank,
+            field="errors",
+        )
 
 
-@rank_check("INV-REJECT-NAMES-PRECONDITION",
-            applies=lambda record: record.case.expect_error is not None
-            and record.case.expect_error not in ALWAYS_REJECTED)
+@rank_check(
+    "INV-REJECT-NAMES-PRECONDITION",
+    applies=lambda record: record.case.expect_error is not None and record.case.expect_error not in ALWAYS_REJECTED,
+)
 def check_reject_names_precondition(record: StepRecord) -> Iterable[Violation]:
     expected_id = record.case.expect_error
     error = record.actual.error
@@ -48,10 +62,15 @@ def check_reject_names_precondition(record: StepRecord) -> Iterable[Violation]:
     # the others an error may just follow a peer leaving a collective.
     if not names(record.expected.error, expected_id) or names(error, expected_id):
         return
-    yield Violation("INV-REJECT-NAMES-PRECONDITION", f"the error does not name {expected_id}: "
-                    f"{type(error).__name__}: {error}", rank=record.rank, field="errors")
+    yield Violation(
+        "INV-REJECT-NAMES-PRECONDITION",
+        f"the error does not name {expected_id}: {type(error).__name__}: {error}",
+        rank=record.rank,
+        field="errors",
+    )
 
 
 def names(error, precondition_id: str) -> bool:
-    return error is not None and (getattr(error, "precondition_id", None) == precondition_id
-                                  or precondition_id in str(error))
+    return error is not None and (
+        getattr(error, "precondition_id", None) == precondition_id or precondition_id in str(error)
+    )

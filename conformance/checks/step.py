@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Optional
+from collections.abc import Iterable
+from typing import Any
 
 import torch
 
@@ -26,16 +27,23 @@ def check_rank_agreement(case: Case, digests: dict[int, dict[str, Any]]) -> Iter
         for name in base:
             if part[name] != base[name]:
                 field = _first_difference(name, part[name], base[name])
-                yield Violation("INV-RANK-AGREEMENT", f"{field} differs: rank {rank} has "
-                                f"{_lookup(part, field)}, rank {first_rank} has {_lookup(base, field)}",
-                                rank=rank, field=field)
+                yield Violation(
+                    "INV-RANK-AGREEMENT",
+                    f"{field} differs: rank {rank} has "
+                    f"{_lookup(part, field)}, rank {first_rank} has {_lookup(base, field)}",
+                    rank=rank,
+                    field=field,
+                )
                 return
 
 
 def _agreed_part(digest: dict[str, Any]) -> dict[str, Any]:
     metadata = {k: v for k, v in (digest.get("metadata") or {}).items() if k not in PER_RANK_METADATA}
-    return {"gathered": digest.get("gathered"), "sorted_logits_indices": digest.get("sorted_logits_indices"),
-            "metadata": metadata}
+    return {
+        "gathered": digest.get("gathered"),
+        "sorted_logits_indices": digest.get("sorted_logits_indices"),
+        "metadata": metadata,
+    }
 
 
 def _first_difference(name: str, got: Any, want: Any) -> str:
@@ -63,21 +71,26 @@ def check_e2e_transparency(record: StepRecord) -> Iterable[Violation]:
         yield violation
 
 
-def _as_list(value: Any) -> Optional[list]:
+def _as_list(value: Any) -> list | None:
     return value.detach().cpu().tolist() if isinstance(value, torch.Tensor) else None
 
 
-def _violation(record: StepRecord, field: str, request: Optional[int], got: Any, want: Any) -> Violation:
-    return Violation("INV-E2E-TRANSPARENCY", f"{field}: sharded {fmt(got)}, replicated {fmt(want)}",
-                     rank=record.rank, request=request, field=field)
+def _violation(record: StepRecord, field: str, request: int | None, got: Any, want: Any) -> Violation:
+    return Violation(
+        "INV-E2E-TRANSPARENCY",
+        f"{field}: sharded {fmt(got)}, replicated {fmt(want)}",
+        rank=record.rank,
+        request=request,
+        field=field,
+    )
 
 
-def _compare_counts(record: StepRecord, actual, replicated) -> Optional[Violation]:
+def _compare_counts(record: StepRecord, actual, replicated) -> Violation | None:
     names = ["num_sampled", "num_rejected"] + (["num_nans"] if record.case.gather_num_nans else [])
     for name in names:
         got, want = _as_list(getattr(actual, name)), _as_list(getattr(replicated, name))
         if got != want:
-            request = next((i for i, (a, b) in enumerate(zip(got or [], want)) if a != b), None)
+            request = next((i for i, (a, b) in enumerate(zip(got or [], want, strict=False)) if a != b), None)
             return _violation(record, f"gathered.{name}", request, got, want)
     got_ids, want_ids = _as_list(actual.sampled_token_ids), _as_list(replicated.sampled_token_ids)
     for i, count in enumerate(_as_list(replicated.num_sampled)):
@@ -88,7 +101,7 @@ def _compare_counts(record: StepRecord, actual, replicated) -> Optional[Violatio
     return None
 
 
-def _compare_logprobs(record: StepRecord, actual, replicated) -> Optional[Violation]:
+def _compare_logprobs(record: StepRecord, actual, replicated) -> Violation | None:
     want = replicated.logprobs_tensors
     if want is None:
         return None
@@ -105,8 +118,9 @@ def _compare_logprobs(record: StepRecord, actual, replicated) -> Optional[Violat
         if row is not None:
             return _violation(record, f"{field}.{name}", row_request[row], a[row], b[row])
     if got.cu_num_generated_tokens != want.cu_num_generated_tokens:
-        return _violation(record, f"{field}.cu_num_generated_tokens", None, got.cu_num_generated_tokens,
-                          want.cu_num_generated_tokens)
+        return _violation(
+            record, f"{field}.cu_num_generated_tokens", None, got.cu_num_generated_tokens, want.cu_num_generated_tokens
+        )
     return None
 
 
@@ -119,5 +133,9 @@ def _row_request(record: StepRecord) -> list[int]:
 def check_inputs_unchanged(record: StepRecord) -> Iterable[Violation]:
     changed = record.actual.inputs_modified
     if changed:
-        yield Violation("INV-INPUTS-UNCHANGED", f"the step modified its inputs: {', '.join(changed)}",
-                        rank=record.rank, field=changed[0])
+        yield Violation(
+            "INV-INPUTS-UNCHANGED",
+            f"the step modified its inputs: {', '.join(changed)}",
+            rank=record.rank,
+            field=changed[0],
+        )

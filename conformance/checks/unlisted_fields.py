@@ -18,7 +18,8 @@ LISTED = {f.name for f in dataclasses.fields(InputBatch)}
 
 def _has_unlisted_fields(record: StepRecord) -> bool:
     return record.case.expect_error is None and any(
-        f.name not in LISTED for f in dataclasses.fields(record.inputs.batch))
+        f.name not in LISTED for f in dataclasses.fields(record.inputs.batch)
+    )
 
 
 @rank_check(INVARIANT, applies=_has_unlisted_fields)
@@ -30,21 +31,33 @@ def check_unlisted_fields(record: StepRecord) -> Iterable[Violation]:
         return
     local = pair[0].local_batch
     if type(local) is not type(batch):
-        yield Violation(INVARIANT, f"the local batch is a {type(local).__name__}, expected the batch's own type "
-                        f"{type(batch).__name__}", rank=record.rank, field="local_batch")
+        yield Violation(
+            INVARIANT,
+            f"the local batch is a {type(local).__name__}, expected the batch's own type {type(batch).__name__}",
+            rank=record.rank,
+            field="local_batch",
+        )
         return
     for name in unlisted:
         if not _same(getattr(local, name, None), getattr(batch, name)):
-            yield Violation(INVARIANT, f"field {name} is {getattr(local, name, None)!r}, expected the batch's "
-                            f"{getattr(batch, name)!r} carried over unchanged", rank=record.rank,
-                            field=f"local_batch.{name}")
+            yield Violation(
+                INVARIANT,
+                f"field {name} is {getattr(local, name, None)!r}, expected the batch's "
+                f"{getattr(batch, name)!r} carried over unchanged",
+                rank=record.rank,
+                field=f"local_batch.{name}",
+            )
             return
 
 
 def _same(actual, expected) -> bool:
     """Equal value, dtype, shape and device for tensors; equality otherwise."""
     if isinstance(expected, torch.Tensor):
-        return (isinstance(actual, torch.Tensor) and actual.dtype == expected.dtype
-                and actual.shape == expected.shape and actual.device == expected.device
-                and bool(torch.equal(actual, expected)))
+        return (
+            isinstance(actual, torch.Tensor)
+            and actual.dtype == expected.dtype
+            and actual.shape == expected.shape
+            and actual.device == expected.device
+            and bool(torch.equal(actual, expected))
+        )
     return actual == expected

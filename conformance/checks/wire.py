@@ -7,14 +7,21 @@ carry data: padding rows are unspecified (CL-WIRE-PADDING) and never judged.
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Optional
+from collections.abc import Iterable
+from typing import Any
 
 import numpy as np
 import torch
 
 from shardspec.conformance.checks.base import StepRecord, Violation, WireCall, group_check, rank_check
 from shardspec.conformance.checks.common import (
-    first_bad_row, fmt, lookup, plan_of, shards, unexpected_error, values_equal,
+    first_bad_row,
+    fmt,
+    lookup,
+    plan_of,
+    shards,
+    unexpected_error,
+    values_equal,
 )
 from shardspec.spec.case import Case
 from shardspec.spec.model import num_logprob_columns
@@ -34,28 +41,47 @@ def _gather_call(record: StepRecord, index: int, what: str, invariant_id: str, f
         return calls[index], None
     if record.actual.error is not None:
         return None, None  # the step stopped early; its error is reported once elsewhere
-    return None, Violation(invariant_id, f"no all_gather of {what}: the step issued {len(calls)} all_gathers",
-                           rank=record.rank, field=field)
+    return None, Violation(
+        invariant_id,
+        f"no all_gather of {what}: the step issued {len(calls)} all_gathers",
+        rank=record.rank,
+        field=field,
+    )
 
 
-def _compare_rows(invariant_id: str, record: StepRecord, field: str, call: WireCall, want: torch.Tensor,
-                  rows: np.ndarray, row_request) -> Optional[Violation]:
+def _compare_rows(
+    invariant_id: str, record: StepRecord, field: str, call: WireCall, want: torch.Tensor, rows: np.ndarray, row_request
+) -> Violation | None:
     """dtype and shape of the send buffer and of the received one, then the data-carrying ``rows`` only."""
     send = call.send
     if send.dtype != want.dtype or tuple(send.shape) != tuple(want.shape):
-        return Violation(invariant_id, f"{field} sends {send.dtype} {list(send.shape)}, expected {want.dtype} "
-                         f"{list(want.shape)}", rank=record.rank, field=field)
+        return Violation(
+            invariant_id,
+            f"{field} sends {send.dtype} {list(send.shape)}, expected {want.dtype} {list(want.shape)}",
+            rank=record.rank,
+            field=field,
+        )
     received = (record.case.tp_size * want.shape[0], *want.shape[1:])
     if tuple(call.output_shape) != received:
-        return Violation(invariant_id, f"{field} receives into {list(call.output_shape)}, expected "
-                         f"{list(received)} (tp_size times the send buffer's rows)", rank=record.rank, field=field)
+        return Violation(
+            invariant_id,
+            f"{field} receives into {list(call.output_shape)}, expected "
+            f"{list(received)} (tp_size times the send buffer's rows)",
+            rank=record.rank,
+            field=field,
+        )
     index = torch.from_numpy(rows).to(send.device)
     bad = first_bad_row(values_equal(send[index], want.to(send.device)[index]))
     if bad is None:
         return None
     row = int(rows[bad])
-    return Violation(invariant_id, f"{field} row {row} is {fmt(send[row])}, expected {fmt(want[row])}",
-                     rank=record.rank, request=row_request(row), field=field)
+    return Violation(
+        invariant_id,
+        f"{field} row {row} is {fmt(send[row])}, expected {fmt(want[row])}",
+        rank=record.rank,
+        request=row_request(row),
+        field=field,
+    )
 
 
 def local_output_matches(record: StepRecord, metadata, local_cu: np.ndarray) -> bool:
@@ -67,8 +93,11 @@ def local_output_matches(record: StepRecord, metadata, local_cu: np.ndarray) -> 
     out, n, num_rows = record.actual.local_output, metadata.num_local_reqs, int(local_cu[-1])
     if out is None:
         return n == 0
-    shapes = [(out.sampled_token_ids.shape[0], n), (tuple(out.num_sampled.shape), (n,)),
-              (tuple(out.num_rejected.shape), (n,))]
+    shapes = [
+        (out.sampled_token_ids.shape[0], n),
+        (tuple(out.num_sampled.shape), (n,)),
+        (tuple(out.num_rejected.shape), (n,)),
+    ]
     if record.case.gather_num_nans and out.num_nans is not None:
         shapes.append((tuple(out.num_nans.shape), (num_rows,)))
     if out.logprobs_tensors is not None:
@@ -91,8 +120,9 @@ def expected_sampled_send(record: StepRecord, metadata, local_cu: np.ndarray) ->
     send[:n, width + 1] = out.num_rejected.cpu().to(torch.int64)
     if with_nans:
         row_nans = out.num_nans.cpu().to(torch.int64)
-        send[:n, width + 2] = torch.tensor([int(row_nans[local_cu[j]:local_cu[j + 1]].sum()) for j in range(n)],
-                                           dtype=torch.int64)
+        send[:n, width + 2] = torch.tensor(
+            [int(row_nans[local_cu[j] : local_cu[j + 1]].sum()) for j in range(n)], dtype=torch.int64
+        )
     return send
 
 
@@ -114,8 +144,7 @@ def check_wire_sampled(record: StepRecord) -> Iterable[Violation]:
         return
     want = expected_sampled_send(record, metadata, local_cu)
     rows = np.arange(metadata.num_local_reqs)
-    violation = _compare_rows("INV-WIRE-SAMPLED", record, field, call, want, rows,
-                              lookup(plan_of(record).local_reqs))
+    violation = _compare_rows("INV-WIRE-SAMPLED", record, field, call, want, rows, lookup(plan_of(record).local_reqs))
     if violation:
         yield violation
 
@@ -145,8 +174,11 @@ def expected_logprob_sends(record: StepRecord, metadata, local_cu: np.ndarray):
 @rank_check("INV-WIRE-LOGPROBS")
 def check_wire_logprobs(record: StepRecord) -> Iterable[Violation]:
     pair = shards(record)
-    if pair is None or record.case.logprobs_dims is None or record.actual.failed_step in ("shard", "all_to_all",
-                                                                                          "sample"):
+    if (
+        pair is None
+        or record.case.logprobs_dims is None
+        or record.actual.failed_step in ("shard", "all_to_all", "sample")
+    ):
         return
     metadata = pair[1].metadata
     local_cu = np.asarray(pair[1].local_batch.cu_num_logits_np, dtype=np.int64)
@@ -156,20 +188,26 @@ def check_wire_logprobs(record: StepRecord) -> Iterable[Violation]:
     local_reqs = plan_of(record).local_reqs
     width = metadata.max_num_logits_per_req
 
-    def row_request(row: int) -> Optional[int]:
+    def row_request(row: int) -> int | None:
         return lookup(local_reqs)(row // width)
 
-    for index, what, field, want in ((1, "logprob ids and ranks", "wire.all_gather_logprob_ids", want_ids),
-                                     (2, "logprob values", "wire.all_gather_logprobs", want_values)):
+    for index, what, field, want in (
+        (1, "logprob ids and ranks", "wire.all_gather_logprob_ids", want_ids),
+        (2, "logprob values", "wire.all_gather_logprobs", want_values),
+    ):
         call, missing = _gather_call(record, index, what, "INV-WIRE-LOGPROBS", field)
-        violation = missing if call is None else _compare_rows("INV-WIRE-LOGPROBS", record, field, call, want,
-                                                               rows, row_request)
+        violation = (
+            missing
+            if call is None
+            else _compare_rows("INV-WIRE-LOGPROBS", record, field, call, want, rows, row_request)
+        )
         if violation:
             yield violation
             return
 
 
 # -- the sequence, across ranks (digests of conformance.digest) --------------
+
 
 def expected_kinds(case: Case) -> list[str]:
     logprobs = [ALL_GATHER, ALL_GATHER] if case.logprobs_dims is not None else []
@@ -198,29 +236,40 @@ def check_wire_sequence(case: Case, digests: dict[int, dict[str, Any]]) -> Itera
     for rank in sorted(digests):
         kinds = [call.get("kind") for call in digests[rank].get("wire", [])]
         if kinds != want:
-            yield Violation("INV-WIRE-SEQUENCE", f"{sequence_difference(kinds, want)}: issued {kinds}, "
-                            f"expected {want}", rank=rank, field="wire.sequence")
+            yield Violation(
+                "INV-WIRE-SEQUENCE",
+                f"{sequence_difference(kinds, want)}: issued {kinds}, expected {want}",
+                rank=rank,
+                field="wire.sequence",
+            )
             return
     first_rank = min(digests)
     base = [_agreement_key(call) for call in digests[first_rank]["wire"]]
     for rank in sorted(digests):
         for position, call in enumerate(digests[rank]["wire"]):
             if _agreement_key(call) != base[position]:
-                yield Violation("INV-WIRE-SEQUENCE", f"collective {position} is {_agreement_key(call)} on rank "
-                                f"{rank} but {base[position]} on rank {first_rank}", rank=rank, field="wire.sequence")
+                yield Violation(
+                    "INV-WIRE-SEQUENCE",
+                    f"collective {position} is {_agreement_key(call)} on rank "
+                    f"{rank} but {base[position]} on rank {first_rank}",
+                    rank=rank,
+                    field="wire.sequence",
+                )
                 return
 
 
 def sequence_difference(kinds: list[str], want: list[str]) -> str:
     """The first call that differs, named: an extra one, a missing one, or one in another's place."""
-    position = next((i for i, (got, expected) in enumerate(zip(kinds, want, strict=False)) if got != expected),
-                    min(len(kinds), len(want)))
+    position = next(
+        (i for i, (got, expected) in enumerate(zip(kinds, want, strict=False)) if got != expected),
+        min(len(kinds), len(want)),
+    )
     if position >= len(want):
         return f"extra {kinds[position]} at position {position}"
     if position >= len(kinds):
         return f"missing {want[position]} at position {position}"
-    if kinds[position + 1:] == want[position:]:
+    if kinds[position + 1 :] == want[position:]:
         return f"extra {kinds[position]} at position {position}"
-    if kinds[position:] == want[position + 1:]:
+    if kinds[position:] == want[position + 1 :]:
         return f"missing {want[position]} at position {position}"
     return f"{kinds[position]} at position {position} where {want[position]} belongs"

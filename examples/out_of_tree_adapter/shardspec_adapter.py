@@ -12,8 +12,8 @@ device=...)`` once per case and rank, then the three methods below.
 from __future__ import annotations
 
 import torch
-
 import upstream_style
+
 from shardspec.spec.model import ShardResult
 
 
@@ -21,8 +21,10 @@ class UpstreamStyleSharder:
     def __init__(self, max_num_reqs: int, max_num_logits_per_req: int, *, comm, device):
         group = getattr(comm, "group", None)
         if group is None:
-            raise RuntimeError("this adapter calls torch.distributed itself: run the suite multi-process "
-                               "(the default), not --in-process")
+            raise RuntimeError(
+                "this adapter calls torch.distributed itself: run the suite multi-process "
+                "(the default), not --in-process"
+            )
         self.state = upstream_style.SharderState(max_num_reqs, max_num_logits_per_req, torch.device(device), group)
 
     def shard_sampler_inputs(self, batch, grammar) -> ShardResult:
@@ -32,11 +34,18 @@ class UpstreamStyleSharder:
     def all_to_all_logits(self, logits_shard, metadata):
         return upstream_style.all_to_all_logits(logits_shard, metadata, self.state)
 
-    def gather_sampler_output(self, local_output, metadata, global_batch, local_batch, *,
-                              gather_num_nans=False, logprobs_dims=None):
+    def gather_sampler_output(
+        self, local_output, metadata, global_batch, local_batch, *, gather_num_nans=False, logprobs_dims=None
+    ):
         return upstream_style.gather_sampler_output(
-            local_output, metadata, self.state.device, global_batch, local_batch,
-            gather_num_nans=gather_num_nans, logprobs_dims=logprobs_dims, sharder_state=self.state,
+            local_output,
+            metadata,
+            self.state.device,
+            global_batch,
+            local_batch,
+            gather_num_nans=gather_num_nans,
+            logprobs_dims=logprobs_dims,
+            sharder_state=self.state,
         )
 
 

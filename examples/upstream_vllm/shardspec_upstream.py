@@ -142,13 +142,29 @@ class UpstreamSharder:
         with self._rank():
             return self.upstream.all_to_all_logits(logits_shard, metadata)
 
-    def gather_sampler_output(self, local_output, metadata, global_batch, local_batch, *,
-                              gather_num_nans=False, logprobs_dims=None, extension_fields=None):
+    def gather_sampler_output(
+        self,
+        local_output,
+        metadata,
+        global_batch,
+        local_batch,
+        *,
+        gather_num_nans=False,
+        logprobs_dims=None,
+        extension_fields=None,
+    ):
         # The file's gather has no such parameter: the declarations are not forwarded, so what the
         # suite sees of extension fields (INV-GATHER-EXTENSIONS) is what the file does with them.
         with self._rank():
-            return self.upstream.gather_sampler_output(local_output, metadata, self.device, global_batch, local_batch,
-                                                       gather_num_nans=gather_num_nans, logprobs_dims=logprobs_dims)
+            return self.upstream.gather_sampler_output(
+                local_output,
+                metadata,
+                self.device,
+                global_batch,
+                local_batch,
+                gather_num_nans=gather_num_nans,
+                logprobs_dims=logprobs_dims,
+            )
 
 
 class _Entered:

@@ -10,7 +10,8 @@ single-rank benchmarks that stand in for remote peers (:class:`LoopbackComm`).
 from __future__ import annotations
 
 import threading
-from typing import Optional, Protocol, Sequence
+from collections.abc import Sequence
+from typing import Protocol
 
 import torch
 
@@ -33,7 +34,7 @@ class Communicator(Protocol):
 class TorchDistComm:
     """Collectives of a torch.distributed process group (gloo, NCCL, ...)."""
 
-    def __init__(self, group: Optional["torch.distributed.ProcessGroup"] = None):
+    def __init__(self, group: torch.distributed.ProcessGroup | None = None):
         import torch.distributed as dist
 
         self.group = group
@@ -98,11 +99,11 @@ class LockstepGroup:
         self._generation = 0
         self._turn = 0
         self._finished: set[int] = set()
-        self.error: Optional[BaseException] = None
+        self.error: BaseException | None = None
         # The rank whose own failure broke the group, when there is one.
-        self.error_rank: Optional[int] = None
+        self.error_rank: int | None = None
 
-    def comm(self, rank: int) -> "_LockstepComm":
+    def comm(self, rank: int) -> _LockstepComm:
         return _LockstepComm(self, rank)
 
     # -- turn-taking -----------------------------------------------------
@@ -128,7 +129,7 @@ class LockstepGroup:
         with self._cond:
             self._wait(lambda: self._turn == rank, rank, "start")
 
-    def finish(self, rank: int, error: Optional[BaseException] = None) -> None:
+    def finish(self, rank: int, error: BaseException | None = None) -> None:
         with self._cond:
             self._finished.add(rank)
             if error is not None and self.error is None:
@@ -156,8 +157,7 @@ class LockstepGroup:
             else:
                 if self._finished:
                     self.error = RuntimeError(
-                        f"ranks {sorted(self._finished)} finished while rank(s) "
-                        f"{sorted(self._arrived)} wait in {kind}"
+                        f"ranks {sorted(self._finished)} finished while rank(s) {sorted(self._arrived)} wait in {kind}"
                     )
                     self._cond.notify_all()
                     raise self.error
@@ -242,9 +242,7 @@ class _LockstepComm:
                             f"to rank {dst}, which expects {out_splits[src]}"
                         )
                     rows = in_splits[dst]
-                    out[out_offsets[src] : out_offsets[src] + rows].copy_(
-                        inp[in_offsets[dst] : in_offsets[dst] + rows]
-                    )
+                    out[out_offsets[src] : out_offsets[src] + rows].copy_(inp[in_offsets[dst] : in_offsets[dst] + rows])
 
         self._group.collective(self.rank, "all_to_all_single", payload, run)
 
@@ -253,7 +251,7 @@ class _LockstepComm:
             shapes = {r: tuple(p[1].shape) for r, p in payloads.items()}
             if len(set(shapes.values())) != 1:
                 raise RuntimeError(f"all_gather input shapes differ across ranks: {shapes}")
-            for dst, (out, _) in payloads.items():
+            for _dst, (out, _) in payloads.items():
                 for src in range(self.world_size):
                     out.view(self.world_size, *payloads[src][1].shape)[src].copy_(payloads[src][1])
 

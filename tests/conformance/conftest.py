@@ -3,12 +3,10 @@
 import os
 
 import pytest
+from harness_cases import PLUGINS
 
 from shardspec.conformance.checks import base
 from shardspec.conformance.checks.base import Violation
-
-from harness_cases import PLUGINS
-
 
 
 def pytest_configure(config):

@@ -11,8 +11,16 @@ EXAMPLE = pathlib.Path(__file__).resolve().parents[2] / "examples" / "out_of_tre
 def small_cases(tp: int) -> list[Case]:
     """Three cases of 2, 3 and 4 requests; the faulty sharders misbehave on the 3-request one."""
     return [
-        Case(f"small-tp{tp}-{n}", tp, description=f"{n} requests", slots=[5, 2, 9, 0][:n], num_logits_per_req=[1, 2, 1, 3][:n],
-             grammar_positions=[0], nan_tokens=[1], logprobs_dims=(2, 3))
+        Case(
+            f"small-tp{tp}-{n}",
+            tp,
+            description=f"{n} requests",
+            slots=[5, 2, 9, 0][:n],
+            num_logits_per_req=[1, 2, 1, 3][:n],
+            grammar_positions=[0],
+            nan_tokens=[1],
+            logprobs_dims=(2, 3),
+        )
         for n in (2, 3, 4)
     ]
 

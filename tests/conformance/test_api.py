@@ -3,7 +3,10 @@
 import pytest
 
 from shardspec.conformance.api import (
-    ImplChoice, ImplementationError, implementation_names, load_implementation,
+    ImplChoice,
+    ImplementationError,
+    implementation_names,
+    load_implementation,
 )
 from shardspec.reference import ReferenceSharder
 
@@ -25,11 +28,14 @@ def test_module_attr_with_dotted_attribute(plugins_on_path):
     assert impl.factory.__name__ == "RaisingSharder"
 
 
-@pytest.mark.parametrize("name, words", [
-    ("nonsense", "unknown implementation"),
-    ("no_such_module_xyz:make", "cannot import 'no_such_module_xyz'"),
-    ("shardspec.reference:NoSuchThing", "has no attribute 'NoSuchThing'"),
-])
+@pytest.mark.parametrize(
+    "name, words",
+    [
+        ("nonsense", "unknown implementation"),
+        ("no_such_module_xyz:make", "cannot import 'no_such_module_xyz'"),
+        ("shardspec.reference:NoSuchThing", "has no attribute 'NoSuchThing'"),
+    ],
+)
 def test_clear_errors(name, words):
     with pytest.raises(ImplementationError, match=words):
         load_implementation(name)
@@ -56,9 +62,14 @@ def test_mixed_choice_assigns_odd_ranks():
 def test_mixed_entries_and_impl_odd_sugar(monkeypatch):
     monkeypatch.delenv("SHARDSPEC_IMPL", raising=False)
     assert implementation_names("reference,production, reference/production") == [
-        "reference", "production", "reference/production"]
+        "reference",
+        "production",
+        "reference/production",
+    ]
     assert implementation_names("reference,production/reference", impl_odd="x.y:z") == [
-        "reference/x.y:z", "production/reference"]
+        "reference/x.y:z",
+        "production/reference",
+    ]
 
 
 @pytest.mark.parametrize("entry", ["reference/", "a/b/c", "reference/nonsense"])

@@ -2,9 +2,9 @@
 
 import json
 
-from shardspec.conformance.cli import main
-
 from harness_cases import small_cases, write_cases
+
+from shardspec.conformance.cli import main
 
 
 def _run(tmp_path, *extra):
@@ -35,12 +35,15 @@ def test_must_failure_exits_1_and_lists_a_reproduce_command(tmp_path, plugins_on
     assert [c["case_id"] for c in failing] == ["small-tp2-3", "small-tp2-4"]
     out = capsys.readouterr().out
     assert "FAIL [INV-TEST-COUNTS] case small-tp2-3 (tp 2): ranks 0, 1, field num_rejected" in out
-    assert ("reproduce: python -m shardspec.conformance --impl faulty_sharders:WrongCountsSharder "
-            "--in-process-group lockstep --case-file") in out  # the same kind of group as this run
+    assert (
+        "reproduce: python -m shardspec.conformance --impl faulty_sharders:WrongCountsSharder "
+        "--in-process-group lockstep --case-file"
+    ) in out  # the same kind of group as this run
 
 
-def test_xfails_turn_failures_into_xfail_and_warn_about_stale_entries(tmp_path, plugins_on_path,
-                                                                     throwaway_checkers, capsys):
+def test_xfails_turn_failures_into_xfail_and_warn_about_stale_entries(
+    tmp_path, plugins_on_path, throwaway_checkers, capsys
+):
     xfails = tmp_path / "xfails.txt"
     xfails.write_text("INV-TEST-COUNTS  # known\nINV-NO-SUCH-THING\nINV-TEST-WIRE\n")
     code, report = _run(tmp_path, "--impl", "faulty_sharders:WrongCountsSharder", "--xfails-file", str(xfails))

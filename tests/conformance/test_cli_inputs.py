@@ -11,33 +11,35 @@ import sys
 import time
 
 import pytest
+from harness_cases import PLUGINS, small_cases, write_cases
 
 from shardspec.conformance.cli import main
 
-from harness_cases import PLUGINS, small_cases, write_cases
 
-
-@pytest.mark.parametrize("args, message", [
-    (["--tp", ","], "--tp: ',' is not a list of group sizes"),
-    (["--tp", "2,,4"], "--tp: '2,,4' is not a list of group sizes"),
-    (["--tp", "-1"], "--tp: -1 is below 1"),
-    (["--tp", "0"], "--tp: 0 is below 1"),
-    (["--tp", "two"], "--tp: 'two' is not an integer"),
-    (["--tp", "1000"], "--tp: group size 1000 is above 64"),
-    (["--impl", ""], "--impl: '' names no implementation"),
-    (["--impl", " , "], "--impl: ' , ' names no implementation"),
-    (["--impl", "a/b/c"], "malformed implementation entry 'a/b/c'"),
-    (["--timeout", "0"], "--timeout: '0' must be a finite number of seconds above 0"),
-    (["--timeout", "nan"], "--timeout: 'nan' must be a finite number of seconds above 0"),
-    (["--timeout", "inf"], "--timeout: 'inf' must be a finite number of seconds above 0"),
-    (["--pg-timeout", "-3"], "--pg-timeout: '-3' must be a finite number of seconds above 0"),
-    (["--max-examples", "-1"], "--max-examples: -1 is below 0"),
-    (["--seed", "x"], "--seed: 'x' is not an integer"),
-    (["--json", "/no/such/folder/r.json"], "--json: the folder /no/such/folder does not exist"),
-    (["--case", "../../etc/passwd"], "--case '../../etc/passwd': not a fixture id"),
-    (["--case", "no-such-case"], "--case no-such-case: "),
-    (["--case-file", "/no/such/case.yaml"], "--case-file /no/such/case.yaml: no such file"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--tp", ","], "--tp: ',' is not a list of group sizes"),
+        (["--tp", "2,,4"], "--tp: '2,,4' is not a list of group sizes"),
+        (["--tp", "-1"], "--tp: -1 is below 1"),
+        (["--tp", "0"], "--tp: 0 is below 1"),
+        (["--tp", "two"], "--tp: 'two' is not an integer"),
+        (["--tp", "1000"], "--tp: group size 1000 is above 64"),
+        (["--impl", ""], "--impl: '' names no implementation"),
+        (["--impl", " , "], "--impl: ' , ' names no implementation"),
+        (["--impl", "a/b/c"], "malformed implementation entry 'a/b/c'"),
+        (["--timeout", "0"], "--timeout: '0' must be a finite number of seconds above 0"),
+        (["--timeout", "nan"], "--timeout: 'nan' must be a finite number of seconds above 0"),
+        (["--timeout", "inf"], "--timeout: 'inf' must be a finite number of seconds above 0"),
+        (["--pg-timeout", "-3"], "--pg-timeout: '-3' must be a finite number of seconds above 0"),
+        (["--max-examples", "-1"], "--max-examples: -1 is below 0"),
+        (["--seed", "x"], "--seed: 'x' is not an integer"),
+        (["--json", "/no/such/folder/r.json"], "--json: the folder /no/such/folder does not exist"),
+        (["--case", "../../etc/passwd"], "--case '../../etc/passwd': not a fixture id"),
+        (["--case", "no-such-case"], "--case no-such-case: "),
+        (["--case-file", "/no/such/case.yaml"], "--case-file /no/such/case.yaml: no such file"),
+    ],
+)
 def test_bad_option_is_one_line_and_exit_2(args, message, capsys, monkeypatch):
     monkeypatch.delenv("SHARDSPEC_TIMEOUT", raising=False)
     assert main(args) == 2
@@ -45,13 +47,16 @@ def test_bad_option_is_one_line_and_exit_2(args, message, capsys, monkeypatch):
     assert message in err and len(err.splitlines()) == 1, err
 
 
-@pytest.mark.parametrize("name, value, message", [
-    ("SHARDSPEC_TIMEOUT", "abc", "$SHARDSPEC_TIMEOUT: 'abc' is not a number of seconds"),
-    ("SHARDSPEC_TP", "1,,2", "$SHARDSPEC_TP: '1,,2' is not a list of group sizes"),
-    ("SHARDSPEC_MAX_EXAMPLES", "many", "$SHARDSPEC_MAX_EXAMPLES: 'many' is not an integer"),
-    ("SHARDSPEC_QUICK", "maybe", "$SHARDSPEC_QUICK: 'maybe' is not a boolean"),
-    ("SHARDSPEC_IMPL", ",", "$SHARDSPEC_IMPL: ',' names no implementation"),
-])
+@pytest.mark.parametrize(
+    "name, value, message",
+    [
+        ("SHARDSPEC_TIMEOUT", "abc", "$SHARDSPEC_TIMEOUT: 'abc' is not a number of seconds"),
+        ("SHARDSPEC_TP", "1,,2", "$SHARDSPEC_TP: '1,,2' is not a list of group sizes"),
+        ("SHARDSPEC_MAX_EXAMPLES", "many", "$SHARDSPEC_MAX_EXAMPLES: 'many' is not an integer"),
+        ("SHARDSPEC_QUICK", "maybe", "$SHARDSPEC_QUICK: 'maybe' is not a boolean"),
+        ("SHARDSPEC_IMPL", ",", "$SHARDSPEC_IMPL: ',' names no implementation"),
+    ],
+)
 def test_bad_environment_variable_is_named(name, value, message, capsys, monkeypatch):
     monkeypatch.setenv(name, value)
     assert main(["--fixtures-only"]) == 2
@@ -102,8 +107,10 @@ def test_unknown_expected_error_is_refused(tmp_path, capsys):
 
 def test_a_run_that_judged_no_case_fails(tmp_path, capsys):
     report = tmp_path / "r.json"
-    assert main(["--impl", "no_such_pkg_xyz:make", "--in-process", "--fixtures-only", "--tp", "2",
-                 "--json", str(report)]) == 1
+    assert (
+        main(["--impl", "no_such_pkg_xyz:make", "--in-process", "--fixtures-only", "--tp", "2", "--json", str(report)])
+        == 1
+    )
     out = capsys.readouterr().out
     assert "no case was judged" in out and "PASSED" not in out
     assert json.loads(report.read_text())["exit_code"] == 1
@@ -113,8 +120,13 @@ def test_a_clone_named_shardspec_in_the_working_folder_is_named(tmp_path):
     """From a folder holding a clone called shardspec/, Python imports the clone's folder as a namespace
     package in place of the installed one: say so, instead of failing later without a report."""
     (tmp_path / "shardspec" / "spec").mkdir(parents=True)
-    proc = subprocess.run([sys.executable, "-m", "shardspec.conformance", "--json", "r.json"], cwd=tmp_path,
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-m", "shardspec.conformance", "--json", "r.json"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert f"the folder {tmp_path / 'shardspec'} shadows the installed shardspec package" in proc.stderr
 
@@ -124,11 +136,23 @@ def test_sigterm_ends_the_run_with_a_partial_report_and_no_rank_left(tmp_path):
     files = write_cases(small_cases(2), tmp_path)
     report = tmp_path / "r.json"
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(PLUGINS), os.environ.get("PYTHONPATH")])))
-    command = [sys.executable, "-m", "shardspec.conformance", "--impl", "faulty_sharders:HangingSharder",
-               "--timeout", "120", "--json", str(report), "--run-dir", str(tmp_path / "run")]
+    command = [
+        sys.executable,
+        "-m",
+        "shardspec.conformance",
+        "--impl",
+        "faulty_sharders:HangingSharder",
+        "--timeout",
+        "120",
+        "--json",
+        str(report),
+        "--run-dir",
+        str(tmp_path / "run"),
+    ]
     command += [arg for path in files for arg in ("--case-file", path)]
-    proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    )
     deadline = time.monotonic() + 120
     while not list((tmp_path / "run").rglob("*.frames")) and time.monotonic() < deadline:
         time.sleep(0.5)

@@ -7,8 +7,9 @@ from shardspec.conformance.cli import main
 
 def _table(tmp_path, impl):
     report = tmp_path / "r.json"
-    code = main(["--in-process", "--impl", impl, "--case", "tp2-extensions", "--case", "tp2-decode",
-                 "--json", str(report)])
+    code = main(
+        ["--in-process", "--impl", impl, "--case", "tp2-extensions", "--case", "tp2-decode", "--json", str(report)]
+    )
     rows = json.loads(report.read_text())["sections"][0]["table"]
     return code, {row["invariant"]: row["results"]["2"] for row in rows}
 

@@ -8,8 +8,8 @@ import sys
 import time
 
 import pytest
-
 from harness_cases import PLUGINS, small_cases, write_cases
+
 from shardspec.conformance.spawn import free_port
 
 pytestmark = pytest.mark.slow
@@ -22,13 +22,27 @@ def _env():
 
 def _verdicts(report_path):
     cases = json.loads(report_path.read_text())["sections"][0]["cases"]
-    return {c["case_id"]: (c["status"], sorted({(v["invariant_id"], v["rank"]) for v in c["violations"]}))
-            for c in cases}
+    return {
+        c["case_id"]: (c["status"], sorted({(v["invariant_id"], v["rank"]) for v in c["violations"]})) for c in cases
+    }
 
 
 def _suite(folder, files, *extra):
-    command = [sys.executable, "-m", "shardspec.conformance", "--impl", IMPL, "--tp", "2", "--no-shrink",
-               "--json", str(folder / "r.json"), "--run-dir", str(folder / "run"), *extra]
+    command = [
+        sys.executable,
+        "-m",
+        "shardspec.conformance",
+        "--impl",
+        IMPL,
+        "--tp",
+        "2",
+        "--no-shrink",
+        "--json",
+        str(folder / "r.json"),
+        "--run-dir",
+        str(folder / "run"),
+        *extra,
+    ]
     return command + [arg for path in files for arg in ("--case-file", path)]
 
 
@@ -39,18 +53,38 @@ def test_two_nodes_on_one_rendezvous_give_the_verdicts_of_one_launch(tmp_path):
     joined.mkdir()
     subprocess.run(_suite(own, files), env=_env(), capture_output=True, text=True, timeout=300)
 
-    judge = subprocess.Popen(_suite(joined, files, "--launcher", "external"), env=_env(), stdout=subprocess.PIPE,
-                             stderr=subprocess.STDOUT, text=True)
+    judge = subprocess.Popen(
+        _suite(joined, files, "--launcher", "external"),
+        env=_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     launch = joined / "run" / "tp2" / "launch0.json"
     deadline = time.monotonic() + 120
     while not launch.exists() and time.monotonic() < deadline:
         time.sleep(0.3)
     port = free_port()
-    node = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
-            "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "shardspec-test",
-            "-m", "shardspec.conformance.worker", str(launch.parent), str(launch)]
-    nodes = [subprocess.Popen(node, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-             for _ in range(2)]
+    node = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nnodes",
+        "2",
+        "--nproc-per-node",
+        "1",
+        "--rdzv-backend",
+        "c10d",
+        "--rdzv-endpoint",
+        f"127.0.0.1:{port}",
+        "--rdzv-id",
+        "shardspec-test",
+        "-m",
+        "shardspec.conformance.worker",
+        str(launch.parent),
+        str(launch),
+    ]
+    nodes = [subprocess.Popen(node, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for _ in range(2)]
     out, _ = judge.communicate(timeout=300)
     for process in nodes:
         process.wait(timeout=60)

@@ -3,13 +3,12 @@
 import json
 
 import pytest
+from harness_cases import small_cases
 
 from shardspec.conformance.api import ImplChoice
 from shardspec.conformance.checks import base
 from shardspec.conformance.inprocess import run_case_in_process
 from shardspec.conformance.results import ERROR, FAIL, PASS
-
-from harness_cases import small_cases
 
 
 @pytest.mark.parametrize("tp", [1, 2, 3])
@@ -22,7 +21,11 @@ def test_reference_passes_and_digests_are_json(tp, throwaway_checkers):
     json.dumps(digests)
     assert len({d["gathered"]["sampled_token_ids"] for d in digests.values()}) == 1
     assert [w["kind"] for w in digests[0]["wire"]] == [
-        "all_to_all_single", "all_gather_into_tensor", "all_gather_into_tensor", "all_gather_into_tensor"]
+        "all_to_all_single",
+        "all_gather_into_tensor",
+        "all_gather_into_tensor",
+        "all_gather_into_tensor",
+    ]
 
 
 def test_violation_names_rank_and_field(plugins_on_path, throwaway_checkers):
@@ -30,7 +33,9 @@ def test_violation_names_rank_and_field(plugins_on_path, throwaway_checkers):
     result = run_case_in_process(case, ImplChoice("faulty_sharders:WrongCountsSharder"))
     assert result.status == FAIL
     assert {(v["invariant_id"], v["rank"], v["field"]) for v in result.violations} == {
-        ("INV-TEST-COUNTS", 0, "num_rejected"), ("INV-TEST-COUNTS", 1, "num_rejected")}
+        ("INV-TEST-COUNTS", 0, "num_rejected"),
+        ("INV-TEST-COUNTS", 1, "num_rejected"),
+    }
 
 
 def test_raising_rank_is_named_with_traceback(plugins_on_path, throwaway_checkers):
@@ -51,8 +56,7 @@ def test_mixed_group_of_identical_implementations_agrees(plugins_on_path, throwa
 def test_expected_rejection_is_judged_not_an_error(throwaway_checkers):
     from shardspec.spec.case import Case
 
-    case = Case("reject", 2, slots=[1, 99], num_logits_per_req=[1, 1], max_num_reqs=8,
-                expect_error="PRE-SLOT-RANGE")
+    case = Case("reject", 2, slots=[1, 99], num_logits_per_req=[1, 1], max_num_reqs=8, expect_error="PRE-SLOT-RANGE")
     result = run_case_in_process(case, ImplChoice("reference"))
     assert result.status == PASS and not result.errors
 

@@ -15,8 +15,15 @@ from shardspec.conformance.inprocess import run_case_in_process
 from shardspec.fixtures import case_from_yaml, case_to_yaml
 from shardspec.spec.case import Case, ExplicitLocalOutput, build_case_inputs, local_logits_shard
 from shardspec.spec.layouts import (
-    BATCH_ARRAYS, BATCH_TENSORS, LOCAL_OUTPUT, OFFSET, OFFSET_ELEMENTS, STRIDED, lay_out_array, lay_out_tensor,
+    BATCH_ARRAYS,
+    BATCH_TENSORS,
+    LOCAL_OUTPUT,
+    OFFSET,
+    OFFSET_ELEMENTS,
+    STRIDED,
+    lay_out_array,
     lay_out_sampler_output,
+    lay_out_tensor,
 )
 
 VIEWED = BATCH_TENSORS + BATCH_ARRAYS + ("logits_shard", "grammar_bitmask", LOCAL_OUTPUT)
@@ -74,17 +81,21 @@ def test_case_inputs_are_views_with_the_contiguous_values(layout):
 
 
 def test_layouts_and_dtype_survive_a_case_file():
-    case = Case("views", **SPEC_BATCH, layouts={"seq_lens": STRIDED, "cu_num_logits_np": OFFSET},
-                logits_dtype="bfloat16")
+    case = Case(
+        "views", **SPEC_BATCH, layouts={"seq_lens": STRIDED, "cu_num_logits_np": OFFSET}, logits_dtype="bfloat16"
+    )
     assert case_from_yaml(case_to_yaml(case)) == case
     assert "layouts" not in case_to_yaml(Case("plain", **SPEC_BATCH))  # older case files read back unchanged
 
 
-@pytest.mark.parametrize("fields, message", [
-    ({"layouts": {"seq_len": STRIDED}}, "unknown input field 'seq_len'"),
-    ({"layouts": {"seq_lens": "transposed"}}, "unknown layout 'transposed'"),
-    ({"logits_dtype": "float8"}, "unknown dtype 'float8'"),
-])
+@pytest.mark.parametrize(
+    "fields, message",
+    [
+        ({"layouts": {"seq_len": STRIDED}}, "unknown input field 'seq_len'"),
+        ({"layouts": {"seq_lens": "transposed"}}, "unknown layout 'transposed'"),
+        ({"logits_dtype": "float8"}, "unknown dtype 'float8'"),
+    ],
+)
 def test_bad_layouts_are_named(fields, message):
     with pytest.raises(ValueError, match=message):
         build_case_inputs(Case("bad", **SPEC_BATCH, **fields))
@@ -93,17 +104,36 @@ def test_bad_layouts_are_named(fields, message):
 @pytest.mark.parametrize("impl", ["reference", "production"])
 @pytest.mark.parametrize("layout", [STRIDED, OFFSET])
 def test_implementations_read_views_by_their_strides(impl, layout):
-    case = Case(f"views-{layout}", **SPEC_BATCH, nan_tokens=[1], layouts={name: layout for name in VIEWED},
-                logits_dtype="bfloat16")
+    case = Case(
+        f"views-{layout}",
+        **SPEC_BATCH,
+        nan_tokens=[1],
+        layouts={name: layout for name in VIEWED},
+        logits_dtype="bfloat16",
+    )
     result = run_case_in_process(case, ImplChoice(impl))
     assert (result.errors, result.violations) == ([], [])
 
 
 @pytest.mark.parametrize("layout", [STRIDED, OFFSET])
 def test_local_sampler_output_as_views(layout):
-    case = Case("explicit", tp_size=1, slots=[0, 1], num_logits_per_req=[2, 1], local_outputs={0: ExplicitLocalOutput(
-        sampled_token_ids=[[5, 6], [7, 0]], num_sampled=[2, 1], num_rejected=[0, 0], num_nans=[0, 1, 2],
-        logprob_token_ids=[[5, 1], [6, 2], [7, 3]], logprobs=[[-0.5, -1.0]] * 3, selected_token_ranks=[0, 1, 2])})
+    case = Case(
+        "explicit",
+        tp_size=1,
+        slots=[0, 1],
+        num_logits_per_req=[2, 1],
+        local_outputs={
+            0: ExplicitLocalOutput(
+                sampled_token_ids=[[5, 6], [7, 0]],
+                num_sampled=[2, 1],
+                num_rejected=[0, 0],
+                num_nans=[0, 1, 2],
+                logprob_token_ids=[[5, 1], [6, 2], [7, 3]],
+                logprobs=[[-0.5, -1.0]] * 3,
+                selected_token_ranks=[0, 1, 2],
+            )
+        },
+    )
     plain = case.local_outputs[0].to_sampler_output("cpu")
     viewed = lay_out_sampler_output(plain, {LOCAL_OUTPUT: layout})
     for name in ("sampled_token_ids", "num_nans", "num_sampled", "num_rejected"):

@@ -8,10 +8,10 @@ on the same cases and tp 1 is reported as not applicable.
 import json
 from dataclasses import replace
 
+from harness_cases import write_cases
+
 from shardspec.conformance.broken import BY_NAME, cases
 from shardspec.conformance.cli import main
-
-from harness_cases import write_cases
 
 WIRE_BROKEN = BY_NAME["counts-first-on-the-wire"]  # odd ranks pack the sampled buffer differently
 
@@ -32,8 +32,9 @@ def _judged_cells(column):
 
 def _column(section, tp):
     """Invariant -> cell at ``tp``, without the count of cases not run (a number)."""
-    return {row["invariant"]: row["results"][str(tp)] for row in section["table"]
-            if row["invariant"] != "(cases not run)"}
+    return {
+        row["invariant"]: row["results"][str(tp)] for row in section["table"] if row["invariant"] != "(cases not run)"
+    }
 
 
 def test_broken_odd_ranks_fail_with_the_defects_invariant(tmp_path, capsys):

@@ -9,7 +9,6 @@ import subprocess
 import sys
 
 import pytest
-
 from harness_cases import EXAMPLE, PLUGINS, small_cases, write_cases
 
 pytestmark = pytest.mark.slow
@@ -19,8 +18,16 @@ def _suite(tmp_path, tp, *args, pythonpath=PLUGINS):
     files = write_cases(small_cases(tp), tmp_path)
     report = tmp_path / "report.json"
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(pythonpath), os.environ.get("PYTHONPATH")])))
-    command = [sys.executable, "-m", "shardspec.conformance", "--json", str(report),
-               "--run-dir", str(tmp_path / "run"), *args]
+    command = [
+        sys.executable,
+        "-m",
+        "shardspec.conformance",
+        "--json",
+        str(report),
+        "--run-dir",
+        str(tmp_path / "run"),
+        *args,
+    ]
     command += [arg for path in files for arg in ("--case-file", path)]
     proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=240)
     return proc, json.loads(report.read_text())
@@ -74,8 +81,9 @@ def test_torchrun_launcher_reports_a_raising_rank_and_goes_on(tmp_path):
 
 def test_a_collective_mismatch_names_the_rank_that_left_the_plan(tmp_path):
     """Rank 1 pads the all-gather differently; gloo aborts rank 0. The culprit is rank 1, named first."""
-    proc, report = _suite(tmp_path, 2, "--impl", "faulty_sharders:MismatchedGatherOnRank1", "--timeout", "10",
-                          "--no-shrink")
+    proc, report = _suite(
+        tmp_path, 2, "--impl", "faulty_sharders:MismatchedGatherOnRank1", "--timeout", "10", "--no-shrink"
+    )
     assert proc.returncode == 1
     broken = _cases(report)["small-tp2-3"]
     first = broken["errors"][0]

@@ -30,9 +30,17 @@ def test_reference_passes_generated_cases(throwaway_checkers):
 
 def test_shrinks_to_the_smallest_failing_batch(plugins_on_path, throwaway_checkers):
     choice = ImplChoice("faulty_sharders:WrongCountsSharder")  # wrong for more than two requests
-    big = Case("big", 2, description="six requests", slots=[7, 2, 9, 4, 11, 6],
-               num_logits_per_req=[2, 1, 3, 1, 2, 1], grammar_positions=[4, 1, 0], nan_tokens=[0, 3],
-               logprobs_dims=(3, 5), seed=11)
+    big = Case(
+        "big",
+        2,
+        description="six requests",
+        slots=[7, 2, 9, 4, 11, 6],
+        num_logits_per_req=[2, 1, 3, 1, 2, 1],
+        grammar_positions=[4, 1, 0],
+        nan_tokens=[0, 3],
+        logprobs_dims=(3, 5),
+        seed=11,
+    )
     failure = run_case_in_process(big, choice)
     assert failure.status == FAIL
     small = shrink(big, failure, lambda c: run_case_in_process(c, choice))
@@ -50,14 +58,35 @@ def test_a_failing_generated_case_is_shrunk_in_a_child_process(tmp_path):
     import sys
 
     report = tmp_path / "r.json"
-    proc = subprocess.run([sys.executable, "-m", "shardspec.conformance", "--impl",
-                           "shardspec.conformance.broken.shard:OwnerBySlotDivision", "--tp", "2", "--max-examples", "2",
-                           "--run-dir", str(tmp_path / "run"), "--json", str(report)],
-                          capture_output=True, text=True, timeout=400, env=dict(os.environ))
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "shardspec.conformance",
+            "--impl",
+            "shardspec.conformance.broken.shard:OwnerBySlotDivision",
+            "--tp",
+            "2",
+            "--max-examples",
+            "2",
+            "--run-dir",
+            str(tmp_path / "run"),
+            "--json",
+            str(report),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=400,
+        env=dict(os.environ),
+    )
     assert proc.returncode == 1
     assert "in a child process ..." in proc.stdout and "minimal failing case" in proc.stdout, proc.stdout[-3000:]
     assert "could not shrink" not in proc.stdout
-    commands = [c["reproduce"] for s in json.loads(report.read_text())["sections"] for c in s["cases"]
-                if c["case_id"].startswith("gen-") and c["status"] == "fail"]
+    commands = [
+        c["reproduce"]
+        for s in json.loads(report.read_text())["sections"]
+        for c in s["cases"]
+        if c["case_id"].startswith("gen-") and c["status"] == "fail"
+    ]
     shrunk = [re.search(r"--case-file (\S+-min\.yaml)", c) for c in commands]
     assert any(shrunk) and all(os.path.exists(m.group(1)) for m in shrunk if m)

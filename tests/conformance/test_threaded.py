@@ -5,13 +5,12 @@ import time
 
 import pytest
 import torch.distributed as dist
+from harness_cases import small_cases
 
 from shardspec.conformance import threaded
 from shardspec.conformance.api import ImplChoice
 from shardspec.conformance.inprocess import run_case_in_process
 from shardspec.conformance.results import ERROR, FAIL, PASS
-
-from harness_cases import small_cases
 
 GROUP = "torch-threads"
 
@@ -25,7 +24,11 @@ def test_reference_passes_and_every_rank_records_its_wire(tp, throwaway_checkers
     assert sorted(digests) == list(range(tp))
     for digest in digests.values():
         assert [w["kind"] for w in digest["wire"]] == [
-            "all_to_all_single", "all_gather_into_tensor", "all_gather_into_tensor", "all_gather_into_tensor"]
+            "all_to_all_single",
+            "all_gather_into_tensor",
+            "all_gather_into_tensor",
+            "all_gather_into_tensor",
+        ]
 
 
 def test_direct_torch_distributed_calls_are_recorded_per_rank(plugins_on_path):
@@ -42,13 +45,16 @@ def test_violation_names_rank_and_field(plugins_on_path, throwaway_checkers):
     result = run_case_in_process(small_cases(2)[1], ImplChoice("faulty_sharders:WrongCountsSharder"), group=GROUP)
     assert result.status == FAIL
     assert {(v["invariant_id"], v["rank"], v["field"]) for v in result.violations} == {
-        ("INV-TEST-COUNTS", 0, "num_rejected"), ("INV-TEST-COUNTS", 1, "num_rejected")}
+        ("INV-TEST-COUNTS", 0, "num_rejected"),
+        ("INV-TEST-COUNTS", 1, "num_rejected"),
+    }
 
 
 def test_rank_that_leaves_wakes_its_waiting_peers_at_once(plugins_on_path, throwaway_checkers):
     start = time.monotonic()
-    result = run_case_in_process(small_cases(3)[1], ImplChoice("faulty_sharders:RaisingSharder"), group=GROUP,
-                                 timeout_s=60)
+    result = run_case_in_process(
+        small_cases(3)[1], ImplChoice("faulty_sharders:RaisingSharder"), group=GROUP, timeout_s=60
+    )
     assert time.monotonic() - start < 30  # woken when rank 1 finished, not at the timeout
     assert result.status == ERROR
     by_rank = {e["rank"]: e for e in result.errors}
@@ -60,8 +66,9 @@ def test_rank_that_leaves_wakes_its_waiting_peers_at_once(plugins_on_path, throw
 
 def test_hanging_rank_is_named_after_the_timeout(plugins_on_path, throwaway_checkers, monkeypatch):
     monkeypatch.setattr(threaded, "GRACE_S", 0.2)
-    result = run_case_in_process(small_cases(2)[1], ImplChoice("faulty_sharders:HangingSharder"), group=GROUP,
-                                 timeout_s=1.0)
+    result = run_case_in_process(
+        small_cases(2)[1], ImplChoice("faulty_sharders:HangingSharder"), group=GROUP, timeout_s=1.0
+    )
     assert result.status == ERROR
     messages = " ".join(e["message"] for e in result.errors)
     assert "rank(s) [1] did not finish within 1s" in messages

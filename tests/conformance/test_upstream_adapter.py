@@ -10,12 +10,11 @@ import pathlib
 import sys
 
 import pytest
+from harness_cases import PLUGINS, small_cases
 
 from shardspec.conformance.api import ImplChoice
 from shardspec.conformance.inprocess import run_case_in_process
 from shardspec.conformance.results import PASS
-
-from harness_cases import PLUGINS, small_cases
 
 ADAPTER = pathlib.Path(__file__).resolve().parents[2] / "examples" / "upstream_vllm"
 STAND_IN = PLUGINS / "vllm_style_batch_shard.py"

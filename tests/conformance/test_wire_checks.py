@@ -23,8 +23,14 @@ def _reference_records(case: Case) -> list[StepRecord]:
     def one_rank(comm):
         inputs = build_case_inputs(case, device)
         outputs = run_step(reference_factory, case, inputs, comm, device).outputs
-        return StepRecord(case=case, rank=comm.rank, inputs=inputs, actual=outputs,
-                          expected=expectation.expected[comm.rank], replicated=expectation.replicated)
+        return StepRecord(
+            case=case,
+            rank=comm.rank,
+            inputs=inputs,
+            actual=outputs,
+            expected=expectation.expected[comm.rank],
+            replicated=expectation.replicated,
+        )
 
     return LockstepGroup(case.tp_size).run(one_rank)
 
@@ -65,21 +71,25 @@ def test_a2a_receive_shape(spec_record):
     assert "receives into" in violation.message
 
 
-@pytest.mark.parametrize("index, checker",
-                         [(1, check_wire_sampled), (2, check_wire_logprobs), (3, check_wire_logprobs)])
+@pytest.mark.parametrize(
+    "index, checker", [(1, check_wire_sampled), (2, check_wire_logprobs), (3, check_wire_logprobs)]
+)
 def test_all_gather_receive_shapes(spec_record, index, checker):
     rows, cols = spec_record.actual.wire[index].output_shape
     (violation,) = checker(_with_call(spec_record, index, output_shape=(rows // spec_record.case.tp_size, cols)))
     assert "receives into" in violation.message and "tp_size times" in violation.message
 
 
-@pytest.mark.parametrize("kinds, difference", [
-    ([A2A, "barrier", GATHER], "extra barrier at position 1"),
-    (["all_reduce", A2A, GATHER], "extra all_reduce at position 0"),
-    ([A2A, GATHER, "send"], "extra send at position 2"),
-    ([GATHER], f"missing {A2A} at position 0"),
-    ([A2A], f"missing {GATHER} at position 1"),
-    ([A2A, "all_gather"], f"all_gather at position 1 where {GATHER} belongs"),
-])
+@pytest.mark.parametrize(
+    "kinds, difference",
+    [
+        ([A2A, "barrier", GATHER], "extra barrier at position 1"),
+        (["all_reduce", A2A, GATHER], "extra all_reduce at position 0"),
+        ([A2A, GATHER, "send"], "extra send at position 2"),
+        ([GATHER], f"missing {A2A} at position 0"),
+        ([A2A], f"missing {GATHER} at position 1"),
+        ([A2A, "all_gather"], f"all_gather at position 1 where {GATHER} belongs"),
+    ],
+)
 def test_sequence_difference_names_the_call(kinds, difference):
     assert sequence_difference(kinds, [A2A, GATHER]) == difference

@@ -29,16 +29,24 @@ def _every_other(tensor: torch.Tensor) -> torch.Tensor:
 
 
 def _shards(batch, tp, rank, capacity=8):
-    return [impl(capacity, 4, comm=LoopbackComm(rank, tp), device="cuda").shard_sampler_inputs(batch, None)
-            for impl in (ReferenceSharder, ProductionSharder)]
+    return [
+        impl(capacity, 4, comm=LoopbackComm(rank, tp), device="cuda").shard_sampler_inputs(batch, None)
+        for impl in (ReferenceSharder, ProductionSharder)
+    ]
 
 
 def _assert_shards_equal(expected, actual):
     local_e, local_a = expected.local_batch, actual.local_batch
     assert torch.equal(expected.sorted_logits_indices, actual.sorted_logits_indices)
     assert torch.equal(expected.metadata.gathered_src_indices, actual.metadata.gathered_src_indices)
-    for name in ("idx_mapping", "seq_lens", "logits_indices", "cu_num_logits", "expanded_idx_mapping",
-                 "expanded_local_pos"):
+    for name in (
+        "idx_mapping",
+        "seq_lens",
+        "logits_indices",
+        "cu_num_logits",
+        "expanded_idx_mapping",
+        "expanded_local_pos",
+    ):
         e, a = getattr(local_e, name), getattr(local_a, name)
         assert e.dtype == a.dtype and torch.equal(e, a), name
     assert np.array_equal(local_e.cu_num_logits_np, local_a.cu_num_logits_np)
@@ -58,9 +66,12 @@ def test_large_batch_of_views_matches_reference(layout, tp, rank):
     rng = np.random.default_rng(tp + rank)
     num_reqs = 1000
     batch = build_input_batch(rng.permutation(1024)[:num_reqs], rng.integers(1, 5, size=num_reqs), device="cuda")
-    views = replace(batch, **{name: lay_out_tensor(getattr(batch, name), layout) for name in VIEWED},
-                    idx_mapping_np=lay_out_array(batch.idx_mapping_np, layout),
-                    cu_num_logits_np=lay_out_array(batch.cu_num_logits_np, layout))
+    views = replace(
+        batch,
+        **{name: lay_out_tensor(getattr(batch, name), layout) for name in VIEWED},
+        idx_mapping_np=lay_out_array(batch.idx_mapping_np, layout),
+        cu_num_logits_np=lay_out_array(batch.cu_num_logits_np, layout),
+    )
     expected, actual = _shards(views, tp, rank, capacity=1024)
     _assert_shards_equal(expected, actual)
 
@@ -69,8 +80,9 @@ def test_device_copy_mismatch_is_rejected_when_asked_and_never_synced_by_default
     batch = build_input_batch([2, 5, 0, 3, 6], [1, 3, 2, 1, 2], device="cuda")
     wrong = replace(batch, idx_mapping=torch.tensor([2, 5, 1, 3, 6], device="cuda"))
     with pytest.raises(PreconditionError) as caught:
-        ProductionSharder(8, 4, comm=LoopbackComm(0, 2), device="cuda", check_device_copies=True
-                          ).shard_sampler_inputs(wrong, None)
+        ProductionSharder(8, 4, comm=LoopbackComm(0, 2), device="cuda", check_device_copies=True).shard_sampler_inputs(
+            wrong, None
+        )
     assert (caught.value.precondition_id, caught.value.request) == ("PRE-HOST-DEVICE-MATCH", 2)
     sharder = ProductionSharder(8, 4, comm=LoopbackComm(0, 2), device="cuda")
     sharder.shard_sampler_inputs(batch, None)  # compiles outside the check

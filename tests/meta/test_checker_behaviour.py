@@ -38,14 +38,22 @@ def _records(case: Case, factory) -> list[StepRecord]:
     def one_rank(comm):
         inputs = build_case_inputs(case, device)
         outputs = run_step(factory, case, inputs, comm, device).outputs
-        return StepRecord(case=case, rank=comm.rank, inputs=inputs, actual=outputs,
-                          expected=expectation.expected[comm.rank], replicated=expectation.replicated)
+        return StepRecord(
+            case=case,
+            rank=comm.rank,
+            inputs=inputs,
+            actual=outputs,
+            expected=expectation.expected[comm.rank],
+            replicated=expectation.replicated,
+        )
 
     return LockstepGroup(case.tp_size).run(one_rank)
 
 
-@pytest.mark.parametrize("method, step", [("shard_sampler_inputs", "shard"), ("all_to_all_logits", "all_to_all"),
-                                          ("gather_sampler_output", "gather")])
+@pytest.mark.parametrize(
+    "method, step",
+    [("shard_sampler_inputs", "shard"), ("all_to_all_logits", "all_to_all"), ("gather_sampler_output", "gather")],
+)
 def test_unexpected_exception_is_reported_once_under_its_step(method, step):
     (record,) = _records(TP1, _raising_in(method))
     violations = run_rank_checks(record)
@@ -66,7 +74,8 @@ def test_violation_names_first_offending_request_and_field():
     result = run_case_in_process(cases.SPEC, ImplChoice(BY_NAME["counts-swapped"].target))
     counts = [v for v in result.violations if v["invariant_id"] == "INV-GATHER-COUNTS"]
     assert {(v["rank"], v["field"]) for v in counts} == {
-        (rank, f"gathered.{name}") for rank in (0, 1) for name in ("num_sampled", "num_rejected")}
+        (rank, f"gathered.{name}") for rank in (0, 1) for name in ("num_sampled", "num_rejected")
+    }
     # Toy sampling of SPEC: num_sampled [2, 1, 1, 1, 2], num_rejected [0, 0, 2, 0, 0]; request 0 differs first.
     sampled = [v for v in counts if v["field"] == "gathered.num_sampled"]
     assert all(v["request"] == 0 and "row 0 is 0, expected 2" in v["message"] for v in sampled)
@@ -133,5 +142,7 @@ def test_value_messages_summarise_the_differing_rows_not_whole_tensors():
     actual = expected.clone()
     actual[[3, 70, 71, 400]] += 1
     message = diff_summary(actual, expected, values_equal(actual, expected))
-    assert message == ("row 3 is [7, 8], expected [6, 7]; row 70 is [141, 142], expected [140, 141]; "
-                       "row 71 is [143, 144], expected [142, 143] (4 of 500 rows differ)")
+    assert message == (
+        "row 3 is [7, 8], expected [6, 7]; row 70 is [141, 142], expected [140, 141]; "
+        "row 71 is [143, 144], expected [142, 143] (4 of 500 rows differ)"
+    )

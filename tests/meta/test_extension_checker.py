@@ -39,8 +39,14 @@ def _violations(factory) -> list[list[str]]:
     def rank(comm):
         inputs = build_case_inputs(case, "cpu")
         run = run_step(factory, case, inputs, comm, "cpu")
-        record = StepRecord(case=case, rank=comm.rank, inputs=inputs, actual=run.outputs,
-                            expected=expectation.expected[comm.rank], replicated=expectation.replicated)
+        record = StepRecord(
+            case=case,
+            rank=comm.rank,
+            inputs=inputs,
+            actual=run.outputs,
+            expected=expectation.expected[comm.rank],
+            replicated=expectation.replicated,
+        )
         return [v.message for v in check_gather_extensions(record)]
 
     return LockstepGroup(case.tp_size, timeout_s=30).run(rank)
@@ -51,9 +57,11 @@ def test_gathering_or_refusing_passes_on_every_rank(factory):
     assert _violations(factory) == [[]] * cases.EXTENSIONS.tp_size
 
 
-@pytest.mark.parametrize(("factory", "words"), [(RaisesAnonymously, "TypeError"),
-                                                (DropsExtensionField, "expected the declared fields")],
-                         ids=["raises-another-error", "drops-a-field"])
+@pytest.mark.parametrize(
+    ("factory", "words"),
+    [(RaisesAnonymously, "TypeError"), (DropsExtensionField, "expected the declared fields")],
+    ids=["raises-another-error", "drops-a-field"],
+)
 def test_anything_else_fails_on_every_rank(factory, words):
     per_rank = _violations(factory)
     assert all(len(messages) == 1 and words in messages[0] for messages in per_rank), per_rank

@@ -20,8 +20,12 @@ YAML_IDS = {entry["id"] for entry in yaml.safe_load(INVARIANTS.read_text())["inv
 CONTROLS = ["reference", "shardspec.conformance.broken.conforming:GarbageWirePadding"]
 
 # Each entry in every in-process group it can run in (those calling torch.distributed need a group that has one).
-RUNS = [pytest.param(entry, case_id, group, id=f"{entry.name}/{case_id}-{group}")
-        for entry in CORPUS for case_id in entry.cases for group in entry.groups]
+RUNS = [
+    pytest.param(entry, case_id, group, id=f"{entry.name}/{case_id}-{group}")
+    for entry in CORPUS
+    for case_id in entry.cases
+    for group in entry.groups
+]
 # Every entry on every targeted case: whatever a defect does, no checker crashes.
 ALL_RUNS = [pytest.param(entry, case, id=f"{entry.name}/{case.case_id}") for entry in CORPUS for case in cases.ALL]
 
@@ -37,7 +41,8 @@ def test_checkers_catch_the_defect(entry, case_id, group):
     assert not result.errors, f"{entry.name} should fail checks, not crash: {result.errors}"
     found = _violated(result)
     assert entry.invariant_id in found, (
-        f"{entry.name} ({entry.description}) on {case_id}: expected {entry.invariant_id}, got {sorted(found)}")
+        f"{entry.name} ({entry.description}) on {case_id}: expected {entry.invariant_id}, got {sorted(found)}"
+    )
 
 
 @pytest.mark.parametrize("entry, case", ALL_RUNS)

@@ -13,8 +13,9 @@ def spec():
 
 
 def test_every_output_field_is_constrained_by_a_must_or_should_invariant(spec):
-    named = {name for inv in spec.invariants if not inv.retired and inv.level in ("MUST", "SHOULD")
-             for name in inv.fields}
+    named = {
+        name for inv in spec.invariants if not inv.retired and inv.level in ("MUST", "SHOULD") for name in inv.fields
+    }
     unconstrained = [path for path, _ in spec.data_model.output_leaves() if path not in named]
     assert not unconstrained, f"outputs no invariant constrains: {unconstrained}"
 
@@ -26,12 +27,23 @@ def test_every_step_has_outputs_and_invariants(spec):
 
 
 def test_the_wire_buffers_are_outputs(spec):
-    for name in ("wire.all_to_all", "wire.all_gather_sampled", "wire.all_gather_logprob_ids",
-                 "wire.all_gather_logprobs", "wire.all_gather_extensions", "wire.sequence"):
+    for name in (
+        "wire.all_to_all",
+        "wire.all_gather_sampled",
+        "wire.all_gather_logprob_ids",
+        "wire.all_gather_logprobs",
+        "wire.all_gather_extensions",
+        "wire.sequence",
+    ):
         buffer = spec.data_model.resolve_output(name)
         assert buffer is not None and buffer.type == "collective", name
-    for name in ("wire.all_to_all", "wire.all_gather_sampled", "wire.all_gather_logprob_ids", "wire.all_gather_logprobs",
-                 "wire.all_gather_extensions"):
+    for name in (
+        "wire.all_to_all",
+        "wire.all_gather_sampled",
+        "wire.all_gather_logprob_ids",
+        "wire.all_gather_logprobs",
+        "wire.all_gather_extensions",
+    ):
         buffer = spec.data_model.resolve_output(name)
         assert buffer.dtype and buffer.shape and buffer.received_shape and buffer.layout, name
 

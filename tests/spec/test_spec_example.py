@@ -20,7 +20,7 @@ def example():
 @pytest.fixture(scope="module")
 def batch(example):
     qsl = example["query_start_loc"]
-    query_lens = [b - a for a, b in zip(qsl, qsl[1:])]
+    query_lens = [b - a for a, b in zip(qsl, qsl[1:], strict=False)]
     return build_input_batch(example["slots"], example["num_logits_per_req"], query_lens=query_lens)
 
 

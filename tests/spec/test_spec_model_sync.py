@@ -32,23 +32,31 @@ def _python_fields(cls) -> list[str]:
 def test_types_mirror_the_python_classes_field_by_field(spec):
     mirrored = [t for t in spec.data_model.types if t.python]
     assert {t.python for t in mirrored} == {
-        "InputBatch", "GrammarOutput", "SamplerOutput", "LogprobsTensors", "BatchShardMetadata", "ShardResult",
-        "ExtensionSpec"}
+        "InputBatch",
+        "GrammarOutput",
+        "SamplerOutput",
+        "LogprobsTensors",
+        "BatchShardMetadata",
+        "ShardResult",
+        "ExtensionSpec",
+    }
     for type_spec in mirrored:
         assert [f.name for f in type_spec.fields] == _python_fields(getattr(py_model, type_spec.python)), type_spec.name
 
 
 # -- the reference's outputs have the dtypes and shapes the data model states --
 
+
 def _step(comm, batch, grammar, token_logits):
     sharder = ReferenceSharder(64, 4, comm=comm)
     shard = sharder.shard_sampler_inputs(batch, grammar)
     width = token_logits.shape[1] // comm.world_size
-    logits_shard = token_logits[shard.sorted_logits_indices][:, comm.rank * width:(comm.rank + 1) * width]
+    logits_shard = token_logits[shard.sorted_logits_indices][:, comm.rank * width : (comm.rank + 1) * width]
     full = sharder.all_to_all_logits(logits_shard, shard.metadata)
     local = toy_sample(full[:, :VOCAB].float(), shard.local_batch, shard.local_grammar_output, LOGPROBS_DIMS[0])
-    gathered = sharder.gather_sampler_output(local, shard.metadata, batch, shard.local_batch,
-                                             gather_num_nans=True, logprobs_dims=LOGPROBS_DIMS)
+    gathered = sharder.gather_sampler_output(
+        local, shard.metadata, batch, shard.local_batch, gather_num_nans=True, logprobs_dims=LOGPROBS_DIMS
+    )
     return shard, full, local, gathered
 
 
@@ -72,9 +80,21 @@ def step_results(request):
 def _symbols(batch, shard) -> dict[str, int]:
     md = shard.metadata
     k, t = LOGPROBS_DIMS
-    return {"tp": TP, "N": batch.num_reqs, "L": batch.num_logits, "n": md.num_local_reqs,
-            "L_local": md.num_local_logits, "M": md.max_num_reqs_per_rank, "W": md.max_num_logits_per_req,
-            "k": k, "t": t, "C": 1 + max(k, t), "g": 1, "Vs": 128, "V": VOCAB}
+    return {
+        "tp": TP,
+        "N": batch.num_reqs,
+        "L": batch.num_logits,
+        "n": md.num_local_reqs,
+        "L_local": md.num_local_logits,
+        "M": md.max_num_reqs_per_rank,
+        "W": md.max_num_logits_per_req,
+        "k": k,
+        "t": t,
+        "C": 1 + max(k, t),
+        "g": 1,
+        "Vs": 128,
+        "V": VOCAB,
+    }
 
 
 def _expected_shape(shape, symbols):
@@ -84,8 +104,16 @@ def _expected_shape(shape, symbols):
 
 
 def _names(expr: str) -> list[str]:
-    return [token for token in expr.replace("(", " ").replace(")", " ").replace("+", " ").replace("*", " ")
-            .replace("-", " ").split() if not token.isdigit()]
+    return [
+        token
+        for token in expr.replace("(", " ")
+        .replace(")", " ")
+        .replace("+", " ")
+        .replace("*", " ")
+        .replace("-", " ")
+        .split()
+        if not token.isdigit()
+    ]
 
 
 def _check(value, field, symbols, where, model, local=False, logits_dtype=None):
@@ -120,12 +148,24 @@ def test_reference_outputs_match_the_data_model(spec, step_results):
     batch, per_rank = step_results
     for rank, (shard, full, local, gathered) in enumerate(per_rank):
         symbols = _symbols(batch, shard)
-        outputs = {"local_batch": shard.local_batch, "sorted_logits_indices": shard.sorted_logits_indices,
-                   "local_grammar_output": shard.local_grammar_output, "metadata": shard.metadata,
-                   "full_vocab_logits": full, "gathered": gathered}
+        outputs = {
+            "local_batch": shard.local_batch,
+            "sorted_logits_indices": shard.sorted_logits_indices,
+            "local_grammar_output": shard.local_grammar_output,
+            "metadata": shard.metadata,
+            "full_vocab_logits": full,
+            "gathered": gathered,
+        }
         for name, value in outputs.items():
             field = model.resolve_output(name)
-            _check(value, field, symbols, f"rank {rank}: {name}", model, local=(field.view == "local"),
-                   logits_dtype=torch.bfloat16)
+            _check(
+                value,
+                field,
+                symbols,
+                f"rank {rank}: {name}",
+                model,
+                local=(field.view == "local"),
+                logits_dtype=torch.bfloat16,
+            )
         _check(local, model.resolve_argument("local_output"), symbols, f"rank {rank}: local_output", model)
         _check(batch, model.resolve_argument("batch"), symbols, f"rank {rank}: batch", model)

@@ -57,8 +57,15 @@ def test_every_id_has_an_anchor_and_every_link_resolves(spec, text):
 
 
 def test_document_has_every_part(spec, text):
-    for heading in ("## 1. Overview", "## 2. Data model", "## 3. Preconditions", "## 4. Invariants",
-                    "## 5. Clarifications", "## 6. Index of identifiers", "### Worked example"):
+    for heading in (
+        "## 1. Overview",
+        "## 2. Data model",
+        "## 3. Preconditions",
+        "## 4. Invariants",
+        "## 5. Clarifications",
+        "## 6. Index of identifiers",
+        "### Worked example",
+    ):
         assert heading in text
     for inv in spec.invariants:
         assert inv.rationale.split()[0] in text

@@ -10,7 +10,6 @@ shows what an adapter has to bridge.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
 
 import torch
 import torch.distributed as dist
@@ -24,7 +23,7 @@ class SharderState:
     max_num_reqs: int
     max_num_logits_per_req: int
     device: torch.device
-    tp_group: "dist.ProcessGroup"
+    tp_group: dist.ProcessGroup
 
     def _sharder(self) -> ReferenceSharder:
         comm = TorchDistComm(self.tp_group)
@@ -39,16 +38,33 @@ def shard_sampler_inputs(input_batch, grammar_output, sharder_state: SharderStat
 def all_to_all_logits(logits_shard: torch.Tensor, metadata, sharder_state: SharderState) -> torch.Tensor:
     tp, num_local = metadata.tp_size, metadata.num_local_logits
     received = logits_shard.new_empty(tp * num_local, logits_shard.shape[-1])
-    dist.all_to_all_single(received, logits_shard.contiguous(), output_split_sizes=[num_local] * tp,
-                           input_split_sizes=list(metadata.num_logits_per_rank), group=sharder_state.tp_group)
+    dist.all_to_all_single(
+        received,
+        logits_shard.contiguous(),
+        output_split_sizes=[num_local] * tp,
+        input_split_sizes=list(metadata.num_logits_per_rank),
+        group=sharder_state.tp_group,
+    )
     width = logits_shard.shape[-1]
     return received.view(tp, num_local, width).permute(1, 0, 2).reshape(num_local, tp * width)
 
 
-def gather_sampler_output(local_output, metadata, device, global_batch, local_batch,
-                          gather_num_nans: bool = False, logprobs_dims: Optional[tuple[int, int]] = None,
-                          *, sharder_state: SharderState):
+def gather_sampler_output(
+    local_output,
+    metadata,
+    device,
+    global_batch,
+    local_batch,
+    gather_num_nans: bool = False,
+    logprobs_dims: tuple[int, int] | None = None,
+    *,
+    sharder_state: SharderState,
+):
     return sharder_state._sharder().gather_sampler_output(
-        local_output, metadata, global_batch, local_batch,
-        gather_num_nans=gather_num_nans, logprobs_dims=logprobs_dims,
+        local_output,
+        metadata,
+        global_batch,
+        local_batch,
+        gather_num_nans=gather_num_nans,
+        logprobs_dims=logprobs_dims,
     )

@@ -3,6 +3,7 @@
 from shardspec.reference import ReferenceSharder
 from shardspec.spec.errors import PreconditionError
 
+
 class DeclinesExtensions(ReferenceSharder):
     def gather_sampler_output(self, *args, extension_fields=None, **kwargs):
         if extension_fields:

@@ -17,8 +17,13 @@ class _DirectCollectives:
         self.group, self.rank, self.world_size = comm.group, comm.rank, comm.world_size
 
     def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes):
-        dist.all_to_all_single(output, input, output_split_sizes=list(output_split_sizes),
-                               input_split_sizes=list(input_split_sizes), group=self.group)
+        dist.all_to_all_single(
+            output,
+            input,
+            output_split_sizes=list(output_split_sizes),
+            input_split_sizes=list(input_split_sizes),
+            group=self.group,
+        )
 
     def all_gather_into_tensor(self, output, input):
         gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor

@@ -11,7 +11,6 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed
-
 from vllm.distributed.communication_op import tensor_model_parallel_all_gather
 from vllm.distributed.parallel_state import get_tp_group
 from vllm.triton_utils import tl, triton  # noqa: F401  (imported by the real file)
@@ -31,8 +30,13 @@ class _CollectivesOfTheFile:
         self.rank, self.world_size = group.rank_in_group, group.world_size
 
     def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes):
-        torch.distributed.all_to_all_single(output, input, output_split_sizes=output_split_sizes,
-                                            input_split_sizes=input_split_sizes, group=get_tp_group().device_group)
+        torch.distributed.all_to_all_single(
+            output,
+            input,
+            output_split_sizes=output_split_sizes,
+            input_split_sizes=input_split_sizes,
+            group=get_tp_group().device_group,
+        )
 
     def all_gather_into_tensor(self, output, input):
         output.copy_(tensor_model_parallel_all_gather(input, dim=0))
@@ -49,8 +53,9 @@ _capacity = {}
 
 def _reference(device) -> ReferenceSharder:
     capacity = _capacity[get_tp_group().rank_in_group]
-    return ReferenceSharder(capacity.max_num_reqs, capacity.max_num_logits_per_req, comm=_CollectivesOfTheFile(),
-                            device=device)
+    return ReferenceSharder(
+        capacity.max_num_reqs, capacity.max_num_logits_per_req, comm=_CollectivesOfTheFile(), device=device
+    )
 
 
 class BatchSharder:
@@ -66,7 +71,9 @@ def all_to_all_logits(logits_shard, metadata):
     return _reference(logits_shard.device).all_to_all_logits(logits_shard, metadata)
 
 
-def gather_sampler_output(local_output, metadata, device, global_batch, local_batch, gather_num_nans=False,
-                          logprobs_dims=None):
-    return _reference(device).gather_sampler_output(local_output, metadata, global_batch, local_batch,
-                                                    gather_num_nans=gather_num_nans, logprobs_dims=logprobs_dims)
+def gather_sampler_output(
+    local_output, metadata, device, global_batch, local_batch, gather_num_nans=False, logprobs_dims=None
+):
+    return _reference(device).gather_sampler_output(
+        local_output, metadata, global_batch, local_batch, gather_num_nans=gather_num_nans, logprobs_dims=logprobs_dims
+    )
