@@ -105,9 +105,14 @@ def write_report(path: Path, mutants: list[Mutant], reasons: dict[tuple[str, str
         if reason is None:
             unjustified.append(mutant.name)
         lines += [
-            f"## {mutant.name} ({mutant.status})", "",
-            f"- `{mutant.function}`: `{mutant.mutated}` — {reason or 'NO REASON GIVEN'}", "",
-            "```diff", mutant.diff, "```", "",
+            f"## {mutant.name} ({mutant.status})",
+            "",
+            f"- `{mutant.function}`: `{mutant.mutated}` — {reason or 'NO REASON GIVEN'}",
+            "",
+            "```diff",
+            mutant.diff,
+            "```",
+            "",
         ]
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("\n".join(lines))
@@ -116,16 +121,20 @@ def write_report(path: Path, mutants: list[Mutant], reasons: dict[tuple[str, str
 
 def print_summary(mutants: list[Mutant], seconds: dict[str, float]) -> None:
     """Per folder: mutants, how many were run, killed / survived / timed out / other, and the score of those run."""
-    print(f"{'folder':<10} {'mutants':>8} {'run':>6} {'killed':>7} {'survived':>9} {'timeout':>8} {'other':>6} "
-          f"{'score':>7}  time")
+    print(
+        f"{'folder':<10} {'mutants':>8} {'run':>6} {'killed':>7} {'survived':>9} {'timeout':>8} {'other':>6} "
+        f"{'score':>7}  time"
+    )
     for folder, wall in seconds.items():
         counts = Counter(m.status for m in mutants if m.folder == folder)
         run = sum(counts.values()) - counts[NOT_RUN]
         caught = sum(counts[s] for s in CAUGHT)
         other = run - counts["killed"] - counts["survived"] - counts["timeout"]
         score = f"{100 * caught / run:.1f}%" if run else "n/a"
-        print(f"{folder:<10} {sum(counts.values()):>8} {run:>6} {counts['killed']:>7} {counts['survived']:>9} "
-              f"{counts['timeout']:>8} {other:>6} {score:>7}  {wall:.0f} s")
+        print(
+            f"{folder:<10} {sum(counts.values()):>8} {run:>6} {counts['killed']:>7} {counts['survived']:>9} "
+            f"{counts['timeout']:>8} {other:>6} {score:>7}  {wall:.0f} s"
+        )
         if other:
             shown = ("killed", "survived", "timeout", NOT_RUN)
             rest = {status: n for status, n in counts.items() if status not in shown}

@@ -51,15 +51,19 @@ def package_dirs(pyproject: Path) -> dict[str, str]:
 def export_files(dest: Path, rev: str | None) -> None:
     """The repository's files at commit rev (or as they are now in the working tree, rev None) into dest."""
     if rev is None:
-        listing = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=ROOT, check=True,
-                                 capture_output=True).stdout.decode().split("\0")
+        listing = (
+            subprocess.run(
+                ["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=ROOT, check=True, capture_output=True
+            )
+            .stdout.decode()
+            .split("\0")
+        )
         for name in filter(None, listing):
             if (ROOT / name).is_file():
                 (dest / name).parent.mkdir(parents=True, exist_ok=True)
                 shutil.copy2(ROOT / name, dest / name)
         return
-    archive = subprocess.run(["git", "archive", "--format=tar", rev], cwd=ROOT, check=True,
-                             capture_output=True).stdout
+    archive = subprocess.run(["git", "archive", "--format=tar", rev], cwd=ROOT, check=True, capture_output=True).stdout
     with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
         tar.extractall(dest, filter="data")
 
@@ -137,21 +141,41 @@ def run_mutmut(snapshot: Path, max_children: int, names: list[str]) -> float:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("folders", nargs="*", metavar="FOLDER",
-                        help=f"folders to mutate, in this order: {' '.join(FOLDERS)} (default: both)")
+    parser.add_argument(
+        "folders",
+        nargs="*",
+        metavar="FOLDER",
+        help=f"folders to mutate, in this order: {' '.join(FOLDERS)} (default: both)",
+    )
     parser.add_argument("--max-children", type=int, default=1, help="parallel mutant runs (default 1)")
     source = parser.add_mutually_exclusive_group()
     source.add_argument("--rev", default="HEAD", help="the commit to snapshot (default HEAD)")
     source.add_argument("--worktree", action="store_true", help="snapshot the working tree instead of a commit")
-    parser.add_argument("--reuse", action="store_true",
-                        help="keep the snapshot and results of the last run and run again only the mutants it did "
-                             "not catch")
-    parser.add_argument("--take", nargs="+", default=[], metavar="PATH",
-                        help="files to copy from the working tree into the snapshot first (e.g. new tests)")
-    parser.add_argument("--sample", type=int, choices=[1, 2, 5, 10], default=1,
-                        help="run 1 mutant in N (by the last digit of mutmut's number), for a quick estimate")
-    parser.add_argument("--mutants", nargs="+", metavar="NAME",
-                        help="run exactly these mutants (mutmut names or fnmatch patterns), e.g. to resume a run")
+    parser.add_argument(
+        "--reuse",
+        action="store_true",
+        help="keep the snapshot and results of the last run and run again only the mutants it did not catch",
+    )
+    parser.add_argument(
+        "--take",
+        nargs="+",
+        default=[],
+        metavar="PATH",
+        help="files to copy from the working tree into the snapshot first (e.g. new tests)",
+    )
+    parser.add_argument(
+        "--sample",
+        type=int,
+        choices=[1, 2, 5, 10],
+        default=1,
+        help="run 1 mutant in N (by the last digit of mutmut's number), for a quick estimate",
+    )
+    parser.add_argument(
+        "--mutants",
+        nargs="+",
+        metavar="NAME",
+        help="run exactly these mutants (mutmut names or fnmatch patterns), e.g. to resume a run",
+    )
     parser.add_argument("--report-only", action="store_true", help="run nothing: report the last run's results")
     args = parser.parse_args(argv)
     args.folders = args.folders or list(FOLDERS)

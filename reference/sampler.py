@@ -9,8 +9,6 @@ whole batch in the replicated path.
 
 from __future__ import annotations
 
-from typing import Optional
-
 import numpy as np
 import torch
 
@@ -19,14 +17,17 @@ from shardspec.spec.model import GrammarOutput, InputBatch, LogprobsTensors, Sam
 PLACEHOLDER_TOKEN_ID = -1  # rejected positions of the toy rejection sampler
 
 
-def apply_grammar_bitmask(logits: torch.Tensor, batch: InputBatch, grammar: Optional[GrammarOutput]) -> torch.Tensor:
+def apply_grammar_bitmask(logits: torch.Tensor, batch: InputBatch, grammar: GrammarOutput | None) -> torch.Tensor:
     """Mask to -inf every token whose bit is clear, for the listed requests' rows."""
     if grammar is None:
         return logits
     position = {req_id: i for i, req_id in enumerate(batch.req_ids)}
     cu = np.asarray(batch.cu_num_logits_np, dtype=np.int64)
-    rows = [r for req_id in grammar.structured_output_request_ids
-            for r in range(cu[position[req_id]], cu[position[req_id] + 1])]
+    rows = [
+        r
+        for req_id in grammar.structured_output_request_ids
+        for r in range(cu[position[req_id]], cu[position[req_id] + 1])
+    ]
     vocab = logits.shape[-1]
     words = grammar.grammar_bitmask.to(logits.device).to(torch.int64)
     tokens = torch.arange(vocab, device=logits.device)
@@ -40,9 +41,9 @@ def apply_grammar_bitmask(logits: torch.Tensor, batch: InputBatch, grammar: Opti
 def toy_sample(
     logits: torch.Tensor,
     batch: InputBatch,
-    grammar: Optional[GrammarOutput],
-    num_logprobs: Optional[int],
-) -> Optional[SamplerOutput]:
+    grammar: GrammarOutput | None,
+    num_logprobs: int | None,
+) -> SamplerOutput | None:
     """Sample ``batch`` from its full-vocab ``logits`` rows [L, V]. None if empty."""
     if batch.num_reqs == 0:
         return None
@@ -71,7 +72,7 @@ def _toy_rejection(greedy: np.ndarray, cu: np.ndarray, counts: np.ndarray, devic
     width = int(counts.max())
     sampled = np.full((counts.shape[0], width), PLACEHOLDER_TOKEN_ID, dtype=np.int64)
     num_sampled = np.zeros(counts.shape[0], dtype=np.int32)
-    for i, (start, count) in enumerate(zip(cu[:-1], counts)):
+    for i, (start, count) in enumerate(zip(cu[:-1], counts, strict=False)):
         accepted = 0
         while accepted < count - 1 and greedy[start + accepted] % 2 == 0:
             accepted += 1
@@ -97,11 +98,11 @@ def _toy_logprobs(processed: torch.Tensor, greedy: torch.Tensor, num_logprobs: i
 def replicated_output(
     logits: torch.Tensor,
     batch: InputBatch,
-    grammar: Optional[GrammarOutput],
+    grammar: GrammarOutput | None,
     *,
     gather_num_nans: bool,
-    logprobs_dims: Optional[tuple[int, int]],
-) -> Optional[SamplerOutput]:
+    logprobs_dims: tuple[int, int] | None,
+) -> SamplerOutput | None:
     """What the unsharded path yields, in the gathered output's conventions.
 
     Per-row NaN counts become per-request sums and logprobs take the agreed
@@ -126,7 +127,9 @@ def replicated_output(
         copied = min(cols, lp.logprobs.shape[1])
         ids[:, :copied], values[:, :copied] = lp.logprob_token_ids[:, :copied], lp.logprobs[:, :copied]
         logprobs = LogprobsTensors(
-            ids, values, lp.selected_token_ranks,
+            ids,
+            values,
+            lp.selected_token_ranks,
             [int(c) for c in cu] if int(cu[-1]) != batch.num_reqs else None,
         )
     return SamplerOutput(out.sampled_token_ids, logprobs, nans, out.num_sampled, out.num_rejected)

@@ -24,7 +24,6 @@ Row j (column block p for logprobs) belongs to the rank's j-th local request
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Optional
 
 import numpy as np
 import torch
@@ -72,7 +71,7 @@ class ReferenceSharder:
         self.check_preconditions = check_preconditions
 
     # -- step 1 ------------------------------------------------------------
-    def shard_sampler_inputs(self, batch: InputBatch, grammar: Optional[GrammarOutput]) -> ShardResult:
+    def shard_sampler_inputs(self, batch: InputBatch, grammar: GrammarOutput | None) -> ShardResult:
         if self.check_preconditions:
             preconditions.check_input_batch(
                 batch,
@@ -143,30 +142,31 @@ class ReferenceSharder:
         tp, num_local = metadata.tp_size, metadata.num_local_logits
         shard_width = logits_shard.shape[-1]
         received = logits_shard.new_empty(tp * num_local, shard_width)
-        self.comm.all_to_all_single(
-            received, logits_shard.contiguous(), [num_local] * tp, metadata.num_logits_per_rank
-        )
+        self.comm.all_to_all_single(received, logits_shard.contiguous(), [num_local] * tp, metadata.num_logits_per_rank)
         # Chunk r came from rank r, which holds vocab columns [r*Vs, (r+1)*Vs).
         return received.view(tp, num_local, shard_width).permute(1, 0, 2).reshape(num_local, tp * shard_width)
 
     # -- step 3 ------------------------------------------------------------
     def gather_sampler_output(
         self,
-        local_output: Optional[SamplerOutput],
+        local_output: SamplerOutput | None,
         metadata: BatchShardMetadata,
         global_batch: InputBatch,
         local_batch: InputBatch,
         *,
         gather_num_nans: bool = False,
-        logprobs_dims: Optional[tuple[int, int]] = None,
-        extension_fields: Optional[dict[str, ExtensionSpec]] = None,
+        logprobs_dims: tuple[int, int] | None = None,
+        extension_fields: dict[str, ExtensionSpec] | None = None,
     ) -> SamplerOutput:
         if self.check_preconditions:
             # The declarations are replicated: checked first, so every rank rejects them alike.
             preconditions.check_extension_declarations(extension_fields, rank=self.rank)
             preconditions.check_local_output(
-                local_output, local_batch, gather_num_nans=gather_num_nans,
-                logprobs_dims=logprobs_dims, rank=self.rank,
+                local_output,
+                local_batch,
+                gather_num_nans=gather_num_nans,
+                logprobs_dims=logprobs_dims,
+                rank=self.rank,
             )
             preconditions.check_local_extensions(local_output, local_batch, extension_fields, rank=self.rank)
         packed = self._pack_sampled(local_output, metadata, local_batch, gather_num_nans)
@@ -239,9 +239,9 @@ class ReferenceSharder:
             cu_num_generated_tokens=[int(c) for c in cu] if num_logits != num_reqs else None,
         )
 
-
-    def _gather_extensions(self, local_output, metadata, global_batch, local_batch,
-                           extension_fields: dict[str, ExtensionSpec]) -> dict[str, torch.Tensor]:
+    def _gather_extensions(
+        self, local_output, metadata, global_batch, local_batch, extension_fields: dict[str, ExtensionSpec]
+    ) -> dict[str, torch.Tensor]:
         """One all-gather per declared field, in declaration order, in the named fields' padded layouts.
 
         A per-request field travels like the sampled ids (row j is local request j, M rows); a
@@ -288,7 +288,7 @@ def _row_owner(cu_num_logits, device) -> torch.Tensor:
     return torch.from_numpy(np.repeat(np.arange(counts.shape[0]), counts)).to(device)
 
 
-def _local_grammar_output(grammar, batch, local_reqs, cu_num_logits) -> Optional[GrammarOutput]:
+def _local_grammar_output(grammar, batch, local_reqs, cu_num_logits) -> GrammarOutput | None:
     """Keep the owned requests' ids (in the grammar's own order) and bitmask rows."""
     if grammar is None:
         return None

@@ -53,8 +53,14 @@ def _explicit_outputs(tp, id_width, lp_cols, slots=SLOTS, counts=COUNTS):
 
 
 def _run(tp, id_width, lp_cols, logprobs_dims=(2, 0), slots=SLOTS, counts=COUNTS):
-    case = Case(case_id="gather", tp_size=tp, slots=slots, num_logits_per_req=counts, logprobs_dims=logprobs_dims,
-                local_outputs=_explicit_outputs(tp, id_width, lp_cols, slots, counts))
+    case = Case(
+        case_id="gather",
+        tp_size=tp,
+        slots=slots,
+        num_logits_per_req=counts,
+        logprobs_dims=logprobs_dims,
+        local_outputs=_explicit_outputs(tp, id_width, lp_cols, slots, counts),
+    )
     gathered = [trace.gathered for trace in run_reference_case(case)]
     return case, gathered
 
@@ -66,7 +72,7 @@ def _assert_identical_on_every_rank(gathered):
         for name in ("num_sampled", "num_rejected", "num_nans"):
             assert torch.equal(getattr(out, name), getattr(first, name)), f"rank {rank}: {name}"
         if first.logprobs_tensors is not None:
-            for a, b in zip(out.logprobs_tensors[:3], first.logprobs_tensors[:3]):
+            for a, b in zip(out.logprobs_tensors[:3], first.logprobs_tensors[:3], strict=False):
                 assert torch.equal(a, b), f"rank {rank}: logprobs"
 
 
@@ -150,8 +156,15 @@ def test_cu_num_generated_tokens_iff_more_logits_than_requests(counts, spec):
 
 
 def test_without_logprobs_or_nans_nothing_extra_is_gathered():
-    case = Case(case_id="bare", tp_size=2, slots=SLOTS, num_logits_per_req=COUNTS, logprobs_dims=None,
-                gather_num_nans=False, local_outputs=_explicit_outputs(2, WIDTHS["exact"], lambda rank: None))
+    case = Case(
+        case_id="bare",
+        tp_size=2,
+        slots=SLOTS,
+        num_logits_per_req=COUNTS,
+        logprobs_dims=None,
+        gather_num_nans=False,
+        local_outputs=_explicit_outputs(2, WIDTHS["exact"], lambda rank: None),
+    )
     traces = run_reference_case(case)
     for trace in traces:
         assert trace.gathered.logprobs_tensors is None and trace.gathered.num_nans is None
@@ -160,8 +173,9 @@ def test_without_logprobs_or_nans_nothing_extra_is_gathered():
 
 
 TRANSPARENCY_BATCHES = {
-    "spec-grammar-nans": dict(slots=SLOTS, num_logits_per_req=COUNTS, grammar_positions=[6, 1, 3],
-                              nan_tokens=[2, 5, 9]),
+    "spec-grammar-nans": dict(
+        slots=SLOTS, num_logits_per_req=COUNTS, grammar_positions=[6, 1, 3], nan_tokens=[2, 5, 9]
+    ),
     "decode": dict(slots=[3, 12, 1, 7, 0, 9], num_logits_per_req=[1] * 6, grammar_positions=[4, 0]),
     "one-request": dict(slots=[6], num_logits_per_req=[3]),
     "empty": dict(slots=[], num_logits_per_req=[]),
@@ -176,8 +190,9 @@ def test_end_to_end_equals_the_replicated_path(tp, batch):
     inputs = build_case_inputs(case)
     gathered = [trace.gathered for trace in run_reference_case(case, inputs)]
     logits = inputs.token_logits[inputs.batch.logits_indices][:, : case.vocab_size]
-    expected = replicated_output(logits, inputs.batch, inputs.grammar, gather_num_nans=case.gather_num_nans,
-                                 logprobs_dims=case.logprobs_dims)
+    expected = replicated_output(
+        logits, inputs.batch, inputs.grammar, gather_num_nans=case.gather_num_nans, logprobs_dims=case.logprobs_dims
+    )
     out = gathered[0]
     if expected is None:
         assert out.sampled_token_ids.shape[0] == 0 and out.num_sampled.shape == (0,)
@@ -187,7 +202,7 @@ def test_end_to_end_equals_the_replicated_path(tp, batch):
     assert bool(case.nan_tokens) == (int(expected.num_nans.sum()) > 0), "NaN rows must reach the sampler"
     for i, n in enumerate(expected.num_sampled.tolist()):
         assert torch.equal(out.sampled_token_ids[i, :n], expected.sampled_token_ids[i, :n]), f"request {i}"
-    for a, b in zip(out.logprobs_tensors[:3], expected.logprobs_tensors[:3]):
+    for a, b in zip(out.logprobs_tensors[:3], expected.logprobs_tensors[:3], strict=False):
         assert torch.equal(a, b)
     assert out.logprobs_tensors.cu_num_generated_tokens == expected.logprobs_tensors.cu_num_generated_tokens
     _assert_identical_on_every_rank(gathered)
@@ -201,8 +216,9 @@ def test_every_toy_fixture_equals_the_replicated_path(case):
     inputs = build_case_inputs(case)
     out = run_reference_case(case, inputs)[0].gathered
     logits = inputs.token_logits[inputs.batch.logits_indices][:, : case.vocab_size]
-    expected = replicated_output(logits, inputs.batch, inputs.grammar, gather_num_nans=case.gather_num_nans,
-                                 logprobs_dims=case.logprobs_dims)
+    expected = replicated_output(
+        logits, inputs.batch, inputs.grammar, gather_num_nans=case.gather_num_nans, logprobs_dims=case.logprobs_dims
+    )
     if expected is None:
         assert out.num_sampled.shape == (0,)
         return
@@ -214,5 +230,5 @@ def test_every_toy_fixture_equals_the_replicated_path(case):
         assert torch.equal(out.sampled_token_ids[i, :n], expected.sampled_token_ids[i, :n]), f"request {i}"
     assert (out.logprobs_tensors is None) == (expected.logprobs_tensors is None)
     if expected.logprobs_tensors is not None:
-        for a, b in zip(out.logprobs_tensors, expected.logprobs_tensors):
+        for a, b in zip(out.logprobs_tensors, expected.logprobs_tensors, strict=False):
             assert a == b if isinstance(b, (list, type(None))) else torch.equal(a, b)

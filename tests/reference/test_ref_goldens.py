@@ -38,7 +38,7 @@ def test_full_step_matches_golden(case):
     inputs = build_case_inputs(case)
     traces = run_reference_case(case, inputs)
     assert len(traces) == len(golden) == case.tp_size
-    for trace, expected in zip(traces, golden):
+    for trace, expected in zip(traces, golden, strict=False):
         actual = encode_trace(trace, inputs, case)
         for section in ("shard", "all_to_all", "local_output", "wire", "gathered"):
             assert actual[section] == expected[section], f"rank {trace.rank}: {section} differs from the golden"
@@ -81,7 +81,7 @@ def test_step_leaves_its_inputs_unchanged(case):
     inputs = build_case_inputs(case)
     before = _snapshot(inputs)
     run_reference_case(case, inputs)
-    for old, new in zip(before, _snapshot(inputs)):
+    for old, new in zip(before, _snapshot(inputs), strict=False):
         if isinstance(old, torch.Tensor):
             assert torch.equal(old.nan_to_num(), new.nan_to_num()) and old.dtype == new.dtype
         else:

@@ -92,8 +92,9 @@ def test_replicated_path_ignores_the_default_device_and_matches_the_gathered_dty
     gathered = run_reference_case(case, inputs)[0].gathered
     logits = inputs.token_logits[inputs.batch.logits_indices][:, : case.vocab_size]
     with torch.device("meta"):
-        replicated = replicated_output(logits, inputs.batch, inputs.grammar, gather_num_nans=case.gather_num_nans,
-                                       logprobs_dims=case.logprobs_dims)
+        replicated = replicated_output(
+            logits, inputs.batch, inputs.grammar, gather_num_nans=case.gather_num_nans, logprobs_dims=case.logprobs_dims
+        )
     if replicated is None:
         assert inputs.batch.num_reqs == 0
         return
@@ -109,15 +110,19 @@ def test_replicated_path_ignores_the_default_device_and_matches_the_gathered_dty
     assert (replicated.logprobs_tensors is None) == (gathered.logprobs_tensors is None)
     if gathered.logprobs_tensors is not None:
         for name in ("logprob_token_ids", "logprobs", "selected_token_ranks"):
-            _assert_same_tensor(getattr(replicated.logprobs_tensors, name), getattr(gathered.logprobs_tensors, name),
-                                name)
+            _assert_same_tensor(
+                getattr(replicated.logprobs_tensors, name), getattr(gathered.logprobs_tensors, name), name
+            )
         assert replicated.logprobs_tensors.cu_num_generated_tokens == gathered.logprobs_tensors.cu_num_generated_tokens
 
 
 def _on_device(output, device: str):
     """The output with every tensor field (and logprobs tensor) moved to ``device``."""
-    moved = {f.name: getattr(output, f.name).to(device) for f in dataclasses.fields(output)
-             if isinstance(getattr(output, f.name), torch.Tensor)}
+    moved = {
+        f.name: getattr(output, f.name).to(device)
+        for f in dataclasses.fields(output)
+        if isinstance(getattr(output, f.name), torch.Tensor)
+    }
     if output.logprobs_tensors is not None:
         lp = output.logprobs_tensors
         moved["logprobs_tensors"] = lp._replace(**{name: getattr(lp, name).to(device) for name in lp._fields[:3]})
@@ -142,9 +147,15 @@ def test_every_tensor_the_step_makes_is_on_the_sharders_device(rank):
     local = shard.local_batch
     mask = torch.zeros(local.num_logits, 4, dtype=torch.int32)
     output = dataclasses.replace(_output(local), extensions={"mask": mask})
-    gathered = sharder.gather_sampler_output(_on_device(output, "meta"), shard.metadata, batch, local,
-                                             gather_num_nans=True, logprobs_dims=(2, 0),
-                                             extension_fields={"mask": MASK})
+    gathered = sharder.gather_sampler_output(
+        _on_device(output, "meta"),
+        shard.metadata,
+        batch,
+        local,
+        gather_num_nans=True,
+        logprobs_dims=(2, 0),
+        extension_fields={"mask": MASK},
+    )
     _assert_on(gathered, "gathered", "meta", set())
 
 

@@ -24,8 +24,10 @@ def _batch_23(seed: int):
 
 
 def _shards(batch, tp, grammar=None):
-    return [ReferenceSharder(MAX_REQS, MAX_LOGITS, comm=LoopbackComm(rank, tp)).shard_sampler_inputs(batch, grammar)
-            for rank in range(tp)]
+    return [
+        ReferenceSharder(MAX_REQS, MAX_LOGITS, comm=LoopbackComm(rank, tp)).shard_sampler_inputs(batch, grammar)
+        for rank in range(tp)
+    ]
 
 
 def _owned(batch, tp, rank):
@@ -62,9 +64,15 @@ def test_partition_of_23_requests(tp, seed):
         assert local.num_draft_tokens == int(batch.num_draft_tokens_per_req[owned].sum())
         assert torch.equal(local.query_start_loc, batch.query_start_loc)
         start = sum(meta.num_logits_per_rank[:rank])
-        assert torch.equal(sorted_idx[start:start + len(rows)], local.logits_indices)
-        for name in ("idx_mapping", "cu_num_logits", "logits_indices", "expanded_idx_mapping",
-                     "expanded_local_pos", "seq_lens"):
+        assert torch.equal(sorted_idx[start : start + len(rows)], local.logits_indices)
+        for name in (
+            "idx_mapping",
+            "cu_num_logits",
+            "logits_indices",
+            "expanded_idx_mapping",
+            "expanded_local_pos",
+            "seq_lens",
+        ):
             assert getattr(local, name).data_ptr() % 16 == 0, f"rank {rank}: {name} not 16-byte aligned"
         assert meta.gathered_src_indices.data_ptr() % 16 == 0
     assert sorted(seen) == list(range(batch.num_reqs)), "ranks must cover the batch exactly once"
@@ -93,7 +101,7 @@ def test_all_to_all_rebuilds_the_token_logits(tp):
 @pytest.mark.parametrize("tp", [2, 4], ids=lambda tp: f"tp{tp}")
 def test_without_spec_decode_each_request_has_one_row(tp):
     batch = build_input_batch([5, 2, 9, 0, 7, 3, 11], [1] * 7, spec_decode=False)
-    for rank, (local, sorted_idx, _, meta) in enumerate(_shards(batch, tp)):
+    for _rank, (local, sorted_idx, _, meta) in enumerate(_shards(batch, tp)):
         assert local.num_draft_tokens_per_req is None and local.num_draft_tokens == 0
         assert local.num_logits == local.num_reqs == meta.num_local_reqs
         assert local.cu_num_logits_np.tolist() == list(range(local.num_reqs + 1))
@@ -143,7 +151,7 @@ def test_gathered_src_indices_round_trip_with_an_empty_rank(tp):
     gathered = torch.full((tp * meta.max_num_reqs_per_rank,), -1, dtype=torch.int64)
     for rank in range(tp):
         owned = _owned(batch, tp, rank)
-        gathered[rank * meta.max_num_reqs_per_rank:][: len(owned)] = torch.tensor(owned, dtype=torch.int64)
+        gathered[rank * meta.max_num_reqs_per_rank :][: len(owned)] = torch.tensor(owned, dtype=torch.int64)
     for shard in shards:
         assert shard.metadata.gathered_src_indices.dtype == torch.int64
         assert gathered[shard.metadata.gathered_src_indices].tolist() == list(range(batch.num_reqs))
@@ -151,7 +159,7 @@ def test_gathered_src_indices_round_trip_with_an_empty_rank(tp):
 
 def test_empty_batch_plan():
     batch = build_input_batch([], [])
-    for rank, (local, sorted_idx, grammar, meta) in enumerate(_shards(batch, 4)):
+    for _rank, (local, sorted_idx, grammar, meta) in enumerate(_shards(batch, 4)):
         assert local.num_reqs == 0 and local.req_ids == [] and grammar is None
         assert local.cu_num_logits_np.tolist() == [0] and sorted_idx.shape == (0,)
         assert (meta.max_num_reqs_per_rank, meta.max_num_logits_per_req) == (1, 1)

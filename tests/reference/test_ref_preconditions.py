@@ -49,8 +49,14 @@ def _gather(make_output, logprobs_dims=None, gather_num_nans=True, rank=0):
     batch = build_input_batch(SLOTS, COUNTS)
     sharder = _sharder(rank)
     shard = sharder.shard_sampler_inputs(batch, None)
-    sharder.gather_sampler_output(make_output(shard.local_batch), shard.metadata, batch, shard.local_batch,
-                                  gather_num_nans=gather_num_nans, logprobs_dims=logprobs_dims)
+    sharder.gather_sampler_output(
+        make_output(shard.local_batch),
+        shard.metadata,
+        batch,
+        shard.local_batch,
+        gather_num_nans=gather_num_nans,
+        logprobs_dims=logprobs_dims,
+    )
 
 
 def _output(local_batch, num_rows=None, logprob_cols=3):
@@ -58,8 +64,11 @@ def _output(local_batch, num_rows=None, logprob_cols=3):
     n = n if num_rows is None else num_rows
     return SamplerOutput(
         sampled_token_ids=torch.zeros(n, 2, dtype=torch.int64),
-        logprobs_tensors=LogprobsTensors(torch.zeros(rows, logprob_cols, dtype=torch.int64),
-                                         torch.zeros(rows, logprob_cols), torch.zeros(rows, dtype=torch.int64)),
+        logprobs_tensors=LogprobsTensors(
+            torch.zeros(rows, logprob_cols, dtype=torch.int64),
+            torch.zeros(rows, logprob_cols),
+            torch.zeros(rows, dtype=torch.int64),
+        ),
         num_nans=torch.zeros(rows, dtype=torch.int32),
         num_sampled=torch.ones(n, dtype=torch.int32),
         num_rejected=torch.zeros(n, dtype=torch.int32),
@@ -106,44 +115,84 @@ VIOLATIONS = {
     "PRE-REQ-IDS-UNIQUE": (lambda: _shard(_batch(req_ids=["a", "b", "c", "b", "e"])), "req_ids", 3),
     "PRE-DTYPES": (lambda: _shard(_batch(idx_mapping=torch.tensor(SLOTS, dtype=torch.float32))), "idx_mapping", None),
     "PRE-SLOT-RANGE": (lambda: _shard(build_input_batch([4, 1, 8], [1, 1, 1])), "idx_mapping", 2),
-    "PRE-SLOT-UNIQUE": (lambda: _shard(build_input_batch([4, 1, 4], [1, 1, 1], req_ids=["a", "b", "c"])),
-                        "idx_mapping", 2),
-    "PRE-HOST-DEVICE-MATCH": (lambda: _shard(_with_tensor("idx_mapping", lambda t: t.__setitem__(1, 7))),
-                              "idx_mapping", 1),
-    "PRE-CU-LOGITS": (lambda: _shard(_batch(cu_num_logits_np=np.array([1, 1, 4, 6, 7, 9], np.int32))),
-                      "cu_num_logits_np", None),
+    "PRE-SLOT-UNIQUE": (
+        lambda: _shard(build_input_batch([4, 1, 4], [1, 1, 1], req_ids=["a", "b", "c"])),
+        "idx_mapping",
+        2,
+    ),
+    "PRE-HOST-DEVICE-MATCH": (
+        lambda: _shard(_with_tensor("idx_mapping", lambda t: t.__setitem__(1, 7))),
+        "idx_mapping",
+        1,
+    ),
+    "PRE-CU-LOGITS": (
+        lambda: _shard(_batch(cu_num_logits_np=np.array([1, 1, 4, 6, 7, 9], np.int32))),
+        "cu_num_logits_np",
+        None,
+    ),
     "PRE-LOGITS-PER-REQ": (lambda: _shard(build_input_batch([4, 1, 6], [2, 0, 1])), "cu_num_logits", 1),
-    "PRE-CAPACITY-LOGITS": (lambda: _shard(build_input_batch(SLOTS, COUNTS), max_num_logits_per_req=2),
-                            "cu_num_logits", 1),
-    "PRE-QUERY-START-LOC": (lambda: _shard(_with_tensor("query_start_loc", lambda t: t.__setitem__(3, t[2]))),
-                            "query_start_loc", 2),
+    "PRE-CAPACITY-LOGITS": (
+        lambda: _shard(build_input_batch(SLOTS, COUNTS), max_num_logits_per_req=2),
+        "cu_num_logits",
+        1,
+    ),
+    "PRE-QUERY-START-LOC": (
+        lambda: _shard(_with_tensor("query_start_loc", lambda t: t.__setitem__(3, t[2]))),
+        "query_start_loc",
+        2,
+    ),
     "PRE-FIELD-SHAPES": (lambda: _shard(_batch(seq_lens=torch.ones(4, dtype=torch.int32))), "seq_lens", None),
-    "PRE-LOGITS-TAIL": (lambda: _shard(_with_tensor("logits_indices", lambda t: t.__setitem__(4, t[4] - 1))),
-                        "logits_indices", 2),
-    "PRE-EXPANDED": (lambda: _shard(_with_tensor("expanded_local_pos", lambda t: t.__setitem__(2, 0))),
-                     "expanded_local_pos", 1),
+    "PRE-LOGITS-TAIL": (
+        lambda: _shard(_with_tensor("logits_indices", lambda t: t.__setitem__(4, t[4] - 1))),
+        "logits_indices",
+        2,
+    ),
+    "PRE-EXPANDED": (
+        lambda: _shard(_with_tensor("expanded_local_pos", lambda t: t.__setitem__(2, 0))),
+        "expanded_local_pos",
+        1,
+    ),
     "PRE-DRAFTS": (lambda: _shard(_drafts_off_by_one()), "num_draft_tokens_per_req", 3),
-    "PRE-GRAMMAR-IDS": (lambda: _shard(build_input_batch(SLOTS, COUNTS),
-                                       replace(build_grammar_output(build_input_batch(SLOTS, COUNTS), [1], 100),
-                                               structured_output_request_ids=["req-99"])),
-                        "structured_output_request_ids", None),
+    "PRE-GRAMMAR-IDS": (
+        lambda: _shard(
+            build_input_batch(SLOTS, COUNTS),
+            replace(
+                build_grammar_output(build_input_batch(SLOTS, COUNTS), [1], 100),
+                structured_output_request_ids=["req-99"],
+            ),
+        ),
+        "structured_output_request_ids",
+        None,
+    ),
     "PRE-GRAMMAR-BITMASK": (lambda: _shard(*_grammar_with_rows(-1)), "grammar_bitmask", None),
-    "PRE-LOCAL-OUTPUT": (lambda: _gather(lambda local: _output(local, num_rows=local.num_reqs + 1)),
-                         "sampled_token_ids", None),
+    "PRE-LOCAL-OUTPUT": (
+        lambda: _gather(lambda local: _output(local, num_rows=local.num_reqs + 1)),
+        "sampled_token_ids",
+        None,
+    ),
     "PRE-LOGPROBS-DIMS": (lambda: _gather(_output, logprobs_dims=(2, -1)), "logprobs_dims", None),
     "PRE-LOGITS-SHARD": (lambda: _all_to_all_rows(1), "logits_shard", None),
-    "PRE-EXTENSION-FIELDS": (lambda: _gather_extensions(
-        None, lambda local: {"mask": torch.zeros(local.num_logits, 4, dtype=torch.int32)}), "extensions.mask", None),
-    "PRE-EXTENSION-SUPPORTED": (lambda: _gather_extensions(
-        {"counts": ExtensionSpec(per="request", dtype=torch.int16)}, lambda local: None), "extension_fields", None),
+    "PRE-EXTENSION-FIELDS": (
+        lambda: _gather_extensions(None, lambda local: {"mask": torch.zeros(local.num_logits, 4, dtype=torch.int32)}),
+        "extensions.mask",
+        None,
+    ),
+    "PRE-EXTENSION-SUPPORTED": (
+        lambda: _gather_extensions({"counts": ExtensionSpec(per="request", dtype=torch.int16)}, lambda local: None),
+        "extension_fields",
+        None,
+    ),
 }
 
 
-@pytest.mark.parametrize("carried", [
-    pytest.param(lambda local: {}, id="declared-but-missing"),
-    pytest.param(lambda local: {"mask": torch.zeros(local.num_logits, 4, dtype=torch.int64)}, id="wrong-dtype"),
-    pytest.param(lambda local: {"mask": torch.zeros(local.num_reqs, 4, dtype=torch.int32)}, id="per-request-rows"),
-])
+@pytest.mark.parametrize(
+    "carried",
+    [
+        pytest.param(lambda local: {}, id="declared-but-missing"),
+        pytest.param(lambda local: {"mask": torch.zeros(local.num_logits, 4, dtype=torch.int64)}, id="wrong-dtype"),
+        pytest.param(lambda local: {"mask": torch.zeros(local.num_reqs, 4, dtype=torch.int32)}, id="per-request-rows"),
+    ],
+)
 def test_extension_field_variants_are_rejected(carried):
     with pytest.raises(PreconditionError) as caught:
         _gather_extensions({"mask": MASK}, carried)
@@ -177,12 +226,17 @@ def test_violation_is_rejected_with_its_id(precondition_id):
         assert f"request {request}" in str(error)
 
 
-@pytest.mark.parametrize("make_output", [
-    pytest.param(lambda local: None, id="none-while-owning"),
-    pytest.param(lambda local: replace(_output(local), num_nans=None), id="no-nan-counts"),
-    pytest.param(lambda local: replace(_output(local), num_sampled=torch.ones(local.num_reqs + 2, dtype=torch.int32)),
-                 id="num-sampled-shape"),
-])
+@pytest.mark.parametrize(
+    "make_output",
+    [
+        pytest.param(lambda local: None, id="none-while-owning"),
+        pytest.param(lambda local: replace(_output(local), num_nans=None), id="no-nan-counts"),
+        pytest.param(
+            lambda local: replace(_output(local), num_sampled=torch.ones(local.num_reqs + 2, dtype=torch.int32)),
+            id="num-sampled-shape",
+        ),
+    ],
+)
 def test_local_output_variants_are_rejected(make_output):
     with pytest.raises(PreconditionError) as caught:
         _gather(make_output, logprobs_dims=(2, 0))
@@ -193,8 +247,9 @@ def test_rank_owning_nothing_may_pass_none():
     batch = build_input_batch([0, 2], [1, 1])  # rank 1 owns nothing
     sharder = ReferenceSharder(8, 4, comm=LoopbackComm(1, TP))
     shard = sharder.shard_sampler_inputs(batch, None)
-    out = sharder.gather_sampler_output(None, shard.metadata, batch, shard.local_batch,
-                                        gather_num_nans=True, logprobs_dims=(2, 0))
+    out = sharder.gather_sampler_output(
+        None, shard.metadata, batch, shard.local_batch, gather_num_nans=True, logprobs_dims=(2, 0)
+    )
     assert out.sampled_token_ids.shape == (2, 1)
 
 

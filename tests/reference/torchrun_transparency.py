@@ -25,9 +25,17 @@ from shardspec.spec.case_edits import gather_options
 def cases_for(tp: int) -> list[Case]:
     catalogue = [c for c in load_cases() if c.tp_size == tp and c.local_outputs == "toy" and not c.expect_error]
     randoms = [
-        Case(f"random-tp{tp}-{k}", tp, slots=[(7 * k + 3 * i) % 40 for i in range(k + 3)],
-             num_logits_per_req=[1 + (i * k) % 4 for i in range(k + 3)], grammar_positions=[k % (k + 3), 0][: 1 + k % 2],
-             seed=k, nan_tokens=[k, 2 * k + 1], logprobs_dims=(k % 3, 4 * (k % 2)), max_num_reqs=40)
+        Case(
+            f"random-tp{tp}-{k}",
+            tp,
+            slots=[(7 * k + 3 * i) % 40 for i in range(k + 3)],
+            num_logits_per_req=[1 + (i * k) % 4 for i in range(k + 3)],
+            grammar_positions=[k % (k + 3), 0][: 1 + k % 2],
+            seed=k,
+            nan_tokens=[k, 2 * k + 1],
+            logprobs_dims=(k % 3, 4 * (k % 2)),
+            max_num_reqs=40,
+        )
         for k in range(4)
     ]
     return catalogue + randoms
@@ -37,19 +45,34 @@ def disagreements(case: Case, comm) -> list[str]:
     inputs = build_case_inputs(case)
     sharder = ReferenceSharder(case.max_num_reqs, case.max_num_logits_per_req, comm=comm)
     shard = sharder.shard_sampler_inputs(inputs.batch, inputs.grammar)
-    full = sharder.all_to_all_logits(local_logits_shard(inputs, shard.sorted_logits_indices, case, comm.rank),
-                                     shard.metadata)
+    full = sharder.all_to_all_logits(
+        local_logits_shard(inputs, shard.sorted_logits_indices, case, comm.rank), shard.metadata
+    )
     local_output = local_sampler_output(case, comm.rank, full, shard)
-    got = sharder.gather_sampler_output(local_output, shard.metadata, inputs.batch, shard.local_batch,
-                                        gather_num_nans=case.gather_num_nans, logprobs_dims=case.logprobs_dims,
-                                        **gather_options(case.extensions))
+    got = sharder.gather_sampler_output(
+        local_output,
+        shard.metadata,
+        inputs.batch,
+        shard.local_batch,
+        gather_num_nans=case.gather_num_nans,
+        logprobs_dims=case.logprobs_dims,
+        **gather_options(case.extensions),
+    )
     token_logits = inputs.token_logits[inputs.batch.logits_indices][:, : case.vocab_size]
-    want = replicated_output(token_logits, inputs.batch, inputs.grammar,
-                             gather_num_nans=case.gather_num_nans, logprobs_dims=case.logprobs_dims)
+    want = replicated_output(
+        token_logits,
+        inputs.batch,
+        inputs.grammar,
+        gather_num_nans=case.gather_num_nans,
+        logprobs_dims=case.logprobs_dims,
+    )
     if want is None:
         return [] if got.sampled_token_ids.shape[0] == 0 else ["empty batch produced rows"]
-    problems = [name for name in ("num_sampled", "num_rejected", "num_nans")
-                if not _same(getattr(got, name), getattr(want, name))]
+    problems = [
+        name
+        for name in ("num_sampled", "num_rejected", "num_nans")
+        if not _same(getattr(got, name), getattr(want, name))
+    ]
     for i, n in enumerate(want.num_sampled.tolist()):
         if not torch.equal(got.sampled_token_ids[i, :n], want.sampled_token_ids[i, :n]):
             problems.append(f"sampled_token_ids of request {i}")
@@ -70,8 +93,10 @@ def main(out_dir: str) -> None:
     dist.init_process_group("gloo", timeout=timedelta(seconds=60))
     torch.set_num_threads(1)  # float reductions then match the single-threaded replicated path
     comm = TorchDistComm()
-    lines = [json.dumps({"case": case.case_id, "rank": comm.rank, "problems": disagreements(case, comm)})
-             for case in cases_for(comm.world_size)]
+    lines = [
+        json.dumps({"case": case.case_id, "rank": comm.rank, "problems": disagreements(case, comm)})
+        for case in cases_for(comm.world_size)
+    ]
     pathlib.Path(out_dir, f"rank{comm.rank}.jsonl").write_text("\n".join(lines) + "\n")
     dist.destroy_process_group()
 
