@@ -51,9 +51,6 @@ class Implementation:
     target: str  # "package.module:attr"
     factory: SharderFactory
 
-    def make(self, max_num_reqs: int, max_num_logits_per_req: int, *, comm, device):
-        return self.factory(max_num_reqs, max_num_logits_per_req, comm=comm, device=device)
-
 
 def target_of(name: str) -> str:
     name = name.strip()

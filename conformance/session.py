@@ -14,7 +14,7 @@ import time
 from shardspec.conformance import report
 from shardspec.conformance.api import ImplChoice
 from shardspec.conformance.expectations import expectation_device
-from shardspec.conformance.results import NOT_RUN, CaseResult
+from shardspec.conformance.results import NOT_RUN, PASS, CaseResult
 from shardspec.conformance.runner import (
     Log,
     RunConfig,
@@ -206,8 +206,9 @@ class ConformanceSession:
             write_atomically(pathlib.Path(self.config.json_path), json.dumps(data, indent=1, default=repr))
             log(f"JSON report: {self.config.json_path}")
         log(f"{'FAILED' if exit_code else 'PASSED'} in {wall:.1f}s")
-        if exit_code == 0 and self.temporary_dir:
-            remove_run_dir(self.run_dir)
+        everything_passed = all(r.status == PASS for results in self.results.values() for r in results)
+        if exit_code == 0 and self.temporary_dir and everything_passed:
+            remove_run_dir(self.run_dir)  # else reproduce commands (warnings, xfails) point into it
         return exit_code
 
     def _backend(self) -> tuple[str, str]:

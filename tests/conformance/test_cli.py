@@ -89,3 +89,22 @@ def test_torch_threads_group_runs_from_the_command_line(tmp_path, plugins_on_pat
     out = capsys.readouterr().out
     assert "in-process (torch-threads group, ranks as threads on cpu)" in out
     assert "--impl faulty_sharders:WrongCountsSharder --in-process-group torch-threads --case-file" in out
+
+
+def test_a_run_with_warnings_keeps_the_files_its_reproduce_commands_name(tmp_path, monkeypatch):
+    """Exit 0 with a SHOULD violation: the temporary run folder stays, so the printed command works."""
+    import os
+    import re
+
+    from shardspec.conformance.checks import base
+
+    def always(record):
+        yield base.Violation("INV-LOCAL-ALIGNMENT", "not aligned", rank=record.rank)
+
+    monkeypatch.setitem(base.RANK_CHECKERS, "INV-LOCAL-ALIGNMENT", always)
+    report = tmp_path / "r.json"
+    assert main(["--in-process", "--tp", "2", "--max-examples", "1", "--json", str(report)]) == 0
+    commands = [c["reproduce"] for c in json.loads(report.read_text())["sections"][0]["cases"]
+                if c["case_id"].startswith("gen-")]
+    files = [m.group(1) for c in commands if (m := re.search(r"--case-file (\S+)", c))]
+    assert files and all(os.path.exists(f) for f in files)

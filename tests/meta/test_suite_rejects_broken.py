@@ -5,18 +5,15 @@ docstring names must be among the violations of every one of them. The
 reference and the controls (variants within the spec's freedom) must pass.
 """
 
-import pathlib
-
 import pytest
-import yaml
 
 from shardspec.conformance.api import ImplChoice
 from shardspec.conformance.broken import CORPUS, cases
 from shardspec.conformance.inprocess import run_case_in_process
 from shardspec.reference import ReferenceSharder
+from shardspec.spec.loader import load_spec
 
-INVARIANTS = pathlib.Path(__file__).resolve().parents[2] / "spec" / "invariants.yaml"
-YAML_IDS = {entry["id"] for entry in yaml.safe_load(INVARIANTS.read_text())["invariants"]}
+YAML_IDS = {invariant.id for invariant in load_spec().invariants}
 CONTROLS = ["reference", "shardspec.conformance.broken.conforming:GarbageWirePadding"]
 
 # Each entry in every in-process group it can run in (those calling torch.distributed need a group that has one).
