@@ -104,7 +104,10 @@ def test_a_run_with_warnings_keeps_the_files_its_reproduce_commands_name(tmp_pat
     monkeypatch.setitem(base.RANK_CHECKERS, "INV-LOCAL-ALIGNMENT", always)
     report = tmp_path / "r.json"
     assert main(["--in-process", "--tp", "2", "--max-examples", "1", "--json", str(report)]) == 0
-    commands = [c["reproduce"] for c in json.loads(report.read_text())["sections"][0]["cases"]
-                if c["case_id"].startswith("gen-")]
+    commands = [
+        c["reproduce"]
+        for c in json.loads(report.read_text())["sections"][0]["cases"]
+        if c["case_id"].startswith("gen-")
+    ]
     files = [m.group(1) for c in commands if (m := re.search(r"--case-file (\S+)", c))]
     assert files and all(os.path.exists(f) for f in files)
