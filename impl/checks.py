@@ -39,17 +39,26 @@ def _first(mask: np.ndarray) -> int:
 def check_capacity_reqs(num_reqs: int, max_num_reqs: int, rank) -> None:
     """Always on: buffers are sized by the capacity, so nothing beyond it may pass."""
     if num_reqs > max_num_reqs:
-        _fail("PRE-CAPACITY-REQS", "num_reqs",
-              f"{num_reqs} requests exceed the sharder's capacity max_num_reqs={max_num_reqs}", rank=rank)
+        _fail(
+            "PRE-CAPACITY-REQS",
+            "num_reqs",
+            f"{num_reqs} requests exceed the sharder's capacity max_num_reqs={max_num_reqs}",
+            rank=rank,
+        )
 
 
 def check_capacity_logits(width: int, counts: np.ndarray, max_num_logits_per_req: int, rank) -> None:
     """Always on, like :func:`check_capacity_reqs`; ``width`` is the largest count."""
     if width > max_num_logits_per_req:
         bad = _first(counts > max_num_logits_per_req)
-        _fail("PRE-CAPACITY-LOGITS", "cu_num_logits",
-              f"request has {counts[bad]} logits rows, more than the sharder's capacity "
-              f"max_num_logits_per_req={max_num_logits_per_req}", request=bad, rank=rank)
+        _fail(
+            "PRE-CAPACITY-LOGITS",
+            "cu_num_logits",
+            f"request has {counts[bad]} logits rows, more than the sharder's capacity "
+            f"max_num_logits_per_req={max_num_logits_per_req}",
+            request=bad,
+            rank=rank,
+        )
 
 
 def cu_counts(batch: InputBatch, rank) -> tuple[np.ndarray, np.ndarray]:
@@ -73,8 +82,9 @@ def largest_count(counts: np.ndarray, num_logits: int) -> int:
     return int(np.maximum.reduce(counts))
 
 
-def check_guards(batch: InputBatch, *, max_num_reqs: int, max_num_logits_per_req: int,
-                 rank=None) -> tuple[np.ndarray, np.ndarray, int]:
+def check_guards(
+    batch: InputBatch, *, max_num_reqs: int, max_num_logits_per_req: int, rank=None
+) -> tuple[np.ndarray, np.ndarray, int]:
     """The checks that stay on without the others; returns :func:`cu_counts` and the width W.
 
     Buffers are sized by the capacity and slots index per-slot state, so neither may be exceeded
@@ -103,12 +113,23 @@ def check_slot_range(slots: np.ndarray, max_num_reqs: int, rank) -> None:
         unsigned = slots.view(np.dtype(f"u{slots.dtype.itemsize}"))
         if np.maximum.reduce(unsigned) >= max_num_reqs:
             bad = _first((slots < 0) | (slots >= max_num_reqs))
-            _fail("PRE-SLOT-RANGE", "idx_mapping", f"slot {slots[bad]} is outside [0, {max_num_reqs})",
-                  request=bad, rank=rank)
+            _fail(
+                "PRE-SLOT-RANGE",
+                "idx_mapping",
+                f"slot {slots[bad]} is outside [0, {max_num_reqs})",
+                request=bad,
+                rank=rank,
+            )
 
 
-def check_input_batch(batch: InputBatch, *, max_num_reqs: int, max_num_logits_per_req: int, rank=None,
-                      compare_device_copies: bool | None = None) -> tuple[np.ndarray, np.ndarray, int]:
+def check_input_batch(
+    batch: InputBatch,
+    *,
+    max_num_reqs: int,
+    max_num_logits_per_req: int,
+    rank=None,
+    compare_device_copies: bool | None = None,
+) -> tuple[np.ndarray, np.ndarray, int]:
     """Every check of the batch; returns :func:`cu_counts` and the width W.
 
     ``compare_device_copies``: compare the values of the device copies with the host copies; None
@@ -117,15 +138,24 @@ def check_input_batch(batch: InputBatch, *, max_num_reqs: int, max_num_logits_pe
     num_reqs = batch.num_reqs
     slots = batch.idx_mapping_np
     if len(batch.req_ids) != num_reqs or slots.shape != (num_reqs,):
-        _fail("PRE-BATCH-SIZE", "num_reqs", f"num_reqs={num_reqs} but {len(batch.req_ids)} req_ids and "
-              f"idx_mapping_np of shape {tuple(slots.shape)}", rank=rank)
+        _fail(
+            "PRE-BATCH-SIZE",
+            "num_reqs",
+            f"num_reqs={num_reqs} but {len(batch.req_ids)} req_ids and idx_mapping_np of shape {tuple(slots.shape)}",
+            rank=rank,
+        )
     check_capacity_reqs(num_reqs, max_num_reqs, rank)
     device_cu = _check_slots(batch, max_num_reqs, rank, compare_device_copies)
     cu, counts = cu_counts(batch, rank)
     if num_reqs and np.minimum.reduce(counts) < 1:
         bad = _first(counts < 1)
-        _fail("PRE-LOGITS-PER-REQ", "cu_num_logits",
-              f"request has {counts[bad]} logits rows; at least 1 is required", request=bad, rank=rank)
+        _fail(
+            "PRE-LOGITS-PER-REQ",
+            "cu_num_logits",
+            f"request has {counts[bad]} logits rows; at least 1 is required",
+            request=bad,
+            rank=rank,
+        )
     num_logits = int(cu[-1])
     width = largest_count(counts, num_logits)
     check_capacity_logits(width, counts, max_num_logits_per_req, rank)
@@ -151,8 +181,7 @@ def _check_slots(batch: InputBatch, max_num_reqs: int, rank, compare: bool | Non
         if np.count_nonzero(histogram) != slots.shape[0]:
             _, first_seen = np.unique(slots, return_index=True)
             repeated = np.setdiff1d(np.arange(slots.shape[0]), first_seen)
-            _fail("PRE-SLOT-UNIQUE", "idx_mapping", "two requests share a slot", request=int(repeated.min()),
-                  rank=rank)
+            _fail("PRE-SLOT-UNIQUE", "idx_mapping", "two requests share a slot", request=int(repeated.min()), rank=rank)
     if batch.idx_mapping.dtype not in _INT_DTYPES:
         _fail("PRE-DTYPES", "idx_mapping", f"dtype {batch.idx_mapping.dtype} is not int32/int64", rank=rank)
     _check_device_shape("PRE-HOST-DEVICE-MATCH", "idx_mapping", batch.idx_mapping, slots.shape, rank)
@@ -188,18 +217,31 @@ def _check_match(name: str, device: np.ndarray, host: np.ndarray, rank, *, per_r
     differs = np.not_equal(device, host)
     if np.logical_or.reduce(differs, axis=None):
         bad = _first(differs)
-        _fail("PRE-HOST-DEVICE-MATCH", name, f"device copy differs from {name}_np at entry {bad}: "
-              f"{device[bad]} != {host[bad]}", request=bad if per_request else None, rank=rank)
+        _fail(
+            "PRE-HOST-DEVICE-MATCH",
+            name,
+            f"device copy differs from {name}_np at entry {bad}: {device[bad]} != {host[bad]}",
+            request=bad if per_request else None,
+            rank=rank,
+        )
 
 
 def _check_shapes(batch: InputBatch, num_logits: int, rank) -> None:
     """Shapes of the device fields the kernels read (metadata only)."""
     num_reqs = batch.num_reqs
     if batch.query_start_loc.shape != (num_reqs + 1,):
-        _fail("PRE-QUERY-START-LOC", "query_start_loc",
-              f"shape {tuple(batch.query_start_loc.shape)} is not ({num_reqs + 1},)", rank=rank)
-    for name, length in (("seq_lens", num_reqs), ("logits_indices", num_logits),
-                         ("expanded_idx_mapping", num_logits), ("expanded_local_pos", num_logits)):
+        _fail(
+            "PRE-QUERY-START-LOC",
+            "query_start_loc",
+            f"shape {tuple(batch.query_start_loc.shape)} is not ({num_reqs + 1},)",
+            rank=rank,
+        )
+    for name, length in (
+        ("seq_lens", num_reqs),
+        ("logits_indices", num_logits),
+        ("expanded_idx_mapping", num_logits),
+        ("expanded_local_pos", num_logits),
+    ):
         actual = getattr(batch, name).shape
         if actual != (length,):
             _fail("PRE-FIELD-SHAPES", name, f"shape {tuple(actual)}, expected ({length},)", rank=rank)
@@ -209,26 +251,45 @@ def _check_drafts(batch: InputBatch, counts: np.ndarray, width: int, rank) -> No
     drafts = batch.num_draft_tokens_per_req
     if drafts is None:
         if width != 1:
-            _fail("PRE-DRAFTS", "num_draft_tokens_per_req",
-                  "is None, so every request must have exactly 1 logits row", request=_first(counts != 1), rank=rank)
+            _fail(
+                "PRE-DRAFTS",
+                "num_draft_tokens_per_req",
+                "is None, so every request must have exactly 1 logits row",
+                request=_first(counts != 1),
+                rank=rank,
+            )
         if batch.num_draft_tokens != 0:
-            _fail("PRE-DRAFTS", "num_draft_tokens", f"is {batch.num_draft_tokens} without num_draft_tokens_per_req",
-                  rank=rank)
+            _fail(
+                "PRE-DRAFTS",
+                "num_draft_tokens",
+                f"is {batch.num_draft_tokens} without num_draft_tokens_per_req",
+                rank=rank,
+            )
         return
     drafts = np.asarray(drafts)
     if drafts.dtype.kind not in "iu":
         _fail("PRE-DTYPES", "num_draft_tokens_per_req", f"dtype {drafts.dtype} is not an integer type", rank=rank)
     if drafts.shape != (batch.num_reqs,):
-        _fail("PRE-DRAFTS", "num_draft_tokens_per_req", f"shape {drafts.shape}, expected ({batch.num_reqs},)",
-              rank=rank)
+        _fail(
+            "PRE-DRAFTS", "num_draft_tokens_per_req", f"shape {drafts.shape}, expected ({batch.num_reqs},)", rank=rank
+        )
     mismatch = counts != drafts + 1
     if np.logical_or.reduce(mismatch):
-        _fail("PRE-DRAFTS", "num_draft_tokens_per_req", "a request's logits rows must be 1 + its draft tokens",
-              request=_first(mismatch), rank=rank)
+        _fail(
+            "PRE-DRAFTS",
+            "num_draft_tokens_per_req",
+            "a request's logits rows must be 1 + its draft tokens",
+            request=_first(mismatch),
+            rank=rank,
+        )
     total = int(np.add.reduce(drafts))
     if batch.num_draft_tokens != total:
-        _fail("PRE-DRAFTS", "num_draft_tokens",
-              f"is {batch.num_draft_tokens}, but num_draft_tokens_per_req sums to {total}", rank=rank)
+        _fail(
+            "PRE-DRAFTS",
+            "num_draft_tokens",
+            f"is {batch.num_draft_tokens}, but num_draft_tokens_per_req sums to {total}",
+            rank=rank,
+        )
 
 
 def _first_repeat(items: list) -> int:
@@ -236,42 +297,71 @@ def _first_repeat(items: list) -> int:
     return next(k for k, item in enumerate(items) if item in seen or seen.add(item))
 
 
-def check_grammar_output(grammar: GrammarOutput, batch: InputBatch, position: dict, counts: np.ndarray,
-                         rank) -> None:
+def check_grammar_output(grammar: GrammarOutput, batch: InputBatch, position: dict, counts: np.ndarray, rank) -> None:
     """``position`` maps request id to batch position (built by the caller)."""
     if len(position) != batch.num_reqs:
-        _fail("PRE-REQ-IDS-UNIQUE", "req_ids", "request ids are not unique", request=_first_repeat(batch.req_ids),
-              rank=rank)
+        _fail(
+            "PRE-REQ-IDS-UNIQUE",
+            "req_ids",
+            "request ids are not unique",
+            request=_first_repeat(batch.req_ids),
+            rank=rank,
+        )
     ids = grammar.structured_output_request_ids
     for k, req_id in enumerate(ids):
         if req_id not in position:
-            _fail("PRE-GRAMMAR-IDS", "structured_output_request_ids", f"entry {k} ({req_id!r}) is not in the batch",
-                  rank=rank)
+            _fail(
+                "PRE-GRAMMAR-IDS",
+                "structured_output_request_ids",
+                f"entry {k} ({req_id!r}) is not in the batch",
+                rank=rank,
+            )
     if len(set(ids)) != len(ids):
         dup = _first_repeat(ids)
-        _fail("PRE-GRAMMAR-IDS", "structured_output_request_ids", f"entry {dup} repeats a request id",
-              request=position[ids[dup]], rank=rank)
+        _fail(
+            "PRE-GRAMMAR-IDS",
+            "structured_output_request_ids",
+            f"entry {dup} repeats a request id",
+            request=position[ids[dup]],
+            rank=rank,
+        )
     rows = int(counts[[position[r] for r in ids]].sum()) if ids else 0
     bitmask = grammar.grammar_bitmask
     if bitmask.dim() != 2 or bitmask.shape[0] != rows:
-        _fail("PRE-GRAMMAR-BITMASK", "grammar_bitmask", f"shape {tuple(bitmask.shape)}; expected {rows} rows "
-              "(one per logits row of the listed requests)", rank=rank)
+        _fail(
+            "PRE-GRAMMAR-BITMASK",
+            "grammar_bitmask",
+            f"shape {tuple(bitmask.shape)}; expected {rows} rows (one per logits row of the listed requests)",
+            rank=rank,
+        )
 
 
-def check_local_output(local_output: SamplerOutput | None, num_local_reqs: int, num_local_logits: int, *,
-                       gather_num_nans: bool, logprobs_dims, rank=None) -> None:
+def check_local_output(
+    local_output: SamplerOutput | None,
+    num_local_reqs: int,
+    num_local_logits: int,
+    *,
+    gather_num_nans: bool,
+    logprobs_dims,
+    rank=None,
+) -> None:
     # Replicated, so checked first: a rank that owns nothing rejects it too.
     if logprobs_dims is not None and (len(logprobs_dims) != 2 or min(logprobs_dims) < 0):
         _fail("PRE-LOGPROBS-DIMS", "logprobs_dims", f"{logprobs_dims} is not a pair of non-negative ints", rank=rank)
     if local_output is None:
         if num_local_reqs:
-            _fail("PRE-LOCAL-OUTPUT", "local_output", f"is None but this rank owns {num_local_reqs} requests",
-                  rank=rank)
+            _fail(
+                "PRE-LOCAL-OUTPUT", "local_output", f"is None but this rank owns {num_local_reqs} requests", rank=rank
+            )
         return
     ids = local_output.sampled_token_ids
     if ids.dim() != 2 or ids.shape[0] != num_local_reqs:
-        _fail("PRE-LOCAL-OUTPUT", "sampled_token_ids", f"shape {tuple(ids.shape)}; expected ({num_local_reqs}, "
-              "width)", rank=rank)
+        _fail(
+            "PRE-LOCAL-OUTPUT",
+            "sampled_token_ids",
+            f"shape {tuple(ids.shape)}; expected ({num_local_reqs}, width)",
+            rank=rank,
+        )
     expected = (("num_sampled", num_local_reqs), ("num_rejected", num_local_reqs))
     if gather_num_nans:
         expected += (("num_nans", num_local_logits),)
@@ -285,21 +375,34 @@ def check_local_output(local_output: SamplerOutput | None, num_local_reqs: int, 
         for name in ("logprob_token_ids", "logprobs"):
             value = getattr(lp, name)
             if value.dim() != 2 or value.shape[0] != num_local_logits:
-                _fail("PRE-LOCAL-OUTPUT", name, f"shape {tuple(value.shape)}; expected ({num_local_logits}, "
-                      "columns)", rank=rank)
+                _fail(
+                    "PRE-LOCAL-OUTPUT",
+                    name,
+                    f"shape {tuple(value.shape)}; expected ({num_local_logits}, columns)",
+                    rank=rank,
+                )
         if lp.logprob_token_ids.shape != lp.logprobs.shape:
             _fail("PRE-LOCAL-OUTPUT", "logprobs", "logprob_token_ids and logprobs differ in shape", rank=rank)
         if lp.selected_token_ranks.shape != (num_local_logits,):
-            _fail("PRE-LOCAL-OUTPUT", "selected_token_ranks", f"shape {tuple(lp.selected_token_ranks.shape)}",
-                  rank=rank)
+            _fail(
+                "PRE-LOCAL-OUTPUT", "selected_token_ranks", f"shape {tuple(lp.selected_token_ranks.shape)}", rank=rank
+            )
 
 
 def check_logits_shard(logits_shard: torch.Tensor, metadata: BatchShardMetadata, rank) -> None:
     """PRE-LOGITS-SHARD, this rank's own shard only: that Vs is the same on every rank needs the peers."""
     num_logits = sum(metadata.num_logits_per_rank)
     if not isinstance(logits_shard, torch.Tensor) or not logits_shard.is_floating_point():
-        _fail("PRE-LOGITS-SHARD", "logits_shard", f"is {getattr(logits_shard, 'dtype', type(logits_shard).__name__)}, "
-              "not a floating point tensor", rank=rank)
+        _fail(
+            "PRE-LOGITS-SHARD",
+            "logits_shard",
+            f"is {getattr(logits_shard, 'dtype', type(logits_shard).__name__)}, not a floating point tensor",
+            rank=rank,
+        )
     if logits_shard.dim() != 2 or logits_shard.shape[0] != num_logits or logits_shard.shape[1] < 1:
-        _fail("PRE-LOGITS-SHARD", "logits_shard",
-              f"shape {tuple(logits_shard.shape)}; expected ({num_logits}, Vs) with Vs >= 1", rank=rank)
+        _fail(
+            "PRE-LOGITS-SHARD",
+            "logits_shard",
+            f"shape {tuple(logits_shard.shape)}; expected ({num_logits}, Vs) with Vs >= 1",
+            rank=rank,
+        )

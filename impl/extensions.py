@@ -25,45 +25,76 @@ def check_declarations(extension_fields: dict | None, rank) -> None:
     """PRE-EXTENSION-SUPPORTED: replicated declarations, so every rank rejects them alike."""
     for name, spec in (extension_fields or {}).items():
         if not isinstance(name, str) or not isinstance(spec, ExtensionSpec):
-            _fail("PRE-EXTENSION-SUPPORTED", "extension_fields", f"entry {name!r} is not a str -> ExtensionSpec pair",
-                  rank)
+            _fail(
+                "PRE-EXTENSION-SUPPORTED",
+                "extension_fields",
+                f"entry {name!r} is not a str -> ExtensionSpec pair",
+                rank,
+            )
         if spec.per not in EXTENSION_KINDS:
-            _fail("PRE-EXTENSION-SUPPORTED", "extension_fields", f"{name}: kind {spec.per!r} is not one of "
-                  f"{EXTENSION_KINDS}", rank)
+            _fail(
+                "PRE-EXTENSION-SUPPORTED",
+                "extension_fields",
+                f"{name}: kind {spec.per!r} is not one of {EXTENSION_KINDS}",
+                rank,
+            )
         if spec.dtype not in EXTENSION_DTYPES:
             _fail("PRE-EXTENSION-SUPPORTED", "extension_fields", f"{name}: dtype {spec.dtype} is not supported", rank)
         if not all(isinstance(d, int) and d >= 0 for d in spec.shape):
-            _fail("PRE-EXTENSION-SUPPORTED", "extension_fields", f"{name}: trailing shape {spec.shape} is not a "
-                  "tuple of sizes", rank)
+            _fail(
+                "PRE-EXTENSION-SUPPORTED",
+                "extension_fields",
+                f"{name}: trailing shape {spec.shape} is not a tuple of sizes",
+                rank,
+            )
 
 
-def check_local_fields(local_output: SamplerOutput | None, num_local_reqs: int, num_local_logits: int,
-                       extension_fields: dict | None, rank) -> None:
+def check_local_fields(
+    local_output: SamplerOutput | None, num_local_reqs: int, num_local_logits: int, extension_fields: dict | None, rank
+) -> None:
     """PRE-EXTENSION-FIELDS: every carried field is declared; every declared one is there, as declared."""
     carried = _carried(local_output)
     declared = extension_fields or {}
     for name in carried:
         if name not in declared:
-            _fail("PRE-EXTENSION-FIELDS", f"extensions.{name}",
-                  "is not declared in extension_fields, so the gather would drop it", rank)
+            _fail(
+                "PRE-EXTENSION-FIELDS",
+                f"extensions.{name}",
+                "is not declared in extension_fields, so the gather would drop it",
+                rank,
+            )
     rows = {"request": num_local_reqs, "logits_row": num_local_logits}
     for name, spec in declared.items():
         value = carried.get(name)
         if value is None:
             if num_local_reqs:
-                _fail("PRE-EXTENSION-FIELDS", f"extensions.{name}",
-                      f"is declared but missing, and this rank owns {num_local_reqs} requests", rank)
+                _fail(
+                    "PRE-EXTENSION-FIELDS",
+                    f"extensions.{name}",
+                    f"is declared but missing, and this rank owns {num_local_reqs} requests",
+                    rank,
+                )
             continue
         expected = (rows[spec.per], *spec.shape)
         if not isinstance(value, torch.Tensor) or value.dtype != spec.dtype or tuple(value.shape) != expected:
-            _fail("PRE-EXTENSION-FIELDS", f"extensions.{name}",
-                  f"is {getattr(value, 'dtype', type(value).__name__)} {tuple(getattr(value, 'shape', ()))}; "
-                  f"declared {spec.dtype} {expected}", rank)
+            _fail(
+                "PRE-EXTENSION-FIELDS",
+                f"extensions.{name}",
+                f"is {getattr(value, 'dtype', type(value).__name__)} {tuple(getattr(value, 'shape', ()))}; "
+                f"declared {spec.dtype} {expected}",
+                rank,
+            )
 
 
-def gather_extensions(comm, local_output: SamplerOutput | None, metadata: BatchShardMetadata,
-                      global_cu_np: np.ndarray, local_cu_np: np.ndarray,
-                      extension_fields: dict[str, ExtensionSpec], device: torch.device) -> dict[str, torch.Tensor]:
+def gather_extensions(
+    comm,
+    local_output: SamplerOutput | None,
+    metadata: BatchShardMetadata,
+    global_cu_np: np.ndarray,
+    local_cu_np: np.ndarray,
+    extension_fields: dict[str, ExtensionSpec],
+    device: torch.device,
+) -> dict[str, torch.Tensor]:
     """Every declared field in batch order: [N, *E] per request, [L, *E] per logits row."""
     width, per_rank, tp = metadata.max_num_logits_per_req, metadata.max_num_reqs_per_rank, metadata.tp_size
     carried = _carried(local_output)

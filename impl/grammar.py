@@ -8,8 +8,9 @@ import torch
 from shardspec.spec.model import GrammarOutput
 
 
-def local_grammar_output(grammar: GrammarOutput, position: dict, owned: np.ndarray,
-                         cu: np.ndarray) -> GrammarOutput | None:
+def local_grammar_output(
+    grammar: GrammarOutput, position: dict, owned: np.ndarray, cu: np.ndarray
+) -> GrammarOutput | None:
     """The owned requests' ids (grammar order) and a copy of their bitmask rows; None if none is owned.
 
     ``position`` maps a request id to its batch position, ``owned`` is a boolean per batch

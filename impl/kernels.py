@@ -29,8 +29,21 @@ def _request_rows(cu_ptr, cu_stride, reqs, valid):
 
 
 @triton.jit
-def _count_block(reqs_before, rows_before, rows_total, slots_ptr, slots_stride, cu_ptr, cu_stride, start,
-                 block_start, num_reqs, TP: tl.constexpr, TP_PAD: tl.constexpr, BLOCK: tl.constexpr):
+def _count_block(
+    reqs_before,
+    rows_before,
+    rows_total,
+    slots_ptr,
+    slots_stride,
+    cu_ptr,
+    cu_stride,
+    start,
+    block_start,
+    num_reqs,
+    TP: tl.constexpr,
+    TP_PAD: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
     """Per rank: requests before block_start, rows before it, rows in all; requests [start, start + BLOCK) added."""
     reqs = start + tl.arange(0, BLOCK)
     valid = reqs < num_reqs
@@ -40,22 +53,54 @@ def _count_block(reqs_before, rows_before, rows_total, slots_ptr, slots_stride, 
     reqs_per_rank = tl.sum(owned.to(tl.int32), axis=0)
     rows_per_rank = tl.sum(tl.where(owned, counts[:, None], 0), axis=0)
     earlier = start < block_start
-    return (reqs_before + tl.where(earlier, reqs_per_rank, 0), rows_before + tl.where(earlier, rows_per_rank, 0),
-            rows_total + rows_per_rank)
+    return (
+        reqs_before + tl.where(earlier, reqs_per_rank, 0),
+        rows_before + tl.where(earlier, rows_per_rank, 0),
+        rows_total + rows_per_rank,
+    )
 
 
 @triton.jit(
-    do_not_specialize=["slots_stride", "cu_stride", "logits_indices_stride", "seq_lens_stride", "num_reqs",
-                       "num_logits", "num_local_reqs", "num_local_logits", "max_reqs_per_rank"],
+    do_not_specialize=[
+        "slots_stride",
+        "cu_stride",
+        "logits_indices_stride",
+        "seq_lens_stride",
+        "num_reqs",
+        "num_logits",
+        "num_local_reqs",
+        "num_local_logits",
+        "max_reqs_per_rank",
+    ],
     do_not_specialize_on_alignment=["slots_ptr", "cu_ptr", "logits_indices_ptr", "seq_lens_ptr"],
 )
 def shard_plan_kernel(
-    slots_ptr, slots_stride, cu_ptr, cu_stride, logits_indices_ptr, logits_indices_stride, seq_lens_ptr,
+    slots_ptr,
+    slots_stride,
+    cu_ptr,
+    cu_stride,
+    logits_indices_ptr,
+    logits_indices_stride,
+    seq_lens_ptr,
     seq_lens_stride,
-    sorted_indices_ptr, src_indices_ptr,
-    local_slots_ptr, local_cu_ptr, local_indices_ptr, local_row_slots_ptr, local_row_pos_ptr, local_seq_lens_ptr,
-    num_reqs, num_logits, num_local_reqs, num_local_logits, max_reqs_per_rank,
-    TP: tl.constexpr, RANK: tl.constexpr, TP_PAD: tl.constexpr, BLOCK: tl.constexpr, ROWS_PAD: tl.constexpr,
+    sorted_indices_ptr,
+    src_indices_ptr,
+    local_slots_ptr,
+    local_cu_ptr,
+    local_indices_ptr,
+    local_row_slots_ptr,
+    local_row_pos_ptr,
+    local_seq_lens_ptr,
+    num_reqs,
+    num_logits,
+    num_local_reqs,
+    num_local_logits,
+    max_reqs_per_rank,
+    TP: tl.constexpr,
+    RANK: tl.constexpr,
+    TP_PAD: tl.constexpr,
+    BLOCK: tl.constexpr,
+    ROWS_PAD: tl.constexpr,
     LOOP_END: tl.constexpr,
 ):
     """Inputs are read by their strides (element units). The counts (num_*) come from the host copies,
@@ -76,13 +121,37 @@ def shard_plan_kernel(
     if LOOP_END > 0:
         for start in range(0, LOOP_END, BLOCK):
             reqs_before, rows_before, rows_total = _count_block(
-                reqs_before, rows_before, rows_total, slots_ptr, slots_stride, cu_ptr, cu_stride, start, block_start,
-                num_reqs, TP, TP_PAD, BLOCK)
+                reqs_before,
+                rows_before,
+                rows_total,
+                slots_ptr,
+                slots_stride,
+                cu_ptr,
+                cu_stride,
+                start,
+                block_start,
+                num_reqs,
+                TP,
+                TP_PAD,
+                BLOCK,
+            )
     else:
         for start in range(0, num_reqs, BLOCK):
             reqs_before, rows_before, rows_total = _count_block(
-                reqs_before, rows_before, rows_total, slots_ptr, slots_stride, cu_ptr, cu_stride, start, block_start,
-                num_reqs, TP, TP_PAD, BLOCK)
+                reqs_before,
+                rows_before,
+                rows_total,
+                slots_ptr,
+                slots_stride,
+                cu_ptr,
+                cu_stride,
+                start,
+                block_start,
+                num_reqs,
+                TP,
+                TP_PAD,
+                BLOCK,
+            )
     # Rank r's rows start after every row of lower ranks (owner-sorted order).
     rank_row_start = tl.cumsum(rows_total, axis=0) - rows_total
 
@@ -107,8 +176,9 @@ def shard_plan_kernel(
     row_valid = valid[:, None] & (pos[None, :] < counts[:, None])
     rows = first[:, None] + pos[None, :]
     readable = row_valid & (rows >= 0) & (rows < num_logits)
-    indices = tl.load(logits_indices_ptr + rows.to(tl.int64) * logits_indices_stride, mask=readable,
-                      other=0).to(tl.int64)
+    indices = tl.load(logits_indices_ptr + rows.to(tl.int64) * logits_indices_stride, mask=readable, other=0).to(
+        tl.int64
+    )
     sorted_rows = sorted_start[:, None] + pos[None, :]
     in_range = row_valid & (sorted_rows >= 0) & (sorted_rows < num_logits)
     tl.store(sorted_indices_ptr + sorted_rows, indices, mask=in_range)
@@ -136,26 +206,78 @@ def shard_plan_kernel(
 
 @triton.jit(
     do_not_specialize=[
-        "ids_stride0", "ids_stride1", "ids_width", "sampled_stride", "rejected_stride", "nans_stride",
-        "lp_ids_stride0", "lp_ids_stride1", "lp_vals_stride0", "lp_vals_stride1", "lp_width", "lp_ranks_stride",
-        "local_cu_stride", "nans_len", "lp_len", "num_local_reqs", "max_reqs_per_rank", "width", "sampled_cols",
+        "ids_stride0",
+        "ids_stride1",
+        "ids_width",
+        "sampled_stride",
+        "rejected_stride",
+        "nans_stride",
+        "lp_ids_stride0",
+        "lp_ids_stride1",
+        "lp_vals_stride0",
+        "lp_vals_stride1",
+        "lp_width",
+        "lp_ranks_stride",
+        "local_cu_stride",
+        "nans_len",
+        "lp_len",
+        "num_local_reqs",
+        "max_reqs_per_rank",
+        "width",
+        "sampled_cols",
         "num_cols",
     ],
     do_not_specialize_on_alignment=[
-        "local_cu_ptr", "ids_ptr", "sampled_ptr", "rejected_ptr", "nans_ptr", "lp_ids_ptr", "lp_vals_ptr",
+        "local_cu_ptr",
+        "ids_ptr",
+        "sampled_ptr",
+        "rejected_ptr",
+        "nans_ptr",
+        "lp_ids_ptr",
+        "lp_vals_ptr",
         "lp_ranks_ptr",
     ],
 )
 def pack_kernel(
-    send_ptr, local_cu_ptr, local_cu_stride,
-    ids_ptr, ids_stride0, ids_stride1, ids_width,
-    sampled_ptr, sampled_stride, rejected_ptr, rejected_stride, nans_ptr, nans_stride,
-    lp_send_ids_ptr, lp_send_vals_ptr,
-    lp_ids_ptr, lp_ids_stride0, lp_ids_stride1, lp_vals_ptr, lp_vals_stride0, lp_vals_stride1, lp_width,
-    lp_ranks_ptr, lp_ranks_stride, nans_len, lp_len,
-    num_local_reqs, max_reqs_per_rank, width, sampled_cols, num_cols,
-    HAS_OUTPUT: tl.constexpr, HAS_NANS: tl.constexpr, HAS_LOGPROBS: tl.constexpr, LOCAL_LOGPROBS: tl.constexpr,
-    BLOCK: tl.constexpr, ROWS_PAD: tl.constexpr, SAMPLED_PAD: tl.constexpr, COLS_PAD: tl.constexpr,
+    send_ptr,
+    local_cu_ptr,
+    local_cu_stride,
+    ids_ptr,
+    ids_stride0,
+    ids_stride1,
+    ids_width,
+    sampled_ptr,
+    sampled_stride,
+    rejected_ptr,
+    rejected_stride,
+    nans_ptr,
+    nans_stride,
+    lp_send_ids_ptr,
+    lp_send_vals_ptr,
+    lp_ids_ptr,
+    lp_ids_stride0,
+    lp_ids_stride1,
+    lp_vals_ptr,
+    lp_vals_stride0,
+    lp_vals_stride1,
+    lp_width,
+    lp_ranks_ptr,
+    lp_ranks_stride,
+    nans_len,
+    lp_len,
+    num_local_reqs,
+    max_reqs_per_rank,
+    width,
+    sampled_cols,
+    num_cols,
+    HAS_OUTPUT: tl.constexpr,
+    HAS_NANS: tl.constexpr,
+    HAS_LOGPROBS: tl.constexpr,
+    LOCAL_LOGPROBS: tl.constexpr,
+    BLOCK: tl.constexpr,
+    ROWS_PAD: tl.constexpr,
+    SAMPLED_PAD: tl.constexpr,
+    COLS_PAD: tl.constexpr,
 ):
     """Send row j < max_reqs_per_rank: local request j, or zeros past the local requests.
 
@@ -187,19 +309,55 @@ def pack_kernel(
     tl.store(send_at, row, mask=in_wire[:, None] & (cols[None, :] < sampled_cols))
     if HAS_LOGPROBS:
         _pack_logprobs(
-            local_cu_ptr, local_cu_stride, lp_send_ids_ptr, lp_send_vals_ptr,
-            lp_ids_ptr, lp_ids_stride0, lp_ids_stride1, lp_vals_ptr, lp_vals_stride0, lp_vals_stride1, lp_width,
-            lp_ranks_ptr, lp_ranks_stride, lp_len, num_local_reqs, max_reqs_per_rank, width, num_cols,
-            LOCAL_LOGPROBS, BLOCK, ROWS_PAD, COLS_PAD,
+            local_cu_ptr,
+            local_cu_stride,
+            lp_send_ids_ptr,
+            lp_send_vals_ptr,
+            lp_ids_ptr,
+            lp_ids_stride0,
+            lp_ids_stride1,
+            lp_vals_ptr,
+            lp_vals_stride0,
+            lp_vals_stride1,
+            lp_width,
+            lp_ranks_ptr,
+            lp_ranks_stride,
+            lp_len,
+            num_local_reqs,
+            max_reqs_per_rank,
+            width,
+            num_cols,
+            LOCAL_LOGPROBS,
+            BLOCK,
+            ROWS_PAD,
+            COLS_PAD,
         )
 
 
 @triton.jit
 def _pack_logprobs(
-    local_cu_ptr, local_cu_stride, lp_send_ids_ptr, lp_send_vals_ptr,
-    lp_ids_ptr, lp_ids_stride0, lp_ids_stride1, lp_vals_ptr, lp_vals_stride0, lp_vals_stride1, lp_width,
-    lp_ranks_ptr, lp_ranks_stride, lp_len, num_local_reqs, max_reqs_per_rank, width, num_cols,
-    LOCAL_LOGPROBS: tl.constexpr, BLOCK: tl.constexpr, ROWS_PAD: tl.constexpr, COLS_PAD: tl.constexpr,
+    local_cu_ptr,
+    local_cu_stride,
+    lp_send_ids_ptr,
+    lp_send_vals_ptr,
+    lp_ids_ptr,
+    lp_ids_stride0,
+    lp_ids_stride1,
+    lp_vals_ptr,
+    lp_vals_stride0,
+    lp_vals_stride1,
+    lp_width,
+    lp_ranks_ptr,
+    lp_ranks_stride,
+    lp_len,
+    num_local_reqs,
+    max_reqs_per_rank,
+    width,
+    num_cols,
+    LOCAL_LOGPROBS: tl.constexpr,
+    BLOCK: tl.constexpr,
+    ROWS_PAD: tl.constexpr,
+    COLS_PAD: tl.constexpr,
 ):
     """Wire row j*width + p: local request j's p-th logits row, or id 0 / -inf / rank 0."""
     flat = tl.program_id(0) * BLOCK * ROWS_PAD + tl.arange(0, BLOCK * ROWS_PAD)
@@ -229,20 +387,54 @@ def _pack_logprobs(
 
 
 @triton.jit(
-    do_not_specialize=["cu_stride", "cu_len", "num_reqs", "num_logits", "num_src_rows", "width", "sampled_cols",
-                       "num_cols"],
+    do_not_specialize=[
+        "cu_stride",
+        "cu_len",
+        "num_reqs",
+        "num_logits",
+        "num_src_rows",
+        "width",
+        "sampled_cols",
+        "num_cols",
+    ],
     do_not_specialize_on_alignment=[
-        "src_indices_ptr", "cu_ptr", "out_ids_ptr", "out_sampled_ptr", "out_rejected_ptr", "out_nans_ptr",
-        "out_lp_ids_ptr", "out_lp_vals_ptr", "out_lp_ranks_ptr",
+        "src_indices_ptr",
+        "cu_ptr",
+        "out_ids_ptr",
+        "out_sampled_ptr",
+        "out_rejected_ptr",
+        "out_nans_ptr",
+        "out_lp_ids_ptr",
+        "out_lp_vals_ptr",
+        "out_lp_ranks_ptr",
     ],
 )
 def unpack_kernel(
-    gathered_ptr, src_indices_ptr, cu_ptr, cu_stride, cu_len,
-    out_ids_ptr, out_sampled_ptr, out_rejected_ptr, out_nans_ptr,
-    lp_gathered_ids_ptr, lp_gathered_vals_ptr, out_lp_ids_ptr, out_lp_vals_ptr, out_lp_ranks_ptr,
-    num_reqs, num_logits, num_src_rows, width, sampled_cols, num_cols,
-    HAS_NANS: tl.constexpr, HAS_LOGPROBS: tl.constexpr,
-    BLOCK: tl.constexpr, ROWS_PAD: tl.constexpr, COLS_PAD: tl.constexpr,
+    gathered_ptr,
+    src_indices_ptr,
+    cu_ptr,
+    cu_stride,
+    cu_len,
+    out_ids_ptr,
+    out_sampled_ptr,
+    out_rejected_ptr,
+    out_nans_ptr,
+    lp_gathered_ids_ptr,
+    lp_gathered_vals_ptr,
+    out_lp_ids_ptr,
+    out_lp_vals_ptr,
+    out_lp_ranks_ptr,
+    num_reqs,
+    num_logits,
+    num_src_rows,
+    width,
+    sampled_cols,
+    num_cols,
+    HAS_NANS: tl.constexpr,
+    HAS_LOGPROBS: tl.constexpr,
+    BLOCK: tl.constexpr,
+    ROWS_PAD: tl.constexpr,
+    COLS_PAD: tl.constexpr,
 ):
     """Batch request i reads gathered row gathered_src_indices[i] (rank-major).
 
@@ -273,8 +465,15 @@ def unpack_kernel(
         first, counts = _request_rows(cu_ptr, cu_stride, row_reqs, req_valid)
         out_rows = (first + pos).to(tl.int64)
         row_src = tl.load(src_indices_ptr + row_reqs, mask=req_valid, other=0)
-        has = (req_valid & (pos < counts) & (pos < width) & (out_rows >= 0) & (out_rows < num_logits)
-               & (row_src >= 0) & (row_src < num_src_rows))
+        has = (
+            req_valid
+            & (pos < counts)
+            & (pos < width)
+            & (out_rows >= 0)
+            & (out_rows < num_logits)
+            & (row_src >= 0)
+            & (row_src < num_src_rows)
+        )
         src_rows = row_src * width + pos
         lp_cols = tl.arange(0, COLS_PAD)
         copied = has[:, None] & (lp_cols[None, :] < num_cols)

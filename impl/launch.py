@@ -57,8 +57,9 @@ class Launcher:
         self._direct: dict = {}
         self._knobs = _runtime_knobs() if _DIRECT else None
 
-    def __call__(self, num_programs: int, key: tuple, args: tuple, constexprs: dict,
-                 direct_args: tuple | None = None) -> None:
+    def __call__(
+        self, num_programs: int, key: tuple, args: tuple, constexprs: dict, direct_args: tuple | None = None
+    ) -> None:
         """Launch ``num_programs`` programs on CUDA device ``key[0]`` (an index; None on the CPU).
 
         ``key`` must also hold every constexpr value and caller dtype. ``args`` hold tensors;
@@ -70,8 +71,7 @@ class Launcher:
             direct(num_programs, args if direct_args is None else direct_args)
             return
         result = self.kernel[(num_programs,)](*args, **constexprs)
-        if (self._knobs is not None and hasattr(result, "packed_metadata")
-                and _constexprs_last(self.kernel, constexprs)):
+        if self._knobs is not None and hasattr(result, "packed_metadata") and _constexprs_last(self.kernel, constexprs):
             self._direct[key] = _direct_launch(result, key[0], tuple(constexprs.values()))
 
     def _hooked(self) -> bool:
@@ -88,15 +88,41 @@ def _direct_launch(compiled, device_index: int, constexpr_values: tuple):
 
         def launch(num_programs: int, args: tuple) -> None:
             # No scratch memory and no hooks: what run() would pass, without its Python frame.
-            bare(num_programs, 1, 1, current_stream(device_index), function, cooperative, pdl, None, None,
-                 metadata, None, None, None, *args, *constexpr_values)
+            bare(
+                num_programs,
+                1,
+                1,
+                current_stream(device_index),
+                function,
+                cooperative,
+                pdl,
+                None,
+                None,
+                metadata,
+                None,
+                None,
+                None,
+                *args,
+                *constexpr_values,
+            )
 
         return launch
 
     def launch(num_programs: int, args: tuple) -> None:
         # No launch hook is active (checked by the caller): no launch metadata, no hooks to call.
-        run(num_programs, 1, 1, current_stream(device_index), function, metadata, None, None, None,
-            *args, *constexpr_values)
+        run(
+            num_programs,
+            1,
+            1,
+            current_stream(device_index),
+            function,
+            metadata,
+            None,
+            None,
+            None,
+            *args,
+            *constexpr_values,
+        )
 
     return launch
 
@@ -112,9 +138,13 @@ def _bare_launch(run):
     import triton
 
     driver = sys.modules.get(type(run).__module__)
-    if (not triton.__version__.startswith(_BARE_VERSION) or getattr(driver, "_BASE_ARGS_FORMAT", None) != _BARE_FORMAT
-            or getattr(run, "global_scratch_size", 1) or getattr(run, "profile_scratch_size", 1)
-            or os.environ.get("SHARDSPEC_BARE_LAUNCH") == "0"):
+    if (
+        not triton.__version__.startswith(_BARE_VERSION)
+        or getattr(driver, "_BASE_ARGS_FORMAT", None) != _BARE_FORMAT
+        or getattr(run, "global_scratch_size", 1)
+        or getattr(run, "profile_scratch_size", 1)
+        or os.environ.get("SHARDSPEC_BARE_LAUNCH") == "0"
+    ):
         return None  # scratch memory would have to be allocated per launch, as run() does
     return getattr(run, "launch", None)
 
@@ -122,4 +152,4 @@ def _bare_launch(run):
 def _constexprs_last(kernel, constexprs: dict) -> bool:
     """Direct launches pass constexprs positionally after the runtime arguments."""
     names = list(kernel.arg_names)
-    return names[len(names) - len(constexprs):] == list(constexprs)
+    return names[len(names) - len(constexprs) :] == list(constexprs)

@@ -91,12 +91,28 @@ class ProductionSharder:
         self._tp_pad = next_power_of_2(self.tp_size)
         # Block sizes follow the capacity, never the batch, so no batch size recompiles a kernel.
         self._plan_block = _block(self._tp_pad * 4 + self._rows_pad * 2, max(1, max_num_reqs))
-        self._plan_constexprs = dict(TP=self.tp_size, RANK=self.rank, TP_PAD=self._tp_pad, BLOCK=self._plan_block,
-                                     ROWS_PAD=self._rows_pad, LOOP_END=0)
+        self._plan_constexprs = dict(
+            TP=self.tp_size,
+            RANK=self.rank,
+            TP_PAD=self._tp_pad,
+            BLOCK=self._plan_block,
+            ROWS_PAD=self._rows_pad,
+            LOOP_END=0,
+        )
         self._plan_key = (self.device.index, *self._plan_constexprs.values())
-        self._plan_outputs = tuple(self._ws[name] for name in (
-            "sorted_logits_indices", "gathered_src_indices", "local_idx_mapping", "local_cu_num_logits",
-            "local_logits_indices", "local_expanded_idx_mapping", "local_expanded_local_pos", "local_seq_lens"))
+        self._plan_outputs = tuple(
+            self._ws[name]
+            for name in (
+                "sorted_logits_indices",
+                "gathered_src_indices",
+                "local_idx_mapping",
+                "local_cu_num_logits",
+                "local_logits_indices",
+                "local_expanded_idx_mapping",
+                "local_expanded_local_pos",
+                "local_seq_lens",
+            )
+        )
         self._plan_output_addresses = tuple(t.data_ptr() for t in self._plan_outputs)
         self._logprob_cols = -1  # columns the logprob wire buffers are sized for
         self._lp_ws: dict = {}
@@ -107,13 +123,18 @@ class ProductionSharder:
     def shard_sampler_inputs(self, batch: InputBatch, grammar: GrammarOutput | None) -> ShardResult:
         rank, tp = self.rank, self.tp_size
         if self.check_preconditions:
-            cu, counts, width = checks.check_input_batch(batch, max_num_reqs=self.max_num_reqs,
-                                                         max_num_logits_per_req=self.max_num_logits_per_req,
-                                                         rank=rank, compare_device_copies=self.check_device_copies)
+            cu, counts, width = checks.check_input_batch(
+                batch,
+                max_num_reqs=self.max_num_reqs,
+                max_num_logits_per_req=self.max_num_logits_per_req,
+                rank=rank,
+                compare_device_copies=self.check_device_copies,
+            )
         else:
             # Capacity, slot range and the shapes the kernels read are checked even so.
-            cu, counts, width = checks.check_guards(batch, max_num_reqs=self.max_num_reqs,
-                                                    max_num_logits_per_req=self.max_num_logits_per_req, rank=rank)
+            cu, counts, width = checks.check_guards(
+                batch, max_num_reqs=self.max_num_reqs, max_num_logits_per_req=self.max_num_logits_per_req, rank=rank
+            )
         position = None
         if grammar is not None:
             position = {req_id: i for i, req_id in enumerate(batch.req_ids)}
@@ -126,8 +147,9 @@ class ProductionSharder:
         num_logits = int(cu[-1])
         # Per-rank counts as Python lists: tp is small, and list max / indexing cost far less than numpy's.
         reqs_per_rank = np.bincount(owners, minlength=tp).tolist()
-        rows_per_rank = reqs_per_rank if width == 1 else np.bincount(
-            owners, weights=counts, minlength=tp).astype(np.int64).tolist()
+        rows_per_rank = (
+            reqs_per_rank if width == 1 else np.bincount(owners, weights=counts, minlength=tp).astype(np.int64).tolist()
+        )
         max_reqs_per_rank = max(reqs_per_rank) if num_reqs else 1
         owned = owners == rank
         local_reqs = owned.nonzero()[0]  # owned is 1-D: no flatnonzero wrapper needed
@@ -182,10 +204,16 @@ class ProductionSharder:
         key = (num_reqs, num_logits, num_local, num_local_logits)
         views = self._views.get(key)
         if views is None:
-            lengths = {"sorted_logits_indices": num_logits, "gathered_src_indices": num_reqs,
-                       "local_idx_mapping": num_local, "local_cu_num_logits": num_local + 1,
-                       "local_seq_lens": num_local, "local_logits_indices": num_local_logits,
-                       "local_expanded_idx_mapping": num_local_logits, "local_expanded_local_pos": num_local_logits}
+            lengths = {
+                "sorted_logits_indices": num_logits,
+                "gathered_src_indices": num_reqs,
+                "local_idx_mapping": num_local,
+                "local_cu_num_logits": num_local + 1,
+                "local_seq_lens": num_local,
+                "local_logits_indices": num_local_logits,
+                "local_expanded_idx_mapping": num_local_logits,
+                "local_expanded_local_pos": num_local_logits,
+            }
             views = self._remember(key, {name: self._ws[name][:n] for name, n in lengths.items()})
         return views
 
@@ -204,8 +232,13 @@ class ProductionSharder:
         num_reqs = sizes[0]
         constexprs = {**self._plan_constexprs, "LOOP_END": num_reqs} if _INTERPRETED else self._plan_constexprs
         # The plan's outputs never move: a direct launch takes their addresses instead.
-        _launch_plan(-(-num_reqs // self._plan_block), key, (*inputs, *self._plan_outputs, *sizes), constexprs,
-                     (*inputs, *self._plan_output_addresses, *sizes))
+        _launch_plan(
+            -(-num_reqs // self._plan_block),
+            key,
+            (*inputs, *self._plan_outputs, *sizes),
+            constexprs,
+            (*inputs, *self._plan_output_addresses, *sizes),
+        )
 
     # -- step 2 ------------------------------------------------------------
     def all_to_all_logits(self, logits_shard: torch.Tensor, metadata: BatchShardMetadata) -> torch.Tensor:
@@ -214,8 +247,7 @@ class ProductionSharder:
             checks.check_logits_shard(logits_shard, metadata, self.rank)
         tp, num_local = metadata.tp_size, metadata.num_local_logits
         received, by_row = self._recv_logits(num_local, logits_shard.shape[-1], logits_shard.dtype)
-        self.comm.all_to_all_single(received, logits_shard.contiguous(), [num_local] * tp,
-                                    metadata.num_logits_per_rank)
+        self.comm.all_to_all_single(received, logits_shard.contiguous(), [num_local] * tp, metadata.num_logits_per_rank)
         full_shape = (num_local, tp * logits_shard.shape[-1])
         if num_local > 1 and tp > 1:
             # Chunk r came from rank r, which holds vocab columns [r*Vs, (r+1)*Vs): ``by_row`` views the
@@ -253,17 +285,22 @@ class ProductionSharder:
         if self.check_preconditions:
             # The declarations are replicated: checked first, so every rank rejects them alike.
             extensions.check_declarations(extension_fields, self.rank)
-            checks.check_local_output(local_output, num_local, local_batch.num_logits,
-                                      gather_num_nans=gather_num_nans, logprobs_dims=logprobs_dims, rank=self.rank)
-            extensions.check_local_fields(local_output, num_local, local_batch.num_logits, extension_fields,
-                                          self.rank)
+            checks.check_local_output(
+                local_output,
+                num_local,
+                local_batch.num_logits,
+                gather_num_nans=gather_num_nans,
+                logprobs_dims=logprobs_dims,
+                rank=self.rank,
+            )
+            extensions.check_local_fields(local_output, num_local, local_batch.num_logits, extension_fields, self.rank)
         width, per_rank = metadata.max_num_logits_per_req, metadata.max_num_reqs_per_rank
         sampled_cols = width + 2 + (1 if gather_num_nans else 0)
         num_cols = num_logprob_columns(logprobs_dims) if logprobs_dims is not None else 0
-        send, received, lp = self._wire_views(per_rank, width, sampled_cols,
-                                              num_cols if logprobs_dims is not None else None)
-        self._launch_pack(local_output, local_batch, send, lp, num_local, per_rank, width, num_cols,
-                          gather_num_nans)
+        send, received, lp = self._wire_views(
+            per_rank, width, sampled_cols, num_cols if logprobs_dims is not None else None
+        )
+        self._launch_pack(local_output, local_batch, send, lp, num_local, per_rank, width, num_cols, gather_num_nans)
         self.comm.all_gather_into_tensor(received, send)
         if lp is not None:
             self.comm.all_gather_into_tensor(lp["recv_ids"], lp["send_ids"])
@@ -271,8 +308,14 @@ class ProductionSharder:
         gathered = self._unpack(received, lp, metadata, global_batch, width, sampled_cols, num_cols, gather_num_nans)
         if extension_fields is not None:
             gathered.extensions = extensions.gather_extensions(
-                self.comm, local_output, metadata, global_batch.cu_num_logits_np, local_batch.cu_num_logits_np,
-                extension_fields, self.device)
+                self.comm,
+                local_output,
+                metadata,
+                global_batch.cu_num_logits_np,
+                local_batch.cu_num_logits_np,
+                extension_fields,
+                self.device,
+            )
         return gathered
 
     def _wire_views(self, per_rank: int, width: int, sampled_cols: int, num_cols: int | None):
@@ -306,8 +349,9 @@ class ProductionSharder:
         ids = out.sampled_token_ids if has_output else send
         nans = out.num_nans if has_output and gather_num_nans else send
         local_lp = out.logprobs_tensors if has_output and lp is not None else None
-        block, constexprs, key_prefix = self._pack_config(has_output, gather_num_nans, lp is not None,
-                                                          local_lp is not None, width, num_cols)
+        block, constexprs, key_prefix = self._pack_config(
+            has_output, gather_num_nans, lp is not None, local_lp is not None, width, num_cols
+        )
         if local_lp is not None:
             lp_ids, lp_vals, lp_ranks = local_lp.logprob_token_ids, local_lp.logprobs, local_lp.selected_token_ranks
         else:
@@ -319,20 +363,58 @@ class ProductionSharder:
         if has_output and not self.check_preconditions:
             # Unchecked shapes: read no request past the shortest per-request tensor.
             num_local = min(num_local, ids.shape[0], sampled.shape[0], rejected.shape[0], local_cu.shape[0] - 1)
-        key = (*key_prefix, local_cu.dtype, ids.dtype, sampled.dtype, rejected.dtype, nans.dtype, lp_ids.dtype,
-               lp_vals.dtype, lp_ranks.dtype)
+        key = (
+            *key_prefix,
+            local_cu.dtype,
+            ids.dtype,
+            sampled.dtype,
+            rejected.dtype,
+            nans.dtype,
+            lp_ids.dtype,
+            lp_vals.dtype,
+            lp_ranks.dtype,
+        )
         ids_strides, lp_ids_strides, lp_vals_strides = ids.stride(), lp_ids.stride(), lp_vals.stride()
         # Rows the local prefix sum points at are bounded by what the tensors hold.
         lp_len = min(lp_ids.shape[0], lp_vals.shape[0], lp_ranks.shape[0]) if local_lp is not None else 0
-        _launch_pack(-(-per_rank // block), key, (
-            send, local_cu, local_cu.stride(0),
-            ids, ids_strides[0], ids_strides[-1], ids.shape[-1],
-            sampled, sampled.stride(0), rejected, rejected.stride(0), nans, nans.stride(0),
-            lp_send_ids, lp_send_vals,
-            lp_ids, lp_ids_strides[0], lp_ids_strides[-1], lp_vals, lp_vals_strides[0], lp_vals_strides[-1],
-            lp_ids.shape[-1], lp_ranks, lp_ranks.stride(0), nans.shape[0], lp_len,
-            num_local, per_rank, width, send.shape[1], num_cols,
-        ), constexprs)
+        _launch_pack(
+            -(-per_rank // block),
+            key,
+            (
+                send,
+                local_cu,
+                local_cu.stride(0),
+                ids,
+                ids_strides[0],
+                ids_strides[-1],
+                ids.shape[-1],
+                sampled,
+                sampled.stride(0),
+                rejected,
+                rejected.stride(0),
+                nans,
+                nans.stride(0),
+                lp_send_ids,
+                lp_send_vals,
+                lp_ids,
+                lp_ids_strides[0],
+                lp_ids_strides[-1],
+                lp_vals,
+                lp_vals_strides[0],
+                lp_vals_strides[-1],
+                lp_ids.shape[-1],
+                lp_ranks,
+                lp_ranks.stride(0),
+                nans.shape[0],
+                lp_len,
+                num_local,
+                per_rank,
+                width,
+                send.shape[1],
+                num_cols,
+            ),
+            constexprs,
+        )
 
     def _pack_config(self, has_output, gather_num_nans, has_logprobs, local_logprobs, width, num_cols):
         """(requests per program, constexprs, launch key prefix) of pack_kernel; cached per configuration."""
@@ -341,9 +423,16 @@ class ProductionSharder:
         if config is None:
             cols_pad = next_power_of_2(num_cols + 1)
             block = _block(self._rows_pad * cols_pad + self._rows_pad + 3, max(1, self.max_num_reqs))
-            constexprs = dict(HAS_OUTPUT=has_output, HAS_NANS=gather_num_nans, HAS_LOGPROBS=has_logprobs,
-                              LOCAL_LOGPROBS=local_logprobs, BLOCK=block, ROWS_PAD=self._rows_pad,
-                              SAMPLED_PAD=next_power_of_2(width + 3), COLS_PAD=cols_pad)
+            constexprs = dict(
+                HAS_OUTPUT=has_output,
+                HAS_NANS=gather_num_nans,
+                HAS_LOGPROBS=has_logprobs,
+                LOCAL_LOGPROBS=local_logprobs,
+                BLOCK=block,
+                ROWS_PAD=self._rows_pad,
+                SAMPLED_PAD=next_power_of_2(width + 3),
+                COLS_PAD=cols_pad,
+            )
             config = self._remember(key, (block, constexprs, (self.device.index, *constexprs.values())))
         return config
 
@@ -354,8 +443,13 @@ class ProductionSharder:
         if config is None:
             cols_pad = next_power_of_2(num_cols + 1)
             block = _block(self._rows_pad * cols_pad + self._rows_pad, max(1, self.max_num_reqs))
-            constexprs = dict(HAS_NANS=gather_num_nans, HAS_LOGPROBS=has_logprobs, BLOCK=block,
-                              ROWS_PAD=self._rows_pad, COLS_PAD=cols_pad)
+            constexprs = dict(
+                HAS_NANS=gather_num_nans,
+                HAS_LOGPROBS=has_logprobs,
+                BLOCK=block,
+                ROWS_PAD=self._rows_pad,
+                COLS_PAD=cols_pad,
+            )
             config = self._remember(key, (block, constexprs, (self.device.index, *constexprs.values())))
         return config
 
@@ -381,10 +475,28 @@ class ProductionSharder:
             key = (*key_prefix, src_indices.dtype, cu.dtype)
             # Absent outputs are never written (their constexpr flag is off): any tensor stands in.
             lp_args = (lp["recv_ids"], lp["recv_vals"], *logprobs[:3]) if lp is not None else (received,) * 5
-            _launch_unpack(-(-num_reqs // block), key, (
-                received, src_indices, cu, cu.stride(0), cu.shape[0], sampled_token_ids, *counts[:2], counts[-1],
-                *lp_args, num_reqs, num_logits, received.shape[0], width, sampled_cols, num_cols,
-            ), constexprs)
+            _launch_unpack(
+                -(-num_reqs // block),
+                key,
+                (
+                    received,
+                    src_indices,
+                    cu,
+                    cu.stride(0),
+                    cu.shape[0],
+                    sampled_token_ids,
+                    *counts[:2],
+                    counts[-1],
+                    *lp_args,
+                    num_reqs,
+                    num_logits,
+                    received.shape[0],
+                    width,
+                    sampled_cols,
+                    num_cols,
+                ),
+                constexprs,
+            )
         return SamplerOutput(
             sampled_token_ids=sampled_token_ids,
             logprobs_tensors=logprobs,

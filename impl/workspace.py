@@ -65,4 +65,3 @@ def logprobs_layout(max_num_reqs: int, max_num_logits_per_req: int, tp_size: int
         ("recv_ids", torch.int64, tp_size * rows * (num_cols + 1)),
         ("recv_vals", torch.float32, tp_size * rows * num_cols),
     ]
-

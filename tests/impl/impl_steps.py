@@ -47,6 +47,7 @@ def run_case(case: Case, impl_of: Callable[[int], str], inputs: CaseInputs | Non
 
 # -- comparison ---------------------------------------------------------------
 
+
 def assert_same(expected, actual, where: str) -> None:
     """Equal values, dtypes and shapes (NaN equals NaN) for tensors, arrays, dataclasses, tuples and dicts."""
     if isinstance(expected, torch.Tensor):
@@ -143,10 +144,17 @@ def random_case(seed: int, tp: int, *, max_reqs: int = 24, max_logits: int = 4) 
         grammar = rng.permutation(num_reqs)[: int(rng.integers(0, num_reqs + 1))].tolist()
     dims = [None, (0, 0), (2, 0), (1, 4), (5, 2)][int(rng.integers(0, 5))]
     return Case(
-        case_id=f"random-tp{tp}-{seed}", tp_size=tp, slots=slots, num_logits_per_req=counts,
-        max_num_reqs=max_reqs * 2, max_num_logits_per_req=max_logits, spec_decode=spec or None,
-        grammar_positions=grammar, vocab_size=int(rng.integers(40, 200)), seed=seed,
+        case_id=f"random-tp{tp}-{seed}",
+        tp_size=tp,
+        slots=slots,
+        num_logits_per_req=counts,
+        max_num_reqs=max_reqs * 2,
+        max_num_logits_per_req=max_logits,
+        spec_decode=spec or None,
+        grammar_positions=grammar,
+        vocab_size=int(rng.integers(40, 200)),
+        seed=seed,
         nan_tokens=rng.integers(0, 3 * max(1, num_reqs), size=2).tolist(),
-        gather_num_nans=bool(rng.integers(0, 2)), logprobs_dims=dims,
+        gather_num_nans=bool(rng.integers(0, 2)),
+        logprobs_dims=dims,
     )
-

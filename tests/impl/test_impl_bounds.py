@@ -12,13 +12,13 @@ from dataclasses import replace
 import numpy as np
 import pytest
 import torch
+from impl_steps import DEVICE
 
 from shardspec.comm import LoopbackComm
 from shardspec.impl import ProductionSharder
 from shardspec.spec.builders import build_input_batch
 from shardspec.spec.errors import PreconditionError
 from shardspec.spec.model import LogprobsTensors, SamplerOutput
-from impl_steps import DEVICE
 
 TP, RANK = 2, 0
 SLOTS = [2, 5, 0, 3, 6]
@@ -56,9 +56,16 @@ def _assert_only_written(sharder: ProductionSharder, written: list[torch.Tensor]
 
 def _shard_views(shard) -> list[torch.Tensor]:
     local = shard.local_batch
-    return [shard.sorted_logits_indices, shard.metadata.gathered_src_indices, local.idx_mapping,
-            local.cu_num_logits, local.seq_lens, local.logits_indices, local.expanded_idx_mapping,
-            local.expanded_local_pos]
+    return [
+        shard.sorted_logits_indices,
+        shard.metadata.gathered_src_indices,
+        local.idx_mapping,
+        local.cu_num_logits,
+        local.seq_lens,
+        local.logits_indices,
+        local.expanded_idx_mapping,
+        local.expanded_local_pos,
+    ]
 
 
 def _local_output(local_batch) -> SamplerOutput:
@@ -66,8 +73,9 @@ def _local_output(local_batch) -> SamplerOutput:
     ints = dict(dtype=torch.int64, device=DEVICE)
     return SamplerOutput(
         sampled_token_ids=torch.arange(n * 2, **ints).view(n, 2),
-        logprobs_tensors=LogprobsTensors(torch.ones(rows, 3, **ints), torch.zeros(rows, 3, device=DEVICE),
-                                         torch.zeros(rows, **ints)),
+        logprobs_tensors=LogprobsTensors(
+            torch.ones(rows, 3, **ints), torch.zeros(rows, 3, device=DEVICE), torch.zeros(rows, **ints)
+        ),
         num_nans=torch.ones(rows, dtype=torch.int32, device=DEVICE),
         num_sampled=torch.ones(n, dtype=torch.int32, device=DEVICE),
         num_rejected=torch.zeros(n, dtype=torch.int32, device=DEVICE),
@@ -84,8 +92,9 @@ DISAGREEING = {
     "cu-huge": dict(cu_num_logits=_device(CU * 100_000)),
     "cu-negative": dict(cu_num_logits=_device(-CU)),
     "cu-decreasing": dict(cu_num_logits=_device(CU[::-1])),
-    "cu-int32-extremes": dict(cu_num_logits=torch.tensor([0, 2**31 - 1, -(2**31), 5, 2**31 - 1, 9],
-                                                         dtype=torch.int32, device=DEVICE)),
+    "cu-int32-extremes": dict(
+        cu_num_logits=torch.tensor([0, 2**31 - 1, -(2**31), 5, 2**31 - 1, 9], dtype=torch.int32, device=DEVICE)
+    ),
     "slots-negative": dict(idx_mapping=_device([-3, -6, -1, -4, -7])),
     "slots-huge": dict(idx_mapping=_device([2**33 + s for s in SLOTS])),
     "slots-owned-elsewhere": dict(idx_mapping=_device([s + 1 for s in SLOTS])),
@@ -93,8 +102,11 @@ DISAGREEING = {
 }
 
 
-@pytest.mark.parametrize("checks", [dict(check_preconditions=False), dict(check_device_copies=False)],
-                         ids=["checks-off", "device-copies-unchecked"])
+@pytest.mark.parametrize(
+    "checks",
+    [dict(check_preconditions=False), dict(check_device_copies=False)],
+    ids=["checks-off", "device-copies-unchecked"],
+)
 @pytest.mark.parametrize("name", sorted(DISAGREEING))
 def test_disagreeing_device_copies_stay_in_bounds(name, checks):
     batch = replace(build_input_batch(SLOTS, COUNTS, device=DEVICE), **DISAGREEING[name])
@@ -104,8 +116,14 @@ def test_disagreeing_device_copies_stay_in_bounds(name, checks):
     _assert_only_written(sharder, _shard_views(shard))
     logits = torch.zeros(batch.num_logits, 16, device=DEVICE)
     full = sharder.all_to_all_logits(logits, shard.metadata)
-    gathered = sharder.gather_sampler_output(_local_output(shard.local_batch), shard.metadata, batch,
-                                             shard.local_batch, gather_num_nans=True, logprobs_dims=(2, 0))
+    gathered = sharder.gather_sampler_output(
+        _local_output(shard.local_batch),
+        shard.metadata,
+        batch,
+        shard.local_batch,
+        gather_num_nans=True,
+        logprobs_dims=(2, 0),
+    )
     if DEVICE.type == "cuda":
         torch.cuda.synchronize()  # an illegal access would surface here
     _assert_only_written(sharder, _shard_views(shard) + [sharder._ws["send_sampled"], sharder._ws["recv_sampled"]])
@@ -131,8 +149,12 @@ def test_host_device_mismatch_is_rejected_before_any_kernel(field, compare):
     with pytest.raises(PreconditionError) as caught:
         sharder.shard_sampler_inputs(batch, None)
     error = caught.value
-    assert (error.precondition_id, error.field, error.request, error.rank) == ("PRE-HOST-DEVICE-MATCH", field,
-                                                                               request, RANK), str(error)
+    assert (error.precondition_id, error.field, error.request, error.rank) == (
+        "PRE-HOST-DEVICE-MATCH",
+        field,
+        request,
+        RANK,
+    ), str(error)
     _assert_only_written(sharder, [])  # rejected before the plan kernel ran
 
 
@@ -164,14 +186,19 @@ def test_slot_range_in_every_integer_dtype(slots_dtype):
     batch = build_input_batch([4, 1, 0], [1, 1, 1], device=DEVICE)
     with pytest.raises(PreconditionError, match="PRE-SLOT-RANGE"):
         _sharder(check_preconditions=False).shard_sampler_inputs(
-            replace(batch, idx_mapping_np=np.array([4, 8, 0], dtype=slots_dtype)), None)
+            replace(batch, idx_mapping_np=np.array([4, 8, 0], dtype=slots_dtype)), None
+        )
     ok = replace(batch, idx_mapping_np=np.array([4, 1, 0], dtype=slots_dtype))
     assert _sharder().shard_sampler_inputs(ok, None).local_batch.idx_mapping_np.tolist() == [4, 0]
 
 
 # What stays checked with the checks off: a kernel reads these device fields up to the host's counts.
-SHORT_FIELDS = {"idx_mapping": "PRE-HOST-DEVICE-MATCH", "cu_num_logits": "PRE-HOST-DEVICE-MATCH",
-                "seq_lens": "PRE-FIELD-SHAPES", "logits_indices": "PRE-FIELD-SHAPES"}
+SHORT_FIELDS = {
+    "idx_mapping": "PRE-HOST-DEVICE-MATCH",
+    "cu_num_logits": "PRE-HOST-DEVICE-MATCH",
+    "seq_lens": "PRE-FIELD-SHAPES",
+    "logits_indices": "PRE-FIELD-SHAPES",
+}
 
 
 @pytest.mark.parametrize("field", sorted(SHORT_FIELDS))

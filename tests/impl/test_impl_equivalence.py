@@ -5,9 +5,9 @@ present (tests/conftest.py sets TRITON_INTERPRET=1), and compiled on a GPU.
 """
 
 import pytest
+from impl_steps import all_ranks, assert_traces_equal, mixed, random_case, run_case
 
 from shardspec.fixtures.catalogue import load_cases
-from impl_steps import all_ranks, assert_traces_equal, mixed, random_case, run_case
 
 CATALOGUE = [case for case in load_cases() if case.expect_error is None]
 

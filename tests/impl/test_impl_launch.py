@@ -33,8 +33,12 @@ def test_launcher_goes_through_triton_while_a_hook_is_active():
     launcher(3, ("key",), ("tensor",), {}, ("address",))
     launcher._knobs.launch_exit_hook = Chain()
     launcher(3, ("other",), ("tensor",), {}, ("address",))
-    assert launched == [("direct", ("address",)), ("direct", ("tensor",)), ("triton", ("tensor",)),
-                        ("triton", ("tensor",))]
+    assert launched == [
+        ("direct", ("address",)),
+        ("direct", ("tensor",)),
+        ("triton", ("tensor",)),
+        ("triton", ("tensor",)),
+    ]
 
 
 def test_constexprs_are_the_last_parameters_of_every_kernel():
@@ -42,8 +46,12 @@ def test_constexprs_are_the_last_parameters_of_every_kernel():
     plan = dict(TP=2, RANK=0, TP_PAD=2, BLOCK=4, ROWS_PAD=1, LOOP_END=0)
     assert launch._constexprs_last(shard_plan_kernel, plan)
     assert not launch._constexprs_last(shard_plan_kernel, dict(reversed(list(plan.items()))))
-    assert launch._constexprs_last(pack_kernel, dict.fromkeys(
-        ["HAS_OUTPUT", "HAS_NANS", "HAS_LOGPROBS", "LOCAL_LOGPROBS", "BLOCK", "ROWS_PAD", "SAMPLED_PAD", "COLS_PAD"]))
+    assert launch._constexprs_last(
+        pack_kernel,
+        dict.fromkeys(
+            ["HAS_OUTPUT", "HAS_NANS", "HAS_LOGPROBS", "LOCAL_LOGPROBS", "BLOCK", "ROWS_PAD", "SAMPLED_PAD", "COLS_PAD"]
+        ),
+    )
 
 
 def _fake_run(module_name: str, fmt, global_scratch=0, profile_scratch=0):

@@ -12,6 +12,7 @@ from dataclasses import replace
 
 import pytest
 import torch
+from impl_steps import DEVICE, assert_same
 
 from shardspec.comm import LoopbackComm
 from shardspec.fixtures.run import local_sampler_output
@@ -20,7 +21,6 @@ from shardspec.reference import ReferenceSharder
 from shardspec.spec.builders import build_input_batch
 from shardspec.spec.case import Case, build_case_inputs, local_logits_shard
 from shardspec.spec.layouts import BATCH_ARRAYS, BATCH_TENSORS, OFFSET, STRIDED, lay_out_tensor
-from impl_steps import DEVICE, assert_same
 
 TP, RANK = 2, 0
 # Rank 0 of 2 owns slots 2, 0 and 6 (batch positions 0, 2 and 4).
@@ -36,14 +36,29 @@ LOCAL_BATCH_FIELDS = ("local_batch.cu_num_logits",)
 MATRICES = ("grammar_bitmask", "logits_shard", "sampled_token_ids", "logprob_token_ids", "logprobs")
 CASE_FIELDS = BATCH_TENSORS + BATCH_ARRAYS + ("grammar_bitmask", "logits_shard")
 ALL_FIELDS = CASE_FIELDS + OUTPUT_FIELDS + LOGPROB_FIELDS + LOCAL_BATCH_FIELDS
-FIELD_LAYOUTS = [(name, layout) for name in ALL_FIELDS
-                 for layout in (STRIDED, OFFSET) + ((COLUMN_MAJOR,) if name in MATRICES else ())]
+FIELD_LAYOUTS = [
+    (name, layout)
+    for name in ALL_FIELDS
+    for layout in (STRIDED, OFFSET) + ((COLUMN_MAJOR,) if name in MATRICES else ())
+]
 
 
 def _case(layouts: dict) -> Case:
-    return Case(case_id="views", tp_size=TP, slots=SLOTS, num_logits_per_req=COUNTS, max_num_reqs=8,
-                max_num_logits_per_req=4, grammar_positions=[3, 0, 4], vocab_size=40, seed=3, nan_tokens=[2, 8, 12],
-                gather_num_nans=True, logprobs_dims=(2, 1), layouts=layouts)
+    return Case(
+        case_id="views",
+        tp_size=TP,
+        slots=SLOTS,
+        num_logits_per_req=COUNTS,
+        max_num_reqs=8,
+        max_num_logits_per_req=4,
+        grammar_positions=[3, 0, 4],
+        vocab_size=40,
+        seed=3,
+        nan_tokens=[2, 8, 12],
+        gather_num_nans=True,
+        logprobs_dims=(2, 1),
+        layouts=layouts,
+    )
 
 
 def _view(tensor: torch.Tensor, layout: str) -> torch.Tensor:
@@ -81,8 +96,14 @@ def _step(impl, field: str = "", layout: str = ""):
     local_batch = shard.local_batch
     if field in LOCAL_BATCH_FIELDS:
         local_batch = replace(local_batch, cu_num_logits=_view(local_batch.cu_num_logits, layout))
-    gathered = sharder.gather_sampler_output(output, shard.metadata, inputs.batch, local_batch,
-                                             gather_num_nans=case.gather_num_nans, logprobs_dims=case.logprobs_dims)
+    gathered = sharder.gather_sampler_output(
+        output,
+        shard.metadata,
+        inputs.batch,
+        local_batch,
+        gather_num_nans=case.gather_num_nans,
+        logprobs_dims=case.logprobs_dims,
+    )
     return shard, full, gathered
 
 
@@ -118,11 +139,17 @@ def test_every_other_element_views_regression():
     """idx_mapping, seq_lens and logits_indices as ``t[::2]``: production once read them as contiguous
     (local slots [0, 2, 0] on an H200, uninitialised memory on the CPU, instead of [2, 0, 6])."""
     batch = build_input_batch(SLOTS, [1] * len(SLOTS), device=DEVICE)
-    views = replace(batch, idx_mapping=_every_other(batch.idx_mapping), seq_lens=_every_other(batch.seq_lens),
-                    logits_indices=_every_other(batch.logits_indices))
+    views = replace(
+        batch,
+        idx_mapping=_every_other(batch.idx_mapping),
+        seq_lens=_every_other(batch.seq_lens),
+        logits_indices=_every_other(batch.logits_indices),
+    )
     assert all(not getattr(views, name).is_contiguous() for name in ("idx_mapping", "seq_lens", "logits_indices"))
-    results = {impl: impl(8, 4, comm=LoopbackComm(RANK, TP), device=DEVICE).shard_sampler_inputs(views, None)
-               for impl in (ReferenceSharder, ProductionSharder)}
+    results = {
+        impl: impl(8, 4, comm=LoopbackComm(RANK, TP), device=DEVICE).shard_sampler_inputs(views, None)
+        for impl in (ReferenceSharder, ProductionSharder)
+    }
     assert results[ReferenceSharder].local_batch.idx_mapping.tolist() == [2, 0, 6]
     assert results[ProductionSharder].local_batch.idx_mapping.tolist() == [2, 0, 6]
     assert_same(results[ReferenceSharder], results[ProductionSharder], "shard of t[::2] views")
@@ -133,7 +160,11 @@ def test_non_contiguous_cu_num_logits(check_preconditions):
     """Once corrupted the heap (``free(): invalid pointer``): the plan kernel read it as contiguous."""
     batch = build_input_batch(SLOTS, COUNTS, device=DEVICE)
     views = replace(batch, cu_num_logits=_every_other(batch.cu_num_logits))
-    results = [impl(8, 4, comm=LoopbackComm(RANK, TP), device=DEVICE, check_preconditions=check_preconditions)
-               .shard_sampler_inputs(views, None) for impl in (ReferenceSharder, ProductionSharder)]
+    results = [
+        impl(
+            8, 4, comm=LoopbackComm(RANK, TP), device=DEVICE, check_preconditions=check_preconditions
+        ).shard_sampler_inputs(views, None)
+        for impl in (ReferenceSharder, ProductionSharder)
+    ]
     assert results[1].local_batch.cu_num_logits_np.tolist() == [0, 1, 3, 5]
     assert_same(results[0], results[1], "shard with a strided cu_num_logits")
