@@ -35,7 +35,7 @@ def install(session: nox.Session) -> None:
         return
     # torch first and pinned, so that resolving shardspec never pulls another build.
     session.install(TORCH)
-    session.install("-e", ".[impl,test]")
+    session.install("-e", ".[impl,test,bench]")  # bench: the CPU smoke run of the benchmark draws its plots
 
 
 @nox.session
