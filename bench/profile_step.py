@@ -55,6 +55,17 @@ def step_segments(sharder, bench, device, iters: int) -> dict:
     }
 
 
+def _plan_sizes(batch, metadata) -> tuple:
+    """What the shard step passes to the plan kernel: requests, rows, and this rank's share, and the padding."""
+    return (
+        batch.num_reqs,
+        batch.num_logits,
+        metadata.num_local_reqs,
+        metadata.num_local_logits,
+        metadata.max_num_reqs_per_rank,
+    )
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--num-reqs", type=int, default=1024)
@@ -70,9 +81,7 @@ def main(argv=None) -> int:
     calls = bench.calls(sharder)
     shard = sharder.shard_sampler_inputs(bench.batch, None)
     parts = {
-        "plan kernel launch": lambda: sharder._launch_plan(
-            bench.batch, bench.batch.num_reqs, shard.metadata.max_num_reqs_per_rank
-        ),
+        "plan kernel launch": lambda: sharder._launch_plan(bench.batch, _plan_sizes(bench.batch, shard.metadata)),
         "all_to_all_logits": lambda: sharder.all_to_all_logits(bench.logits_shard, shard.metadata),
         **calls,
     }
