@@ -56,6 +56,7 @@ def conformance(session: nox.Session) -> None:
     Writes reports/conformance-junit.xml and reports/conformance.json.
     """
     install(session)
+    os.makedirs("reports", exist_ok=True)  # where the JSON and JUnit reports go
     session.run(
         "pytest",
         "--pyargs",

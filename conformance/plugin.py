@@ -42,6 +42,24 @@ def pytest_addoption(parser):
         group.addoption(name, **kwargs)
 
 
+def pytest_configure(config):
+    """Options given on the command line are checked before collection: a bad one is pytest's usage error
+    (one line, exit 4). Nothing is done when no ``--shardspec-*`` option was given."""
+    given = [
+        a
+        for a in _cli_actions()
+        if config.getoption(f"shardspec_{a.dest}") != ([] if isinstance(a, argparse._AppendAction) else a.default)
+    ]
+    if given:
+        from shardspec.conformance.cli import config_from_args
+        from shardspec.conformance.options import UsageError
+
+        try:
+            config_from_args(_namespace(config))
+        except UsageError as exc:
+            raise pytest.UsageError(f"shardspec: {exc}") from None
+
+
 def _namespace(config) -> argparse.Namespace:
     values = {a.dest: config.getoption(f"shardspec_{a.dest}") for a in _cli_actions()}
     values["verbose"] = config.getoption("verbose") > 1
@@ -62,7 +80,7 @@ def conformance_run(config):
         try:
             run_config = config_from_args(_namespace(config))
         except UsageError as exc:
-            raise pytest.UsageError(str(exc)) from None
+            raise pytest.UsageError(f"shardspec: {exc}") from None
         if not torch.cuda.is_available():
             os.environ.setdefault("TRITON_INTERPRET", "1")
         run = ConformanceSession(run_config, log=print)
