@@ -30,10 +30,10 @@ import numpy as np
 import torch
 
 from shardspec.conformance.checks.base import StepOutputs
+from shardspec.conformance.transcript import NUMPY_CARRIER
 
 GATHERED_FIELDS = ("sampled_token_ids", "num_sampled", "num_rejected", "num_nans")
 LOGPROBS_FIELDS = ("logprob_token_ids", "logprobs", "selected_token_ranks", "cu_num_generated_tokens")
-_NUMPY_LESS = {torch.bfloat16: torch.int16, torch.float8_e4m3fn: torch.uint8, torch.float8_e5m2: torch.uint8}
 METADATA_FIELDS = (
     "tp_size",
     "num_logits_per_rank",
@@ -47,8 +47,8 @@ METADATA_FIELDS = (
 
 def tensor_digest(t: torch.Tensor) -> str:
     flat = t.detach().cpu().reshape(-1)
-    if flat.dtype in _NUMPY_LESS:  # same-size integer view: no stride constraint
-        flat = flat.view(_NUMPY_LESS[flat.dtype])
+    if flat.dtype in NUMPY_CARRIER:  # same-size integer view: no stride constraint
+        flat = flat.view(NUMPY_CARRIER[flat.dtype])
     raw = flat.numpy().tobytes()
     shape = ",".join(str(s) for s in t.shape)
     dtype = str(t.dtype).removeprefix("torch.")

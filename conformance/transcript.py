@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 # Dtypes numpy cannot hold: sent as same-size integers, rebuilt by a view.
-_CARRIER = {torch.bfloat16: torch.int16, torch.float8_e4m3fn: torch.uint8, torch.float8_e5m2: torch.uint8}
+NUMPY_CARRIER = {torch.bfloat16: torch.int16, torch.float8_e4m3fn: torch.uint8, torch.float8_e5m2: torch.uint8}
 _DTYPES = {
     str(dtype).removeprefix("torch."): dtype
     for dtype in (
@@ -102,8 +102,8 @@ def encode(value: Any) -> Any:
 def _encode_tensor(t: torch.Tensor) -> TensorData:
     data = t.detach()
     carrier = data.contiguous().cpu()
-    if carrier.dtype in _CARRIER:
-        carrier = carrier.view(_CARRIER[carrier.dtype])
+    if carrier.dtype in NUMPY_CARRIER:
+        carrier = carrier.view(NUMPY_CARRIER[carrier.dtype])
     return TensorData(
         str(t.dtype).removeprefix("torch."),
         tuple(t.shape),
@@ -134,7 +134,7 @@ def _decode_tensor(data: TensorData, device: str | None) -> torch.Tensor:
     if dtype is None:
         raise ValueError(f"a tensor of unsupported dtype {data.dtype!r} in a rank's transcript")
     t = torch.from_numpy(data.values.copy()).reshape(data.shape)
-    if dtype in _CARRIER:
+    if dtype in NUMPY_CARRIER:
         t = t.view(dtype)
     target = device or data.device
     if target.startswith("cuda") and not torch.cuda.is_available():

@@ -15,7 +15,14 @@ import numpy as np
 import torch
 
 from shardspec.conformance.checks.base import StepRecord, Violation, rank_check
-from shardspec.conformance.checks.common import first_bad_row, fmt, judgeable, plan_of, values_equal
+from shardspec.conformance.checks.common import (
+    declined_extensions,
+    first_bad_row,
+    fmt,
+    judgeable,
+    plan_of,
+    values_equal,
+)
 from shardspec.spec.case_edits import batch_extension_values, extension_fields
 
 INVARIANT = "INV-GATHER-EXTENSIONS"
@@ -29,12 +36,8 @@ def _violation(record: StepRecord, message: str, field: str, request: int | None
 def _declined(record: StepRecord) -> bool:
     """The implementation rejected the declared fields as unsupported, in the gather, before its collectives."""
     actual = record.actual
-    error = actual.error
-    names = error is not None and (
-        getattr(error, "precondition_id", None) == "PRE-EXTENSION-SUPPORTED" or "PRE-EXTENSION-SUPPORTED" in str(error)
-    )
     # Only the all_to_all precedes the gather's collectives.
-    return names and actual.failed_step == "gather" and len(actual.wire) <= 1
+    return declined_extensions(record.case, actual) and actual.failed_step == "gather" and len(actual.wire) <= 1
 
 
 @rank_check(INVARIANT, applies=lambda record: bool(record.case.extensions) and record.case.expect_error is None)
