@@ -11,7 +11,8 @@ most loaded rank (``scale_shapes.balanced_slots``). Three parts, one JSON:
 * ``baseline``: all-gather the full logits and sample every row on every rank (replicated) against
   shard + all-to-all + sample the local rows + gather (sharded), greedy and top-p torch samplers
   (``samplers.py``); time per step, alternating, and peak device memory per step (allocations
-  above the step's inputs, persistent sharder buffers included).
+  above the step's inputs, plus whatever the sharded path keeps between steps), beside 1/tp of the
+  replicated peak and the sampler's own peak at both row counts.
 * ``focus``: the host-bound shape (tp 8, 1024 requests, 1 row, vocab 32768, float32) with many more
   rounds, and production's step replayed from a CUDA graph beside it.
 
@@ -21,6 +22,7 @@ most loaded rank (``scale_shapes.balanced_slots``). Three parts, one JSON:
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import sys
@@ -178,7 +180,9 @@ def _baseline_pair(grid: Grid, device, shape: ScaleShape, sampler) -> dict:
     before = allocated(device)
     sharded = shape.sharded_sampling_step(sampler)
     sharded()
-    persistent = allocated(device) - before  # the sharder's workspace and cached receive buffer
+    # Everything the sharded path still holds after a step: the sharder (workspace, cached views, and any
+    # buffer it keeps between calls) and the step's small per-request constants.
+    persistent = allocated(device) - before
     calls = {"replicated": shape.replicated_sampling_step(sampler), "sharded": sharded}
     memory = {
         "replicated": peak_step_bytes(calls["replicated"], device),
@@ -190,7 +194,40 @@ def _baseline_pair(grid: Grid, device, shape: ScaleShape, sampler) -> dict:
     row["sharded_over_replicated"] = ratio_spread(times["sharded"], times["replicated"])
     if memory["replicated"]:
         row["memory_ratio"] = memory["sharded"] / memory["replicated"]
+        row["memory"] = memory_split(shape, sampler, memory, device)
     return row
+
+
+def memory_split(shape: ScaleShape, sampler, memory: dict, device) -> dict:
+    """The sharded peak against 1/tp of the replicated one, and how much of each is the sampler alone.
+
+    ``excess_bytes`` = sharded peak - replicated peak / tp (the done-when's bound is O(requests)). The
+    sampler's own peak over a fresh [rows, V] input (its temporaries), for L_local and for L rows, separates
+    what the sampler does at two row counts from what the step around it adds.
+    """
+    tp_share = memory["replicated"] / shape.tp
+    alone = {
+        "sharded": sampler_peak_bytes(sampler, shape.num_local_logits, shape.vocab, shape.dtype, device),
+        "replicated": sampler_peak_bytes(sampler, shape.num_logits, shape.vocab, shape.dtype, device),
+    }
+    return {
+        "tp_share_bytes": tp_share,
+        "excess_bytes": memory["sharded"] - tp_share,
+        "sampler_alone_bytes": alone,
+        # What the step adds around the sampler: the exchange's buffers, the gather, the persistent bytes.
+        "around_sampler_bytes": {name: memory[name] - alone[name] for name in memory},
+    }
+
+
+def sampler_peak_bytes(sampler, rows: int, vocab: int, dtype, device) -> int:
+    """Peak bytes of ``sampler`` over one [rows, vocab] input allocated before it (CUDA only, else 0)."""
+    if device.type != "cuda" or rows == 0:
+        return 0
+    logits = torch.randn(rows, vocab, device=device, dtype=dtype)
+    peak = peak_step_bytes(functools.partial(sampler, logits), device)
+    del logits
+    release(device)
+    return peak
 
 
 def focus(grid: Grid, device, shape_args: dict) -> dict:
@@ -294,7 +331,7 @@ def format_step_row(row: dict) -> str:
 
 BASELINE_HEADER = (
     " tp  reqs  n  vocab  dt | sampler | replicated us   GB | sharded us   GB  (persistent GB)"
-    " | time shard/repl (q1-q3) | memory shard/repl"
+    " | time shard/repl (q1-q3) | memory shard/repl | over repl/tp MB | sampler alone GB L_local / L"
 )
 
 
@@ -304,10 +341,15 @@ def format_baseline_row(row: dict) -> str:
         return f"{head} | skipped: {row['skipped']}"
     rep, sh, r = row["replicated"], row["sharded"], row["sharded_over_replicated"]
     memory = f"{row['memory_ratio']:.3f}" if "memory_ratio" in row else "-"
+    split = ""
+    if "memory" in row:
+        m = row["memory"]
+        alone = m["sampler_alone_bytes"]
+        split = f" | {m['excess_bytes'] / 1e6:15.1f} | {alone['sharded'] / 1e9:7.3f} / {alone['replicated'] / 1e9:.3f}"
     return (
         f"{head} | {rep['median']:10.1f} {rep['peak_bytes'] / 1e9:6.2f} | {sh['median']:10.1f} "
         f"{sh['peak_bytes'] / 1e9:5.2f} ({row['sharded_persistent_bytes'] / 1e9:5.2f}) | "
-        f"{r['median']:6.3f} ({r['q1']:.3f}-{r['q3']:.3f}) | {memory}"
+        f"{r['median']:6.3f} ({r['q1']:.3f}-{r['q3']:.3f}) | {memory:>17}{split}"
     )
 
 

@@ -54,6 +54,31 @@ _launch_pack = Launcher(pack_kernel)
 _launch_unpack = Launcher(unpack_kernel)
 
 
+# Received logits from this many bytes on are reordered as the widest integers their rows divide into.
+_WIDEN_FROM_BYTES = 1 << 26
+_WIDE_DTYPES = ((8, torch.int64), (4, torch.int32))
+
+
+def _reorder(received: torch.Tensor, num_local: int, tp: int, width: int) -> torch.Tensor:
+    """The all-to-all's chunks ``[tp * L_local, Vs]`` as rows ``[L_local, tp * Vs]``: one strided copy.
+
+    torch's strided copy computes an index per element, so 2-byte elements move at a fraction of the rate of
+    wider ones; large buffers are therefore copied as int64 (or int32) words, bit for bit the same values.
+    """
+    if width == 1:  # vocab == tp: reshaping the strided view would return a view, not contiguous rows
+        return received.view(tp, num_local).t().contiguous()
+    itemsize = received.element_size()
+    row_bytes = width * itemsize
+    if row_bytes * received.shape[0] >= _WIDEN_FROM_BYTES:
+        for size, wide in _WIDE_DTYPES:
+            if size > itemsize and row_bytes % size == 0 and row_bytes > size:
+                words = row_bytes // size
+                chunks = received.view(wide).as_strided((num_local, tp, words), (words, num_local * words, 1))
+                return chunks.reshape(num_local, tp * words).view(received.dtype)
+    chunks = received.as_strided((num_local, tp, width), (width, num_local * width, 1))
+    return chunks.reshape(num_local, tp * width)
+
+
 def _block(per_request_elements: int, cap: int) -> int:
     """Requests per program so that one program's tile holds about _TILE_ELEMENTS values."""
     fitting = max(1, _TILE_ELEMENTS // max(1, per_request_elements))
@@ -117,7 +142,6 @@ class ProductionSharder:
         self._logprob_cols = -1  # columns the logprob wire buffers are sized for
         self._lp_ws: dict = {}
         self._views: dict = {}  # step shapes -> views of the workspace and launch configurations
-        self._a2a_recv = torch.empty(0, device=self.device)
 
     # -- step 1 ------------------------------------------------------------
     def shard_sampler_inputs(self, batch: InputBatch, grammar: GrammarOutput | None) -> ShardResult:
@@ -242,32 +266,23 @@ class ProductionSharder:
 
     # -- step 2 ------------------------------------------------------------
     def all_to_all_logits(self, logits_shard: torch.Tensor, metadata: BatchShardMetadata) -> torch.Tensor:
-        """[L, V/tp] owner-sorted rows of this rank's vocab shard -> [L_local, V]."""
+        """[L, V/tp] owner-sorted rows of this rank's vocab shard -> [L_local, V].
+
+        The receive buffer is allocated per call (from the device's caching allocator, so a step of the
+        same shape gets last step's block back) and released once the reorder copy has read it: nothing
+        the size of the logits outlives the call except the result, which is the caller's.
+        """
         if self.check_preconditions:
             checks.check_logits_shard(logits_shard, metadata, self.rank)
-        tp, num_local = metadata.tp_size, metadata.num_local_logits
-        received, by_row = self._recv_logits(num_local, logits_shard.shape[-1], logits_shard.dtype)
+        tp, num_local, width = metadata.tp_size, metadata.num_local_logits, logits_shard.shape[-1]
+        received = torch.empty((tp * num_local, width), dtype=logits_shard.dtype, device=self.device)
         self.comm.all_to_all_single(received, logits_shard.contiguous(), [num_local] * tp, metadata.num_logits_per_rank)
-        full_shape = (num_local, tp * logits_shard.shape[-1])
         if num_local > 1 and tp > 1:
-            # Chunk r came from rank r, which holds vocab columns [r*Vs, (r+1)*Vs): ``by_row`` views the
+            # Chunk r came from rank r, which holds vocab columns [r*Vs, (r+1)*Vs): the strided view reads the
             # chunks row-major, and reshaping it is the one copy that lays each row's shards side by side.
-            return by_row.reshape(full_shape)
-        # One row (or one rank) is laid out as [L_local, V] already; a copy, since the buffer is reused.
-        return received.view(full_shape).clone()
-
-    def _recv_logits(self, num_local: int, width: int, dtype: torch.dtype) -> tuple:
-        """(receive buffer [tp*L_local, Vs], the same as [L_local, tp, Vs]); reused, so never returned."""
-        key = ("a2a", num_local, width, dtype)
-        views = self._views.get(key)
-        if views is None:
-            tp, numel = self.tp_size, self.tp_size * num_local * width
-            if self._a2a_recv.dtype != dtype or self._a2a_recv.numel() < numel:
-                self._a2a_recv = torch.empty(max(numel, self._a2a_recv.numel()), dtype=dtype, device=self.device)
-                self._views.clear()  # views of the replaced buffer, as in _logprob_buffers
-            received = self._a2a_recv[:numel].view(tp * num_local, width)
-            views = self._remember(key, (received, received.view(tp, num_local, width).transpose(0, 1)))
-        return views
+            return _reorder(received, num_local, tp, width)
+        # One row (or one rank) is laid out as [L_local, V] already, and the buffer is no one else's.
+        return received.view(num_local, tp * width)
 
     # -- step 3 ------------------------------------------------------------
     def gather_sampler_output(
