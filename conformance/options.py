@@ -92,7 +92,7 @@ def _writable_file(path: str, where: str) -> str:
 
 
 def _xfails(path: str, where: str) -> str:
-    from shardspec.conformance.report import load_xfails
+    from shardspec.conformance.report.summary import load_xfails
 
     try:
         load_xfails(path)

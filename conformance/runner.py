@@ -12,8 +12,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from shardspec.conformance.api import ImplChoice
-from shardspec.conformance.launcher import Job, LaunchOptions, run_jobs_multiprocess
-from shardspec.conformance.results import ERROR, FAIL, NOT_RUN, CaseResult, not_run
+from shardspec.conformance.harness.multiprocess import Job, LaunchOptions, run_jobs_multiprocess
+from shardspec.conformance.judge.results import ERROR, FAIL, NOT_RUN, CaseResult, not_run
 from shardspec.spec.case import Case
 
 ALL_TP_SIZES = [1, 2, 3, 4, 8]
@@ -54,7 +54,7 @@ class RunConfig:
         return bool(self.case_ids or self.case_files)
 
 
-# Groups whose ranks are threads of one process (conformance/inprocess.py).
+# Groups whose ranks are threads of one process (conformance/harness/inprocess.py).
 IN_PROCESS_GROUPS = ("lockstep", "torch-threads")
 
 
@@ -71,7 +71,7 @@ class CaseSet:
 def collect_cases(config: RunConfig) -> CaseSet:
     notes: list[str] = []
     if config.selected:
-        from shardspec.conformance.case_limits import checked_case, checked_case_file, checked_case_id
+        from shardspec.conformance.cases.limits import checked_case, checked_case_file, checked_case_id
         from shardspec.fixtures import load_case, load_case_file
 
         from_files = {
@@ -90,8 +90,8 @@ def collect_cases(config: RunConfig) -> CaseSet:
     cases = [c for c in _fixture_cases(notes) if c.tp_size in config.tp_sizes]
     generated: list[Case] = []
     if not config.fixtures_only and config.max_examples > 0:
-        from shardspec.conformance.multistep import multi_step_cases
-        from shardspec.conformance.strategies import generate_cases
+        from shardspec.conformance.cases.multistep import multi_step_cases
+        from shardspec.conformance.cases.strategies import generate_cases
 
         for tp in config.tp_sizes:
             generated += generate_cases(tp, config.max_examples, config.seed)
@@ -197,7 +197,7 @@ def run_group_size(
     """Every entry's cases of group size ``tp``, appended to ``results[entry]`` as they are judged (an
     interrupted run keeps them); in the multi-process mode all entries share the launches (starting
     the ranks costs more than most cases). ``load_problems``: why an implementation cannot be loaded
-    (see :func:`shardspec.conformance.probe.probe`)."""
+    (see :func:`shardspec.conformance.harness.probe.probe`)."""
     start = {entry: len(results[entry]) for entry in entries}
     jobs, owners = [], []
     for entry in entries:
@@ -249,7 +249,7 @@ def _run_jobs(config, tp, jobs, run_dir, log, deliver) -> list[CaseResult]:
             log(f"    {result.status:7s} {result.case_id} (tp {tp}, {result.impl})")
 
     if config.in_process:
-        from shardspec.conformance.inprocess import run_jobs_in_process
+        from shardspec.conformance.harness.inprocess import run_jobs_in_process
 
         results = run_jobs_in_process(
             jobs, config.pg_timeout_s, on_result, group=config.in_process_group, device=config.in_process_device
@@ -269,7 +269,7 @@ def _run_jobs(config, tp, jobs, run_dir, log, deliver) -> list[CaseResult]:
 
 
 def _shrink_failures(config, choice, results, generated, run_dir, log) -> None:
-    from shardspec.conformance.shrink import shrink_in_child, shrinkable, signature
+    from shardspec.conformance.cases.shrink import shrink_in_child, shrinkable, signature
 
     failing = [r for r in results if r.case_id in generated and r.status in (FAIL, ERROR)]
     done: set[frozenset] = set()  # one minimal case per kind of failure

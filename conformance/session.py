@@ -11,10 +11,10 @@ import os
 import pathlib
 import time
 
-from shardspec.conformance import report
 from shardspec.conformance.api import ImplChoice
-from shardspec.conformance.expectations import expectation_device
-from shardspec.conformance.results import NOT_RUN, PASS, CaseResult
+from shardspec.conformance.cases.expectations import expectation_device
+from shardspec.conformance.judge.results import NOT_RUN, PASS, CaseResult
+from shardspec.conformance.report import summary as report
 from shardspec.conformance.runner import (
     Log,
     RunConfig,
@@ -29,7 +29,7 @@ from shardspec.conformance.runner import (
 
 class ConformanceSession:
     def __init__(self, config: RunConfig, log: Log = print):
-        import shardspec.conformance.checks  # noqa: F401  registers every checker
+        import shardspec.conformance.judge.checks  # noqa: F401  registers every checker
 
         self.config = config
         self.log = log
@@ -110,7 +110,7 @@ class ConformanceSession:
     def load_problems(self) -> dict[str, str | None]:
         """Why each implementation cannot be loaded, asked once of a child process (this one judges)."""
         if self._load_problems is None:
-            from shardspec.conformance.probe import probe
+            from shardspec.conformance.harness.probe import probe
 
             names = [name for impl in self.config.impls for name in ImplChoice.parse(impl).names()]
             self._load_problems = probe(names, warnings=self.version_warnings)
@@ -134,7 +134,7 @@ class ConformanceSession:
 
     def render(self, xfails: report.Xfails) -> tuple[str, list[list[list[str]]], list[str], int]:
         """The text report, the tables, warnings and the exit code."""
-        from shardspec.conformance.checks.base import GROUP_CHECKERS, RANK_CHECKERS
+        from shardspec.conformance.judge.checks.base import GROUP_CHECKERS, RANK_CHECKERS
 
         checked = set(RANK_CHECKERS) | set(GROUP_CHECKERS)
         levels = {inv.id: inv.level for inv in self.invariants}
@@ -162,7 +162,7 @@ class ConformanceSession:
 
     def verdict(self, impl: str, tp: int, row: str) -> tuple[str, str]:
         """One cell of the table and what explains it (the failures, or why nothing was judged)."""
-        from shardspec.conformance.checks.base import GROUP_CHECKERS, RANK_CHECKERS
+        from shardspec.conformance.judge.checks.base import GROUP_CHECKERS, RANK_CHECKERS
 
         xfails = report.load_xfails(self.config.xfails_file)
         section = report.Section(

@@ -5,8 +5,8 @@ import os
 import pytest
 from harness_cases import PLUGINS
 
-from shardspec.conformance.checks import base
-from shardspec.conformance.checks.base import Violation
+from shardspec.conformance.judge.checks import base
+from shardspec.conformance.judge.checks.base import Violation
 
 
 def pytest_configure(config):
@@ -37,7 +37,7 @@ def throwaway_checkers(monkeypatch):
 
     monkeypatch.setattr(base, "RANK_CHECKERS", {"INV-TEST-COUNTS": counts})
     monkeypatch.setattr(base, "GROUP_CHECKERS", {"INV-TEST-WIRE": wire_agreement})
-    import shardspec.conformance.execute as execute
+    import shardspec.conformance.step as execute
 
     monkeypatch.setattr(execute, "RANK_CHECKERS", base.RANK_CHECKERS)
     return seen_digests

@@ -56,7 +56,7 @@ def test_xfails_turn_failures_into_xfail_and_warn_about_stale_entries(
 
 
 def test_should_failure_is_a_warning(tmp_path, monkeypatch, throwaway_checkers):
-    from shardspec.conformance.checks import base
+    from shardspec.conformance.judge.checks import base
 
     def always(record):
         yield base.Violation("INV-LOCAL-ALIGNMENT", "not aligned", rank=record.rank)
@@ -96,7 +96,7 @@ def test_a_run_with_warnings_keeps_the_files_its_reproduce_commands_name(tmp_pat
     import os
     import re
 
-    from shardspec.conformance.checks import base
+    from shardspec.conformance.judge.checks import base
 
     def always(record):
         yield base.Violation("INV-LOCAL-ALIGNMENT", "not aligned", rank=record.rank)

@@ -10,7 +10,7 @@ import time
 import pytest
 from harness_cases import PLUGINS, small_cases, write_cases
 
-from shardspec.conformance.spawn import free_port
+from shardspec.conformance.harness.spawn import free_port
 
 pytestmark = pytest.mark.slow
 IMPL = "faulty_sharders:WrongCountsSharder"  # fails two of the three cases with a violation
@@ -80,7 +80,7 @@ def test_two_nodes_on_one_rendezvous_give_the_verdicts_of_one_launch(tmp_path):
         "--rdzv-id",
         "shardspec-test",
         "-m",
-        "shardspec.conformance.worker",
+        "shardspec.conformance.harness.worker",
         str(launch.parent),
         str(launch),
     ]
@@ -104,7 +104,7 @@ def test_external_launch_needs_one_group_size_and_a_run_dir(capsys):
 
 
 def test_a_rank_started_by_srun_gets_torch_distributed_variables():
-    from shardspec.conformance.external import adopt_slurm_environment
+    from shardspec.conformance.harness.external import adopt_slurm_environment
 
     env = {"SLURM_PROCID": "5", "SLURM_NTASKS": "8", "SLURM_LOCALID": "1", "MASTER_ADDR": "n0", "MASTER_PORT": "29500"}
     adopt_slurm_environment(env)

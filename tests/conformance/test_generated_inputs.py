@@ -8,7 +8,7 @@ import functools
 
 import pytest
 
-from shardspec.conformance.strategies import INT32_MAX, INT64_MAX, MIN_LARGE_BATCH, generate_cases
+from shardspec.conformance.cases.strategies import INT32_MAX, INT64_MAX, MIN_LARGE_BATCH, generate_cases
 from shardspec.spec.layouts import LOGITS_DTYPES, OFFSET, STRIDED
 
 DEFAULT_COUNT, DEFAULT_SEED = 100, 0

@@ -130,7 +130,7 @@ def test_an_import_failure_fails_only_its_entry(run, module, reason):
 
 def test_a_crash_while_shrinking_ends_the_child_not_the_run(tmp_path, monkeypatch):
     """Shrinking replays the implementation in one child process; a segfault there is an error to report."""
-    from shardspec.conformance.shrink import shrink_in_child
+    from shardspec.conformance.cases.shrink import shrink_in_child
 
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(PLUGINS), os.environ.get("PYTHONPATH")])))
     case = small_cases(2)[1]  # 3 requests: ids reversed; every smaller variant segfaults

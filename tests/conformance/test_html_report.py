@@ -13,8 +13,8 @@ import pytest
 from chromium_cdp import Chromium, find_chromium
 from png import png_size, tiny_png
 
-from shardspec.conformance.html_report import main
-from shardspec.conformance.report_matrix import RUN_ROWS
+from shardspec.conformance.report.html import main
+from shardspec.conformance.report.matrix import RUN_ROWS
 from shardspec.spec.loader import load_spec
 
 DATA = pathlib.Path(__file__).parent / "data"

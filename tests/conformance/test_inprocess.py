@@ -6,9 +6,9 @@ import pytest
 from harness_cases import small_cases
 
 from shardspec.conformance.api import ImplChoice
-from shardspec.conformance.checks import base
-from shardspec.conformance.inprocess import run_case_in_process
-from shardspec.conformance.results import ERROR, FAIL, PASS
+from shardspec.conformance.harness.inprocess import run_case_in_process
+from shardspec.conformance.judge.checks import base
+from shardspec.conformance.judge.results import ERROR, FAIL, PASS
 
 
 @pytest.mark.parametrize("tp", [1, 2, 3])
@@ -73,7 +73,7 @@ def test_checker_that_crashes_is_reported(monkeypatch, throwaway_checkers):
 
 def test_error_outside_the_implementation_is_a_harness_error_not_a_crash(monkeypatch):
     """E.g. a device error that surfaces in a checker: the case is an ERROR naming the rank."""
-    from shardspec.conformance import inprocess
+    from shardspec.conformance.harness import inprocess
 
     original = inprocess.check_case_on_rank
 

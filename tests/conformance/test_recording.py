@@ -6,8 +6,8 @@ import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
 from shardspec.comm import LoopbackComm
-from shardspec.conformance.recording import DIRECT_FUNCTIONS, RecordingComm
-from shardspec.conformance.threaded import run_torch_threads
+from shardspec.conformance.harness.recording import DIRECT_FUNCTIONS, RecordingComm
+from shardspec.conformance.harness.threaded import run_torch_threads
 
 
 def _direct_calls(comm):

@@ -5,8 +5,8 @@ import json
 import pytest
 from png import png_size, tiny_png
 
-from shardspec.conformance.report_bench import collect_bench_files, json_tables, load_bench
-from shardspec.conformance.report_model import ReportError
+from shardspec.conformance.report.bench import collect_bench_files, json_tables, load_bench
+from shardspec.conformance.report.model import ReportError
 
 TIMED = {  # the shape bench_step.py writes (trimmed)
     "environment": {"torch": "2.11.0", "device_name": "NVIDIA H200"},

@@ -11,8 +11,7 @@ import pathlib
 
 import pytest
 
-from shardspec.conformance.report import ERRORS_ROW, NOT_RUN_ROW
-from shardspec.conformance.report_matrix import (
+from shardspec.conformance.report.matrix import (
     NEWLY_FAILING,
     NEWLY_JUDGED,
     NEWLY_PASSING,
@@ -24,7 +23,8 @@ from shardspec.conformance.report_matrix import (
     diff_sections,
     make_cell,
 )
-from shardspec.conformance.report_model import ReportError, load_report, parse_report, parse_verdict, report_names
+from shardspec.conformance.report.model import ReportError, load_report, parse_report, parse_verdict, report_names
+from shardspec.conformance.report.summary import ERRORS_ROW, NOT_RUN_ROW
 from shardspec.spec.loader import load_spec
 
 DATA = pathlib.Path(__file__).parent / "data"

@@ -1,10 +1,10 @@
 """Generated cases: seeded, valid, and shrunk to a small reproducer when they fail."""
 
 from shardspec.conformance.api import ImplChoice
-from shardspec.conformance.inprocess import run_case_in_process
-from shardspec.conformance.results import FAIL
-from shardspec.conformance.shrink import shrink
-from shardspec.conformance.strategies import generate_cases
+from shardspec.conformance.cases.shrink import shrink
+from shardspec.conformance.cases.strategies import generate_cases
+from shardspec.conformance.harness.inprocess import run_case_in_process
+from shardspec.conformance.judge.results import FAIL
 from shardspec.fixtures import case_from_yaml, case_to_yaml
 from shardspec.spec.case import Case
 

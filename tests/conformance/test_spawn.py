@@ -5,7 +5,7 @@ import os
 import subprocess
 import sys
 
-from shardspec.conformance.spawn import RankServer
+from shardspec.conformance.harness.spawn import RankServer
 
 
 def _server(tmp_path):
@@ -45,7 +45,7 @@ def test_a_failing_rank_stops_its_peers_and_gives_the_status(tmp_path, plugins_o
 
 
 def test_processes_mode_starts_every_rank_and_reports_a_failure(tmp_path, plugins_on_path):
-    command = [sys.executable, "-m", "shardspec.conformance.spawn", "2", "rank_probe", str(tmp_path)]
+    command = [sys.executable, "-m", "shardspec.conformance.harness.spawn", "2", "rank_probe", str(tmp_path)]
     assert subprocess.run(command + ["-1"], timeout=60).returncode == 0
     assert [int(r["RANK"]) for r in _ranks(tmp_path, 2)] == [0, 1]
     assert subprocess.run(command + ["0"], timeout=20).returncode == 3

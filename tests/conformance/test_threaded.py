@@ -7,10 +7,10 @@ import pytest
 import torch.distributed as dist
 from harness_cases import small_cases
 
-from shardspec.conformance import threaded
 from shardspec.conformance.api import ImplChoice
-from shardspec.conformance.inprocess import run_case_in_process
-from shardspec.conformance.results import ERROR, FAIL, PASS
+from shardspec.conformance.harness import threaded
+from shardspec.conformance.harness.inprocess import run_case_in_process
+from shardspec.conformance.judge.results import ERROR, FAIL, PASS
 
 GROUP = "torch-threads"
 

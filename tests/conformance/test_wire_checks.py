@@ -6,11 +6,11 @@ import pytest
 
 from shardspec.comm import LockstepGroup
 from shardspec.conformance.broken import cases
-from shardspec.conformance.checks.all_to_all import check_a2a_splits
-from shardspec.conformance.checks.base import StepRecord
-from shardspec.conformance.checks.wire import check_wire_logprobs, check_wire_sampled, sequence_difference
-from shardspec.conformance.execute import run_rank_checks, run_step
-from shardspec.conformance.expectations import compute_expectation, expectation_device, reference_factory
+from shardspec.conformance.cases.expectations import compute_expectation, expectation_device, reference_factory
+from shardspec.conformance.judge.checks.all_to_all import check_a2a_splits
+from shardspec.conformance.judge.checks.base import StepRecord
+from shardspec.conformance.judge.checks.wire import check_wire_logprobs, check_wire_sampled, sequence_difference
+from shardspec.conformance.step import run_rank_checks, run_step
 from shardspec.spec.case import Case, build_case_inputs
 
 A2A, GATHER = "all_to_all_single", "all_gather_into_tensor"

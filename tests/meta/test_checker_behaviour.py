@@ -7,13 +7,13 @@ import pytest
 from shardspec.comm import LockstepGroup
 from shardspec.conformance.api import ImplChoice
 from shardspec.conformance.broken import BY_NAME, cases
-from shardspec.conformance.checks import GROUP_CHECKERS
-from shardspec.conformance.checks.base import StepRecord
-from shardspec.conformance.checks.common import STEP_REPORTER
-from shardspec.conformance.checks.digest import rank_digest
-from shardspec.conformance.execute import run_rank_checks, run_step
-from shardspec.conformance.expectations import compute_expectation, expectation_device
-from shardspec.conformance.inprocess import run_case_in_process
+from shardspec.conformance.cases.expectations import compute_expectation, expectation_device
+from shardspec.conformance.harness.inprocess import run_case_in_process
+from shardspec.conformance.judge.checks import GROUP_CHECKERS
+from shardspec.conformance.judge.checks.base import StepRecord
+from shardspec.conformance.judge.checks.common import STEP_REPORTER
+from shardspec.conformance.judge.checks.digest import rank_digest
+from shardspec.conformance.step import run_rank_checks, run_step
 from shardspec.reference import ReferenceSharder
 from shardspec.spec.case import Case, build_case_inputs
 
@@ -136,7 +136,7 @@ def test_a_gather_that_returns_nothing_is_a_violation():
 def test_value_messages_summarise_the_differing_rows_not_whole_tensors():
     import torch
 
-    from shardspec.conformance.checks.common import diff_summary, values_equal
+    from shardspec.conformance.judge.checks.common import diff_summary, values_equal
 
     expected = torch.arange(1000).reshape(500, 2)
     actual = expected.clone()

@@ -3,7 +3,7 @@
 The spec is read through its loader, which also refuses an ID listed twice.
 """
 
-from shardspec.conformance.checks import GROUP_CHECKERS, RANK_CHECKERS
+from shardspec.conformance.judge.checks import GROUP_CHECKERS, RANK_CHECKERS
 from shardspec.spec.loader import load_spec
 
 

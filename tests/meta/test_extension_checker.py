@@ -11,10 +11,10 @@ import pytest
 from shardspec.comm import LockstepGroup
 from shardspec.conformance.broken import cases
 from shardspec.conformance.broken.extensions import DropsExtensionField
-from shardspec.conformance.checks.base import StepRecord
-from shardspec.conformance.checks.extensions import check_gather_extensions
-from shardspec.conformance.execute import run_step
-from shardspec.conformance.expectations import compute_expectation
+from shardspec.conformance.cases.expectations import compute_expectation
+from shardspec.conformance.judge.checks.base import StepRecord
+from shardspec.conformance.judge.checks.extensions import check_gather_extensions
+from shardspec.conformance.step import run_step
 from shardspec.reference import ReferenceSharder
 from shardspec.spec.case import build_case_inputs
 from shardspec.spec.errors import PreconditionError

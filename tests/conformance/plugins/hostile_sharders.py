@@ -14,7 +14,7 @@ import threading
 
 from faulty_sharders import _Base
 
-import shardspec.conformance.checks.base as checks_base
+import shardspec.conformance.judge.checks.base as checks_base
 from shardspec.reference import ReferenceSharder
 
 

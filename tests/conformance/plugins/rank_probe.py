@@ -1,4 +1,4 @@
-"""A stand-in for the worker in tests of shardspec.conformance.spawn.
+"""A stand-in for the worker in tests of shardspec.conformance.harness.spawn.
 
 ``main([folder, failing_rank])`` writes the rank's environment to
 ``folder/rank<R>.json``; the rank named ``failing_rank`` exits with status 3,

@@ -1,0 +1,1 @@
+"""What is run: generated and multi-step cases, their limits, the reference's expectations, shrinking."""

@@ -1,0 +1,80 @@
+"""Multi-step cases: one sharder instance called for several consecutive steps, as an engine calls it.
+
+State and workspace reuse are where an implementation can go wrong only on a
+later step: a plan cached by batch size, a buffer sized by the first batch, a
+view into last step's output. Each multi-step case starts from a generated
+case and then changes the batch the way engines do: the same number of
+requests in other slots, fewer requests, more requests (up to the capacity),
+and the first shape again. Every step is judged on its own
+(``<case id>.step<k>``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+
+from shardspec.spec.case import Case
+
+STEP_KINDS = ("other-slots", "shrink", "grow", "repeat")
+
+
+def multi_step_cases(tp_size: int, count: int, seed: int) -> list[Case]:
+    """``count`` multi-step cases for ``tp_size``; the same for the same seed."""
+    from shardspec.conformance.cases.strategies import generate_cases
+
+    bases = [c for c in generate_cases(tp_size, count * 2, seed + 7919) if _usable(c)][:count]
+    cases = []
+    for number, base in enumerate(bases):
+        rng = np.random.default_rng([seed, tp_size, number, 17])
+        case = with_steps(base, rng)
+        case.case_id = f"multi-tp{tp_size}-s{seed}-{number:03d}"
+        cases.append(case)
+    return cases
+
+
+def _usable(case: Case) -> bool:
+    """A valid first step whose later steps can be derived (no rejection, no edits of the inputs)."""
+    return case.expect_error is None and not case.edits and len(case.slots) > 0
+
+
+def with_steps(base: Case, rng: np.random.Generator) -> Case:
+    first = replace(base, local_outputs="toy", nan_tokens=[], description="multi-step: first step")
+    steps, previous = [], first
+    for k, kind in enumerate(STEP_KINDS, start=1):
+        slots = _slots(kind, first, previous, rng)
+        steps.append(_step(first, slots, rng, seed=base.seed + k, description=f"multi-step: {kind}"))
+        previous = steps[-1]
+    first.then = steps
+    return first
+
+
+def _slots(kind: str, first: Case, previous: Case, rng: np.random.Generator) -> list[int]:
+    capacity, n = first.max_num_reqs, len(previous.slots)
+    if kind == "other-slots":
+        return [int(s) for s in rng.choice(capacity, size=n, replace=False)]
+    if kind == "shrink":
+        return list(previous.slots[: max(1, n // 2)])
+    if kind == "grow":
+        free = [s for s in range(capacity) if s not in previous.slots]
+        extra = [int(s) for s in rng.permutation(free)[: max(1, n)]]
+        return list(previous.slots) + extra
+    return [int(s) for s in rng.choice(capacity, size=len(first.slots), replace=False)]  # repeat
+
+
+def _step(first: Case, slots: list[int], rng: np.random.Generator, seed: int, description: str) -> Case:
+    counts = [int(c) for c in rng.integers(1, first.max_num_logits_per_req + 1, size=len(slots))]
+    grammar = None if first.grammar_positions is None else list(range(0, len(slots), 2))
+    return replace(
+        first,
+        slots=slots,
+        num_logits_per_req=counts,
+        spec_decode=None,
+        grammar_positions=grammar,
+        seed=seed,
+        nan_tokens=[],
+        local_outputs="toy",
+        description=description,
+        then=[],
+    )

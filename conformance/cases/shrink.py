@@ -1,0 +1,211 @@
+"""Shrink a failing case to a small one that fails the same way.
+
+Shrinking runs the implementation, so the suite does it in a child process
+(:func:`shrink_in_child`): a crash there loses the minimal case, not the run.
+
+Greedy: try simpler variants of the case (fewer requests, fewer rows, no
+grammar, no NaNs, no logprobs, toy outputs, smaller slots and vocab) in the
+in-process mode and keep any that still fails with one of the original
+failure's invariant IDs, until no variant does or the budget is spent.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import replace
+
+from shardspec.conformance.judge.results import ERROR, CaseResult
+from shardspec.spec.case import Case
+
+RunCase = Callable[[Case], CaseResult]
+
+
+def signature(result: CaseResult) -> set[str]:
+    """What failed: invariant IDs, plus "error:<step>" for raised errors."""
+    failed = {v["invariant_id"] for v in result.violations}
+    failed |= {f"error:{e.get('step')}" for e in result.errors if e["kind"] == "raised"}
+    return failed
+
+
+def shrinkable(result: CaseResult) -> bool:
+    """Hangs and harness failures cannot be replayed safely in one process."""
+    return result.status != ERROR or all(e["kind"] in ("raised", "peer", "stopped") for e in result.errors)
+
+
+def shrink(case: Case, failure: CaseResult, run: RunCase, budget_s: float = 30.0, max_runs: int = 300) -> Case:
+    return shrink_to(case, signature(failure), run, budget_s, max_runs)
+
+
+def shrink_to(case: Case, target: set[str], run: RunCase, budget_s: float = 30.0, max_runs: int = 300) -> Case:
+    """The smallest variant found that still fails with one of ``target``'s IDs."""
+    deadline = time.monotonic() + budget_s
+    runs = 0
+    current = case
+    improved = True
+    while improved and runs < max_runs and time.monotonic() < deadline:
+        improved = False
+        for candidate in candidates(current):
+            runs += 1
+            if signature(run(candidate)) & target:
+                current, improved = candidate, True
+                break
+            if runs >= max_runs or time.monotonic() > deadline:
+                break
+    return replace(current, case_id=f"{case.case_id}-min", description=f"shrunk from {case.case_id}")
+
+
+def candidates(case: Case) -> Iterator[Case]:
+    """Simpler variants of ``case``, roughly the biggest simplifications first."""
+    if case.local_outputs != "toy":
+        yield replace(case, local_outputs="toy")
+    n = len(case.slots)
+    if case.local_outputs == "toy":
+        if n > 1:
+            yield from (_without_requests(case, keep) for keep in (range(n // 2), range(n // 2, n)))
+        yield from (_without_requests(case, [j for j in range(n) if j != i]) for i in range(n))
+        for i, count in enumerate(case.num_logits_per_req):
+            if count > 1:
+                counts = list(case.num_logits_per_req)
+                counts[i] = count - 1
+                yield _clean(replace(case, num_logits_per_req=counts))
+    yield from _simpler_options(case)
+    yield from _smaller_slots(case)
+
+
+def _simpler_options(case: Case) -> Iterator[Case]:
+    if case.grammar_positions is not None:
+        yield replace(case, grammar_positions=None)
+        if len(case.grammar_positions) > 1:
+            yield replace(case, grammar_positions=sorted(case.grammar_positions)[:1])
+    if case.nan_tokens:
+        yield replace(case, nan_tokens=[])
+    if case.logprobs_dims is not None and case.local_outputs == "toy":
+        yield replace(case, logprobs_dims=None)
+    if case.logprobs_dims is not None and case.logprobs_dims != (0, 0):
+        k, max_token_ids = case.logprobs_dims
+        yield replace(case, logprobs_dims=(min(k, 1), 0 if max_token_ids <= k else min(max_token_ids, 2)))
+    if case.gather_num_nans:
+        yield replace(case, gather_num_nans=False)
+    if case.vocab_size > 8 and case.local_outputs == "toy":
+        yield replace(case, vocab_size=8, logprobs_dims=_clip_dims(case.logprobs_dims, 8))
+    if case.seed != 0:
+        yield replace(case, seed=0)
+    if case.spec_decode is not None and all(c == 1 for c in case.num_logits_per_req):
+        yield replace(case, spec_decode=None)
+    smallest_capacity = (max(case.slots, default=0) + 1, max(case.num_logits_per_req, default=1))
+    if case.expect_error is None and (case.max_num_reqs, case.max_num_logits_per_req) != smallest_capacity:
+        yield replace(case, max_num_reqs=smallest_capacity[0], max_num_logits_per_req=smallest_capacity[1])
+
+
+def _smaller_slots(case: Case) -> Iterator[Case]:
+    """Lower each slot by multiples of tp: the owner stays, numbers get small."""
+    for i, slot in enumerate(case.slots):
+        lowest = slot % case.tp_size
+        taken = set(case.slots)
+        for lower in range(lowest, slot, case.tp_size):
+            if lower not in taken:
+                slots = list(case.slots)
+                slots[i] = lower
+                yield replace(case, slots=slots)
+                break
+
+
+def _clip_dims(dims: tuple[int, int] | None, vocab: int):
+    return None if dims is None else (min(dims[0], vocab), dims[1])
+
+
+def _without_requests(case: Case, keep) -> Case:
+    keep = list(keep)
+    new_position = {old: new for new, old in enumerate(keep)}
+    grammar = None
+    if case.grammar_positions is not None:
+        kept = [new_position[p] for p in case.grammar_positions if p in new_position]
+        grammar = kept or None
+    return _clean(
+        replace(
+            case,
+            slots=[case.slots[i] for i in keep],
+            num_logits_per_req=[case.num_logits_per_req[i] for i in keep],
+            grammar_positions=grammar,
+        )
+    )
+
+
+def _clean(case: Case) -> Case:
+    """Drop NaN tokens beyond the (possibly smaller) token count."""
+    num_tokens = sum(c + s % 3 for c, s in zip(case.num_logits_per_req, case.slots, strict=False))
+    return replace(case, nan_tokens=[t for t in case.nan_tokens if t < num_tokens])
+
+
+def shrink_in_child(
+    case: Case, target: set[str], entry: str, group: str, device: str, folder: pathlib.Path, budget_s: float = 30.0
+) -> Case:
+    """:func:`shrink_to` in a child process running ``entry`` in-process; raises RuntimeError when it fails."""
+    from shardspec.fixtures import case_to_yaml, load_case_file
+
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "in").mkdir(parents=True, exist_ok=True)  # case files are named by their case id
+    source, result = folder / "in" / f"{case.case_id}.yaml", folder / f"{case.case_id}-min.yaml"
+    source.write_text(case_to_yaml(case))
+    result.unlink(missing_ok=True)
+    command = [
+        sys.executable,
+        "-m",
+        __name__,
+        str(source),
+        entry,
+        group,
+        device,
+        json.dumps(sorted(target)),
+        str(result),
+        str(budget_s),
+    ]
+    try:
+        proc = subprocess.run(command, capture_output=True, text=True, timeout=budget_s + 60, stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired as exc:
+        raise RuntimeError(f"the shrinking process did not finish within {budget_s + 60:.0f}s") from exc
+    finally:
+        source.unlink(missing_ok=True)
+    if proc.returncode != 0 or not result.exists():
+        from shardspec.conformance.harness.spawn import describe_exit
+
+        tail = "\n".join(proc.stderr.strip().splitlines()[-3:])
+        raise RuntimeError(f"the shrinking process {describe_exit(proc.returncode)}: {tail}")
+    smallest = load_case_file(str(result))
+    result.unlink()
+    return smallest
+
+
+def main(argv: list[str]) -> int:
+    """``python -m shardspec.conformance.cases.shrink CASE_FILE ENTRY GROUP DEVICE TARGET_JSON OUT_FILE BUDGET_S``."""
+    import os
+
+    import torch
+
+    if not torch.cuda.is_available():
+        os.environ.setdefault("TRITON_INTERPRET", "1")  # before any Triton kernel is defined
+    from shardspec.conformance.api import ImplChoice
+    from shardspec.conformance.harness.inprocess import run_case_in_process
+    from shardspec.fixtures import case_to_yaml, load_case_file
+
+    source, entry, group, device, target, out, budget = argv
+    import shardspec.conformance.judge.checks  # noqa: F401  registers every checker
+
+    choice = ImplChoice.parse(entry)
+    smallest = shrink_to(
+        load_case_file(source),
+        set(json.loads(target)),
+        lambda c: run_case_in_process(c, choice, timeout_s=10.0, group=group, device=device),
+        float(budget),
+    )
+    pathlib.Path(out).write_text(case_to_yaml(smallest))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,125 @@
+"""Run cases with every rank as a thread of this process, one rank at a time.
+
+For fixture replay and shrinking without launching processes, and for tp > 1
+on one GPU. Two groups: ``lockstep`` (:class:`shardspec.comm.LockstepGroup`),
+for implementations that talk only through the Communicator they are given;
+``torch-threads`` (:mod:`shardspec.conformance.harness.threaded`), a torch.distributed
+group, also for implementations that call torch.distributed themselves. In
+both, ranks never run concurrently, so the Triton interpreter works. A rank
+that hangs outside a collective cannot be interrupted here; use the
+multi-process runner.
+"""
+
+from __future__ import annotations
+
+import traceback
+from collections.abc import Callable, Iterable
+
+from shardspec.comm import LockstepGroup
+from shardspec.conformance.api import ImplChoice, load_implementation
+from shardspec.conformance.cases.expectations import Expectation, compute_expectation, expectation_device, single_thread
+from shardspec.conformance.harness.recording import run_lockstep
+from shardspec.conformance.harness.threaded import run_torch_threads
+from shardspec.conformance.judge.results import ERROR, FAIL, NOT_RUN, PASS, CaseResult, combine
+from shardspec.conformance.step import check_case_on_rank
+from shardspec.spec.case import Case, expand_steps
+
+
+def run_case_in_process(
+    case: Case,
+    choice: ImplChoice,
+    expectation: Expectation | None = None,
+    timeout_s: float = 60.0,
+    group: str = "lockstep",
+    device: str = "auto",
+) -> CaseResult:
+    """One case; the steps of a multi-step case make one result whose violations and errors name their step."""
+    if case.then:
+        return merged_steps(case, run_steps_in_process(expand_steps(case), choice, None, timeout_s, group, device))
+    return run_steps_in_process([case], choice, [expectation] if expectation else None, timeout_s, group, device)[0]
+
+
+def merged_steps(case: Case, results: list[CaseResult]) -> CaseResult:
+    order = {PASS: 0, FAIL: 1, ERROR: 2, NOT_RUN: 3}
+    merged = CaseResult(case=case, impl=results[0].impl, status=max((r.status for r in results), key=order.get))
+    for result in results:
+        merged.violations += [{**v, "step_case": result.case_id} for v in result.violations]
+        merged.errors += [{**e, "step_case": result.case_id} for e in result.errors]
+    merged.judged = sorted({i for r in results for i in r.judged})
+    return merged
+
+
+def run_steps_in_process(
+    cases: list[Case],
+    choice: ImplChoice,
+    expectations: list[Expectation] | None = None,
+    timeout_s: float = 60.0,
+    group: str = "lockstep",
+    device: str = "auto",
+) -> list[CaseResult]:
+    """``cases`` in one group, each rank calling one sharder for all of them (the steps of a multi-step
+    case; a single case is one step); a result per case. ``device``: ``--in-process-device``."""
+    device = expectation_device(device)
+    expectations = expectations or [compute_expectation(c, timeout_s, device) for c in cases]
+    impls = {name: load_implementation(name) for name in {choice.impl, choice.impl_odd} if name}
+
+    def one_rank(comm):
+        impl, kept, records = impls[choice.for_rank(comm.rank)], None, []
+        for case, expectation in zip(cases, expectations, strict=False):
+            try:
+                record, kept = check_case_on_rank(case, comm, impl.name, impl.factory, expectation, device, kept=kept)
+            except Exception:  # outside the implementation's calls (e.g. a device error surfacing in a checker)
+                records.append({"harness_error": traceback.format_exc()})
+                break
+            records.append(record)
+            if not record["aligned"]:
+                break
+        return records
+
+    try:
+        with single_thread():  # like the ranks of a multi-process run, and the expectation
+            if group == "torch-threads":
+                per_rank = run_torch_threads(cases[0].tp_size, one_rank, timeout_s)
+            else:
+                per_rank = run_lockstep(LockstepGroup(cases[0].tp_size, timeout_s=timeout_s), one_rank)
+    except TimeoutError as exc:
+        return [combine(case, choice.label, {}, ended=f"in-process run failed: {exc}") for case in cases]
+    return [
+        combine(
+            case,
+            choice.label,
+            {rank: records[k] for rank, records in enumerate(per_rank) if records and k < len(records)},
+        )
+        for k, case in enumerate(cases)
+    ]
+
+
+def run_jobs_in_process(
+    jobs: Iterable,
+    timeout_s: float = 60.0,
+    on_result: Callable[[CaseResult], None] | None = None,
+    group: str = "lockstep",
+    device: str = "auto",
+) -> list[CaseResult]:
+    """Run :class:`shardspec.conformance.harness.multiprocess.Job` s one after the other; the steps of a multi-step
+    case (consecutive jobs, each continuing the one before) share one group and one sharder per rank."""
+    results = []
+    for chain in _chains(list(jobs)):
+        for result in run_steps_in_process(
+            [job.case for job in chain], chain[0].choice, timeout_s=timeout_s, group=group, device=device
+        ):
+            results.append(result)
+            if on_result:
+                on_result(result)
+    return results
+
+
+def _chains(jobs: list) -> list[list]:
+    chains: list[list] = []
+    for job in jobs:
+        previous = chains[-1][-1] if chains else None
+        if previous is not None and job.case.continues == previous.case.case_id and job.choice == previous.choice:
+            chains[-1].append(job)
+        else:
+            chains.append([job])
+    return chains

@@ -1,0 +1,376 @@
+"""Multi-process runs: one process per rank (like ``torchrun``, see :mod:`.spawn`) over many jobs.
+
+A job is one case run by one entry (``A`` or ``A/B``); every entry of a run
+shares one launch per group size, since starting the ranks (importing torch
+on every one) costs more than most cases. The parent computes the reference
+expectations once per case, saves them with the cases and the jobs into a
+run directory, and launches the group. Every rank appends one JSON line per
+job; the parent follows those files while the group runs, combines the ranks
+of each job, and relaunches after a launch ends early (a rank raised, hung
+or died) for the jobs not yet run.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from shardspec.conformance.api import ImplChoice
+from shardspec.conformance.cases.expectations import compute_expectation, rank_device_kind, save_expectations
+from shardspec.conformance.harness.external import JOIN_S, ExternalGroup, rank_command
+from shardspec.conformance.harness.spawn import RankServer
+from shardspec.conformance.harness.transcript import read_frames
+from shardspec.conformance.judge.results import CaseResult, not_run
+from shardspec.conformance.judge.verdicts import Judge, RankTranscript
+from shardspec.spec.case import Case
+
+STARTUP_S = 90.0  # torch import and rendezvous, generous for 8 ranks on 2 cores
+WORKER = "shardspec.conformance.harness.worker"
+
+
+@dataclass
+class LaunchOptions:
+    run_dir: pathlib.Path
+    case_timeout_s: float = 60.0
+    pg_timeout_s: float = 60.0
+    max_relaunches: int = 5  # besides one launch per job known to end a launch
+    poll_s: float = 0.3
+    launcher: str = "auto"  # "torchrun" | "fork" | "auto" (see RunConfig.launcher)
+
+
+@dataclass(frozen=True)
+class Job:
+    choice: ImplChoice
+    case: Case
+
+
+def run_jobs_multiprocess(
+    jobs: list[Job],
+    tp: int,
+    options: LaunchOptions,
+    on_result: Callable[[CaseResult], None] | None = None,
+    log: Callable[[str], None] = print,
+) -> list[CaseResult]:
+    """Run ``jobs`` (all of group size ``tp``) in as few launches as possible; results in job order."""
+    run_dir = options.run_dir
+    run_dir.mkdir(parents=True, exist_ok=True)
+    device_kind = (
+        rank_device_kind(tp) if options.launcher != "external" else ("cuda" if torch.cuda.is_available() else "cpu")
+    )  # one GPU per rank on each node
+    cases = list({job.case.case_id: job.case for job in jobs}.values())
+    expectations = {case.case_id: compute_expectation(case, options.pg_timeout_s, device_kind) for case in cases}
+    save_expectations(run_dir / "expectations.pt", expectations)
+    torch.save(cases, run_dir / "cases.pt")
+    position = {case.case_id: i for i, case in enumerate(cases)}
+    (run_dir / "jobs.json").write_text(
+        json.dumps(
+            [
+                {"impl": job.choice.impl, "impl_odd": job.choice.impl_odd, "case": position[job.case.case_id]}
+                for job in jobs
+            ]
+        )
+    )
+    results: dict[int, CaseResult] = {}
+    # Jobs after which the reference itself leaves peers waiting in a
+    # collective end a launch: run them last, so they cost fewer relaunches.
+    breaking = {i for i, job in enumerate(jobs) if _breaks_group(expectations[job.case.case_id])}
+    remaining = [i for i in range(len(jobs)) if i not in breaking] + sorted(breaking)
+    starter = _GroupStarter(run_dir, device_kind, options.launcher, log)
+    judge = Judge(expectations, device_kind)
+    launch_number, idle_launches = 0, 0
+    # A launch that judged at least one job may be followed by another (each ends at most one job early);
+    # launches that judge nothing are allowed max_relaunches times.
+    while remaining and idle_launches <= options.max_relaunches:
+        log(f"  launch {launch_number + 1}: tp {tp}, {len(remaining)} job(s), {_labels(jobs, remaining)}")
+        outcome = _launch(jobs, remaining, tp, options, f"launch{launch_number}", results, on_result, starter, judge)
+        launch_number += 1
+        still = [i for i in remaining if i not in results]
+        idle_launches += len(still) == len(remaining)
+        remaining = still
+        if outcome is not None:  # the group never started: relaunching cannot help
+            for index in remaining:
+                results[index] = not_run(jobs[index].case, jobs[index].choice.label, outcome)
+            remaining = []
+    for index in remaining:
+        results[index] = not_run(
+            jobs[index].case,
+            jobs[index].choice.label,
+            f"not run: {options.max_relaunches + 1} launches in a row judged nothing",
+        )
+    return [results[i] for i in range(len(jobs))]
+
+
+def _labels(jobs: list[Job], indices: list[int]) -> str:
+    return ", ".join(dict.fromkeys(jobs[i].choice.label for i in indices))
+
+
+def _breaks_group(expectation) -> bool:
+    outs = expectation.expected
+    if all(out.error is None for out in outs):
+        return False
+    return not all(out.error is not None and len(out.wire) == len(outs[0].wire) for out in outs)
+
+
+_SERVER: RankServer | None = None  # shared by the launches of this process, while its environment holds
+
+
+def _rank_server(env: dict[str, str], run_dir: pathlib.Path, name: str) -> RankServer:
+    global _SERVER
+    if _SERVER is None or not _SERVER.alive or _SERVER.env != env:
+        if _SERVER is not None:
+            _SERVER.close()
+        _SERVER = RankServer(WORKER, [str(run_dir)], env, run_dir / f"server-{name}.log")
+        atexit.register(_SERVER.close)
+    return _SERVER
+
+
+class _GroupStarter:
+    """Starts the group of each launch: ``torchrun --standalone``, or forks of one preloaded rank
+    server on the CPU (a new server after one was killed). CUDA does not survive a fork, so ranks
+    on GPUs always get fresh processes."""
+
+    def __init__(self, run_dir: pathlib.Path, device_kind: str, launcher: str = "auto", log=print):
+        if launcher not in ("auto", "torchrun", "fork", "external"):
+            raise ValueError(f"launcher {launcher!r}: expected auto, torchrun, fork or external")
+        self.run_dir, self.device_kind, self.log = run_dir, device_kind, log
+        self.external = launcher == "external"
+        self.use_torchrun = launcher == "torchrun" or (launcher == "auto" and device_kind != "cpu")
+
+    def start(self, tp: int, name: str, log_path: pathlib.Path):
+        args = [str(self.run_dir), str(self.run_dir / f"{name}.json")]
+        env = _worker_env(self.device_kind)
+        if self.external:
+            command = rank_command(self.run_dir, self.run_dir / f"{name}.json", tp)
+            (self.run_dir / f"{name}.command").write_text(command + "\n")
+            self.log(f"  waiting for {tp} ranks started by your launcher; on every node run:\n    {command}")
+            return ExternalGroup(command)
+        if self.use_torchrun:
+            command = [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--standalone",
+                "--max-restarts",
+                "0",
+                "--nproc-per-node",
+                str(tp),
+                "-m",
+                WORKER,
+                *args,
+            ]
+        elif self.device_kind != "cpu":
+            command = [sys.executable, "-m", "shardspec.conformance.harness.spawn", str(tp), WORKER, *args]
+        else:
+            log_path.write_text("")
+            return _rank_server(env, self.run_dir, name).start(tp, args, log_path)
+        with open(log_path, "w") as log_file:
+            return subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True, env=env)
+
+
+def _launch(jobs, indices, tp, options, name, results, on_result, starter, judge) -> str | None:
+    """One launch of the group. Returns a reason when the group never became ready."""
+    run_dir = options.run_dir
+    spec = {
+        "job_indices": indices,
+        "device": starter.device_kind,
+        "case_timeout_s": options.case_timeout_s,
+        "pg_timeout_s": options.pg_timeout_s,
+    }
+    (run_dir / f"{name}.json").write_text(json.dumps(spec))
+    log_path = run_dir / f"{name}.log"
+    startup = JOIN_S if starter.external else STARTUP_S
+    limit = startup + len(indices) * (options.case_timeout_s + 5.0)
+    follower = _Follower(run_dir, name, tp)
+    proc = starter.start(tp, name, log_path)
+    settle = _Settler(jobs, results, follower, judge, on_result)
+    try:
+        ended = _follow(proc, limit, follower, indices, settle, options)
+    finally:  # interrupted (SIGINT/SIGTERM) or failed: leave no rank behind
+        if proc.poll() is None and not all(i in results for i in indices):
+            _kill_group(proc)
+    follower.read()
+    if not follower.ready:
+        return f"the group did not start (exit {proc.returncode}); log {log_path}:\n{_tail(log_path)}"
+    settle.broken_job(indices, ended, getattr(proc, "culprit", None))
+    return None
+
+
+def _worker_env(device_kind: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env["OMP_NUM_THREADS"] = "1"  # the expectations are computed with one thread too
+    if device_kind == "cpu":
+        # Ranks on the CPU (no GPU, or fewer GPUs than ranks): Triton kernels
+        # can only run in its interpreter there.
+        env["TRITON_INTERPRET"] = "1"
+    return env
+
+
+def _follow(proc, limit, follower, indices, settle, options) -> str:
+    """Judge jobs as their transcripts complete; returns how the launch ended.
+
+    Besides the launch's limit, a watchdog here ends a launch in which no rank
+    sent a frame for longer than a case may take: it needs nothing of the
+    ranks, so a rank that holds the GIL or was stopped cannot escape it.
+    """
+    deadline = time.monotonic() + limit
+    quiet_limit = options.case_timeout_s + max(2.0, options.case_timeout_s / 2) + 5.0
+    while True:
+        exited = proc.poll() is not None
+        if follower.read():
+            settle.complete(indices)
+        if exited:
+            return f"the launch ended (exit {proc.returncode})"
+        if all(i in settle.results for i in indices):
+            _let_finish(proc, grace_s=3.0)  # every record is in; shutdown adds nothing
+            return "the launch finished"
+        quiet = time.monotonic() - follower.last_frame
+        if follower.ready and quiet > quiet_limit:
+            stopped = follower.stopped_ranks()
+            _kill_group(proc)
+            how = (
+                f"rank(s) {', '.join(map(str, stopped))} stopped by a signal (state T)"
+                if stopped
+                else "a rank hung where its own watchdog could not run (e.g. holding the GIL)"
+            )
+            return f"no rank sent anything for {quiet:.0f}s: {how}; the group was killed"
+        if time.monotonic() > deadline:
+            _kill_group(proc)
+            return f"the launch exceeded its {limit:.0f}s limit and was killed"
+        time.sleep(options.poll_s)
+
+
+class _Settler:
+    """Turns complete transcripts into results, in job order."""
+
+    def __init__(self, jobs, results, follower, judge, on_result):
+        self.jobs, self.results, self.follower, self.judge, self.on_result = jobs, results, follower, judge, on_result
+
+    def complete(self, indices) -> None:
+        for index in indices:
+            if index in self.results:
+                continue
+            transcripts = self.follower.transcripts.get(index, {})
+            if sum(t.final is not None for t in transcripts.values()) < self.jobs[index].case.tp_size:
+                return  # jobs finish in order: nothing later is complete either
+            self.settle(index, transcripts)
+
+    def settle(self, index, transcripts, ended: str | None = None, culprit=None) -> None:
+        job = self.jobs[index]
+        self.results[index] = self.judge.case_result(job.case, job.choice.label, transcripts, ended, culprit)
+        if self.on_result:
+            self.on_result(self.results[index])
+
+    def broken_job(self, indices, ended, culprit) -> None:
+        """The first unfinished job fails with what is known, unless a rank left on purpose before it."""
+        for index in indices:
+            if index in self.results:
+                continue
+            transcripts = self.follower.transcripts.get(index, {})
+            if transcripts or not self.follower.left_on_purpose:
+                self.settle(index, transcripts, ended, culprit)
+            return
+
+
+def _let_finish(proc, grace_s: float) -> None:
+    try:
+        proc.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        _kill_group(proc)
+
+
+def _kill_group(proc) -> None:
+    if isinstance(proc, ExternalGroup):
+        proc.stop()
+        return
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()
+
+
+def _tail(path: pathlib.Path, lines: int = 30) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return ""
+
+
+class _Follower:
+    """Reads the ranks' frame files incrementally (the last frame may be half-written)."""
+
+    def __init__(self, run_dir: pathlib.Path, name: str, tp: int):
+        self.paths = [run_dir / f"{name}-rank{rank}.frames" for rank in range(tp)]
+        self.offsets = [0] * tp
+        self.transcripts: dict[int, dict[int, RankTranscript]] = {}  # job index -> rank -> frames
+        self.ready: set[int] = set()
+        self.pids: dict[int, int] = {}
+        self.last_frame = time.monotonic()
+        # A rank recorded why it left the launch (error, hang, suite failure).
+        self.left_on_purpose = False
+
+    def read(self) -> bool:
+        """Whether any new frame arrived."""
+        new = False
+        for rank, path in enumerate(self.paths):
+            if not path.exists():
+                continue
+            with open(path, "rb") as f:
+                f.seek(self.offsets[rank])
+                chunk = f.read()
+            try:
+                frames, used = read_frames(chunk)
+            except Exception as exc:  # an unreadable frame: what the rank sent cannot be trusted
+                frames, used = (
+                    [
+                        {
+                            "job": self._current_job(rank),
+                            "rank": rank,
+                            "harness_error": f"rank {rank} sent an unreadable frame: {exc}",
+                        }
+                    ],
+                    len(chunk),
+                )
+            self.offsets[rank] += used
+            for frame in frames:
+                self._add(rank, frame)
+            new |= bool(frames)
+        if new:
+            self.last_frame = time.monotonic()
+        return new
+
+    def _current_job(self, rank: int) -> int | None:
+        jobs = [job for job, ranks in self.transcripts.items() if rank in ranks]
+        return max(jobs, default=None)
+
+    def _add(self, rank: int, frame: dict[str, Any]) -> None:
+        if frame.get("event") == "ready":
+            self.ready.add(rank)
+            self.pids[rank] = frame.get("pid")
+        elif frame.get("job") is not None:
+            self.transcripts.setdefault(frame["job"], {}).setdefault(rank, RankTranscript()).add(frame)
+            if frame.get("timeout") or frame.get("harness_error") or frame.get("aligned") is False:
+                self.left_on_purpose = True
+
+    def stopped_ranks(self) -> list[int]:
+        """Ranks whose process is stopped (``T`` in /proc, e.g. after SIGSTOP)."""
+        stopped = []
+        for rank, pid in sorted(self.pids.items()):
+            try:
+                state = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+            except (OSError, IndexError, TypeError):
+                continue
+            if state in ("T", "t"):
+                stopped.append(rank)
+        return stopped

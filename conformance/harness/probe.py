@@ -1,0 +1,85 @@
+"""Whether implementations load, asked of a child process.
+
+The process that judges must never import an implementation under test (its
+import could patch the checks), so loading is tried in a child:
+``python -m shardspec.conformance.harness.probe NAME...`` prints one JSON line per
+name, ``{"name", "problem", "warning"}`` (``problem`` null when it loads;
+``warning`` when it targets another spec version than the one checked). An import
+that exits or kills the child is reported for that name; the names after it
+are probed again in a fresh child.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+
+def probe(names: list[str], timeout_s: float = 120.0, warnings: list[str] | None = None) -> dict[str, str | None]:
+    """name -> why it cannot be loaded (None: it loads); spec-version warnings are appended to ``warnings``."""
+    problems: dict[str, str | None] = {}
+    found: list[str] = [] if warnings is None else warnings
+    pending = list(dict.fromkeys(names))
+    while pending:
+        reported, ended = _probe_once(pending, timeout_s)
+        problems.update({name: item["problem"] for name, item in reported.items()})
+        found += [f"{name}: {item['warning']}" for name, item in reported.items() if item.get("warning")]
+        pending = [name for name in pending if name not in problems]
+        if pending:  # the child died importing the first of them
+            problems[pending.pop(0)] = f"importing it ended the process ({ended})"
+    return problems
+
+
+def _probe_once(names: list[str], timeout_s: float) -> tuple[dict[str, dict], str]:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", __name__, *names],
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+            env=env,
+            stdin=subprocess.DEVNULL,
+        )
+        stdout, ended = proc.stdout, _describe(proc.returncode, proc.stderr)
+    except subprocess.TimeoutExpired as exc:
+        stdout = exc.stdout.decode() if isinstance(exc.stdout, bytes) else (exc.stdout or "")
+        ended = f"it did not finish within {timeout_s:.0f}s"
+    reported = {}
+    for line in stdout.splitlines():
+        try:
+            item = json.loads(line)
+        except json.JSONDecodeError:
+            continue  # the implementation printed at import
+        if isinstance(item, dict) and item.get("probe") == "shardspec" and item.get("name") in names:
+            reported[item["name"]] = item
+    return reported, ended
+
+
+def _describe(returncode: int, stderr: str) -> str:
+    from shardspec.conformance.harness.spawn import describe_exit
+
+    tail = stderr.strip().splitlines()[-1:] if stderr else []
+    return describe_exit(returncode) + (f": {tail[0]}" if tail else "")
+
+
+def main(names: list[str]) -> int:
+    from shardspec.conformance.api import ImplementationError, load_implementation
+    from shardspec.spec.loader import target_version_warning
+
+    for name in names:
+        problem = warning = None
+        try:
+            warning = target_version_warning(load_implementation(name).factory)
+        except ImplementationError as exc:
+            problem = str(exc)
+        except BaseException as exc:  # SystemExit, KeyboardInterrupt, or anything an import raises
+            problem = f"importing {name!r} raised {type(exc).__name__}: {exc}"
+        print(json.dumps({"probe": "shardspec", "name": name, "problem": problem, "warning": warning}), flush=True)
+    os._exit(0)  # no atexit handler or thread of an implementation can change the outcome
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

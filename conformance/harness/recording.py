@@ -1,0 +1,388 @@
+"""Observing a step: the collectives it issues, where it is, what it changed."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import threading
+import time
+from typing import Any
+
+import numpy as np
+import torch
+
+from shardspec.conformance.judge.checks.base import WireCall
+
+
+class Progress:
+    """Where a rank is right now; read by the watchdog from another thread."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self.case_id: str | None = None
+        self.step: str | None = None
+        self.collective: str | None = None
+        self.since = time.monotonic()
+
+    def enter(self, case_id: str | None = None, step: str | None = None) -> None:
+        with self._lock:
+            if case_id is not None:
+                self.case_id, self.since = case_id, time.monotonic()
+            self.step, self.collective = step, None
+
+    def set_collective(self, kind: str | None) -> None:
+        with self._lock:
+            self.collective = kind
+
+    def where(self) -> str:
+        with self._lock:
+            place = f"step {self.step}" if self.step else "between steps"
+            if self.collective:
+                place += f", inside {self.collective} (waiting for peers)"
+            return place
+
+
+class CollectiveError(RuntimeError):
+    """Raised by a collective; often a consequence of a peer failing first."""
+
+
+class RecordingComm:
+    """A Communicator that clones every send buffer into a :class:`WireCall`.
+
+    Exceptions raised inside a collective are re-raised as
+    :class:`CollectiveError`, so a report can tell a rank's own failure from
+    one caused by a peer that broke the group.
+    """
+
+    def __init__(self, comm, progress: Progress | None = None):
+        self.inner = comm
+        self.rank = comm.rank
+        self.world_size = comm.world_size
+        self.group = getattr(comm, "group", None)
+        self.calls: list[WireCall] = []
+        self.progress = progress or Progress()
+        self._inside = threading.local()
+
+    def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes):
+        self.calls.append(
+            WireCall(
+                kind="all_to_all_single",
+                send=input.detach().clone(),
+                output_shape=tuple(output.shape),
+                output_split_sizes=[int(s) for s in output_split_sizes],
+                input_split_sizes=[int(s) for s in input_split_sizes],
+            )
+        )
+        self._run(
+            "all_to_all_single", self.inner.all_to_all_single, output, input, output_split_sizes, input_split_sizes
+        )
+
+    def all_gather_into_tensor(self, output, input):
+        self.calls.append(
+            WireCall(
+                kind="all_gather_into_tensor",
+                send=input.detach().clone(),
+                output_shape=tuple(output.shape),
+            )
+        )
+        self._run("all_gather_into_tensor", self.inner.all_gather_into_tensor, output, input)
+
+    def _run(self, kind: str, fn, *args, **kwargs):
+        self.progress.set_collective(kind)
+        self._inside.active = True
+        try:
+            return fn(*args, **kwargs)
+        except Exception as exc:
+            raise CollectiveError(f"{kind} failed on rank {self.rank}: {exc}") from exc
+        finally:
+            self._inside.active = False
+            self.progress.set_collective(None)
+
+    def __getattr__(self, name: str):
+        """Any other attribute of the wrapped Communicator; calls to its methods are recorded too.
+
+        A Communicator only promises the two collectives above, but an
+        implementation written against a richer one (a barrier, an
+        all-reduce) must not slip past INV-WIRE-SEQUENCE by calling it.
+        """
+        attribute = getattr(self.inner, name)
+        if name.startswith("__") or not callable(attribute):
+            return attribute
+
+        def recorded(*args, **kwargs):
+            self.calls.append(generic_call(name, args, kwargs))
+            return self._run(name, attribute, *args, **kwargs)
+
+        return recorded
+
+    @contextlib.contextmanager
+    def intercept_torch_distributed(self):
+        """Also record what an implementation issues through ``torch.distributed`` itself.
+
+        Every collective and point-to-point function of ``torch.distributed``
+        (:data:`DIRECT_FUNCTIONS`), looked up at call time on
+        ``torch.distributed`` or ``torch.distributed.distributed_c10d``, is
+        recorded like a call through the Communicator. The functions are
+        replaced once for all threads and route each call to the recorder of
+        the calling thread, so ranks that are threads of one process record
+        their own calls. Calls made inside a recorded one (torch's own helpers,
+        the Communicator's own use of torch.distributed) are not recorded again.
+        """
+        with _DIRECT_CALLS.routed_to(self):
+            yield
+
+    def record_direct(self, name: str, original, args: tuple, kwargs: dict):
+        """One direct ``torch.distributed`` call, recorded unless it happens inside a recorded one."""
+        if getattr(self._inside, "active", False):
+            return original(*args, **kwargs)
+        if name in SPEC_COLLECTIVES:
+            call = _spec_call(SPEC_COLLECTIVES[name], args, kwargs)
+        else:
+            call = generic_call(name, args, kwargs)
+        self.calls.append(call)
+        return self._run(call.kind, original, *args, **kwargs)
+
+
+# The step's own collectives (INV-WIRE-SEQUENCE), by the names torch.distributed gives them.
+SPEC_COLLECTIVES = {
+    "all_to_all_single": "all_to_all_single",
+    "all_gather_into_tensor": "all_gather_into_tensor",
+    "all_gather_single": "all_gather_into_tensor",
+}
+# Every other torch.distributed function that talks to peers.
+OTHER_FUNCTIONS = (
+    "all_reduce",
+    "all_reduce_coalesced",
+    "reduce",
+    "broadcast",
+    "broadcast_object_list",
+    "barrier",
+    "monitored_barrier",
+    "send",
+    "recv",
+    "isend",
+    "irecv",
+    "batch_isend_irecv",
+    "send_object_list",
+    "recv_object_list",
+    "all_gather",
+    "all_gather_coalesced",
+    "all_gather_object",
+    "_all_gather_base",
+    "reduce_scatter",
+    "reduce_scatter_tensor",
+    "_reduce_scatter_base",
+    "all_to_all",
+    "gather",
+    "gather_object",
+    "scatter",
+    "scatter_object_list",
+)
+DIRECT_FUNCTIONS = tuple(SPEC_COLLECTIVES) + OTHER_FUNCTIONS
+# The argument (position, keyword) holding what a function sends; the others send nothing of their own
+# (barrier, recv) or objects rather than tensors.
+SENT_ARGUMENT = {
+    "all_reduce": (0, "tensor"),
+    "reduce": (0, "tensor"),
+    "broadcast": (0, "tensor"),
+    "send": (0, "tensor"),
+    "isend": (0, "tensor"),
+    "gather": (0, "tensor"),
+    "all_gather": (1, "tensor"),
+    "all_gather_coalesced": (1, "input_tensor_list"),
+    "_all_gather_base": (1, "input_tensor"),
+    "all_reduce_coalesced": (0, "tensors"),
+    "reduce_scatter": (1, "input_list"),
+    "reduce_scatter_tensor": (1, "input"),
+    "_reduce_scatter_base": (1, "input"),
+    "all_to_all": (1, "input_tensor_list"),
+    "scatter": (1, "scatter_list"),
+}
+
+
+def _argument(args: tuple, kwargs: dict, position: int, keyword: str):
+    return args[position] if len(args) > position else kwargs.get(keyword)
+
+
+def _spec_call(kind: str, args: tuple, kwargs: dict) -> WireCall:
+    output, input = _argument(args, kwargs, 0, "output_tensor"), _argument(args, kwargs, 1, "input_tensor")
+    if output is None:
+        output, input = kwargs.get("output"), kwargs.get("input")
+    splits = {"output_split_sizes": None, "input_split_sizes": None}
+    if kind == "all_to_all_single":
+        splits = {
+            name: _argument(args, kwargs, position, name)
+            for position, name in ((2, "output_split_sizes"), (3, "input_split_sizes"))
+        }
+    return WireCall(
+        kind=kind,
+        send=_clone(input),
+        output_shape=_shape(output),
+        output_split_sizes=_int_list(splits["output_split_sizes"]),
+        input_split_sizes=_int_list(splits["input_split_sizes"]),
+    )
+
+
+def generic_call(name: str, args: tuple, kwargs: dict) -> WireCall:
+    """A call outside the step's sequence: its name, what it sends and the shape of its first argument."""
+    sent = _argument(args, kwargs, *SENT_ARGUMENT[name]) if name in SENT_ARGUMENT else None
+    first = args[0] if args else None
+    return WireCall(kind=name, send=_clone(sent), output_shape=_shape(first))
+
+
+def _clone(value) -> torch.Tensor:
+    """A copy of a sent tensor (lists of tensors flattened into one); empty when nothing is sent."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().clone()
+    tensors = [v for v in value if isinstance(v, torch.Tensor)] if isinstance(value, (list, tuple)) else []
+    if tensors and len({t.dtype for t in tensors}) == 1:
+        return torch.cat([t.detach().reshape(-1) for t in tensors])
+    return torch.empty(0)
+
+
+def _shape(value) -> tuple:
+    return tuple(value.shape) if isinstance(value, torch.Tensor) else ()
+
+
+class _DirectCalls:
+    """torch.distributed's functions replaced while any thread records; each call goes to its thread's recorder."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._users = 0
+        self._originals: dict = {}
+        self._current = threading.local()
+
+    @contextlib.contextmanager
+    def routed_to(self, recorder: RecordingComm):
+        self._acquire()
+        self._current.recorder = recorder
+        try:
+            yield
+        finally:
+            self._current.recorder = None
+            self._release()
+
+    @staticmethod
+    def _namespaces() -> list:
+        import torch.distributed as dist
+        import torch.distributed.distributed_c10d as c10d
+
+        return [dist, c10d]
+
+    def _acquire(self) -> None:
+        with self._lock:
+            if self._users == 0:
+                self._originals = {
+                    (module, name): getattr(module, name)
+                    for module in self._namespaces()
+                    for name in DIRECT_FUNCTIONS
+                    if hasattr(module, name)
+                }
+                for (module, name), original in self._originals.items():
+                    setattr(module, name, self._router(name, original))
+            self._users += 1
+
+    def _release(self) -> None:
+        with self._lock:
+            self._users -= 1
+            if self._users == 0:
+                for (module, name), original in self._originals.items():
+                    setattr(module, name, original)
+
+    def _router(self, name: str, original):
+        def call(*args, **kwargs):
+            recorder = getattr(self._current, "recorder", None)
+            if recorder is None:  # a thread that records nothing
+                return original(*args, **kwargs)
+            return recorder.record_direct(name, original, args, kwargs)
+
+        return call
+
+
+_DIRECT_CALLS = _DirectCalls()
+
+
+def _int_list(sizes):
+    return None if sizes is None else [int(s) for s in sizes]
+
+
+# -- snapshots of inputs (INV-INPUTS-UNCHANGED) -----------------------------
+
+
+def snapshot(value: Any) -> Any:
+    """A deep copy of tensors, arrays, lists, dataclasses and NamedTuples."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().clone()
+    if isinstance(value, np.ndarray):
+        return value.copy()
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: snapshot(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, tuple) and hasattr(value, "_fields"):
+        return {name: snapshot(getattr(value, name)) for name in value._fields}
+    if isinstance(value, dict):  # e.g. a sampler output's extension fields
+        return {key: snapshot(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [snapshot(v) for v in value]
+    return value
+
+
+def changed_fields(name: str, before: Any, value: Any) -> list[str]:
+    """Names (``name.field``) whose contents differ from the snapshot ``before``."""
+    if isinstance(before, dict):
+        changed = []
+        for key, old in before.items():
+            item = value.get(key) if isinstance(value, dict) else getattr(value, key, None)
+            changed += changed_fields(f"{name}.{key}", old, item)
+        return changed
+    if isinstance(before, list):
+        if not isinstance(value, (list, tuple)) or len(value) != len(before):
+            return [name]
+        pairs = enumerate(zip(before, value, strict=True))
+        return [n for i, (b, v) in pairs for n in changed_fields(f"{name}[{i}]", b, v)]
+    return [] if same_value(before, value) else [name]
+
+
+def same_value(a: Any, b: Any) -> bool:
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and same_tensor(a, b)
+    if isinstance(a, np.ndarray):
+        return isinstance(b, np.ndarray) and a.dtype == b.dtype and np.array_equal(a, b, equal_nan=a.dtype.kind == "f")
+    return a == b
+
+
+def same_tensor(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Same dtype, shape and contents; NaN equals NaN."""
+    if a.dtype != b.dtype or a.shape != b.shape:
+        return False
+    if a.is_floating_point():
+        return bool(((a == b) | (a.isnan() & b.isnan())).all())
+    return torch.equal(a, b.to(a.device))
+
+
+def run_lockstep(group, fn) -> list:
+    """``fn(comm)`` on every rank of a LockstepGroup; per-rank results even if the group broke.
+
+    ``fn`` records its own errors; a rank that leaves while peers wait makes
+    them fail inside their collective, which ``fn`` records too.
+    """
+    results: list = [None] * group.world_size
+
+    def body(rank: int) -> None:
+        try:
+            group.start(rank)
+        except Exception:  # the group broke before this rank's turn
+            pass
+        try:
+            results[rank] = fn(group.comm(rank))
+        finally:
+            group.finish(rank)
+
+    threads = [threading.Thread(target=body, args=(rank,), daemon=True) for rank in range(group.world_size)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(group.timeout_s * 2)
+    if any(thread.is_alive() for thread in threads):
+        raise TimeoutError(f"a rank did not finish within {group.timeout_s * 2:.0f}s")
+    return results

@@ -1,0 +1,210 @@
+"""Starting the ranks of a group: ``python -m shardspec.conformance.harness.spawn TP MODULE ARGS...``.
+
+What the suite needs of ``torchrun --standalone``, at a fraction of its cost
+on a small machine: torchrun imports torch in one more process and runs a
+rendezvous, and every rank imports torch again. This starts the ranks with
+the environment ``torch.distributed``'s ``env://`` initialisation reads and,
+like torchrun, stops the others once a rank exits with a failure.
+
+On the CPU, ``--serve MODULE ARGS...`` does better: MODULE's ``preload(ARGS)``
+imports everything once, then every rank of every group is a fork calling
+MODULE's ``main(args)`` (CUDA does not survive a fork: GPUs get processes).
+A group per line read from stdin, see :class:`RankServer`.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import pathlib
+import signal
+import socket
+import subprocess
+import sys
+import time
+import traceback
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def rank_env(rank: int, world_size: int, port: int) -> dict[str, str]:
+    return {
+        "RANK": str(rank),
+        "LOCAL_RANK": str(rank),
+        "WORLD_SIZE": str(world_size),
+        "LOCAL_WORLD_SIZE": str(world_size),
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(port),
+    }
+
+
+def start_processes(world_size: int, module: str, args: list[str], port: int) -> list[int]:
+    ranks = [
+        subprocess.Popen(
+            [sys.executable, "-u", "-m", module, *args], env={**os.environ, **rank_env(rank, world_size, port)}
+        )
+        for rank in range(world_size)
+    ]
+    return [proc.pid for proc in ranks]
+
+
+def preloaded(module_name: str, args: list[str]):
+    module = importlib.import_module(module_name)
+    if hasattr(module, "preload"):
+        module.preload(args)
+    sys.stdout.flush()
+    return module
+
+
+def fork_group(module, world_size: int, args: list[str], port: int, log_path: str | None = None) -> list[int]:
+    pids = []
+    for rank in range(world_size):
+        pid = os.fork()
+        if pid == 0:
+            os._exit(_run_fork(module, args, rank_env(rank, world_size, port), log_path))
+        pids.append(pid)
+    return pids
+
+
+def _run_fork(module, args: list[str], env: dict[str, str], log_path: str | None) -> int:
+    if log_path:
+        log = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+        os.dup2(log, 1)
+        os.dup2(log, 2)
+    os.environ.update(env)
+    try:
+        code = module.main(args) or 0
+    except SystemExit as exc:  # sys.exit(n) in a rank: its status, as an unforked process would exit
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    except BaseException:  # the rank's failure, reported like an unforked process would
+        traceback.print_exc()
+        code = 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    return code
+
+
+def wait_all(pids: list[int]) -> int:
+    """Wait for every rank; the first failure stops the others and is the exit status."""
+    return wait_group(pids)[0]
+
+
+def wait_group(pids: list[int]) -> tuple[int, dict | None]:
+    """Like :func:`wait_all`, and which rank failed first and how (``{"rank", "how"}``), if one did."""
+    running = set(pids)
+    while running:
+        pid, status = os.waitpid(-1, 0)
+        if pid not in running:
+            continue
+        running.discard(pid)
+        code = os.waitstatus_to_exitcode(status)
+        if code != 0:
+            for other in running:
+                os.kill(other, signal.SIGKILL)
+            for other in running:
+                os.waitpid(other, 0)
+            return (code if code > 0 else 128 - code), {"rank": pids.index(pid), "how": describe_exit(code)}
+    return 0, None
+
+
+def describe_exit(code: int) -> str:
+    """``exited with status 3`` or ``was killed by SIGSEGV``, from a waitstatus_to_exitcode value."""
+    if code >= 0:
+        return f"exited with status {code}"
+    try:
+        return f"was killed by {signal.Signals(-code).name}"
+    except ValueError:
+        return f"was killed by signal {-code}"
+
+
+def serve(module_name: str, args: list[str]) -> int:
+    """Fork one group per request line ``{"world_size", "args", "log", "exit"}``; the group's exit
+    status goes to the file ``exit`` (written whole, by a rename)."""
+    module = preloaded(module_name, args)
+    for line in sys.stdin:
+        request = json.loads(line)
+        code, culprit = wait_group(
+            fork_group(module, request["world_size"], request["args"], free_port(), request["log"])
+        )
+        partial = request["exit"] + ".partial"
+        pathlib.Path(partial).write_text(json.dumps({"code": code, "culprit": culprit}))
+        os.replace(partial, request["exit"])
+    return 0
+
+
+class RankServer:
+    """A ``--serve`` process: imports once, then starts a group per :meth:`start` in a fraction of a second."""
+
+    def __init__(self, module: str, args: list[str], env: dict[str, str], log_path: pathlib.Path):
+        self.env = env
+        with open(log_path, "w") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-u", "-m", __name__, "--serve", module, *args],
+                stdin=subprocess.PIPE,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                text=True,
+                start_new_session=True,
+                env=env,
+            )
+
+    @property
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def start(self, world_size: int, args: list[str], log_path: pathlib.Path) -> ServedGroup:
+        exit_path = log_path.with_suffix(".exit")
+        request = {"world_size": world_size, "args": args, "log": str(log_path), "exit": str(exit_path)}
+        self.proc.stdin.write(json.dumps(request) + "\n")
+        self.proc.stdin.flush()
+        return ServedGroup(self.proc, exit_path)
+
+    def close(self) -> None:
+        if self.alive:
+            self.proc.stdin.close()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+
+
+class ServedGroup:
+    """One group of a :class:`RankServer`, with the part of ``subprocess.Popen`` the launcher uses;
+    killing it (``os.killpg(pid)``) kills the server too."""
+
+    def __init__(self, server: subprocess.Popen, exit_path: pathlib.Path):
+        self.server, self.exit_path, self.pid, self.returncode = server, exit_path, server.pid, None
+        self.culprit: dict | None = None  # the rank that failed first, and how
+
+    def poll(self) -> int | None:
+        if self.returncode is None and self.exit_path.exists():
+            status = json.loads(self.exit_path.read_text())
+            self.returncode, self.culprit = status["code"], status["culprit"]
+        elif self.returncode is None and self.server.poll() is not None:
+            self.returncode = self.server.returncode
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired("rank server group", timeout)
+            time.sleep(0.05)
+        return self.returncode
+
+
+def main(argv: list[str]) -> int:
+    if argv[0] == "--serve":
+        return serve(argv[1], argv[2:])
+    world_size, module, args = int(argv[0]), argv[1], argv[2:]
+    return wait_all(start_processes(world_size, module, args, free_port()))
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,259 @@
+"""What a rank sends to the judge: plain data in length-prefixed frames.
+
+The judge runs in a process where no code of the implementation under test
+was ever imported, so what an implementation returned travels as plain data:
+tensors as bytes with dtype, shape, strides and device; numpy arrays and
+scalars as themselves; lists, tuples and dicts as themselves; any other
+object as its type's name and its fields. Decoding rebuilds shardspec's own
+data-model classes and, for any other type, a stand-in class of the same
+name, so checkers see the same container types, dtypes and type names.
+
+Frames are read with an unpickler that resolves only the classes listed
+here: a stream cannot make the judge import or run anything else.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import pickle
+import struct
+from dataclasses import dataclass
+from typing import Any, BinaryIO
+
+import numpy as np
+import torch
+
+# Dtypes numpy cannot hold: sent as same-size integers, rebuilt by a view.
+NUMPY_CARRIER = {torch.bfloat16: torch.int16, torch.float8_e4m3fn: torch.uint8, torch.float8_e5m2: torch.uint8}
+_DTYPES = {
+    str(dtype).removeprefix("torch."): dtype
+    for dtype in (
+        torch.float64,
+        torch.float32,
+        torch.float16,
+        torch.bfloat16,
+        torch.int64,
+        torch.int32,
+        torch.int16,
+        torch.int8,
+        torch.uint8,
+        torch.bool,
+        torch.float8_e4m3fn,
+        torch.float8_e5m2,
+        torch.complex64,
+    )
+}
+# Classes the judge rebuilds as themselves (everything else becomes a stand-in): the data model, and the
+# spec's own types an input may carry (e.g. an engine's InputBatch subclass built by a case).
+_OWN_PACKAGES = ("shardspec.spec.", "shardspec.conformance.judge.checks.base")
+
+
+@dataclass
+class TensorData:
+    dtype: str
+    shape: tuple
+    stride: tuple
+    storage_offset: int
+    device: str
+    values: np.ndarray  # contiguous, in the carrier dtype where numpy lacks the dtype
+
+
+@dataclass
+class ObjectData:
+    module: str
+    qualname: str
+    kind: str  # dataclass | namedtuple | object
+    fields: dict
+
+
+@dataclass
+class ErrorData:
+    module: str
+    qualname: str
+    message: str
+    attrs: dict
+
+
+def encode(value: Any) -> Any:
+    """Plain data for ``value`` (recursively)."""
+    if value is None or isinstance(value, (bool, int, float, str, bytes, np.generic, np.ndarray)):
+        return value.copy() if isinstance(value, np.ndarray) else value
+    if isinstance(value, torch.Tensor):
+        return _encode_tensor(value)
+    if isinstance(value, BaseException):
+        attrs = {k: encode(v) for k, v in vars(value).items() if isinstance(v, (str, int, float, bool, type(None)))}
+        return ErrorData(type(value).__module__, type(value).__qualname__, str(value), attrs)
+    cls = type(value)
+    if isinstance(value, tuple) and hasattr(value, "_fields"):
+        fields = {name: encode(getattr(value, name)) for name in value._fields}
+        return ObjectData(cls.__module__, cls.__qualname__, "namedtuple", fields)
+    if isinstance(value, (list, tuple)):
+        return cls(encode(v) for v in value) if cls in (list, tuple) else list(encode(v) for v in value)
+    if isinstance(value, dict):
+        return {encode(k): encode(v) for k, v in value.items()}
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        fields = {f.name: encode(getattr(value, f.name)) for f in dataclasses.fields(value)}
+        return ObjectData(cls.__module__, cls.__qualname__, "dataclass", fields)
+    fields = {k: encode(v) for k, v in vars(value).items()} if hasattr(value, "__dict__") else {}
+    return ObjectData(cls.__module__, cls.__qualname__, "object", fields)
+
+
+def _encode_tensor(t: torch.Tensor) -> TensorData:
+    data = t.detach()
+    carrier = data.contiguous().cpu()
+    if carrier.dtype in NUMPY_CARRIER:
+        carrier = carrier.view(NUMPY_CARRIER[carrier.dtype])
+    return TensorData(
+        str(t.dtype).removeprefix("torch."),
+        tuple(t.shape),
+        tuple(t.stride()),
+        t.storage_offset(),
+        str(t.device),
+        carrier.numpy().copy(),
+    )
+
+
+def decode(value: Any, device: str | None = None) -> Any:
+    """The inverse of :func:`encode`; tensors land on ``device`` (default: where they were, when possible)."""
+    if isinstance(value, TensorData):
+        return _decode_tensor(value, device)
+    if isinstance(value, ErrorData):
+        return _decode_error(value)
+    if isinstance(value, ObjectData):
+        return _decode_object(value, device)
+    if isinstance(value, (list, tuple)):
+        return type(value)(decode(v, device) for v in value)
+    if isinstance(value, dict):
+        return {k: decode(v, device) for k, v in value.items()}
+    return value
+
+
+def _decode_tensor(data: TensorData, device: str | None) -> torch.Tensor:
+    dtype = _DTYPES.get(data.dtype)
+    if dtype is None:
+        raise ValueError(f"a tensor of unsupported dtype {data.dtype!r} in a rank's transcript")
+    t = torch.from_numpy(data.values.copy()).reshape(data.shape)
+    if dtype in NUMPY_CARRIER:
+        t = t.view(dtype)
+    target = device or data.device
+    if target.startswith("cuda") and not torch.cuda.is_available():
+        target = "cpu"
+    return t.to(target)
+
+
+def _decode_object(data: ObjectData, device: str | None) -> Any:
+    fields = {k: decode(v, device) for k, v in data.fields.items()}
+    own = _own_class(data.module, data.qualname)
+    if own is not None and data.kind in ("dataclass", "namedtuple"):
+        return own(**fields)
+    stand_in = _stand_in(data.qualname, data.kind, tuple(fields))
+    if data.kind == "namedtuple":
+        return stand_in(**fields)
+    obj = stand_in.__new__(stand_in)
+    vars(obj).update(fields)
+    return obj
+
+
+def _decode_error(data: ErrorData) -> BaseException:
+    from shardspec.spec.errors import PreconditionError
+
+    own = _own_class(data.module, data.qualname)
+    base = own if isinstance(own, type) and issubclass(own, BaseException) else None
+    cls = base or type(data.qualname.rsplit(".", 1)[-1], (ReportedError,), {"__module__": data.module})
+    exc = cls.__new__(cls)
+    exc.args = (data.message,)
+    vars(exc).update(data.attrs)
+    if base is PreconditionError and "precondition_id" not in data.attrs:
+        exc.precondition_id = None
+    return exc
+
+
+class ReportedError(Exception):
+    """An exception of a type the judge does not import: same name, message and attributes."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
+_STAND_INS: dict[tuple, type] = {}
+
+
+def _stand_in(qualname: str, kind: str, field_names: tuple) -> type:
+    """A class named like the implementation's own type, holding its fields."""
+    key = (qualname, kind, field_names)
+    if key not in _STAND_INS:
+        name = qualname.rsplit(".", 1)[-1]
+        if kind == "namedtuple":
+            from collections import namedtuple
+
+            _STAND_INS[key] = namedtuple(name, field_names)
+        else:
+            _STAND_INS[key] = type(name, (), {"__repr__": lambda self: f"{name}({vars(self)})"})
+    return _STAND_INS[key]
+
+
+def _own_class(module: str, qualname: str):
+    if not module.startswith(_OWN_PACKAGES):
+        return None
+    import importlib
+
+    return getattr(importlib.import_module(module), qualname, None)
+
+
+# -- framing -----------------------------------------------------------------
+
+_HEADER = struct.Struct("<Q")
+_ALLOWED = (
+    {
+        ("builtins", name)
+        for name in (
+            "list",
+            "tuple",
+            "dict",
+            "set",
+            "frozenset",
+            "int",
+            "float",
+            "str",
+            "bytes",
+            "bool",
+            "complex",
+            "slice",
+        )
+    }
+    | {(__name__, name) for name in ("TensorData", "ObjectData", "ErrorData")}
+    | {
+        (module, name)
+        for module in ("numpy.core.multiarray", "numpy._core.multiarray")
+        for name in ("_reconstruct", "scalar")
+    }
+    | {("numpy", "ndarray"), ("numpy", "dtype")}
+    | {(module, name) for module in ("numpy", "numpy.dtypes") for name in dir(np.dtypes) if name.endswith("DType")}
+)
+
+
+class _RestrictedUnpickler(pickle.Unpickler):
+    def find_class(self, module: str, name: str):
+        if (module, name) not in _ALLOWED:
+            raise pickle.UnpicklingError(f"a rank's transcript refers to {module}.{name}, which the judge never loads")
+        return super().find_class(module, name)
+
+
+def write_frame(stream: BinaryIO, record: dict) -> None:
+    payload = pickle.dumps(record, protocol=4)
+    stream.write(_HEADER.pack(len(payload)) + payload)
+    stream.flush()
+
+
+def read_frames(data: bytes) -> tuple[list[dict], int]:
+    """The complete frames at the start of ``data`` and how many bytes they take (a frame may be half-written)."""
+    frames, offset = [], 0
+    while offset + _HEADER.size <= len(data):
+        (length,) = _HEADER.unpack_from(data, offset)
+        end = offset + _HEADER.size + length
+        if end > len(data):
+            break
+        frames.append(_RestrictedUnpickler(io.BytesIO(data[offset + _HEADER.size : end])).load())
+        offset = end
+    return frames, offset

@@ -1,0 +1,239 @@
+"""One rank of a multi-process conformance run (started by :mod:`.spawn`).
+
+``python -m shardspec.conformance.harness.worker RUN_DIR LAUNCH_FILE``. Reads the
+cases, the jobs (an entry and a case each) and the reference expectations
+from RUN_DIR, runs the jobs listed in LAUNCH_FILE in order, and streams to
+``RUN_DIR/<launch>-rank<R>.frames`` (see :mod:`.transcript`) a frame after
+every step of a job, with what the implementation returned in it, and one
+when the job ends. This process judges nothing: the parent does, from the
+frames, in a process that never imports the implementation.
+
+After an unexpected error the group's collectives are misaligned, so the
+rank writes its record and leaves the launch (the launcher relaunches for
+the remaining cases). A watchdog thread ends the process when a case makes
+no progress for ``case_timeout_s`` seconds, after writing where it hung.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import pathlib
+import sys
+import threading
+import time
+import traceback
+
+import torch
+
+if not torch.cuda.is_available():
+    # Must precede the definition of any @triton.jit function.
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import torch.distributed as dist  # noqa: E402
+
+EXIT_HUNG = 4
+
+
+class FrameWriter:
+    def __init__(self, path: pathlib.Path):
+        self._file = open(path, "ab")
+        self._lock = threading.Lock()
+
+    def write(self, record: dict) -> None:
+        from shardspec.conformance.harness.transcript import write_frame
+
+        with self._lock:
+            write_frame(self._file, record)  # flushed: the OS keeps it if this process dies
+
+
+class Watchdog:
+    """Ends the process if the armed case does not finish within ``timeout_s``."""
+
+    def __init__(self, timeout_s: float, progress, writer: FrameWriter, rank: int):
+        self.timeout_s, self.progress, self.writer, self.rank = timeout_s, progress, writer, rank
+        self._deadline = None
+        self._extended = False
+        self._job = None
+        self._lock = threading.Lock()
+        threading.Thread(target=self._watch, daemon=True).start()
+
+    def arm(self, job: int, case_id: str) -> None:
+        with self._lock:
+            self._job, self._deadline = (job, case_id), time.monotonic() + self.timeout_s
+            self._extended = False
+
+    def _waiting_for_peers(self) -> bool:
+        return self.progress.collective is not None or self.progress.step is None
+
+    def disarm(self) -> None:
+        with self._lock:
+            self._deadline = None
+
+    def _watch(self) -> None:
+        while True:
+            time.sleep(0.2)
+            with self._lock:
+                expired = self._deadline is not None and time.monotonic() > self._deadline
+                job, case_id = self._job or (None, None)
+                if expired and self._waiting_for_peers() and not self._extended:
+                    # Every rank armed at the same moment: let a rank that is stuck in its
+                    # own code report first, rather than a peer that only waits for it.
+                    self._deadline += max(2.0, self.timeout_s / 2)
+                    self._extended, expired = True, False
+            if expired:
+                where = self.progress.where()
+                self.writer.write(
+                    {
+                        "job": job,
+                        "case_id": case_id,
+                        "rank": self.rank,
+                        "in_collective": self.progress.collective is not None,
+                        "timeout": f"rank {self.rank} made no progress for {self.timeout_s:.0f}s in {where}",
+                    }
+                )
+                os._exit(EXIT_HUNG)
+
+
+class Streamer:
+    """Sends what one job's implementation does as it happens: each collective before it is issued,
+    what each step returned as soon as it returns; :meth:`final` is the rest, for the job's last frame."""
+
+    def __init__(self, writer: FrameWriter, job: int, rank: int):
+        self.writer, self.job, self.rank = writer, job, rank
+
+    def on_call(self, call) -> None:
+        from shardspec.conformance.harness.transcript import encode
+
+        self.writer.write({"job": self.job, "rank": self.rank, "call": encode(call)})
+
+    def on_step(self, step: str, run) -> None:
+        from shardspec.conformance.harness.transcript import encode
+        from shardspec.conformance.step import STEP_OUTPUT
+
+        part = getattr(run.outputs, STEP_OUTPUT[step]) if step in STEP_OUTPUT else None
+        self.writer.write({"job": self.job, "rank": self.rank, "step": step, "part": encode(part)})
+
+    def final(self, outputs) -> dict:
+        from shardspec.conformance.harness.transcript import encode
+
+        return encode(
+            {
+                "failed_step": outputs.failed_step,
+                "error": outputs.error,
+                "error_traceback": outputs.error_traceback,
+                "inputs_modified": outputs.inputs_modified,
+            }
+        )
+
+
+def _init_group(pg_timeout_s: float, device_kind: str):
+    from shardspec.conformance.harness.external import adopt_slurm_environment
+
+    adopt_slurm_environment()
+    torch.set_num_threads(1)  # as the expectations were computed, whoever started this rank
+    use_cuda = device_kind == "cuda"
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    device = torch.device(f"cuda:{local_rank}") if use_cuda else torch.device("cpu")
+    if use_cuda:
+        torch.cuda.set_device(device)
+    timeout = datetime.timedelta(seconds=pg_timeout_s)
+    dist.init_process_group(backend="nccl" if use_cuda else "gloo", timeout=timeout)
+    # Status exchanges between cases use their own group, so that they never
+    # pair with a data collective of a rank that is still inside a step.
+    control = dist.new_group(backend="gloo", timeout=timeout)
+    return device, control
+
+
+def _all_aligned(aligned: bool, control) -> bool:
+    flag = torch.tensor([0 if aligned else 1])
+    try:
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=control)
+    except Exception:  # a peer left the launch
+        return False
+    return int(flag) == 0
+
+
+def preload(argv: list[str]) -> None:
+    """Import what the ranks need (for every job of RUN_DIR), before :mod:`.spawn` forks them:
+    once instead of once per rank."""
+    run_dir = pathlib.Path(argv[0])
+    import shardspec.conformance.cases.expectations  # noqa: F401
+    import shardspec.conformance.step  # noqa: F401
+    from shardspec.conformance.api import ImplChoice, load_implementation
+
+    jobs = json.loads((run_dir / "jobs.json").read_text())
+    for name in {name for job in jobs for name in ImplChoice(job["impl"], job["impl_odd"]).names()}:
+        load_implementation(name)
+
+
+def main(argv: list[str]) -> int:
+    run_dir, launch_file = pathlib.Path(argv[0]), pathlib.Path(argv[1])
+    launch = json.loads(launch_file.read_text())
+    device, control = _init_group(launch["pg_timeout_s"], launch.get("device", "cpu"))
+    rank = dist.get_rank()
+    writer = FrameWriter(run_dir / f"{launch_file.stem}-rank{rank}.frames")
+
+    from shardspec.comm import TorchDistComm
+    from shardspec.conformance.api import ImplChoice, load_implementation
+    from shardspec.conformance.cases.expectations import load_expectations
+    from shardspec.conformance.harness.recording import Progress
+    from shardspec.conformance.step import run_case_on_rank
+
+    jobs = json.loads((run_dir / "jobs.json").read_text())
+    cases = torch.load(run_dir / "cases.pt", weights_only=False)
+    expectations = load_expectations(run_dir / "expectations.pt", device)
+    comm = TorchDistComm(dist.group.WORLD)
+    progress = Progress()
+    watchdog = Watchdog(launch["case_timeout_s"], progress, writer, rank)
+    implementations: dict[str, object] = {}  # loaded once per launch
+    kept: dict[str, tuple] = {}  # implementation -> (case id, its sharder), for the next step of a multi-step case
+    writer.write(
+        {"event": "ready", "rank": rank, "pid": os.getpid(), "device": str(device), "backend": dist.get_backend()}
+    )
+    for index in launch["job_indices"]:
+        job = jobs[index]
+        case = cases[job["case"]]
+        name = ImplChoice(job["impl"], job["impl_odd"]).for_rank(rank)
+        if name not in implementations:
+            implementations[name] = load_implementation(name)
+        impl = implementations[name]
+        watchdog.arm(index, case.case_id)
+        progress.enter(case_id=case.case_id)
+        try:
+            streamer = Streamer(writer, index, rank)
+            previous_id, sharder = kept.pop(name, (None, None))
+            record, sharder = run_case_on_rank(
+                case,
+                comm,
+                impl.name,
+                impl.factory,
+                expectations[case.case_id],
+                device,
+                progress,
+                on_step=streamer.on_step,
+                on_call=streamer.on_call,
+                kept=sharder if case.continues and case.continues == previous_id else None,
+            )
+            kept[name] = (case.case_id, sharder)
+            record["outputs"] = streamer.final(record["outputs"])
+        except Exception:  # a defect of the suite itself, not of the implementation
+            writer.write({"job": index, "case_id": case.case_id, "rank": rank, "harness_error": traceback.format_exc()})
+            os._exit(0)
+        writer.write({"job": index, **record})
+        if not record["aligned"]:
+            # Peers may wait in a collective this rank will never enter: leave
+            # without a graceful shutdown, which could itself hang.
+            os._exit(0)
+        progress.enter(step="status exchange")
+        if not _all_aligned(True, control):
+            os._exit(0)
+        watchdog.disarm()
+    dist.barrier(group=control)
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,1 @@
+"""What is checked: verdicts from what the ranks sent; imports nothing of an implementation under test."""

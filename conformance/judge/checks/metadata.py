@@ -1,0 +1,79 @@
+"""The shard metadata: split sizes, plan scalars and the gathered source index."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import numpy as np
+
+from shardspec.conformance.judge.checks.base import StepRecord, Violation, rank_check
+from shardspec.conformance.judge.checks.common import check_int, check_int_list, check_tensor, found, shards
+
+
+def _first_request_of_rank(owners: np.ndarray):
+    """Rank index -> its first request in batch order (None when it owns none)."""
+
+    def request(rank: int):
+        mine = np.flatnonzero(owners == rank)
+        return int(mine[0]) if mine.size else None
+
+    return request
+
+
+@rank_check("INV-SPLITS")
+def check_splits(record: StepRecord) -> Iterable[Violation]:
+    pair = shards(record)
+    if pair is None:
+        return
+    actual, expected = pair[0].metadata, pair[1].metadata
+    owners = record.inputs.batch.idx_mapping_np % record.case.tp_size
+    per_rank = check_int_list(
+        "INV-SPLITS",
+        record,
+        "metadata.num_logits_per_rank",
+        actual.num_logits_per_rank,
+        expected.num_logits_per_rank,
+        _first_request_of_rank(np.asarray(owners)),
+    )
+    yield from found(
+        per_rank,
+        check_int(
+            "INV-SPLITS",
+            record,
+            "metadata.num_local_logits",
+            actual.num_local_logits,
+            expected.num_logits_per_rank[record.rank],
+        ),
+    )
+
+
+@rank_check("INV-META-SCALARS")
+def check_meta_scalars(record: StepRecord) -> Iterable[Violation]:
+    pair = shards(record)
+    if pair is None:
+        return
+    actual, expected = pair[0].metadata, pair[1].metadata
+    for name in ("tp_size", "num_local_reqs", "max_num_reqs_per_rank", "max_num_logits_per_req"):
+        violation = check_int(
+            "INV-META-SCALARS", record, f"metadata.{name}", getattr(actual, name), getattr(expected, name)
+        )
+        if violation:
+            yield violation
+            return
+
+
+@rank_check("INV-GATHERED-SRC-INDICES")
+def check_gathered_src_indices(record: StepRecord) -> Iterable[Violation]:
+    pair = shards(record)
+    if pair is None:
+        return
+    violation = check_tensor(
+        "INV-GATHERED-SRC-INDICES",
+        record,
+        "metadata.gathered_src_indices",
+        pair[0].metadata.gathered_src_indices,
+        pair[1].metadata.gathered_src_indices,
+        lambda row: row,
+    )
+    if violation:
+        yield violation

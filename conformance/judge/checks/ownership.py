@@ -1,0 +1,72 @@
+"""Who owns which request, and the owner-sorted order of logits rows."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import numpy as np
+
+from shardspec.conformance.judge.checks.base import StepRecord, Violation, rank_check
+from shardspec.conformance.judge.checks.common import (
+    check_tensor,
+    fmt,
+    lookup,
+    plan_of,
+    shards,
+    unexpected_error,
+)
+
+
+@rank_check("INV-OWNER")
+def check_owner(record: StepRecord) -> Iterable[Violation]:
+    """The local batch holds exactly the requests whose slot mod tp is this rank."""
+    yield from unexpected_error(record, "INV-OWNER")
+    pair = shards(record)
+    if pair is None:
+        return
+    local_batch, metadata = pair[0].local_batch, pair[0].metadata
+    batch, plan, tp = record.inputs.batch, plan_of(record), record.case.tp_size
+    held = set(local_batch.req_ids)
+    for i, req_id in enumerate(batch.req_ids):
+        owned = plan.owners[i] == record.rank
+        if owned != (req_id in held):
+            slot = int(batch.idx_mapping_np[i])
+            verdict = "lacks it" if owned else "holds it"
+            yield Violation(
+                "INV-OWNER",
+                f"request {req_id!r} (slot {slot}) is owned by rank {slot % tp}, "
+                f"but this rank's local_batch.req_ids {verdict}: {fmt(list(local_batch.req_ids))}",
+                rank=record.rank,
+                request=i,
+                field="local_batch.req_ids",
+            )
+            return
+    owned_count = int(np.count_nonzero(plan.owners == record.rank))
+    if metadata.num_local_reqs != owned_count:
+        yield Violation(
+            "INV-OWNER",
+            f"metadata.num_local_reqs is {fmt(metadata.num_local_reqs)}, but this rank owns {owned_count} requests",
+            rank=record.rank,
+            field="metadata.num_local_reqs",
+        )
+
+
+@rank_check("INV-SORTED-LOGITS-INDICES")
+def check_sorted_logits_indices(record: StepRecord) -> Iterable[Violation]:
+    pair = shards(record)
+    if pair is None:
+        return
+    plan = plan_of(record)
+    sorted_reqs = plan.owner_sorted_reqs
+    # Owner-sorted row k belongs to the k-th entry of this expansion.
+    row_owner = np.repeat(sorted_reqs, plan.num_logits_per_req[sorted_reqs])
+    violation = check_tensor(
+        "INV-SORTED-LOGITS-INDICES",
+        record,
+        "sorted_logits_indices",
+        pair[0].sorted_logits_indices,
+        pair[1].sorted_logits_indices,
+        lookup(row_owner),
+    )
+    if violation:
+        yield violation

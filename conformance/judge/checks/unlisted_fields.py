@@ -1,0 +1,63 @@
+"""Fields of an engine's batch that the spec does not list reach the local batch unchanged
+(INV-LOCAL-UNLISTED-FIELDS)."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable
+
+import torch
+
+from shardspec.conformance.judge.checks.base import StepRecord, Violation, rank_check
+from shardspec.conformance.judge.checks.common import shards
+from shardspec.spec.model import InputBatch
+
+INVARIANT = "INV-LOCAL-UNLISTED-FIELDS"
+LISTED = {f.name for f in dataclasses.fields(InputBatch)}
+
+
+def _has_unlisted_fields(record: StepRecord) -> bool:
+    return record.case.expect_error is None and any(
+        f.name not in LISTED for f in dataclasses.fields(record.inputs.batch)
+    )
+
+
+@rank_check(INVARIANT, applies=_has_unlisted_fields)
+def check_unlisted_fields(record: StepRecord) -> Iterable[Violation]:
+    pair = shards(record)
+    batch = record.inputs.batch
+    unlisted = [f.name for f in dataclasses.fields(batch) if f.name not in LISTED]
+    if pair is None or not unlisted:
+        return
+    local = pair[0].local_batch
+    if type(local) is not type(batch):
+        yield Violation(
+            INVARIANT,
+            f"the local batch is a {type(local).__name__}, expected the batch's own type {type(batch).__name__}",
+            rank=record.rank,
+            field="local_batch",
+        )
+        return
+    for name in unlisted:
+        if not _same(getattr(local, name, None), getattr(batch, name)):
+            yield Violation(
+                INVARIANT,
+                f"field {name} is {getattr(local, name, None)!r}, expected the batch's "
+                f"{getattr(batch, name)!r} carried over unchanged",
+                rank=record.rank,
+                field=f"local_batch.{name}",
+            )
+            return
+
+
+def _same(actual, expected) -> bool:
+    """Equal value, dtype, shape and device for tensors; equality otherwise."""
+    if isinstance(expected, torch.Tensor):
+        return (
+            isinstance(actual, torch.Tensor)
+            and actual.dtype == expected.dtype
+            and actual.shape == expected.shape
+            and actual.device == expected.device
+            and bool(torch.equal(actual, expected))
+        )
+    return actual == expected

@@ -1,0 +1,115 @@
+"""A JSON-able summary of one rank's step, for the group checkers.
+
+Group checkers compare ranks that may have run in different processes, so
+each rank reduces its outputs to a digest::
+
+    {
+      "rank": int, "impl": str,
+      "failed_step": str | None,          # set when the step raised
+      "error_in_collective": bool,
+      "gathered": {field: TENSOR | value | None},   # the gathered SamplerOutput
+      "sorted_logits_indices": TENSOR | None,
+      "metadata": {field: value | TENSOR} | None,
+      "wire": [{"kind", "send_shape", "send_dtype", "output_shape",
+                "input_split_sizes", "output_split_sizes"}, ...],   # in issue order
+    }
+
+``gathered`` has the keys ``sampled_token_ids``, ``num_sampled``,
+``num_rejected``, ``num_nans``, ``logprob_token_ids``, ``logprobs``,
+``selected_token_ranks`` and ``cu_num_generated_tokens``. A TENSOR is the
+string ``"<dtype>[<shape>]@<device type>:<sha256 prefix>"``: two tensors with equal digests
+have equal dtype, shape and bytes (NaN payloads included).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+import numpy as np
+import torch
+
+from shardspec.conformance.harness.transcript import NUMPY_CARRIER
+from shardspec.conformance.judge.checks.base import StepOutputs
+
+GATHERED_FIELDS = ("sampled_token_ids", "num_sampled", "num_rejected", "num_nans")
+LOGPROBS_FIELDS = ("logprob_token_ids", "logprobs", "selected_token_ranks", "cu_num_generated_tokens")
+METADATA_FIELDS = (
+    "tp_size",
+    "num_logits_per_rank",
+    "num_local_logits",
+    "num_local_reqs",
+    "max_num_reqs_per_rank",
+    "gathered_src_indices",
+    "max_num_logits_per_req",
+)
+
+
+def tensor_digest(t: torch.Tensor) -> str:
+    flat = t.detach().cpu().reshape(-1)
+    if flat.dtype in NUMPY_CARRIER:  # same-size integer view: no stride constraint
+        flat = flat.view(NUMPY_CARRIER[flat.dtype])
+    raw = flat.numpy().tobytes()
+    shape = ",".join(str(s) for s in t.shape)
+    dtype = str(t.dtype).removeprefix("torch.")
+    return f"{dtype}[{shape}]@{t.device.type}:{hashlib.sha256(raw).hexdigest()[:16]}"
+
+
+def plain(value: Any) -> Any:
+    """A JSON-able form of ``value``; tensors become digests."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, torch.Tensor):
+        return tensor_digest(value)
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    if isinstance(value, (list, tuple)):
+        return [plain(v) for v in value]
+    return repr(value)
+
+
+def _gathered(out: StepOutputs) -> dict[str, Any] | None:
+    gathered = out.gathered
+    if gathered is None:
+        return None
+    digest = {name: plain(getattr(gathered, name, None)) for name in GATHERED_FIELDS}
+    logprobs = getattr(gathered, "logprobs_tensors", None)
+    for name in LOGPROBS_FIELDS:
+        digest[name] = None if logprobs is None else plain(getattr(logprobs, name, None))
+    return digest
+
+
+def _metadata(out: StepOutputs) -> dict[str, Any] | None:
+    if out.shard is None:
+        return None
+    metadata = out.shard.metadata
+    return {name: plain(getattr(metadata, name, None)) for name in METADATA_FIELDS}
+
+
+def _wire(out: StepOutputs) -> list[dict[str, Any]]:
+    return [
+        {
+            "kind": call.kind,
+            "send_shape": list(call.send.shape),
+            "send_dtype": str(call.send.dtype).removeprefix("torch."),
+            "output_shape": list(call.output_shape),
+            "input_split_sizes": call.input_split_sizes,
+            "output_split_sizes": call.output_split_sizes,
+        }
+        for call in out.wire
+    ]
+
+
+def step_digest(out: StepOutputs, *, rank: int, impl: str, error_in_collective: bool = False) -> dict[str, Any]:
+    return {
+        "rank": rank,
+        "impl": impl,
+        "failed_step": out.failed_step,
+        "error_in_collective": error_in_collective,
+        "gathered": _gathered(out),
+        "sorted_logits_indices": None if out.shard is None else plain(out.shard.sorted_logits_indices),
+        "metadata": _metadata(out),
+        "wire": _wire(out),
+    }

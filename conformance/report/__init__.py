@@ -1,0 +1,1 @@
+"""What is written: the terminal table, JSON and JUnit verdicts, the HTML report."""

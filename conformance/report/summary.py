@@ -1,0 +1,322 @@
+"""Reports: the per-invariant table, the failure list, the JSON report, xfails.
+
+A cell of the table is the result of one invariant over every case run at
+one group size: ``pass``, ``FAIL`` (a MUST invariant was violated), ``warn``
+(a SHOULD invariant was violated), ``xfail`` (violated and listed in the
+xfails file), ``not-run`` (no case ran there, or no checker exists) or
+``n/a`` (the entry does not apply at that size: a mixed ``A/B`` group at tp 1).
+Cases whose run failed (a rank raised, hung or died) are listed on the
+``(run errors)`` row: they fail the run like a MUST violation. A cell where
+cases ran but none could judge the invariant (e.g. INV-REJECT-* without an
+invalid-input case at that size) is ``n/a`` too: it is never a ``pass``.
+"""
+
+from __future__ import annotations
+
+import pathlib
+import platform
+import textwrap
+from dataclasses import dataclass, field
+from typing import Any
+
+import yaml
+
+from shardspec.conformance.judge.results import ERROR, NOT_RUN, CaseResult
+
+ERRORS_ROW = "(run errors)"
+NOT_RUN_ROW = "(cases not run)"
+
+
+@dataclass(frozen=True)
+class InvariantInfo:
+    id: str
+    level: str  # MUST | SHOULD
+    step: str = ""
+    statement: str = ""
+
+
+def load_invariants() -> list[InvariantInfo]:
+    from shardspec.spec.loader import load_spec
+
+    return [
+        InvariantInfo(inv.id, inv.level, inv.step, " ".join(inv.statement.split()))
+        for inv in load_spec().invariants
+        if not inv.retired
+    ]
+
+
+# -- xfails ------------------------------------------------------------------
+
+
+@dataclass
+class Xfails:
+    entries: dict[str, str] = field(default_factory=dict)  # id -> reason
+    used: set[str] = field(default_factory=set)
+
+    def covers(self, invariant_id: str, case_id: str) -> bool:
+        for key in (invariant_id, case_id):
+            if key in self.entries:
+                self.used.add(key)
+                return True
+        return False
+
+    def warnings(self, known_ids: set[str], case_ids: set[str]) -> list[str]:
+        out = []
+        for entry in self.entries:
+            if entry not in known_ids and entry not in case_ids:
+                out.append(f"xfails entry {entry!r} matches no invariant and no case of this run")
+            elif entry not in self.used:
+                out.append(f"xfails entry {entry!r} did not fail in this run (remove it?)")
+        return out
+
+
+def load_xfails(path: str | None) -> Xfails:
+    """YAML (a list of ids, or a mapping id -> reason) or plain text, one id per line, # comments."""
+    if not path:
+        return Xfails()
+    text = pathlib.Path(path).read_text()
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError:
+        data = None
+    if isinstance(data, dict):
+        return Xfails({str(k): str(v or "") for k, v in data.items()})
+    if isinstance(data, list):
+        return Xfails({str(item): "" for item in data})
+    lines = (line.split("#", 1)[0].strip() for line in text.splitlines())
+    return Xfails({line: "" for line in lines if line})
+
+
+# -- the table ---------------------------------------------------------------
+
+
+@dataclass
+class Section:
+    """The results of one implementation choice."""
+
+    label: str
+    results: list[CaseResult]
+    tp_sizes: list[int]
+    not_applicable: dict[int, str] = field(default_factory=dict)  # tp -> why the entry does not apply
+
+
+NOT_APPLICABLE = "n/a"
+
+
+def cell(section: Section, invariant: InvariantInfo, tp: int, checked: set[str], xfails: Xfails) -> str:
+    if tp in section.not_applicable:
+        return NOT_APPLICABLE
+    ran = [r for r in section.results if r.tp == tp and r.status != NOT_RUN]
+    if not ran or invariant.id not in checked:
+        return "not-run"
+    failing = [r for r in ran if any(v["invariant_id"] == invariant.id for v in r.violations)]
+    if not failing:
+        return "pass" if judged_count(section, invariant.id, tp) else NOT_APPLICABLE
+    if all(xfails.covers(invariant.id, r.case_id) for r in failing):
+        return "xfail"
+    return "FAIL" if invariant.level == "MUST" else "warn"
+
+
+def judged_count(section: Section, invariant_id: str, tp: int) -> int:
+    """How many cases at ``tp`` judged the invariant."""
+    return sum(invariant_id in r.judged for r in section.results if r.tp == tp)
+
+
+def table_rows(section: Section, invariants: list[InvariantInfo], checked: set[str], xfails: Xfails) -> list[list[str]]:
+    rows = [
+        [inv.id, inv.level] + [cell(section, inv, tp, checked, xfails) for tp in section.tp_sizes] for inv in invariants
+    ]
+    rows.append([ERRORS_ROW, "MUST"] + [_count_cell(section, tp, ERROR, xfails) for tp in section.tp_sizes])
+    rows.append([NOT_RUN_ROW, "MUST"] + [_count_cell(section, tp, NOT_RUN, xfails) for tp in section.tp_sizes])
+    return rows
+
+
+def _count_cell(section: Section, tp: int, status: str, xfails: Xfails) -> str:
+    if tp in section.not_applicable:
+        return NOT_APPLICABLE
+    hits = [r for r in section.results if r.tp == tp and r.status == status]
+    if not hits:
+        return "pass" if status == ERROR else "0"
+    if all(xfails.covers("", r.case_id) for r in hits):
+        return f"xfail {len(hits)}"
+    return f"FAIL {len(hits)}"
+
+
+def render_table(section: Section, rows: list[list[str]]) -> str:
+    header = ["invariant", "level"] + [f"tp={tp}" for tp in section.tp_sizes]
+    widths = [max(len(str(row[i])) for row in [header] + rows) for i in range(len(header))]
+    line = lambda row: "  ".join(str(v).ljust(w) for v, w in zip(row, widths, strict=False)).rstrip()  # noqa: E731
+    return "\n".join([line(header), line(["-" * w for w in widths])] + [line(r) for r in rows])
+
+
+def failing_invariants(rows: list[list[str]]) -> list[str]:
+    return sorted({row[0] for row in rows if any(str(c).startswith("FAIL") for c in row[2:])})
+
+
+# -- failures ----------------------------------------------------------------
+
+
+def describe_failures(
+    section: Section, levels: dict[str, str], xfails: Xfails, cases_per_invariant: int = 3
+) -> list[str]:
+    """One entry per violation (ranks that agree are merged), a few cases per invariant."""
+    lines, shown = [], {}
+    for result in section.results:
+        if result.status == NOT_RUN:
+            continue
+        for (invariant_id, request, field_name, message), ranks in _merged(result.violations).items():
+            if xfails.covers(invariant_id, result.case_id):
+                continue
+            cases = shown.setdefault(invariant_id, set())
+            if result.case_id not in cases and len(cases) >= cases_per_invariant:
+                continue
+            cases.add(result.case_id)
+            level = "FAIL" if levels.get(invariant_id, "MUST") == "MUST" else "warn"
+            where = [_ranks(ranks)] + [
+                f"{k} {v}" for k, v in (("request", request), ("field", field_name)) if v is not None
+            ]
+            lines.append(
+                f"{level} [{invariant_id}] case {result.case_id} (tp {result.tp}): "
+                f"{', '.join(w for w in where if w)}\n"
+                f"{textwrap.indent(message.rstrip(), '    ')}\n    reproduce: {result.reproduce}"
+            )
+        if result.status == ERROR and not xfails.covers("", result.case_id):
+            lines.append(_describe_errors(result))
+    lines += _omitted(section, shown, xfails)
+    return lines
+
+
+def _merged(violations: list[dict[str, Any]]) -> dict[tuple, list]:
+    merged: dict[tuple, list] = {}
+    for v in violations:
+        key = (v["invariant_id"], v.get("request"), v.get("field"), v["message"])
+        merged.setdefault(key, []).append(v.get("rank"))
+    return merged
+
+
+def _ranks(ranks: list) -> str:
+    known = sorted(r for r in set(ranks) if r is not None)
+    if not known:
+        return ""
+    return f"rank {known[0]}" if len(known) == 1 else f"ranks {', '.join(map(str, known))}"
+
+
+def _omitted(section: Section, shown: dict[str, set], xfails: Xfails) -> list[str]:
+    lines = []
+    for invariant_id, cases in shown.items():
+        failing = {
+            r.case_id
+            for r in section.results
+            if any(v["invariant_id"] == invariant_id for v in r.violations)
+            and not xfails.covers(invariant_id, r.case_id)
+        }
+        if len(failing) > len(cases):
+            lines.append(
+                f"... [{invariant_id}] fails in {len(failing) - len(cases)} more case(s) "
+                "(all of them in the JSON report)"
+            )
+    return lines
+
+
+def _describe_errors(result: CaseResult) -> str:
+    parts = [f"ERROR case {result.case_id} (tp {result.tp})"]
+    for error in result.errors:
+        parts.append(f"  rank {error['rank']} [{error['kind']}]: {error['message']}")
+        if error.get("traceback") and error["kind"] in ("raised", "harness"):
+            tail = "\n".join(error["traceback"].rstrip().splitlines()[-12:])
+            parts.append(textwrap.indent(tail, "      "))
+    parts.append(f"  reproduce: {result.reproduce}")
+    return "\n".join(parts)
+
+
+# -- JSON --------------------------------------------------------------------
+
+
+def run_metadata(
+    labels: list[str], tp_sizes: list[int], seed: int, wall_s: float, backend: str, device: str, extra: dict[str, Any]
+) -> dict[str, Any]:
+    import numpy
+    import torch
+
+    try:
+        import triton
+
+        triton_version = triton.__version__
+    except ImportError:
+        triton_version = None
+    return {
+        "implementations": labels,
+        "spec_version": _spec_version(),
+        "shardspec": package_version(),
+        "torch": torch.__version__,
+        "triton": triton_version,
+        "numpy": numpy.__version__,
+        "python": platform.python_version(),
+        "backend": backend,
+        "device": device,
+        "tp_sizes": tp_sizes,
+        "seed": seed,
+        "wall_s": round(wall_s, 2),
+        **extra,
+    }
+
+
+def _spec_version() -> str:
+    from shardspec.spec.loader import spec_version
+
+    return spec_version()
+
+
+def package_version() -> str:
+    """The installed distribution's version; a clone's folder that shadows the package has none."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("shardspec")
+    except metadata.PackageNotFoundError:
+        import shardspec
+
+        return getattr(shardspec, "__version__", "unknown")
+
+
+def _case_json(result: CaseResult, levels: dict[str, str]) -> dict[str, Any]:
+    """A case with the level of each violation; a case failing only SHOULD invariants is a "warn"."""
+    data = result.to_json()
+    data["violations"] = [{**v, "level": levels.get(v["invariant_id"], "MUST")} for v in data["violations"]]
+    if data["status"] == "fail" and all(v["level"] == "SHOULD" for v in data["violations"]):
+        data["status"] = "warn"
+    return data
+
+
+def json_report(
+    metadata: dict[str, Any],
+    sections: list[Section],
+    tables: list[list[list[str]]],
+    warnings: list[str],
+    exit_code: int,
+    invariants: list[InvariantInfo] | None = None,
+) -> dict[str, Any]:
+    levels = {inv.id: inv.level for inv in invariants or []}
+    return {
+        "metadata": metadata,
+        "exit_code": exit_code,
+        "warnings": warnings,
+        "sections": [
+            {
+                "implementation": section.label,
+                "tp_sizes": section.tp_sizes,
+                "not_applicable": {str(tp): why for tp, why in section.not_applicable.items()},
+                "table": [
+                    {
+                        "invariant": row[0],
+                        "level": row[1],
+                        "results": {str(tp): c for tp, c in zip(section.tp_sizes, row[2:], strict=False)},
+                        "judged": {str(tp): judged_count(section, row[0], tp) for tp in section.tp_sizes},
+                    }
+                    for row in rows
+                ],
+                "cases": [_case_json(r, levels) for r in section.results],
+            }
+            for section, rows in zip(sections, tables, strict=False)
+        ],
+    }
