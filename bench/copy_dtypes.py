@@ -5,9 +5,10 @@ the device time of each copy a step makes, beside a plain contiguous copy of the
 
 * ``contiguous``: ``dst.copy_(src)`` over the received bytes (the kind of copy the floor's rate comes from);
 * ``stand-in``: the all-to-all stand-in's broadcasting copy (``[tp, L_local, Vs]`` from ``[L_local, Vs]``),
-  element by element in the logits dtype, and as int64 words (what ``LoopbackComm`` does from 64 MiB on);
+  element by element in the logits dtype, and as int64 or complex128 (16-byte) words (``LoopbackComm``
+  copies as the widest words from 64 MiB on);
 * ``reorder``: the strided copy that lays the received chunks side by side, in the logits dtype and as
-  int32 / int64 / complex128 words (production widens from 64 MiB on: ``impl/sharder.py``);
+  int32 / int64 / complex128 words (production copies as the widest words from 64 MiB on: ``impl/sharder.py``);
 
 then whole steps of production (shard + all-to-all + gather) with and without the widened copies, and
 vLLM's file with ``--upstream``, timed wall-clock in alternation. Every variant runs once per round,
@@ -79,6 +80,10 @@ def copies(tp: int, num_local: int, vocab: int, dtype: torch.dtype, device: torc
         "stand-in, elementwise": (lambda: received.view(tp, num_local, width).copy_(sent), standin_moved),
         "stand-in, int64 words": (
             lambda: received.view(tp, -1).view(torch.int64).copy_(sent.view(1, -1).view(torch.int64)),
+            standin_moved,
+        ),
+        "stand-in, complex128 words": (
+            lambda: received.view(tp, -1).view(torch.complex128).copy_(sent.view(1, -1).view(torch.complex128)),
             standin_moved,
         ),
         "reorder, elementwise": (lambda: strided(received, None).reshape(num_local, tp * width), moved),

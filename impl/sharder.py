@@ -54,16 +54,18 @@ _launch_pack = Launcher(pack_kernel)
 _launch_unpack = Launcher(unpack_kernel)
 
 
-# Received logits from this many bytes on are reordered as the widest integers their rows divide into.
+# Received logits from this many bytes on are reordered as the widest words their rows divide into: 16-byte
+# words (complex128, copied bit for bit like any other dtype), else 8 or 4 bytes.
 _WIDEN_FROM_BYTES = 1 << 26
-_WIDE_DTYPES = ((8, torch.int64), (4, torch.int32))
+_WIDE_DTYPES = ((16, torch.complex128), (8, torch.int64), (4, torch.int32))
 
 
 def _reorder(received: torch.Tensor, num_local: int, tp: int, width: int) -> torch.Tensor:
     """The all-to-all's chunks ``[tp * L_local, Vs]`` as rows ``[L_local, tp * Vs]``: one strided copy.
 
-    torch's strided copy computes an index per element, so 2-byte elements move at a fraction of the rate of
-    wider ones; large buffers are therefore copied as int64 (or int32) words, bit for bit the same values.
+    torch's strided copy computes an index per element, so narrow elements move at a fraction of the copy rate
+    (on an H200: bfloat16 1.6, float32 2.7, 16-byte words 4.0 TB/s, a contiguous copy 4.1; bench/NOTES.md); large
+    buffers are therefore copied as the widest words their rows divide into, bit for bit the same values.
     """
     if width == 1:  # vocab == tp: reshaping the strided view would return a view, not contiguous rows
         return received.view(tp, num_local).t().contiguous()

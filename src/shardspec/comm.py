@@ -81,28 +81,34 @@ class LoopbackComm:
 
 
 # Collectives move bytes whatever their dtype; torch's broadcasting copy computes an index per element, so
-# 2-byte elements copy at a fraction of the rate of wider ones. Large copies go as int64 words.
+# narrow elements copy at a fraction of the copy rate. Large copies go as 16-byte (or 8-byte) words.
 _WIDEN_FROM_BYTES = 1 << 26
 
 
 def _broadcast_copy(output: torch.Tensor, input: torch.Tensor) -> None:
-    """``output[r] = input`` for every r of ``output``'s first dimension (``output`` contiguous)."""
-    itemsize = input.element_size()
-    nbytes = input.numel() * itemsize
-    if (
-        itemsize < 8
-        and output.numel() * itemsize >= _WIDEN_FROM_BYTES
-        and nbytes % 8 == 0
-        and input.dtype == output.dtype
-        and input.is_contiguous()
-        and input.storage_offset() * itemsize % 8 == 0
-        and output.is_contiguous()
-        and output.storage_offset() * itemsize % 8 == 0
-    ):
-        wide = output.view(output.shape[0], -1).view(torch.int64)
-        wide.copy_(input.view(1, -1).view(torch.int64))
-        return
+    """``output[r] = input`` for every r of ``output``'s first dimension."""
+    if output.nbytes >= _WIDEN_FROM_BYTES:
+        words = _word_dtype(output, input)
+        if words is not None:
+            output.view(output.shape[0], -1).view(words).copy_(input.reshape(1, -1).view(words))
+            return
     output.copy_(input)
+
+
+def _word_dtype(output: torch.Tensor, input: torch.Tensor) -> torch.dtype | None:
+    """The widest dtype that both (contiguous, same dtype) tensors can be viewed as, if wider than theirs."""
+    itemsize = input.element_size()
+    if input.dtype != output.dtype or not (input.is_contiguous() and output.is_contiguous()):
+        return None
+    for size, words in ((16, torch.complex128), (8, torch.int64)):
+        if (
+            size > itemsize
+            and input.nbytes % size == 0
+            and input.storage_offset() * itemsize % size == 0
+            and output.storage_offset() * itemsize % size == 0
+        ):
+            return words
+    return None
 
 
 class LockstepGroup:

@@ -112,17 +112,46 @@ def test_reorder_widened_or_not_is_the_plain_layout(monkeypatch, widen_from, voc
     assert torch.equal(local, expected)
 
 
-def test_widened_reorder_keeps_every_bit():
-    """NaN payloads and signed zeros survive the integer copy."""
-    received = torch.arange(6 * 8, dtype=torch.int16).view(torch.bfloat16).view(6, 8)
+@pytest.mark.parametrize("width", [8, 16, 24])
+def test_widened_reorder_keeps_every_bit(width):
+    """NaN payloads and signed zeros survive the copy as int64 or complex128 words."""
+    received = torch.arange(6 * width, dtype=torch.int16).view(torch.bfloat16).view(6, width)
     received[0, 0] = float("nan")
     received[1, 1] = -0.0
-    plain = sharder_module._reorder(received, 3, 2, 8)
+    received.view(torch.int16)[2, 2] = 0x7F81  # a signalling NaN's bits
+    plain = sharder_module._reorder(received, 3, 2, width)
     old = sharder_module._WIDEN_FROM_BYTES
     try:
         sharder_module._WIDEN_FROM_BYTES = 0
-        wide = sharder_module._reorder(received, 3, 2, 8)
+        wide = sharder_module._reorder(received, 3, 2, width)
     finally:
         sharder_module._WIDEN_FROM_BYTES = old
-    assert torch.equal(plain.view(torch.int16), wide.view(torch.int16))
-    assert torch.equal(plain.view(torch.int16), received.view(2, 3, 8).transpose(0, 1).reshape(3, 16).view(torch.int16))
+    expected = received.view(2, 3, width).transpose(0, 1).reshape(3, 2 * width).view(torch.int16)
+    assert torch.equal(plain.view(torch.int16), expected)
+    assert torch.equal(wide.view(torch.int16), expected)
+
+
+def _bits(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.view(torch.int16 if tensor.element_size() == 2 else torch.int32)
+
+
+@pytest.mark.parametrize("widen_from", [0, 1 << 60])
+@pytest.mark.parametrize(
+    ("shape", "dtype"),
+    [((5, 16), torch.bfloat16), ((5, 4), torch.bfloat16), ((3, 3), torch.bfloat16), ((5, 8), torch.float32)],
+)
+def test_loopback_copies_as_words_are_the_plain_copies(monkeypatch, widen_from, shape, dtype):
+    """The stand-in's collectives copy large buffers as 16- or 8-byte words: the same bits as the plain copy."""
+    from shardspec import comm as comm_module
+
+    monkeypatch.setattr(comm_module, "_WIDEN_FROM_BYTES", widen_from)
+    loop = LoopbackComm(1, TP)
+    sent = torch.randn(shape, device=DEVICE).to(dtype)
+    sent.view(-1)[0] = float("nan")
+    splits = [1, shape[0] - 2, 1, 0]
+    received = torch.full((TP * splits[1], shape[1]), 7, dtype=dtype, device=DEVICE)
+    loop.all_to_all_single(received, sent, [splits[1]] * TP, splits)
+    assert torch.equal(_bits(received), _bits(sent[1 : 1 + splits[1]].repeat(TP, 1)))
+    gathered = torch.full((TP * shape[0], shape[1]), 7, dtype=dtype, device=DEVICE)
+    loop.all_gather_into_tensor(gathered, sent)
+    assert torch.equal(_bits(gathered), _bits(sent.repeat(TP, 1)))
