@@ -20,8 +20,9 @@ import signal
 import sys
 
 from shardspec.conformance.api import ImplementationError, implementation_names
+from shardspec.conformance.harness.group import THREAD_GROUPS
 from shardspec.conformance.options import UsageError, resolve
-from shardspec.conformance.runner import IN_PROCESS_GROUPS, RunConfig
+from shardspec.conformance.runner import RunConfig
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -76,7 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--in-process-group",
-        choices=list(IN_PROCESS_GROUPS),
+        choices=list(THREAD_GROUPS),
         default=None,
         help="implies --in-process. lockstep (default): shardspec's own group, for implementations "
         "that use only the comm they are given; torch-threads: a torch.distributed group of "

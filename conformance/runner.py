@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from shardspec.conformance.api import ImplChoice
-from shardspec.conformance.harness.multiprocess import Job, LaunchOptions, run_jobs_multiprocess
+from shardspec.conformance.harness.group import Group, Job
 from shardspec.conformance.judge.results import ERROR, FAIL, NOT_RUN, CaseResult, not_run
 from shardspec.spec.case import Case
 
@@ -52,10 +52,6 @@ class RunConfig:
     def selected(self) -> bool:
         """Cases were named explicitly: run exactly those."""
         return bool(self.case_ids or self.case_files)
-
-
-# Groups whose ranks are threads of one process (conformance/harness/inprocess.py).
-IN_PROCESS_GROUPS = ("lockstep", "torch-threads")
 
 
 @dataclass
@@ -193,6 +189,7 @@ def run_group_size(
     tp: int,
     load_problems: dict[str, str | None],
     results: dict[str, list[CaseResult]],
+    group: Group,
 ) -> None:
     """Every entry's cases of group size ``tp``, appended to ``results[entry]`` as they are judged (an
     interrupted run keeps them); in the multi-process mode all entries share the launches (starting
@@ -218,7 +215,7 @@ def run_group_size(
             delivered.add(id(result))
             results[entry_of[result.impl]].append(result)
 
-        for entry, result in zip(owners, _run_jobs(config, tp, jobs, run_dir, log, deliver), strict=False):
+        for entry, result in zip(owners, _run_jobs(config, group, tp, jobs, log, deliver), strict=False):
             if id(result) not in delivered:  # not run: never delivered on the way
                 results[entry].append(result)
     for entry in entries:
@@ -240,7 +237,7 @@ def _finish_results(config, choice, results, case_set, run_dir, log) -> None:
         result.reproduce = result.reproduce or reproduce_command(choice, result.case, result.generated, run_dir, mode)
 
 
-def _run_jobs(config, tp, jobs, run_dir, log, deliver) -> list[CaseResult]:
+def _run_jobs(config, group: Group, tp, jobs, log, deliver) -> list[CaseResult]:
     start = time.perf_counter()
 
     def on_result(result: CaseResult) -> None:
@@ -248,17 +245,7 @@ def _run_jobs(config, tp, jobs, run_dir, log, deliver) -> list[CaseResult]:
         if config.verbose or result.status in (FAIL, ERROR):
             log(f"    {result.status:7s} {result.case_id} (tp {tp}, {result.impl})")
 
-    if config.in_process:
-        from shardspec.conformance.harness.inprocess import run_jobs_in_process
-
-        results = run_jobs_in_process(
-            jobs, config.pg_timeout_s, on_result, group=config.in_process_group, device=config.in_process_device
-        )
-    else:
-        options = LaunchOptions(
-            run_dir / f"tp{tp}", config.case_timeout_s, config.pg_timeout_s, launcher=config.launcher
-        )
-        results = run_jobs_multiprocess(jobs, tp, options, on_result, log)
+    results = group.run(jobs, tp, on_result)
     for label in dict.fromkeys(job.choice.label for job in jobs):
         mine = [r for r in results if r.impl == label]
         counts = {s: sum(r.status == s for r in mine) for s in ("pass", FAIL, ERROR, NOT_RUN)}

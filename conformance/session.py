@@ -13,6 +13,7 @@ import time
 
 from shardspec.conformance.api import ImplChoice
 from shardspec.conformance.cases.expectations import expectation_device
+from shardspec.conformance.harness.group import group_for
 from shardspec.conformance.judge.results import NOT_RUN, PASS, CaseResult
 from shardspec.conformance.report import summary as report
 from shardspec.conformance.runner import (
@@ -39,6 +40,7 @@ class ConformanceSession:
         for note in self.case_set.notes:
             log(f"note: {note}")
         self.tp_sizes = tp_sizes_of(config, self.case_set.cases)
+        self.group = group_for(config, self.run_dir, log)  # where the ranks run; closed by finish()
         self.results: dict[str, list[CaseResult]] = {impl: [] for impl in config.impls}
         self.sizes_run: set[int] = set()
         self.invariants = report.load_invariants()
@@ -58,18 +60,12 @@ class ConformanceSession:
         return {tp: "a mixed group needs an odd rank" for tp in self.tp_sizes if not choice.applies_to(tp)}
 
     def header(self) -> str:
-        device = expectation_device(self.config.in_process_device)
-        mode = (
-            f"in-process ({self.config.in_process_group} group, ranks as threads on {device})"
-            if self.config.in_process
-            else "one process per rank (gloo or NCCL)"
-        )
         from shardspec.spec.loader import spec_version
 
         lines = [
             f"shardspec conformance against spec {spec_version()}: implementation(s): "
             f"{', '.join(self.label(i) for i in self.config.impls)}",
-            f"  mode: {mode}; seed {self.config.seed}; run dir {self.run_dir}",
+            f"  mode: {self.group.describe()}; seed {self.config.seed}; run dir {self.run_dir}",
         ]
         for impl in self.config.impls:
             counts = self.case_counts(impl)
@@ -105,6 +101,7 @@ class ConformanceSession:
             tp,
             self.load_problems(),
             self.results,
+            self.group,
         )
 
     def load_problems(self) -> dict[str, str | None]:
@@ -179,6 +176,7 @@ class ConformanceSession:
 
     def finish(self, log: Log | None = None, interrupted: str | None = None) -> int:
         """Print the report, write the JSON; the exit code (never 0 when no case was judged)."""
+        self.group.close()
         xfails = report.load_xfails(self.config.xfails_file)
         text, tables, warnings, exit_code = self.render(xfails)
         log = log or self.log

@@ -101,7 +101,7 @@ def run_jobs_in_process(
     group: str = "lockstep",
     device: str = "auto",
 ) -> list[CaseResult]:
-    """Run :class:`shardspec.conformance.harness.multiprocess.Job` s one after the other; the steps of a multi-step
+    """Run :class:`shardspec.conformance.harness.group.Job` s one after the other; the steps of a multi-step
     case (consecutive jobs, each continuing the one before) share one group and one sharder per rank."""
     results = []
     for chain in _chains(list(jobs)):

@@ -26,14 +26,13 @@ from typing import Any
 
 import torch
 
-from shardspec.conformance.api import ImplChoice
 from shardspec.conformance.cases.expectations import compute_expectation, rank_device_kind, save_expectations
 from shardspec.conformance.harness.external import JOIN_S, ExternalGroup, rank_command
+from shardspec.conformance.harness.group import Job
 from shardspec.conformance.harness.spawn import RankServer
 from shardspec.conformance.harness.transcript import read_frames
 from shardspec.conformance.judge.results import CaseResult, not_run
 from shardspec.conformance.judge.verdicts import Judge, RankTranscript
-from shardspec.spec.case import Case
 
 STARTUP_S = 90.0  # torch import and rendezvous, generous for 8 ranks on 2 cores
 WORKER = "shardspec.conformance.harness.worker"
@@ -49,20 +48,16 @@ class LaunchOptions:
     launcher: str = "auto"  # "torchrun" | "fork" | "auto" (see RunConfig.launcher)
 
 
-@dataclass(frozen=True)
-class Job:
-    choice: ImplChoice
-    case: Case
-
-
 def run_jobs_multiprocess(
     jobs: list[Job],
     tp: int,
     options: LaunchOptions,
     on_result: Callable[[CaseResult], None] | None = None,
     log: Callable[[str], None] = print,
+    servers: dict | None = None,
 ) -> list[CaseResult]:
-    """Run ``jobs`` (all of group size ``tp``) in as few launches as possible; results in job order."""
+    """Run ``jobs`` (all of group size ``tp``) in as few launches as possible; results in job order.
+    ``servers``: where the preloaded rank server of CPU launches is kept between calls (its owner closes it)."""
     run_dir = options.run_dir
     run_dir.mkdir(parents=True, exist_ok=True)
     device_kind = (
@@ -86,7 +81,7 @@ def run_jobs_multiprocess(
     # collective end a launch: run them last, so they cost fewer relaunches.
     breaking = {i for i, job in enumerate(jobs) if _breaks_group(expectations[job.case.case_id])}
     remaining = [i for i in range(len(jobs)) if i not in breaking] + sorted(breaking)
-    starter = _GroupStarter(run_dir, device_kind, options.launcher, log)
+    starter = _GroupStarter(run_dir, device_kind, options.launcher, log, {} if servers is None else servers)
     judge = Judge(expectations, device_kind)
     launch_number, idle_launches = 0, 0
     # A launch that judged at least one job may be followed by another (each ends at most one job early);
@@ -122,17 +117,15 @@ def _breaks_group(expectation) -> bool:
     return not all(out.error is not None and len(out.wire) == len(outs[0].wire) for out in outs)
 
 
-_SERVER: RankServer | None = None  # shared by the launches of this process, while its environment holds
-
-
-def _rank_server(env: dict[str, str], run_dir: pathlib.Path, name: str) -> RankServer:
-    global _SERVER
-    if _SERVER is None or not _SERVER.alive or _SERVER.env != env:
-        if _SERVER is not None:
-            _SERVER.close()
-        _SERVER = RankServer(WORKER, [str(run_dir)], env, run_dir / f"server-{name}.log")
-        atexit.register(_SERVER.close)
-    return _SERVER
+def _rank_server(servers: dict, env: dict[str, str], run_dir: pathlib.Path, name: str) -> RankServer:
+    """The preloaded server in ``servers``, or a new one after it died or the environment changed."""
+    server = servers.get("cpu")
+    if server is None or not server.alive or server.env != env:
+        if server is not None:
+            server.close()
+        server = servers["cpu"] = RankServer(WORKER, [str(run_dir)], env, run_dir / f"server-{name}.log")
+        atexit.register(server.close)  # also when the run ends without closing its group
+    return server
 
 
 class _GroupStarter:
@@ -140,10 +133,11 @@ class _GroupStarter:
     server on the CPU (a new server after one was killed). CUDA does not survive a fork, so ranks
     on GPUs always get fresh processes."""
 
-    def __init__(self, run_dir: pathlib.Path, device_kind: str, launcher: str = "auto", log=print):
+    def __init__(self, run_dir: pathlib.Path, device_kind: str, launcher: str = "auto", log=print, servers=None):
         if launcher not in ("auto", "torchrun", "fork", "external"):
             raise ValueError(f"launcher {launcher!r}: expected auto, torchrun, fork or external")
         self.run_dir, self.device_kind, self.log = run_dir, device_kind, log
+        self.servers = {} if servers is None else servers
         self.external = launcher == "external"
         self.use_torchrun = launcher == "torchrun" or (launcher == "auto" and device_kind != "cpu")
 
@@ -173,7 +167,7 @@ class _GroupStarter:
             command = [sys.executable, "-m", "shardspec.conformance.harness.spawn", str(tp), WORKER, *args]
         else:
             log_path.write_text("")
-            return _rank_server(env, self.run_dir, name).start(tp, args, log_path)
+            return _rank_server(self.servers, env, self.run_dir, name).start(tp, args, log_path)
         with open(log_path, "w") as log_file:
             return subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True, env=env)
 
