@@ -4,7 +4,8 @@
   time per implementation against the number of requests, quartiles shaded, the measured floor
   dashed; one line style per rows-per-request value.
 * ``baseline_time.png`` and ``baseline_memory.png``: replicated against sharded sampling, per tp
-  and sampler, time and peak device memory per step against the number of requests.
+  and sampler, time and peak device memory per step against the number of requests (the memory
+  plot also draws 1/tp of the replicated peak, thin black).
 
     python bench/plots.py RESULT.json OUT_DIR
 """
@@ -103,6 +104,11 @@ def baseline_figure(result: dict, what: str, path: str) -> None:
                         marker="o",
                         ms=3,
                         label=f"{path_name}, {n} row(s), {kind[0]} {kind[1]}",
+                    )
+                if what == "memory":  # the done-when's bound: 1/tp of the replicated peak
+                    x, y = _series(sel, "num_reqs", lambda r, tp=tp: r["replicated"]["peak_bytes"] / tp / 1e9)
+                    ax.plot(
+                        x, y, STYLES[k % len(STYLES)], color=COLORS["floor"], lw=1, alpha=0.6, label="replicated / tp"
                     )
             ylabel = "step wall us" if what == "time" else "peak GB per step"
             positive = all(y > 0 for line in ax.get_lines() for y in line.get_ydata())
