@@ -1,5 +1,8 @@
 """``python -m shardspec.conformance``: check implementations against the spec.
 
+A thin wrapper over pytest with the suite's plugin (:mod:`shardspec.conformance.plugin`):
+``--impl X`` is the plugin's ``--shardspec-impl X``, and so on for every option;
+arguments after ``--`` go to pytest (e.g. ``-- -k INV-OWNER --junitxml=j.xml``).
 Exit code 0 when every MUST invariant holds, every case ran and no rank
 failed; 1 otherwise (a run that judged no case included); 2 for a usage
 error, reported in one line before anything is launched; 130/143 after
@@ -16,7 +19,6 @@ from __future__ import annotations
 import argparse
 import os
 import pathlib
-import signal
 import sys
 
 from shardspec.conformance.api import ImplementationError, implementation_names
@@ -106,14 +108,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def config_from_args(args: argparse.Namespace, environ: dict | None = None) -> RunConfig:
-    """The run's configuration; raises UsageError (naming the option or variable) on a bad value."""
+    """The run's configuration; raises UsageError (naming the option, variable or case file) on a bad value."""
     environ = os.environ if environ is None else environ
     values = resolve(args, environ)
     try:
         impls = implementation_names(values["impl"], values["impl_odd"])
     except ImplementationError as exc:
         raise UsageError(str(exc)) from None
-    return RunConfig(
+    config = RunConfig(
         impls=impls,
         tp_sizes=values["tp"],
         seed=values["seed"],
@@ -134,50 +136,87 @@ def config_from_args(args: argparse.Namespace, environ: dict | None = None) -> R
         xfails_file=values["xfails_file"],
         json_path=values["json"],
     )
+    if config.selected:  # named cases are loaded and bounded now, before anything is launched
+        from shardspec.conformance.runner import collect_cases
+
+        collect_cases(config)
+    return config
 
 
-class Interrupted(Exception):
-    def __init__(self, signum: int):
-        super().__init__(signal.Signals(signum).name)
-        self.signum = signum
+def pytest_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -> list[str]:
+    """The plugin's options (``--shardspec-NAME``) for every option given on this command line."""
+    out = []
+    for action in parser._actions:
+        value = getattr(args, action.dest, None)
+        if not action.option_strings or action.dest == "help" or value in (None, False, [], action.default):
+            continue
+        name = "--shardspec-" + action.option_strings[-1].lstrip("-")
+        if isinstance(action, argparse._StoreTrueAction):
+            out.append(name)
+        elif isinstance(action, argparse._AppendAction):
+            out += [part for item in value for part in (name, str(item))]
+        else:
+            out += [name, str(value)]
+    return out
 
 
-def _raise_interrupted(signum, frame):
-    raise Interrupted(signum)
+def pytest_command(options: list[str], extra: list[str]) -> list[str]:
+    """pytest's arguments for a run of the suite's own test module with the plugin's ``options``.
+
+    The run does not depend on the folder it starts in: no configuration file is read (``-c``), no
+    folder is put on ``sys.path`` (``--import-mode=importlib``), and no plugin is loaded but the
+    suite's (third-party ones stay off; see :func:`main`). The terminal reporter is off: the suite
+    prints its own log and table. ``extra``: arguments after ``--``, given to pytest as they are.
+    """
+    return [
+        "--pyargs",
+        "shardspec.conformance",
+        "-c",
+        os.devnull,
+        "--rootdir",
+        os.getcwd(),
+        "--import-mode=importlib",
+        "--assert=plain",
+        "-p",
+        "shardspec.conformance.plugin",
+        "-p",
+        "no:cacheprovider",
+        "-p",
+        "no:terminal",
+        "-s",
+        *options,
+        *extra,
+    ]
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    extra = argv[argv.index("--") + 1 :] if "--" in argv else []
+    argv = argv[: argv.index("--")] if "--" in argv else argv
     parser = build_parser()
     args = parser.parse_args(argv)
-    try:
+    try:  # every value checked before anything is launched
         config = config_from_args(args)
-        import torch
+        if config.in_process_device == "cuda":
+            import torch
 
-        if config.in_process_device == "cuda" and not torch.cuda.is_available():
-            raise UsageError("--in-process-device cuda: no CUDA device is available")
-        if not torch.cuda.is_available():
-            os.environ.setdefault("TRITON_INTERPRET", "1")  # before any Triton kernel is defined
-        from shardspec.conformance.session import ConformanceSession
-
-        session = ConformanceSession(config, log=_log)
+            if not torch.cuda.is_available():
+                raise UsageError("--in-process-device cuda: no CUDA device is available")
     except UsageError as exc:
         print(f"{parser.prog}: error: {exc}", file=sys.stderr)
         return 2
-    previous = {sig: signal.signal(sig, _raise_interrupted) for sig in (signal.SIGINT, signal.SIGTERM)}
+    import pytest
+
+    previous = os.environ.get("PYTEST_DISABLE_PLUGIN_AUTOLOAD")
+    os.environ["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"  # the suite's plugin alone, whatever else is installed
     try:
-        session.run_all()
-    except Interrupted as exc:
-        _log(f"interrupted by {exc}: the report below covers the cases judged so far")
-        session.finish(interrupted=str(exc))
-        return 128 + exc.signum
+        code = int(pytest.main(pytest_command(pytest_arguments(parser, args), extra)))
     finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-    return session.finish()
-
-
-def _log(line: str) -> None:
-    print(line, flush=True)
+        if previous is None:
+            os.environ.pop("PYTEST_DISABLE_PLUGIN_AUTOLOAD", None)
+        else:
+            os.environ["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = previous
+    return 2 if code == int(pytest.ExitCode.USAGE_ERROR) else code
 
 
 if __name__ == "__main__":

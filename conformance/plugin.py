@@ -13,6 +13,8 @@ the per-invariant table is printed at the end. ``-k INV-OWNER``, ``-x``,
 from __future__ import annotations
 
 import argparse
+import signal
+import threading
 import warnings
 
 import pytest
@@ -20,12 +22,12 @@ import pytest
 from shardspec.conformance.cli import build_parser
 
 _RUN = pytest.StashKey()
-# Options of the command line that the plugin offers (its own names: -v and --json are pytest's or common).
-_SKIPPED = {"help", "verbose"}
+_SIGNAL = pytest.StashKey()  # the signal that ended the run, and the SIGTERM handler it replaced
+_DESELECTED = pytest.StashKey()  # whether -k/-m left some of the suite's tests out
 
 
 def _cli_actions():
-    return [a for a in build_parser()._actions if a.dest not in _SKIPPED and a.option_strings]
+    return [a for a in build_parser()._actions if a.dest != "help" and a.option_strings]
 
 
 def pytest_addoption(parser):
@@ -39,6 +41,8 @@ def pytest_addoption(parser):
             kwargs.update(action="append", default=[], metavar=action.metavar)
         else:
             kwargs.update(default=action.default, choices=action.choices, metavar=action.metavar)
+            if action.type is not None:
+                kwargs["type"] = action.type
         group.addoption(name, **kwargs)
 
 
@@ -62,7 +66,7 @@ def pytest_configure(config):
 
 def _namespace(config) -> argparse.Namespace:
     values = {a.dest: config.getoption(f"shardspec_{a.dest}") for a in _cli_actions()}
-    values["verbose"] = config.getoption("verbose") > 1
+    values["verbose"] = values["verbose"] or config.getoption("verbose", 0) > 1
     return argparse.Namespace(**values)
 
 
@@ -86,7 +90,25 @@ def conformance_run(config):
         run = ConformanceSession(run_config, log=print)
         print(run.header())
         config.stash[_RUN] = run
+        _end_on_sigterm(config)
     return config.stash[_RUN]
+
+
+def _end_on_sigterm(config) -> None:
+    """SIGTERM ends the run like SIGINT: the ranks are stopped and the cases judged so far are reported."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+
+    def interrupt(signum, frame):
+        config.stash[_SIGNAL] = (signum, config.stash[_SIGNAL][1])
+        raise KeyboardInterrupt(signal.Signals(signum).name)
+
+    config.stash[_SIGNAL] = (signal.SIGINT, signal.signal(signal.SIGTERM, interrupt))
+
+
+def pytest_unconfigure(config):
+    if _SIGNAL in config.stash:
+        signal.signal(signal.SIGTERM, config.stash[_SIGNAL][1])
 
 
 def pytest_generate_tests(metafunc):
@@ -121,9 +143,28 @@ def verdict_of(run, entry: str, tp: int, invariant: str) -> None:
     assert not cell.startswith("FAIL"), details
 
 
-def pytest_terminal_summary(terminalreporter, config):
+def pytest_deselected(items):
+    if items:
+        items[0].config.stash[_DESELECTED] = True
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """The run's report and JSON; the exit status is the run's when every test of the suite was selected
+    (a run that judged no case is an error, never a pass), 128 + the signal after SIGINT/SIGTERM."""
+    config = session.config
     run = config.stash.get(_RUN, None)
     if run is None or not run.sizes_run:
         return
-    exit_code = run.finish(log=terminalreporter.write_line)
-    terminalreporter.write_line(f"conformance exit status: {exit_code}")
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    log = reporter.write_line if reporter is not None else print
+    interrupted = exitstatus == pytest.ExitCode.INTERRUPTED
+    signum = config.stash.get(_SIGNAL, (signal.SIGINT, None))[0]
+    if interrupted:
+        log(f"interrupted by {signal.Signals(signum).name}: the report below covers the cases judged so far")
+    code = run.finish(log=log, interrupted=signal.Signals(signum).name if interrupted else None)
+    if interrupted:
+        session.exitstatus = 128 + signum
+    elif code and session.exitstatus == pytest.ExitCode.OK and not config.stash.get(_DESELECTED, False):
+        session.exitstatus = code
+    if reporter is not None:  # pytest's own summary follows; python -m shardspec.conformance prints none
+        log(f"conformance exit status: {code}")

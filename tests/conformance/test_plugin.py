@@ -44,3 +44,26 @@ def test_items_are_invariants_and_k_selects_one(tmp_path):
     assert "test_invariant[reference-tp2-INV-OWNER] PASSED" in proc.stdout
     assert "1 passed" in proc.stdout and "deselected" in proc.stdout
     assert 'name="test_invariant[reference-tp2-INV-OWNER]"' in (tmp_path / "j.xml").read_text()
+
+
+def test_the_command_line_is_pytest_with_the_plugin(tmp_path):
+    """`python -m shardspec.conformance` runs pytest: its options are the plugin's, arguments after -- are
+    pytest's (here -k and --junitxml), and a deselected invariant does not decide the exit status."""
+    junit = tmp_path / "j.xml"
+    command = [sys.executable, "-m", "shardspec.conformance", "--tp", "2", "--fixtures-only", "--in-process"]
+    command += ["--impl", "shardspec.conformance.broken.shard:OwnerBySlotDivision"]
+    owner = subprocess.run(
+        [*command, "--", "-k", "INV-OWNER", f"--junitxml={junit}"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert owner.returncode == 1, owner.stdout[-3000:] + owner.stderr[-3000:]
+    assert 'OwnerBySlotDivision-tp2-INV-OWNER]"' in junit.read_text()
+    assert junit.read_text().count("<testcase ") == 1
+    other = subprocess.run(
+        [*command, "--", "-k", "INV-LOGPROBS-SHAPES"], cwd=tmp_path, capture_output=True, text=True, timeout=300
+    )
+    assert "INV-OWNER                      MUST    FAIL" in other.stdout  # the table still shows the whole run
+    assert other.returncode == 0, other.stdout[-3000:]
