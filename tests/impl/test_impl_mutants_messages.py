@@ -26,6 +26,8 @@ from test_impl_preconditions import (
     _shard,
 )
 
+from shardspec.comm import LoopbackComm
+from shardspec.impl import ProductionSharder
 from shardspec.spec.errors import PreconditionError
 from shardspec.spec.model import ExtensionSpec, LogprobsTensors
 
@@ -91,6 +93,12 @@ def _ints(values, dtype=torch.int64):
     return torch.tensor(values, dtype=dtype, device=DEVICE)
 
 
+def _compared(batch):
+    """Sharded on rank 1 with the device copies compared with the host copies (on a GPU too)."""
+    sharder = ProductionSharder(8, 4, comm=LoopbackComm(1, 2), device=DEVICE, check_device_copies=True)
+    return sharder.shard_sampler_inputs(batch, None)
+
+
 def _drafts_sum_off():
     """Per-request drafts that match the counts, a total that does not."""
     return _shard(_batch(num_draft_tokens=7), rank=1)
@@ -151,12 +159,12 @@ MORE = {
         "[PRE-HOST-DEVICE-MATCH] device copy has shape (3,), the host copy (6,) (field cu_num_logits, rank 1)",
     ),
     "device-slots-values": (
-        lambda: _shard(_batch(idx_mapping=_ints([4, 1, 7, 3, 0], torch.int32)), rank=1),
+        lambda: _compared(_batch(idx_mapping=_ints([4, 1, 7, 3, 0], torch.int32))),
         "[PRE-HOST-DEVICE-MATCH] device copy differs from idx_mapping_np at entry 2: 7 != 6 (field idx_mapping, "
         "request 2, rank 1)",
     ),
     "device-cu-values": (
-        lambda: _shard(_batch(cu_num_logits=_ints([0, 1, 4, 5, 7, 9], torch.int32)), rank=1),
+        lambda: _compared(_batch(cu_num_logits=_ints([0, 1, 4, 5, 7, 9], torch.int32))),
         "[PRE-HOST-DEVICE-MATCH] device copy differs from cu_num_logits_np at entry 3: 5 != 6 (field cu_num_logits, "
         "rank 1)",
     ),

@@ -172,6 +172,14 @@ def test_workspace_is_carved_on_the_given_device():
     assert {t.device for t in regions.values()} == {META}
 
 
+def test_a_cuda_device_without_index_is_given_the_current_one(monkeypatch):
+    """Launches name their device: "cuda" becomes "cuda:<current>"; other devices stay as they are."""
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 3)
+    assert sharder_module._indexed(torch.device("cuda")) == torch.device("cuda", 3)
+    assert sharder_module._indexed(torch.device("cuda", 1)) == torch.device("cuda", 1)
+    assert sharder_module._indexed(META) == META
+
+
 # -- launch configuration and caches ----------------------------------------------------------
 
 
