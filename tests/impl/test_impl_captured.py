@@ -1,0 +1,189 @@
+"""impl/captured.py on the CPU: buckets, padded wire bytes, and the padded step run eagerly equals the eager step.
+
+Without CUDA, CapturedSteps runs the same padded procedure it records on a GPU (the Triton interpreter
+here), so equality with ProductionSharder in real in-process groups (LockstepGroup) checks the padded
+wire itself: the padded send layout, the padding requests, the trimmed views. tests/gpu/test_gpu_captured.py
+checks the replays.
+"""
+
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+from impl_steps import assert_same
+
+from shardspec.comm import LockstepGroup, LoopbackComm
+from shardspec.impl import ProductionSharder
+from shardspec.impl.captured import PAD_TOKEN_INDEX, Bucket, CapturedSteps, bucket_for, wire_bytes
+from shardspec.spec.builders import build_input_batch
+from shardspec.spec.model import LogprobsTensors, SamplerOutput, num_logprob_columns
+
+DIMS, VOCAB, CAPACITY = (2, 0), 12, (24, 3)
+
+
+def test_bucket_for_rounds_each_count_up_to_a_power_of_two():
+    assert bucket_for([75, 75, 74, 75], 1) == Bucket(128, 1)
+    assert bucket_for([128] * 8, 1) == Bucket(128, 1)
+    assert bucket_for([3, 0], 3) == Bucket(4, 4)
+    assert bucket_for([0, 0], 1) == Bucket(1, 1)  # an empty batch still has a bucket
+    assert Bucket(4, 4).rows_per_rank == 16
+
+
+def test_wire_bytes_host_bound_shape_and_a_padded_one():
+    # tp 8, 1024 requests of 1 row, vocab 32768, float32: 128 rows per rank fill the bucket exactly.
+    exact = wire_bytes([128] * 8, [128] * 8, 1, Bucket(128, 1), vocab=32768, itemsize=4, num_logprobs=20)
+    assert exact["a2a_send_unpadded"] == exact["a2a_send_padded"] == 1024 * 4096 * 4
+    assert exact["a2a_group_padded"] == 8 * 1024 * 4096 * 4
+    assert exact["gather_receive_unpadded"] == exact["gather_receive_padded"]
+    # 600 requests: 75 per rank in a bucket of 128.
+    padded = wire_bytes([75] * 8, [75] * 8, 1, Bucket(128, 1), vocab=32768, itemsize=4)
+    assert padded["a2a_send_unpadded"] == 600 * 4096 * 4
+    assert padded["a2a_send_padded"] == 1024 * 4096 * 4
+    assert padded["a2a_receive_unpadded"] == 8 * 75 * 4096 * 4
+    assert padded["gather_receive_padded"] == 8 * 128 * 4 * 8
+    assert padded["gather_receive_unpadded"] == 8 * 75 * 4 * 8
+
+
+def _batch(slots, rows, seed):
+    rng = np.random.default_rng(seed)
+    return build_input_batch(slots, rows, seq_lens=rng.integers(1, 50, size=len(slots)))
+
+
+def _local_output(local_batch, width, seed):
+    """What a sampler returns for ``local_batch``: right shapes, values seeded by the request's slot."""
+    n, rows = local_batch.num_reqs, local_batch.num_logits
+    gen = torch.Generator().manual_seed(seed)
+    cols = num_logprob_columns(DIMS)
+    return SamplerOutput(
+        sampled_token_ids=torch.randint(0, 1000, (n, width), generator=gen),
+        logprobs_tensors=LogprobsTensors(
+            torch.randint(0, 1000, (rows, cols), generator=gen),
+            torch.randn(rows, cols, generator=gen),
+            torch.randint(0, 9, (rows,), generator=gen),
+        ),
+        num_nans=torch.randint(0, 3, (rows,), dtype=torch.int32, generator=gen),
+        num_sampled=torch.randint(1, 4, (n,), dtype=torch.int32, generator=gen),
+        num_rejected=torch.randint(0, 3, (n,), dtype=torch.int32, generator=gen),
+    )
+
+
+def _eager_steps(comm, batches, vocab_shard):
+    sharder = ProductionSharder(*CAPACITY, comm=comm)
+    results = []
+    for k, batch in enumerate(batches):
+        shard = sharder.shard_sampler_inputs(batch, None)
+        x = _token_logits(batch, comm.rank, k, vocab_shard)
+        local_logits = sharder.all_to_all_logits(x[shard.sorted_logits_indices], shard.metadata)
+        out = _local_output(shard.local_batch, shard.metadata.max_num_logits_per_req, seed=k * 7 + comm.rank)
+        gathered = sharder.gather_sampler_output(
+            out, shard.metadata, batch, shard.local_batch, gather_num_nans=True, logprobs_dims=DIMS
+        )
+        results.append(_snapshot((shard.local_batch, shard.sorted_logits_indices, local_logits, gathered)))
+    return results
+
+
+def _captured_steps(comm, batches, vocab_shard):
+    steps = CapturedSteps(
+        *CAPACITY, comm=comm, vocab=vocab_shard * comm.world_size, gather_num_nans=True, logprobs_dims=DIMS
+    )
+    results = []
+    for k, batch in enumerate(batches):
+        plan = steps.shard(batch)
+        x = _token_logits(batch, comm.rank, k, vocab_shard)
+        local_logits = steps.all_to_all_logits(plan, x[plan.sorted_logits_indices])
+        out = _local_output(plan.local_batch, plan.width, seed=k * 7 + comm.rank)
+        gathered = steps.gather_sampler_output(plan, out)
+        # Views of buffers the next step overwrites: kept as copies.
+        results.append((plan, *_snapshot((plan.local_batch, plan.sorted_logits_indices, local_logits, gathered))))
+    return results
+
+
+def _snapshot(value):
+    """Copies of every tensor in ``value`` (tuples, named tuples, dataclasses), the rest as it is."""
+    if isinstance(value, torch.Tensor):
+        return value.clone()
+    if dataclasses.is_dataclass(value):
+        return dataclasses.replace(
+            value, **{f.name: _snapshot(getattr(value, f.name)) for f in dataclasses.fields(value)}
+        )
+    if isinstance(value, tuple):
+        items = [_snapshot(item) for item in value]
+        return type(value)(*items) if hasattr(value, "_fields") else tuple(items)
+    return value
+
+
+def _token_logits(batch, rank, seed, vocab_shard):
+    # At least one token: padding rows point at token PAD_TOKEN_INDEX, also in an empty batch.
+    tokens = max(1, int(batch.query_start_loc[-1]))
+    gen = torch.Generator().manual_seed(seed * 131 + rank)
+    return torch.randn(tokens, vocab_shard, generator=gen)
+
+
+def _batches(tp, seed):
+    """Batches of different sizes: two in one bucket, then a larger and a smaller bucket, then an empty one."""
+    rng = np.random.default_rng(seed)
+    sizes = [2 * tp, 2 * tp - 1, 5 * tp - 2, 3, 0]
+    out = []
+    for k, n in enumerate(sizes):
+        rows = rng.integers(1, 3, size=n) if k != 1 else np.full(n, 3)
+        out.append(_batch(rng.permutation(CAPACITY[0])[:n], rows, seed + k))
+    return out
+
+
+@pytest.mark.parametrize("tp", [1, 2, 3])
+def test_padded_step_equals_the_eager_step_in_a_group(tp):
+    batches = _batches(tp, seed=tp)
+    vocab_shard = VOCAB // tp
+    eager = LockstepGroup(tp, timeout_s=120).run(_eager_steps, batches, vocab_shard)
+    captured = LockstepGroup(tp, timeout_s=120).run(_captured_steps, batches, vocab_shard)
+    buckets = set()
+    for rank in range(tp):
+        for k, (expected, (plan, c_local_batch, c_sorted, c_logits, c_gathered)) in enumerate(
+            zip(eager[rank], captured[rank], strict=True)
+        ):
+            local_batch, sorted_indices, local_logits, gathered = expected
+            where = f"rank {rank} batch {k}"
+            buckets.add(plan.bucket)
+            assert_same(local_batch, c_local_batch, f"{where} local batch")
+            assert_same(local_logits, c_logits, f"{where} local logits")
+            assert_same(gathered, c_gathered, f"{where} gathered")
+            # The padded order holds the eager order's rows, rank by rank, and marks the rest as padding.
+            rows = plan.bucket.rows_per_rank
+            padded = c_sorted.view(tp, rows)
+            start = 0
+            for r, count in enumerate(plan.num_logits_per_rank):
+                assert torch.equal(padded[r, :count], sorted_indices[start : start + count]), where
+                assert bool((padded[r, count:] == PAD_TOKEN_INDEX).all()), where
+                start += count
+    assert len(buckets) >= 3  # batches in one bucket, and across buckets
+
+
+def test_one_bucket_serves_batches_that_fit_and_refuses_one_that_does_not():
+    steps = CapturedSteps(*CAPACITY, comm=LoopbackComm(0, 2), vocab=VOCAB)
+    small = _batch([0, 1, 2], [1, 1, 1], 0)
+    assert steps.bucket_for(small) == Bucket(2, 1)
+    plan = steps.shard(small, Bucket(4, 2))
+    assert plan.bucket == Bucket(4, 2) and plan.logits_input.shape == (2 * 8, VOCAB // 2)
+    big = _batch([0, 2, 4, 6, 8, 1], [1] * 6, 1)  # rank 0 owns 5 requests
+    with pytest.raises(ValueError, match="does not fit"):
+        steps.shard(big, Bucket(4, 2))
+    with pytest.raises(ValueError, match="exceeds the capacity"):
+        steps.shard(small, Bucket(32, 1))
+    with pytest.raises(ValueError, match="padded wire"):
+        steps.all_to_all_logits(plan, torch.zeros(3, VOCAB // 2))
+
+
+def test_graphs_are_refused_without_cuda():
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is present")
+    with pytest.raises(ValueError, match="CUDA graphs need a CUDA device"):
+        CapturedSteps(*CAPACITY, comm=LoopbackComm(0, 2), vocab=VOCAB, graphs=True)
+    assert CapturedSteps(*CAPACITY, comm=LoopbackComm(0, 2), vocab=VOCAB).graphs is False
+
+
+def test_preconditions_are_checked_before_anything_is_staged():
+    steps = CapturedSteps(*CAPACITY, comm=LoopbackComm(0, 2), vocab=VOCAB)
+    with pytest.raises(Exception, match="PRE-SLOT-RANGE"):
+        steps.shard(_batch([0, 99], [1, 1], 0))
+    assert steps._entries == {}
