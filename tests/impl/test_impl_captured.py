@@ -11,7 +11,7 @@ import dataclasses
 import numpy as np
 import pytest
 import torch
-from impl_steps import assert_same
+from impl_steps import DEVICE, assert_same
 
 from shardspec.comm import LockstepGroup, LoopbackComm
 from shardspec.impl import ProductionSharder
@@ -47,29 +47,29 @@ def test_wire_bytes_host_bound_shape_and_a_padded_one():
 
 def _batch(slots, rows, seed):
     rng = np.random.default_rng(seed)
-    return build_input_batch(slots, rows, seq_lens=rng.integers(1, 50, size=len(slots)))
+    return build_input_batch(slots, rows, seq_lens=rng.integers(1, 50, size=len(slots)), device=DEVICE)
 
 
 def _local_output(local_batch, width, seed):
     """What a sampler returns for ``local_batch``: right shapes, values seeded by the request's slot."""
     n, rows = local_batch.num_reqs, local_batch.num_logits
-    gen = torch.Generator().manual_seed(seed)
-    cols = num_logprob_columns(DIMS)
+    gen = torch.Generator(device=DEVICE).manual_seed(seed)
+    cols, on = num_logprob_columns(DIMS), dict(generator=gen, device=DEVICE)
     return SamplerOutput(
-        sampled_token_ids=torch.randint(0, 1000, (n, width), generator=gen),
+        sampled_token_ids=torch.randint(0, 1000, (n, width), **on),
         logprobs_tensors=LogprobsTensors(
-            torch.randint(0, 1000, (rows, cols), generator=gen),
-            torch.randn(rows, cols, generator=gen),
-            torch.randint(0, 9, (rows,), generator=gen),
+            torch.randint(0, 1000, (rows, cols), **on),
+            torch.randn(rows, cols, **on),
+            torch.randint(0, 9, (rows,), **on),
         ),
-        num_nans=torch.randint(0, 3, (rows,), dtype=torch.int32, generator=gen),
-        num_sampled=torch.randint(1, 4, (n,), dtype=torch.int32, generator=gen),
-        num_rejected=torch.randint(0, 3, (n,), dtype=torch.int32, generator=gen),
+        num_nans=torch.randint(0, 3, (rows,), dtype=torch.int32, **on),
+        num_sampled=torch.randint(1, 4, (n,), dtype=torch.int32, **on),
+        num_rejected=torch.randint(0, 3, (n,), dtype=torch.int32, **on),
     )
 
 
 def _eager_steps(comm, batches, vocab_shard):
-    sharder = ProductionSharder(*CAPACITY, comm=comm)
+    sharder = ProductionSharder(*CAPACITY, comm=comm, device=DEVICE)
     results = []
     for k, batch in enumerate(batches):
         shard = sharder.shard_sampler_inputs(batch, None)
@@ -84,8 +84,15 @@ def _eager_steps(comm, batches, vocab_shard):
 
 
 def _captured_steps(comm, batches, vocab_shard):
+    # Ranks are threads here: the padded procedure runs eagerly, graphs or not (tests/gpu replays them).
     steps = CapturedSteps(
-        *CAPACITY, comm=comm, vocab=vocab_shard * comm.world_size, gather_num_nans=True, logprobs_dims=DIMS
+        *CAPACITY,
+        comm=comm,
+        vocab=vocab_shard * comm.world_size,
+        device=DEVICE,
+        gather_num_nans=True,
+        logprobs_dims=DIMS,
+        graphs=False,
     )
     results = []
     for k, batch in enumerate(batches):
@@ -116,8 +123,8 @@ def _snapshot(value):
 def _token_logits(batch, rank, seed, vocab_shard):
     # At least one token: padding rows point at token PAD_TOKEN_INDEX, also in an empty batch.
     tokens = max(1, int(batch.query_start_loc[-1]))
-    gen = torch.Generator().manual_seed(seed * 131 + rank)
-    return torch.randn(tokens, vocab_shard, generator=gen)
+    gen = torch.Generator(device=DEVICE).manual_seed(seed * 131 + rank)
+    return torch.randn(tokens, vocab_shard, generator=gen, device=DEVICE)
 
 
 def _batches(tp, seed):
@@ -160,7 +167,7 @@ def test_padded_step_equals_the_eager_step_in_a_group(tp):
 
 
 def test_one_bucket_serves_batches_that_fit_and_refuses_one_that_does_not():
-    steps = CapturedSteps(*CAPACITY, comm=LoopbackComm(0, 2), vocab=VOCAB)
+    steps = CapturedSteps(*CAPACITY, comm=LoopbackComm(0, 2), vocab=VOCAB, device=DEVICE)
     small = _batch([0, 1, 2], [1, 1, 1], 0)
     assert steps.bucket_for(small) == Bucket(2, 1)
     plan = steps.shard(small, Bucket(4, 2))
@@ -171,7 +178,7 @@ def test_one_bucket_serves_batches_that_fit_and_refuses_one_that_does_not():
     with pytest.raises(ValueError, match="exceeds the capacity"):
         steps.shard(small, Bucket(32, 1))
     with pytest.raises(ValueError, match="padded wire"):
-        steps.all_to_all_logits(plan, torch.zeros(3, VOCAB // 2))
+        steps.all_to_all_logits(plan, torch.zeros(3, VOCAB // 2, device=DEVICE))
 
 
 def test_graphs_are_refused_without_cuda():
@@ -183,7 +190,7 @@ def test_graphs_are_refused_without_cuda():
 
 
 def test_preconditions_are_checked_before_anything_is_staged():
-    steps = CapturedSteps(*CAPACITY, comm=LoopbackComm(0, 2), vocab=VOCAB)
+    steps = CapturedSteps(*CAPACITY, comm=LoopbackComm(0, 2), vocab=VOCAB, device=DEVICE)
     with pytest.raises(Exception, match="PRE-SLOT-RANGE"):
         steps.shard(_batch([0, 99], [1, 1], 0))
     assert steps._entries == {}

@@ -1,0 +1,172 @@
+"""On a CUDA device: impl/captured.py's replays equal production's eager step, batch after batch.
+
+Skipped without a GPU. Two groups: rank 1 of a simulated tp-4 group (LoopbackComm, as the other GPU
+tests), and a real NCCL group of one rank. Under LoopbackComm every peer sends what this rank sends,
+so a request of another owner whose index among its owner's requests is past this rank's own count
+reads a padding row of the captured wire but a zero row of the eager one: the simulated rank is made
+the most loaded one (as bench/scale_shapes.py does), where the simulation is faithful. The
+tests/impl twin checks the padded procedure in real multi-rank groups.
+"""
+
+import dataclasses
+import os
+
+import numpy as np
+import pytest
+import torch
+
+from shardspec.comm import LoopbackComm, TorchDistComm
+from shardspec.impl import ProductionSharder
+from shardspec.impl.captured import PAD_TOKEN_INDEX, CapturedSteps
+from shardspec.spec.builders import build_input_batch
+from shardspec.spec.model import LogprobsTensors, SamplerOutput, num_logprob_columns
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+DIMS, VOCAB, CAPACITY = (3, 0), 256, (256, 4)
+
+
+def _batch(num_reqs, tp, rank, max_rows, seed):
+    """``num_reqs`` requests whose slots make ``rank`` own at least as many as any other rank."""
+    rng = np.random.default_rng(seed)
+    per_rank = -(-num_reqs // tp)
+    owners = [rank] * per_rank + [r for r in range(tp) if r != rank for _ in range(per_rank)]
+    owners = owners[:num_reqs]
+    counts = {r: 0 for r in range(tp)}
+    slots = []
+    for owner in owners:
+        slots.append(owner + tp * counts[owner])
+        counts[owner] += 1
+    slots = np.array(slots)[rng.permutation(num_reqs)]
+    rows = rng.integers(1, max_rows + 1, size=num_reqs)
+    return build_input_batch(slots, rows, device="cuda")
+
+
+def _local_output(local_batch, width, seed):
+    n, rows = local_batch.num_reqs, local_batch.num_logits
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    ints = dict(device="cuda", generator=gen)
+    cols = num_logprob_columns(DIMS)
+    return SamplerOutput(
+        sampled_token_ids=torch.randint(0, 1000, (n, width), **ints),
+        logprobs_tensors=LogprobsTensors(
+            torch.randint(0, 1000, (rows, cols), **ints),
+            torch.randn(rows, cols, **ints),
+            torch.randint(0, 9, (rows,), **ints),
+        ),
+        num_nans=torch.randint(0, 3, (rows,), dtype=torch.int32, **ints),
+        num_sampled=torch.randint(1, 4, (n,), dtype=torch.int32, **ints),
+        num_rejected=torch.randint(0, 3, (n,), dtype=torch.int32, **ints),
+    )
+
+
+def _token_logits(batch, tp, seed):
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    return torch.randn(max(1, int(batch.query_start_loc[-1])), VOCAB // tp, device="cuda", generator=gen)
+
+
+def _snapshot(value):
+    if isinstance(value, torch.Tensor):
+        return value.clone()
+    if dataclasses.is_dataclass(value):
+        return dataclasses.replace(
+            value, **{f.name: _snapshot(getattr(value, f.name)) for f in dataclasses.fields(value)}
+        )
+    if isinstance(value, tuple):
+        items = [_snapshot(item) for item in value]
+        return type(value)(*items) if hasattr(value, "_fields") else tuple(items)
+    return value
+
+
+def _assert_equal(expected, actual, where):
+    if isinstance(expected, torch.Tensor):
+        assert expected.dtype == actual.dtype and expected.shape == actual.shape, where
+        assert torch.equal(expected, actual), where
+    elif isinstance(expected, np.ndarray):
+        assert expected.dtype == actual.dtype and np.array_equal(expected, actual), where
+    elif dataclasses.is_dataclass(expected):
+        for f in dataclasses.fields(expected):
+            _assert_equal(getattr(expected, f.name), getattr(actual, f.name), f"{where}.{f.name}")
+    elif isinstance(expected, tuple):
+        for k, (e, a) in enumerate(zip(expected, actual, strict=True)):
+            _assert_equal(e, a, f"{where}[{k}]")
+    else:
+        assert expected == actual, f"{where}: {actual!r} != {expected!r}"
+
+
+def _compare_steps(make_comm, batches, tp):
+    """Each batch through the eager sharder and through the captured steps; every result compared."""
+    comm = make_comm()
+    eager = ProductionSharder(*CAPACITY, comm=comm, device="cuda")
+    steps = CapturedSteps(*CAPACITY, comm=comm, vocab=VOCAB, device="cuda", gather_num_nans=True, logprobs_dims=DIMS)
+    assert steps.graphs
+    buckets = []
+    for k, batch in enumerate(batches):
+        x = _token_logits(batch, tp, seed=k)
+        shard = eager.shard_sampler_inputs(batch, None)
+        local_logits = eager.all_to_all_logits(x[shard.sorted_logits_indices], shard.metadata)
+        out = _local_output(shard.local_batch, shard.metadata.max_num_logits_per_req, seed=k)
+        gathered = eager.gather_sampler_output(
+            out, shard.metadata, batch, shard.local_batch, gather_num_nans=True, logprobs_dims=DIMS
+        )
+        expected = _snapshot((shard.local_batch, shard.sorted_logits_indices, local_logits, gathered))
+
+        plan = steps.shard(batch)
+        assert plan._entry.graphs is not None  # replayed, not run eagerly
+        # The engine's part: its vocab shard gathered into the static send buffer, its sampler's output.
+        torch.index_select(x, 0, plan.sorted_logits_indices, out=plan.logits_input)
+        c_logits = steps.all_to_all_logits(plan)
+        c_gathered = steps.gather_sampler_output(plan, out)
+        torch.cuda.synchronize()
+        local_batch, sorted_indices, local_logits, gathered = expected
+        where = f"batch {k} ({batch.num_reqs} requests, {plan.bucket})"
+        _assert_equal(local_batch, plan.local_batch, f"{where} local batch")
+        _assert_equal(local_logits, c_logits, f"{where} local logits")
+        _assert_equal(gathered, c_gathered, f"{where} gathered")
+        padded, start = plan.sorted_logits_indices.view(tp, -1), 0
+        for r, count in enumerate(plan.num_logits_per_rank):
+            assert torch.equal(padded[r, :count], sorted_indices[start : start + count]), where
+            assert bool((padded[r, count:] == PAD_TOKEN_INDEX).all()), where
+            start += count
+        buckets.append(plan.bucket)
+    return steps, buckets
+
+
+def test_replays_equal_the_eager_step_within_and_across_buckets():
+    tp, rank = 4, 1
+    sizes = [64, 57, 49, 120, 9, 61, 64]  # bucket 16 x 4 three times, then 32, 4, and 16 again
+    batches = [_batch(n, tp, rank, CAPACITY[1], seed=n) for n in sizes]
+    steps, buckets = _compare_steps(lambda: LoopbackComm(rank, tp), batches, tp)
+    per_rank = [bucket.reqs_per_rank for bucket in buckets]
+    assert per_rank == [16, 16, 16, 32, 4, 16, 16]
+    assert len(steps._entries) == len(set(buckets)) >= 3
+
+
+def test_steady_state_step_never_waits_on_the_device():
+    tp, rank = 4, 1
+    steps = CapturedSteps(*CAPACITY, comm=LoopbackComm(rank, tp), vocab=VOCAB, device="cuda", gather_num_nans=True)
+    first, second = _batch(40, tp, rank, 2, seed=1), _batch(37, tp, rank, 2, seed=2)
+    steps.step(first)  # records the bucket
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        plan, local_logits, gathered = steps.step(second)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert plan.bucket == steps.bucket_for(first) and gathered.sampled_token_ids.shape == (37, 2)
+    assert local_logits.shape == (plan.num_local_logits, VOCAB)
+
+
+def test_replays_equal_the_eager_step_in_a_one_rank_nccl_group(tmp_path):
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        pytest.skip("a process group exists already")
+    os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "0")
+    dist.init_process_group("nccl", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        batches = [_batch(n, 1, 0, 3, seed=n) for n in (100, 77, 128, 30, 250)]
+        _, buckets = _compare_steps(lambda: TorchDistComm(), batches, 1)
+        assert [bucket.reqs_per_rank for bucket in buckets] == [128, 128, 128, 32, 256]
+    finally:
+        dist.destroy_process_group()
