@@ -1,9 +1,10 @@
 """One case on one rank: run the step, record everything, check it.
 
-The step is the one an engine runs: ``shard_sampler_inputs``; the rank's
-vocab shard of the owner-sorted logits rows; ``all_to_all_logits``; a local
-sampler on the implementation's own full-vocab rows and local batch (the toy
-sampler, or the case's explicit per-rank output); ``gather_sampler_output``.
+The step is the one an engine runs (:func:`shardspec.engine.engine_step`):
+``shard_sampler_inputs``; the rank's vocab shard of the owner-sorted logits
+rows; ``all_to_all_logits``; a local sampler on the implementation's own
+full-vocab rows and local batch (the toy sampler, or the case's explicit
+per-rank output); ``gather_sampler_output``.
 An exception is recorded with its step and traceback instead of propagating.
 """
 
@@ -21,6 +22,7 @@ from shardspec.conformance.harness.recording import CollectiveError, Progress, R
 from shardspec.conformance.judge.checks.base import RANK_CHECKERS, StepOutputs, StepRecord, Violation
 from shardspec.conformance.judge.checks.common import declined_extensions
 from shardspec.conformance.judge.digest import step_digest
+from shardspec.engine import engine_step
 from shardspec.reference.sampler import toy_sample
 from shardspec.spec.case import Case, CaseInputs, build_case_inputs, local_logits_shard
 from shardspec.spec.case_edits import finish_local_output, gather_options
@@ -128,7 +130,7 @@ def run_step(
 
 
 def _steps(make_sharder, case, inputs, recorder: RecordingComm, device, run: RankRun, before, watched) -> None:
-    out, rank = run.outputs, recorder.rank
+    rank = recorder.rank
     if run.kept is None:
         sharder = _timed(
             run,
@@ -141,30 +143,24 @@ def _steps(make_sharder, case, inputs, recorder: RecordingComm, device, run: Ran
             device=device,
         )
         run.kept = KeptSharder(sharder, recorder)
-    sharder = run.kept.sharder
-    out.shard = _timed(run, recorder.progress, "shard", sharder.shard_sampler_inputs, inputs.batch, inputs.grammar)
-    logits_shard = local_logits_shard(inputs, out.shard.sorted_logits_indices, case, rank)
-    before["logits_shard"], watched["logits_shard"] = snapshot(logits_shard), logits_shard
-    out.full_vocab_logits = _timed(
-        run, recorder.progress, "all_to_all", sharder.all_to_all_logits, logits_shard, out.shard.metadata
-    )
-    out.local_output = _timed(
-        run, recorder.progress, "sample", local_sampler_output, case, rank, out.full_vocab_logits, out.shard, device
-    )
-    before["local_output"], watched["local_output"] = snapshot(out.local_output), out.local_output
-    out.gathered = _timed(
-        run,
-        recorder.progress,
-        "gather",
-        sharder.gather_sampler_output,
-        out.local_output,
-        out.shard.metadata,
-        inputs.batch,
-        out.shard.local_batch,
-        gather_num_nans=case.gather_num_nans,
-        logprobs_dims=case.logprobs_dims,
+    timed = functools.partial(_timed, run, recorder.progress)
+
+    def logits_shard_of(shard):
+        logits_shard = local_logits_shard(inputs, shard.sorted_logits_indices, case, rank)
+        before["logits_shard"], watched["logits_shard"] = snapshot(logits_shard), logits_shard
+        return logits_shard
+
+    def sample(full_vocab_logits, shard):
+        local_output = local_sampler_output(case, rank, full_vocab_logits, shard, device)
+        before["local_output"], watched["local_output"] = snapshot(local_output), local_output
+        return local_output
+
+    gather_kwargs = {
+        "gather_num_nans": case.gather_num_nans,
+        "logprobs_dims": case.logprobs_dims,
         **gather_options(case.extensions),
-    )
+    }
+    engine_step(run.kept.sharder, inputs.batch, inputs.grammar, logits_shard_of, sample, gather_kwargs, timed)
 
 
 def _timed(run: RankRun, progress: Progress, step: str, fn, *args, **kwargs):
