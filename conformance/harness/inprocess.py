@@ -123,3 +123,28 @@ def _chains(jobs: list) -> list[list]:
         else:
             chains.append([job])
     return chains
+
+
+def step_records(case: Case, factory, device: str | None = None) -> list:
+    """Every rank of a one-step ``case`` run by ``factory`` in one lockstep group, as the checkers see it
+    (a :class:`~shardspec.conformance.judge.checks.base.StepRecord` per rank, with the reference's
+    expectation), unjudged: for tests of the checkers."""
+    from shardspec.conformance.judge.checks.base import StepRecord
+    from shardspec.conformance.step import run_step
+    from shardspec.spec.case import build_case_inputs
+
+    device = device or expectation_device()  # ranks run where the expectation was computed
+    expectation = compute_expectation(case, device=device)
+
+    def one_rank(comm):
+        inputs = build_case_inputs(case, device)
+        return StepRecord(
+            case=case,
+            rank=comm.rank,
+            inputs=inputs,
+            actual=run_step(factory, case, inputs, comm, device).outputs,
+            expected=expectation.expected[comm.rank],
+            replicated=expectation.replicated,
+        )
+
+    return LockstepGroup(case.tp_size, timeout_s=30).run(one_rank)

@@ -4,35 +4,20 @@ from dataclasses import replace
 
 import pytest
 
-from shardspec.comm import LockstepGroup
 from shardspec.conformance.broken import cases
-from shardspec.conformance.cases.expectations import compute_expectation, expectation_device, reference_factory
+from shardspec.conformance.cases.expectations import reference_factory
+from shardspec.conformance.harness.inprocess import step_records
 from shardspec.conformance.judge.checks.all_to_all import check_a2a_splits
 from shardspec.conformance.judge.checks.base import StepRecord
 from shardspec.conformance.judge.checks.wire import check_wire_logprobs, check_wire_sampled, sequence_difference
-from shardspec.conformance.step import run_rank_checks, run_step
-from shardspec.spec.case import Case, build_case_inputs
+from shardspec.conformance.step import run_rank_checks
+from shardspec.spec.case import Case
 
 A2A, GATHER = "all_to_all_single", "all_gather_into_tensor"
 
 
 def _reference_records(case: Case) -> list[StepRecord]:
-    expectation = compute_expectation(case)
-    device = expectation_device()
-
-    def one_rank(comm):
-        inputs = build_case_inputs(case, device)
-        outputs = run_step(reference_factory, case, inputs, comm, device).outputs
-        return StepRecord(
-            case=case,
-            rank=comm.rank,
-            inputs=inputs,
-            actual=outputs,
-            expected=expectation.expected[comm.rank],
-            replicated=expectation.replicated,
-        )
-
-    return LockstepGroup(case.tp_size).run(one_rank)
+    return step_records(case, reference_factory)
 
 
 @pytest.fixture(scope="module")

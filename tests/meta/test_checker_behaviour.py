@@ -4,18 +4,16 @@ import json
 
 import pytest
 
-from shardspec.comm import LockstepGroup
 from shardspec.conformance.api import ImplChoice
 from shardspec.conformance.broken import BY_NAME, cases
-from shardspec.conformance.cases.expectations import compute_expectation, expectation_device
-from shardspec.conformance.harness.inprocess import run_case_in_process
+from shardspec.conformance.harness.inprocess import run_case_in_process, step_records
 from shardspec.conformance.judge.checks import GROUP_CHECKERS
 from shardspec.conformance.judge.checks.base import StepRecord
 from shardspec.conformance.judge.checks.common import STEP_REPORTER
 from shardspec.conformance.judge.checks.digest import rank_digest
-from shardspec.conformance.step import run_rank_checks, run_step
+from shardspec.conformance.step import run_rank_checks
 from shardspec.reference import ReferenceSharder
-from shardspec.spec.case import Case, build_case_inputs
+from shardspec.spec.case import Case
 
 TP1 = Case(case_id="tp1", tp_size=1, slots=[0, 1, 2], num_logits_per_req=[1, 2, 1])
 
@@ -32,22 +30,7 @@ def _raising_in(method: str):
 
 
 def _records(case: Case, factory) -> list[StepRecord]:
-    expectation = compute_expectation(case)
-    device = expectation_device()  # ranks run where the expectation was computed
-
-    def one_rank(comm):
-        inputs = build_case_inputs(case, device)
-        outputs = run_step(factory, case, inputs, comm, device).outputs
-        return StepRecord(
-            case=case,
-            rank=comm.rank,
-            inputs=inputs,
-            actual=outputs,
-            expected=expectation.expected[comm.rank],
-            replicated=expectation.replicated,
-        )
-
-    return LockstepGroup(case.tp_size).run(one_rank)
+    return step_records(case, factory)
 
 
 @pytest.mark.parametrize(

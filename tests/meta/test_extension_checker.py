@@ -8,15 +8,11 @@ a raised error.
 
 import pytest
 
-from shardspec.comm import LockstepGroup
 from shardspec.conformance.broken import cases
 from shardspec.conformance.broken.extensions import DropsExtensionField
-from shardspec.conformance.cases.expectations import compute_expectation
-from shardspec.conformance.judge.checks.base import StepRecord
+from shardspec.conformance.harness.inprocess import step_records
 from shardspec.conformance.judge.checks.extensions import check_gather_extensions
-from shardspec.conformance.step import run_step
 from shardspec.reference import ReferenceSharder
-from shardspec.spec.case import build_case_inputs
 from shardspec.spec.errors import PreconditionError
 
 
@@ -33,23 +29,7 @@ class RaisesAnonymously(ReferenceSharder):
 
 
 def _violations(factory) -> list[list[str]]:
-    case = cases.EXTENSIONS
-    expectation = compute_expectation(case, device="cpu")
-
-    def rank(comm):
-        inputs = build_case_inputs(case, "cpu")
-        run = run_step(factory, case, inputs, comm, "cpu")
-        record = StepRecord(
-            case=case,
-            rank=comm.rank,
-            inputs=inputs,
-            actual=run.outputs,
-            expected=expectation.expected[comm.rank],
-            replicated=expectation.replicated,
-        )
-        return [v.message for v in check_gather_extensions(record)]
-
-    return LockstepGroup(case.tp_size, timeout_s=30).run(rank)
+    return [[v.message for v in check_gather_extensions(r)] for r in step_records(cases.EXTENSIONS, factory, "cpu")]
 
 
 @pytest.mark.parametrize("factory", [ReferenceSharder, RefusesExtensionFields], ids=["gathers", "refuses"])
