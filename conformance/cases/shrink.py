@@ -4,7 +4,8 @@ Shrinking runs the implementation, so the suite does it in a child process
 (:func:`shrink_in_child`): a crash there loses the minimal case, not the run.
 
 Greedy: try simpler variants of the case (fewer requests, fewer rows, no
-grammar, no NaNs, no logprobs, toy outputs, smaller slots and vocab) in the
+grammar, no NaNs, no logprobs, toy outputs, float32 logits, contiguous inputs,
+smaller slots and vocab) in the
 in-process mode and keep any that still fails with one of the original
 failure's invariant IDs, until no variant does or the budget is spent.
 """
@@ -95,6 +96,12 @@ def _simpler_options(case: Case) -> Iterator[Case]:
         yield replace(case, vocab_size=8, logprobs_dims=_clip_dims(case.logprobs_dims, 8))
     if case.seed != 0:
         yield replace(case, seed=0)
+    if case.logits_dtype != "float32":
+        yield replace(case, logits_dtype="float32")
+    if case.layouts:  # every input contiguous, then one view at a time
+        yield replace(case, layouts={})
+        for name in case.layouts:
+            yield replace(case, layouts={k: v for k, v in case.layouts.items() if k != name})
     if case.spec_decode is not None and all(c == 1 for c in case.num_logits_per_req):
         yield replace(case, spec_decode=None)
     smallest_capacity = (max(case.slots, default=0) + 1, max(case.num_logits_per_req, default=1))

@@ -1,6 +1,9 @@
 """Generated cases: seeded, valid, and shrunk to a small reproducer when they fail."""
 
+from dataclasses import replace
+
 from shardspec.conformance.api import ImplChoice
+from shardspec.conformance.broken import cases
 from shardspec.conformance.cases.shrink import shrink
 from shardspec.conformance.cases.strategies import generate_cases
 from shardspec.conformance.harness.inprocess import run_case_in_process
@@ -90,3 +93,19 @@ def test_a_failing_generated_case_is_shrunk_in_a_child_process(tmp_path):
     ]
     shrunk = [re.search(r"--case-file (\S+-min\.yaml)", c) for c in commands]
     assert any(shrunk) and all(os.path.exists(m.group(1)) for m in shrunk if m)
+
+
+def test_shrinking_drops_views_and_dtypes_the_failure_does_not_need():
+    """A strided seq_lens misread fails with strided seq_lens only: the minimal case keeps that view and
+    drops the others, and its logits become float32."""
+    choice = ImplChoice("shardspec.conformance.broken.views:SeqLensReadWithUnitStride")
+    big = replace(
+        cases.SPEC,
+        layouts={"seq_lens": "strided", "logits_shard": "offset", "idx_mapping": "strided"},
+        logits_dtype="bfloat16",
+    )
+    failure = run_case_in_process(big, choice)
+    assert failure.status == FAIL and {v["invariant_id"] for v in failure.violations} == {"INV-LOCAL-SEQ-LENS"}
+    small = shrink(big, failure, lambda c: run_case_in_process(c, choice))
+    assert small.layouts == {"seq_lens": "strided"} and small.logits_dtype == "float32"
+    assert run_case_in_process(small, choice).status == FAIL
