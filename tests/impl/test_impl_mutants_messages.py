@@ -29,7 +29,7 @@ from test_impl_preconditions import (
 from shardspec.comm import LoopbackComm
 from shardspec.impl import ProductionSharder
 from shardspec.spec.errors import PreconditionError
-from shardspec.spec.model import ExtensionSpec, LogprobsTensors
+from shardspec.spec.model import ExtensionSpec, GrammarOutput, LogprobsTensors
 
 # The violations of test_impl_preconditions.py, by name: the whole text of their errors.
 MESSAGES = {
@@ -266,3 +266,27 @@ def test_more_violations_in_full(name):
     with pytest.raises(PreconditionError) as caught:
         violate()
     assert str(caught.value) == message
+
+
+def test_checks_kept_with_the_others_off_name_the_rank():
+    batch = _batch(cu_num_logits_np=np.array([1, 1, 4, 6, 7, 9], np.int32))
+    with pytest.raises(PreconditionError) as caught:
+        _shard(batch, rank=1, check_preconditions=False)
+    assert str(caught.value) == "[PRE-CU-LOGITS] starts at 1, not 0 (field cu_num_logits_np, rank 1)"
+
+
+@pytest.mark.parametrize("rows", [0, 1])
+def test_a_grammar_output_listing_no_request_has_no_bitmask_rows(rows):
+    """No listed request, no bitmask row: accepted with 0 rows (no local grammar output), rejected with 1."""
+    grammar = GrammarOutput(
+        structured_output_request_ids=[], grammar_bitmask=torch.zeros((rows, 4), dtype=torch.int32, device=DEVICE)
+    )
+    if rows == 0:
+        assert _shard(_batch(), grammar).local_grammar_output is None
+        return
+    with pytest.raises(PreconditionError) as caught:
+        _shard(_batch(), grammar)
+    assert str(caught.value) == (
+        "[PRE-GRAMMAR-BITMASK] shape (1, 4); expected 0 rows (one per logits row of the listed requests) "
+        "(field grammar_bitmask, rank 0)"
+    )

@@ -273,3 +273,46 @@ def test_gathered_logprobs_are_float32_whatever_the_default_dtype():
     finally:
         torch.set_default_dtype(default)
     assert gathered.logprobs_tensors.logprobs.dtype == torch.float32
+
+
+def test_a_launcher_without_a_c_launch_function_keeps_run(monkeypatch):
+    import triton
+
+    name = "shardspec_test_fake_driver_no_launch"
+    monkeypatch.delitem(__import__("sys").modules, name, raising=False)
+    monkeypatch.delenv("SHARDSPEC_BARE_LAUNCH", raising=False)
+    monkeypatch.setattr(triton, "__version__", "3.6.0")
+    run = _fake_run(name, launch._BARE_FORMAT)
+    del run.launch
+    assert launch._bare_launch(run) is None
+
+
+def test_without_direct_launches_a_launcher_always_goes_through_triton(monkeypatch):
+    """Interpreted, or SHARDSPEC_DIRECT_LAUNCH=0: Triton's knobs are never read, nothing compiled is kept."""
+    monkeypatch.setattr(launch, "_DIRECT", False)
+    kernel = FakeKernel(_compiled(Recorder()))
+    launcher = launch.Launcher(kernel)
+    assert launcher._knobs is None
+    launcher(1, ("k",), ("t",), {"BLOCK": 1})
+    launcher(1, ("k",), ("t",), {"BLOCK": 1})
+    assert launcher._direct == {} and len(kernel.calls) == 2
+
+
+def test_requests_past_a_short_local_prefix_sum_are_not_read():
+    """Checks off, a local cu_num_logits one request short (a view, the next entry a wild value): the pack
+    sends that request as padding (zeros), as for any request past the local ones, and reads nothing of it."""
+    batch = build_input_batch([4, 1, 6, 3, 0], [1, 3, 2, 1, 2], device=DEVICE)
+    sharder = ProductionSharder(8, 4, comm=LoopbackComm(0, TP), device=DEVICE, check_preconditions=False)
+    shard = sharder.shard_sampler_inputs(batch, None)
+    local = shard.local_batch  # rank 0 owns requests 0, 2 and 4 (slots 4, 6, 0)
+    cu = torch.tensor([*local.cu_num_logits[:-1].tolist(), 10**6], dtype=torch.int32, device=DEVICE)[:-1]
+    output = _local_output(local)
+    output = replace(output, sampled_token_ids=output.sampled_token_ids + 100)
+    gathered = sharder.gather_sampler_output(
+        output, shard.metadata, batch, replace(local, cu_num_logits=cu), gather_num_nans=True
+    )
+    # Width 3 (request 1 has 3 rows); the local ids are 2 wide, so the last column is zero-filled.
+    assert gathered.sampled_token_ids[[0, 2]].tolist() == [[100, 101, 0], [102, 103, 0]]
+    assert gathered.sampled_token_ids[4].tolist() == [0, 0, 0]
+    assert gathered.num_sampled[[0, 2, 4]].tolist() == [1, 1, 0]
+    assert gathered.num_nans[[0, 2, 4]].tolist() == [1, 2, 0]
