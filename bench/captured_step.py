@@ -11,7 +11,9 @@ call of:
   the engine's logits and sampler output already in the static buffers (as an LM head and a
   sampler writing there would leave them);
 * ``captured_copies``: the same, with the padded logits and the sampler output passed as tensors
-  of their own, so copied into the static buffers each step (and the sampler output checked).
+  of their own, so copied into the static buffers each step (and the sampler output checked);
+* ``replays_only``: the three graph replays alone, nothing staged or checked: the device time the
+  captured step cannot go below.
 
 Ratios are per round against ``upstream`` (median and quartiles of per-round ratios). Before
 timing, each shape's captured results are compared with production's eager ones (local logits
@@ -116,6 +118,9 @@ def measure_shape(tp, num_reqs, rows, vocab, dtype, rounds, burst_s, device) -> 
     calls = {name: shape.step_call(name) for name in (UPSTREAM, "production") if name in IMPLS}
     calls["captured"] = lambda: steps.step(shape.batch)
     calls["captured_copies"] = lambda: steps.step(shape.batch, padded, out)
+    graphs = plan._entry.graphs
+    if graphs is not None:  # the three replays alone, nothing staged: the captured step's device time
+        calls["replays_only"] = lambda: [graph.replay() for graph in graphs]
     times = interleave(calls, device, rounds, burst_s)
     bytes_ = wire_bytes(
         plan.num_logits_per_rank,
@@ -155,13 +160,13 @@ def format_row(row: dict) -> str:
     )
     times = " | ".join(
         f"{name} {row[name]['median']:.1f} us ({row[name]['q1']:.1f}-{row[name]['q3']:.1f})"
-        for name in ("upstream", "production", "captured", "captured_copies")
+        for name in ("upstream", "production", "captured", "captured_copies", "replays_only")
         if name in row
     )
     ratios = " | ".join(
         f"{name}/vLLM {row[f'{name}_over_upstream']['median']:.3f} "
         f"({row[f'{name}_over_upstream']['q1']:.3f}-{row[f'{name}_over_upstream']['q3']:.3f})"
-        for name in ("production", "captured", "captured_copies")
+        for name in ("production", "captured", "captured_copies", "replays_only")
         if f"{name}_over_upstream" in row
     )
     wire = (
