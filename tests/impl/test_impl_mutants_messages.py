@@ -290,3 +290,29 @@ def test_a_grammar_output_listing_no_request_has_no_bitmask_rows(rows):
         "[PRE-GRAMMAR-BITMASK] shape (1, 4); expected 0 rows (one per logits row of the listed requests) "
         "(field grammar_bitmask, rank 0)"
     )
+
+
+# The first offending request is named, also where requests before it sit at the edge of what is allowed.
+FIRST_AT_THE_EDGE = {
+    "zero-logits-after-one": (
+        lambda: _shard(_build([4, 1, 6], [1, 2, 0])),
+        "[PRE-LOGITS-PER-REQ] request has 0 logits rows; at least 1 is required (field cu_num_logits, request 2, "
+        "rank 0)",
+    ),
+    "slot-range-after-slot-0": (
+        lambda: _shard(_build([0, 4, 9], [1, 1, 1])),
+        "[PRE-SLOT-RANGE] slot 9 is outside [0, 8) (field idx_mapping, request 2, rank 0)",
+    ),
+    "cu-start-2": (
+        lambda: _shard(_batch(cu_num_logits_np=np.array([2, 3, 6, 8, 9, 11], np.int32))),
+        "[PRE-CU-LOGITS] starts at 2, not 0 (field cu_num_logits_np, rank 0)",
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(FIRST_AT_THE_EDGE))
+def test_first_offender_after_edge_values(name):
+    violate, message = FIRST_AT_THE_EDGE[name]
+    with pytest.raises(PreconditionError) as caught:
+        violate()
+    assert str(caught.value) == message
