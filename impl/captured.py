@@ -37,8 +37,12 @@ views trimmed to the real batch. How:
   V / tp]``, the engine's vocab shard gathered by ``plan.sorted_logits_indices``) and the local
   sampler output (``plan.local_output``, static buffers sized by the bucket). Passing other
   tensors copies them in (one copy per tensor).
-* **Outputs** are views of the graphs' static outputs: valid until the next step of the same
-  bucket (clone to keep them).
+* **Outputs** are views of the graphs' static outputs and of the one workspace: valid until the
+  next step of any bucket, since every bucket's graphs share one memory pool (clone to keep them).
+  The static inputs are allocated outside the pool.
+* **Memory** per recorded bucket, by construction: the send buffer, the receive buffer and the
+  local rows, each ``tp * R`` or ``R`` rows of ``V / tp`` or ``V`` values (about three times
+  ``tp * R * V / tp`` elements), plus the gathered outputs; engines should record few buckets.
 
 Grammar bitmasks and extension fields are not handled here (production's eager paths for them
 are host-side work; an engine can call ``shardspec.impl.grammar.local_grammar_output`` itself).
@@ -49,7 +53,7 @@ API and results: that is what the CPU tests check, with the Triton interpreter.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import torch
@@ -146,8 +150,8 @@ class CapturedPlan:
     # counts and logprob rows. A sampler that writes its first num_local_reqs / num_local_logits rows here
     # needs no copy.
     local_output: SamplerOutput
-    _entry: _Entry
-    _batch: InputBatch
+    _entry: _Entry = field(repr=False)
+    _batch: InputBatch = field(repr=False)
 
     @property
     def num_local_reqs(self) -> int:
@@ -430,7 +434,8 @@ class CapturedSteps:
 
     @staticmethod
     def _local_views(entry: _Entry, result, num_local: int, num_local_logits: int) -> dict:
-        key = ("local", num_local, num_local_logits, id(result))
+        """Leading slices of the plan's local fields (regions of the one workspace every bucket shares)."""
+        key = (num_local, num_local_logits)
         views = entry.views.get(key)
         if views is None:
             local = result.local_batch
