@@ -47,6 +47,10 @@ views trimmed to the real batch. How:
 Grammar bitmasks and extension fields are not handled here (production's eager paths for them
 are host-side work; an engine can call ``shardspec.impl.grammar.local_grammar_output`` itself).
 
+Seen on an H200 with torch 2.11: in a one-rank NCCL group, ``destroy_process_group`` did not return
+once NCCL collectives had been captured in these graphs (not investigated; ``tests/gpu`` runs that
+case in a subprocess that exits without it).
+
 Without CUDA (or with ``graphs=False``) the same padded procedure runs eagerly, with the same
 API and results: that is what the CPU tests check, with the Triton interpreter.
 """
