@@ -316,3 +316,27 @@ def test_requests_past_a_short_local_prefix_sum_are_not_read():
     assert gathered.sampled_token_ids[4].tolist() == [0, 0, 0]
     assert gathered.num_sampled[[0, 2, 4]].tolist() == [1, 1, 0]
     assert gathered.num_nans[[0, 2, 4]].tolist() == [1, 2, 0]
+
+
+class WordSizes:
+    """Stands in for _WIDE_DTYPES: the word sizes the reorder tried, in order."""
+
+    def __init__(self, entries):
+        self.entries, self.tried = entries, []
+
+    def __iter__(self):
+        for size, dtype in self.entries:
+            self.tried.append(size)
+            yield size, dtype
+
+
+@pytest.mark.parametrize("rows, widened", [(4, True), (3, False)])
+def test_the_reorder_copies_words_from_a_buffer_size_on(monkeypatch, rows, widened):
+    """The word copy is chosen by the size of the whole receive buffer (here 256-byte rows, from 1000 bytes on)."""
+    words = WordSizes(((16, torch.complex128), (8, torch.int64), (4, torch.int32)))
+    monkeypatch.setattr(sharder_module, "_WIDEN_FROM_BYTES", 1000)
+    monkeypatch.setattr(sharder_module, "_WIDE_DTYPES", words)
+    received = torch.arange(rows * 64, dtype=torch.float32).view(rows, 64)
+    local = sharder_module._reorder(received, rows, 1, 64)  # one rank: the rows as they came
+    assert words.tried == ([16] if widened else [])
+    assert torch.equal(local, received)
