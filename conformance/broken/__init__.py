@@ -78,6 +78,7 @@ CORPUS: list[Entry] = [
     # all-to-all
     _entry("vocab-blocks-reversed", "exchange", "VocabBlocksReversed", "decode"),
     _entry("exchange-in-two-halves", "exchange", "ExchangeInTwoHalves", "decode"),
+    _entry("result-column-major", "exchange", "ResultInColumnMajorOrder", "spec"),
     # sampled ids, counts, NaN sums, wire
     _entry("narrow-ids-filled-minus-one", "gather", "NarrowIdsFilledWithMinusOne", "explicit-widths"),
     _entry("counts-swapped", "gather", "CountsSwapped", "spec"),

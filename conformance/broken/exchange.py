@@ -16,6 +16,15 @@ class VocabBlocksReversed(ReferenceSharder):
         return full.view(full.shape[0], tp, -1).flip(1).reshape(full.shape[0], -1)
 
 
+class ResultInColumnMajorOrder(ReferenceSharder):
+    """INV-A2A-LAYOUT: returns the right values as a column-major view (strides (1, L_local)), as a
+    vocab-major wire would; a sampler that steps through rows by stride(0) reads other rows."""
+
+    def all_to_all_logits(self, logits_shard, metadata):
+        full = super().all_to_all_logits(logits_shard, metadata)
+        return full.t().contiguous().t()
+
+
 class ExchangeInTwoHalves(ReferenceSharder):
     """INV-A2A-SPLITS: the vocab shard travels in two all_to_all_single calls (column halves)."""
 

@@ -139,7 +139,19 @@ def _decode_tensor(data: TensorData, device: str | None) -> torch.Tensor:
     target = device or data.device
     if target.startswith("cuda") and not torch.cuda.is_available():
         target = "cpu"
-    return t.to(target)
+    return _with_strides(t.to(target), tuple(data.stride))
+
+
+def _with_strides(t: torch.Tensor, stride: tuple) -> torch.Tensor:
+    """``t`` laid out with the rank's strides, so that checks of a result's layout see what the
+    implementation returned; a layout no fresh tensor can have (overlapping, negative) stays contiguous."""
+    if tuple(t.stride()) == stride or t.numel() == 0 or len(stride) != t.dim() or min(stride, default=0) < 0:
+        return t
+    try:
+        laid_out = torch.empty_strided(tuple(t.shape), stride, dtype=t.dtype, device=t.device)
+        return laid_out.copy_(t)
+    except RuntimeError:  # elements that share memory (stride 0): the values are what matters
+        return t
 
 
 def _decode_object(data: ObjectData, device: str | None) -> Any:

@@ -91,3 +91,13 @@ def test_a_collective_mismatch_names_the_rank_that_left_the_plan(tmp_path):
     assert "rank 1's collective 1 (all_gather_into_tensor) has output_shape [6, 5], the plan [4, 5]" in first["message"]
     assert {v["invariant_id"] for v in broken["violations"] if v["rank"] == 1} >= {"INV-META-SCALARS"}
     assert _cases(report)["small-tp2-4"]["status"] == "pass"
+
+
+def test_a_result_layout_survives_the_transcript(tmp_path):
+    """The judge sees the strides a rank's result had: a column-major exchange result fails INV-A2A-LAYOUT
+    in a multi-process run as it does in-process (the values alone are right)."""
+    proc, report = _suite(tmp_path, 2, "--impl", "shardspec.conformance.broken.exchange:ResultInColumnMajorOrder")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    violated = {v["invariant_id"] for c in _cases(report).values() for v in c["violations"]}
+    assert violated == {"INV-A2A-LAYOUT"}, violated
+    assert "expected contiguous rows" in proc.stdout

@@ -4,7 +4,7 @@ INV-A2A-SPLITS owns the exchange on the wire (wire.all_to_all): its split
 sizes, its send buffer (the logits shard the caller passed, values, dtype and
 shape: an implementation that reads a strided shard as contiguous sends other
 rows) and the buffer it receives into. INV-A2A-LAYOUT owns what
-all_to_all_logits returns, in the logits' dtype.
+all_to_all_logits returns: in the logits' dtype, as contiguous rows.
 """
 
 from __future__ import annotations
@@ -125,5 +125,13 @@ def check_a2a_layout(record: StepRecord) -> Iterable[Violation]:
             field="full_vocab_logits",
         )
         return
+    if isinstance(actual, torch.Tensor) and actual.dim() == 2 and not actual.is_contiguous():
+        yield Violation(
+            "INV-A2A-LAYOUT",
+            f"full_vocab_logits: strides {tuple(actual.stride())}, expected contiguous rows "
+            f"({(actual.shape[1], 1)}; CL-A2A-RESULT-CONTIGUOUS)",
+            rank=record.rank,
+            field="full_vocab_logits",
+        )
     by_row = lookup(local_row_owner(plan_of(record)))
     yield from found(check_tensor("INV-A2A-LAYOUT", record, "full_vocab_logits", actual, expected, by_row))
