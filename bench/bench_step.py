@@ -39,6 +39,7 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from shardspec.comm import LoopbackComm  # noqa: E402
+from shardspec.engine import engine_step  # noqa: E402
 from shardspec.impl import ProductionSharder  # noqa: E402
 from shardspec.reference import ReferenceSharder  # noqa: E402
 from shardspec.spec.builders import build_input_batch  # noqa: E402
@@ -116,10 +117,10 @@ class Bench:
                 out, md, self.batch, local, gather_num_nans=True, logprobs_dims=self.dims
             )
 
-        def step():
-            result = sharder.shard_sampler_inputs(self.batch, None)
-            sharder.all_to_all_logits(self.logits_shard, result.metadata)
-            return gather(result.metadata, result.local_batch)
+        gather_kwargs = {"gather_num_nans": True, "logprobs_dims": self.dims}
+
+        def step():  # the engine's step; the sampler's output is fixed (the sampler is not timed)
+            return engine_step(sharder, self.batch, None, lambda s: self.logits_shard, lambda f, s: out, gather_kwargs)
 
         return {"shard": lambda: sharder.shard_sampler_inputs(self.batch, None), "gather": gather, "step": step}
 

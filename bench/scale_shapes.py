@@ -15,6 +15,7 @@ import torch
 from bench_step import IMPLS, Bench, burst_us, synchronize
 
 from shardspec.comm import LoopbackComm
+from shardspec.engine import engine_step
 from shardspec.spec.builders import build_input_batch
 from shardspec.spec.model import SamplerOutput
 
@@ -73,12 +74,12 @@ class ScaleShape(Bench):
         ones = torch.full((num_local,), self.rows, dtype=torch.int32, device=self.device)
         zeros = torch.zeros(num_local, dtype=torch.int32, device=self.device)
 
-        def step():
-            result = sharder.shard_sampler_inputs(self.batch, None)
-            local_logits = sharder.all_to_all_logits(self.logits_shard, result.metadata)
+        def sample(local_logits, shard):
             tokens = sampler(local_logits).view(num_local, self.rows)
-            local = SamplerOutput(sampled_token_ids=tokens, num_sampled=ones, num_rejected=zeros)
-            return sharder.gather_sampler_output(local, result.metadata, self.batch, result.local_batch)
+            return SamplerOutput(sampled_token_ids=tokens, num_sampled=ones, num_rejected=zeros)
+
+        def step():
+            return engine_step(sharder, self.batch, None, lambda shard: self.logits_shard, sample)
 
         return step
 
