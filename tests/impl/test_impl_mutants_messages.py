@@ -316,3 +316,34 @@ def test_first_offender_after_edge_values(name):
     with pytest.raises(PreconditionError) as caught:
         violate()
     assert str(caught.value) == message
+
+
+@pytest.mark.parametrize(
+    "field, precondition_id", [("seq_lens", "PRE-FIELD-SHAPES"), ("logits_indices", "PRE-FIELD-SHAPES")]
+)
+def test_short_fields_name_the_rank_with_the_checks_off(field, precondition_id):
+    batch = _batch(**{field: getattr(_batch(), field)[:-1]})
+    with pytest.raises(PreconditionError) as caught:
+        _shard(batch, rank=1, check_preconditions=False)
+    length = 5 if field == "seq_lens" else 9
+    assert str(caught.value) == (
+        f"[{precondition_id}] device copy has shape ({length - 1},), the host copy ({length},) (field {field}, rank 1)"
+    )
+
+
+def test_every_declared_field_is_checked_on_a_rank_that_owns_nothing():
+    """A field may be missing where the rank owns no request; the fields declared after it are checked still."""
+    declared = {
+        "a": ExtensionSpec(per="request", dtype=torch.float32),
+        "b": ExtensionSpec(per="logits_row", dtype=torch.int32),
+    }
+
+    def output(local_batch):
+        assert local_batch.num_reqs == 0
+        return replace(_output(local_batch), extensions={"b": torch.zeros(1, dtype=torch.int32, device=DEVICE)})
+
+    with pytest.raises(PreconditionError) as caught:
+        _gather(output, extension_fields=declared, rank=1, slots=[0, 2, 4], counts=[1, 2, 1])
+    assert str(caught.value) == (
+        "[PRE-EXTENSION-FIELDS] is torch.int32 (1,); declared torch.int32 (0,) (field extensions.b, rank 1)"
+    )

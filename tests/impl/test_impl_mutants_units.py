@@ -340,3 +340,66 @@ def test_the_reorder_copies_words_from_a_buffer_size_on(monkeypatch, rows, widen
     local = sharder_module._reorder(received, rows, 1, 64)  # one rank: the rows as they came
     assert words.tried == ([16] if widened else [])
     assert torch.equal(local, received)
+
+
+def test_runtime_knobs_none_where_triton_has_no_runtime_knobs(monkeypatch):
+    from triton import knobs
+
+    monkeypatch.delattr(knobs, "runtime", raising=False)
+    assert launch._runtime_knobs() is None
+
+
+def test_a_launcher_reads_the_knobs_where_it_launches_directly(monkeypatch):
+    from triton import knobs
+
+    hooks = SimpleNamespace(launch_enter_hook=None, launch_exit_hook=None)
+    monkeypatch.setattr(knobs, "runtime", hooks)
+    monkeypatch.setattr(launch, "_DIRECT", True)
+    assert launch.Launcher(FakeKernel(None))._knobs is hooks
+
+
+@pytest.mark.parametrize("hook", ["launch_enter_hook", "launch_exit_hook"])
+def test_either_launch_hook_sends_launches_through_triton(stream, monkeypatch, hook):
+    import triton
+
+    monkeypatch.setattr(triton, "__version__", "3.9.0")
+    run = Recorder()
+    kernel = FakeKernel(_compiled(run))
+    launcher = launch.Launcher(kernel)
+    launcher._knobs = SimpleNamespace(launch_enter_hook=Chain(), launch_exit_hook=Chain())
+    launcher(1, ("k",), ("t",), {"BLOCK": 1})  # keeps the direct launch
+    setattr(launcher._knobs, hook, Chain(print))
+    launcher(1, ("k",), ("t",), {"BLOCK": 1})
+    assert run.calls == [] and len(kernel.calls) == 2
+
+
+def _unchecked_gather(make_output):
+    """Rank 0 of 2 (local requests 0, 2 and 4 of the batch) with the checks off."""
+    batch = build_input_batch([4, 1, 6, 3, 0], [1, 3, 2, 1, 2], device=DEVICE)
+    sharder = ProductionSharder(8, 4, comm=LoopbackComm(0, TP), device=DEVICE, check_preconditions=False)
+    shard = sharder.shard_sampler_inputs(batch, None)
+    output = make_output(_local_output(shard.local_batch))
+    return sharder.gather_sampler_output(output, shard.metadata, batch, shard.local_batch, gather_num_nans=True)
+
+
+def _short(tensor, sentinel):
+    """The tensor less its last row, as a view of one whose last row holds ``sentinel``."""
+    longer = tensor.clone()
+    longer[-1] = sentinel
+    return longer[:-1]
+
+
+def test_valid_outputs_with_the_checks_off_are_gathered_whole():
+    gathered = _unchecked_gather(lambda out: out)
+    assert gathered.sampled_token_ids[[0, 2, 4]].tolist() == [[0, 1, 0], [2, 3, 0], [4, 5, 0]]
+    assert gathered.num_sampled[[0, 2, 4]].tolist() == [1, 1, 1]
+
+
+@pytest.mark.parametrize("field", ["sampled_token_ids", "num_sampled", "num_rejected"])
+def test_a_short_per_request_output_is_not_read_past_its_end(field):
+    """Checks off, one per-request tensor a request short: that request is sent as padding, nothing read of it."""
+    gathered = _unchecked_gather(lambda out: replace(out, **{field: _short(getattr(out, field), 999)}))
+    for name in ("sampled_token_ids", "num_sampled", "num_rejected"):
+        assert not (getattr(gathered, name) == 999).any(), name
+    assert gathered.sampled_token_ids[4].tolist() == [0, 0, 0] and gathered.num_sampled[4] == 0
+    assert gathered.sampled_token_ids[[0, 2]].tolist() == [[0, 1, 0], [2, 3, 0]]
