@@ -22,9 +22,10 @@ import pathlib
 import sys
 
 from shardspec.conformance.api import ImplementationError, implementation_names
-from shardspec.conformance.harness.group import THREAD_GROUPS
-from shardspec.conformance.options import UsageError, resolve
-from shardspec.conformance.runner import RunConfig
+from shardspec.conformance.options import THREAD_GROUPS, UsageError, resolve
+
+# Light imports only: the pytest plugin imports this module in every pytest session of an environment
+# where shardspec is installed; torch and the suite load when a run starts.
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -107,8 +108,10 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def config_from_args(args: argparse.Namespace, environ: dict | None = None) -> RunConfig:
+def config_from_args(args: argparse.Namespace, environ: dict | None = None):
     """The run's configuration; raises UsageError (naming the option, variable or case file) on a bad value."""
+    from shardspec.conformance.runner import RunConfig
+
     environ = os.environ if environ is None else environ
     values = resolve(args, environ)
     try:

@@ -19,6 +19,8 @@ QUICK_MAX_EXAMPLES = 10
 MIXED_MAX_EXAMPLES = 25
 DEFAULT_TP_SIZES = [1, 2, 3, 4, 8]
 MAX_TP = 64  # the suite runs every rank on this machine
+# Groups whose ranks are threads of one process (harness/inprocess.py, harness/threaded.py).
+THREAD_GROUPS = ("lockstep", "torch-threads")
 
 
 class UsageError(ValueError):

@@ -27,8 +27,6 @@ from shardspec.conformance.judge.results import CaseResult
 from shardspec.spec.case import Case
 
 OnResult = Callable[[CaseResult], None]
-# Groups whose ranks are threads of one process (harness/inprocess.py).
-THREAD_GROUPS = ("lockstep", "torch-threads")
 
 
 @dataclass(frozen=True)
@@ -76,7 +74,7 @@ class ProcessGroup:
 
 @dataclass
 class ThreadGroup:
-    kind: str = "lockstep"  # one of THREAD_GROUPS
+    kind: str = "lockstep"  # one of options.THREAD_GROUPS
     device: str = "auto"  # auto | cpu | cuda
     pg_timeout_s: float = 60.0
 

@@ -67,3 +67,10 @@ def test_the_command_line_is_pytest_with_the_plugin(tmp_path):
     )
     assert "INV-OWNER                      MUST    FAIL" in other.stdout  # the table still shows the whole run
     assert other.returncode == 0, other.stdout[-3000:]
+
+
+def test_the_plugin_costs_other_pytest_sessions_no_torch_import():
+    """Installed, the plugin loads in every pytest session of the environment: it must stay light."""
+    code = "import sys, shardspec.conformance.plugin; print(sorted({'torch', 'numpy'} & set(sys.modules)))"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.stdout.strip() == "[]", proc.stdout + proc.stderr
