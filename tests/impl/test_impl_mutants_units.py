@@ -403,3 +403,19 @@ def test_a_short_per_request_output_is_not_read_past_its_end(field):
         assert not (getattr(gathered, name) == 999).any(), name
     assert gathered.sampled_token_ids[4].tolist() == [0, 0, 0] and gathered.num_sampled[4] == 0
     assert gathered.sampled_token_ids[[0, 2]].tolist() == [[0, 1, 0], [2, 3, 0]]
+
+
+@pytest.mark.parametrize("field", ["logprob_token_ids", "logprobs", "selected_token_ranks"])
+def test_a_short_logprob_tensor_is_not_read_past_its_end(field):
+    """Checks off, one of the three logprob tensors a row short: no value past its end reaches the gather."""
+    batch = build_input_batch([4, 1, 6, 3, 0], [1, 3, 2, 1, 2], device=DEVICE)
+    sharder = ProductionSharder(8, 4, comm=LoopbackComm(RANK, TP), device=DEVICE, check_preconditions=False)
+
+    def short(local_batch):
+        out = _local_output(local_batch)
+        lp = out.logprobs_tensors
+        return replace(out, logprobs_tensors=lp._replace(**{field: _short(getattr(lp, field), 999)}))
+
+    lp = _step(sharder, batch, short)[2].logprobs_tensors
+    for name in ("logprob_token_ids", "logprobs", "selected_token_ranks"):
+        assert not (getattr(lp, name) == 999).any(), name
