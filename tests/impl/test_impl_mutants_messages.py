@@ -347,3 +347,21 @@ def test_every_declared_field_is_checked_on_a_rank_that_owns_nothing():
     assert str(caught.value) == (
         "[PRE-EXTENSION-FIELDS] is torch.int32 (1,); declared torch.int32 (0,) (field extensions.b, rank 1)"
     )
+
+
+def test_an_extension_field_may_have_an_empty_trailing_shape():
+    """A trailing size of 0 is a size: declared, carried and gathered as [N, 0] and [L, 2, 0]."""
+    declared = {
+        "e": ExtensionSpec(per="request", dtype=torch.float32, shape=(0,)),
+        "r": ExtensionSpec(per="logits_row", dtype=torch.int8, shape=(2, 0)),
+    }
+
+    def output(local):
+        values = {
+            "e": torch.zeros(local.num_reqs, 0, device=DEVICE),
+            "r": torch.zeros(local.num_logits, 2, 0, dtype=torch.int8, device=DEVICE),
+        }
+        return replace(_output(local), extensions=values)
+
+    gathered = _gather(output, extension_fields=declared, rank=1).extensions
+    assert {name: tuple(value.shape) for name, value in gathered.items()} == {"e": (5, 0), "r": (9, 2, 0)}

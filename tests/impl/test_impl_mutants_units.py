@@ -332,9 +332,9 @@ class WordSizes:
 
 @pytest.mark.parametrize("rows, widened", [(4, True), (3, False)])
 def test_the_reorder_copies_words_from_a_buffer_size_on(monkeypatch, rows, widened):
-    """The word copy is chosen by the size of the whole receive buffer (here 256-byte rows, from 1000 bytes on)."""
+    """The word copy is chosen by the size of the whole receive buffer (here 256-byte rows, from 1024 bytes on)."""
     words = WordSizes(((16, torch.complex128), (8, torch.int64), (4, torch.int32)))
-    monkeypatch.setattr(sharder_module, "_WIDEN_FROM_BYTES", 1000)
+    monkeypatch.setattr(sharder_module, "_WIDEN_FROM_BYTES", 1024)
     monkeypatch.setattr(sharder_module, "_WIDE_DTYPES", words)
     received = torch.arange(rows * 64, dtype=torch.float32).view(rows, 64)
     local = sharder_module._reorder(received, rows, 1, 64)  # one rank: the rows as they came
