@@ -148,6 +148,10 @@ MORE = {
         lambda: _shard(_batch(num_draft_tokens_per_req=np.array([0, 2, 1, 0], np.int32)), rank=1),
         "[PRE-DRAFTS] shape (4,), expected (5,) (field num_draft_tokens_per_req, rank 1)",
     ),
+    "dtype-drafts": (
+        lambda: _shard(_batch(num_draft_tokens_per_req=np.array([0, 2, 1, 0, 1], np.float64)), rank=1),
+        "[PRE-DTYPES] dtype float64 is not an integer type (field num_draft_tokens_per_req, rank 1)",
+    ),
     "dtype-device-cu": (
         lambda: _shard(
             _batch(cu_num_logits=torch.tensor(np.cumsum([0, *COUNTS]), dtype=torch.float32, device=DEVICE)), rank=1
@@ -302,6 +306,11 @@ FIRST_AT_THE_EDGE = {
     "slot-range-after-slot-0": (
         lambda: _shard(_build([0, 4, 9], [1, 1, 1])),
         "[PRE-SLOT-RANGE] slot 9 is outside [0, 8) (field idx_mapping, request 2, rank 0)",
+    ),
+    "capacity-logits-after-a-full-request": (
+        lambda: _shard(_build([4, 1, 6], [4, 5, 1]), max_num_logits_per_req=4),
+        "[PRE-CAPACITY-LOGITS] request has 5 logits rows, more than the sharder's capacity max_num_logits_per_req=4 "
+        "(field cu_num_logits, request 1, rank 0)",
     ),
     "cu-start-2": (
         lambda: _shard(_batch(cu_num_logits_np=np.array([2, 3, 6, 8, 9, 11], np.int32))),

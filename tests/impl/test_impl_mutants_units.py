@@ -419,3 +419,8 @@ def test_a_short_logprob_tensor_is_not_read_past_its_end(field):
     lp = _step(sharder, batch, short)[2].logprobs_tensors
     for name in ("logprob_token_ids", "logprobs", "selected_token_ranks"):
         assert not (getattr(lp, name) == 999).any(), name
+
+
+def test_the_sharder_is_on_the_cpu_by_default():
+    sharder = ProductionSharder(4, 2, comm=LoopbackComm(0, 1))
+    assert sharder.device == torch.device("cpu") and sharder._ws["local_idx_mapping"].device.type == "cpu"
