@@ -424,3 +424,18 @@ def test_a_short_logprob_tensor_is_not_read_past_its_end(field):
 def test_the_sharder_is_on_the_cpu_by_default():
     sharder = ProductionSharder(4, 2, comm=LoopbackComm(0, 1))
     assert sharder.device == torch.device("cpu") and sharder._ws["local_idx_mapping"].device.type == "cpu"
+
+
+def test_carved_regions_have_the_layout_dtypes_and_sizes():
+    layout = plan_layout(5, 3, 2)
+    regions = carve(layout, torch.device("cpu"))
+    assert [(name, t.dtype, t.numel()) for name, t in regions.items()] == layout
+    assert all(t.data_ptr() % 16 == 0 for t in regions.values())
+
+
+def test_a_full_batch_on_one_rank_equals_the_reference():
+    """tp 1 at capacity (4 requests, up to 3 rows each): every region of the plan is used to its end."""
+    batch = build_input_batch([2, 0, 3, 1], [3, 1, 3, 2], device=DEVICE)
+    expected = ReferenceSharder(4, 3, comm=LoopbackComm(0, 1), device=DEVICE).shard_sampler_inputs(batch, None)
+    got = ProductionSharder(4, 3, comm=LoopbackComm(0, 1), device=DEVICE).shard_sampler_inputs(batch, None)
+    assert_same(expected, got, "full batch")
