@@ -439,3 +439,19 @@ def test_a_full_batch_on_one_rank_equals_the_reference():
     expected = ReferenceSharder(4, 3, comm=LoopbackComm(0, 1), device=DEVICE).shard_sampler_inputs(batch, None)
     got = ProductionSharder(4, 3, comm=LoopbackComm(0, 1), device=DEVICE).shard_sampler_inputs(batch, None)
     assert_same(expected, got, "full batch")
+
+
+def test_next_power_of_2_is_the_smallest_power_of_two_not_below():
+    assert [next_power_of_2(n) for n in (0, 1, 2, 3, 4, 5, 8, 9, 1000, 1024, 1025)] == [
+        1,
+        1,
+        2,
+        4,
+        4,
+        8,
+        8,
+        16,
+        1024,
+        1024,
+        2048,
+    ]
