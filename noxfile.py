@@ -117,8 +117,8 @@ def mutants(session: nox.Session) -> None:
 
     Prints killed / survived / timed out per folder and writes the mutants not caught to reports/mutants.md;
     fails if a survivor of a folder it ran has no reason in docs/mutation-survivors.md. Every survivor of
-    reference/ has one; of impl/, those of the measured sample (`-- impl --sample 2` and `--sample 5`; not
-    impl/captured.py, added after it), so a run of all of impl/ lists the survivors still to be judged.
+    reference/ and impl/ has one, except impl/captured.py's (added after impl/ was measured), so a run of
+    today's impl/ lists those still to be judged.
     Arguments after -- go to mutation/run.py (e.g. `-- reference`, `-- impl --sample 2`, `-- --worktree`,
     `-- --reuse`). One mutant at a time (`-- --max-children N` for more); docs/mutation-survivors.md gives
     the run times.
