@@ -57,7 +57,7 @@ API and results: that is what the CPU tests check, with the Triton interpreter.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -65,7 +65,7 @@ import torch
 from shardspec.comm import Communicator
 from shardspec.impl import checks
 from shardspec.impl.kernels import next_power_of_2
-from shardspec.impl.sharder import _BATCH_FIELDS, ProductionSharder, _pick
+from shardspec.impl.sharder import ProductionSharder, local_input_batch
 from shardspec.spec.model import InputBatch, LogprobsTensors, SamplerOutput, num_logprob_columns
 
 # Where a padding row of the send buffer points: any token the engine's LM head output has.
@@ -397,30 +397,7 @@ class CapturedSteps:
         local_reqs = owned.nonzero()[0]
         num_local, num_local_logits = local_reqs.shape[0], rows_per_rank[rank]
         views = self._local_views(entry, result, num_local, num_local_logits)
-        if width == 1:
-            local_cu_np = np.arange(num_local + 1, dtype=np.int32)
-        else:
-            local_cu_np = np.zeros(num_local + 1, dtype=np.int32)
-            np.cumsum(counts[local_reqs], out=local_cu_np[1:])
-        drafts = batch.num_draft_tokens_per_req
-        local_drafts = None if drafts is None else np.asarray(drafts)[local_reqs].astype(np.int32, copy=False)
-        local_batch = InputBatch(
-            req_ids=_pick(batch.req_ids, local_reqs.tolist()),
-            num_reqs=num_local,
-            idx_mapping=views["idx_mapping"],
-            idx_mapping_np=slots[local_reqs],
-            expanded_idx_mapping=views["expanded_idx_mapping"],
-            expanded_local_pos=views["expanded_local_pos"],
-            query_start_loc=batch.query_start_loc,
-            seq_lens=views["seq_lens"],
-            logits_indices=views["logits_indices"],
-            cu_num_logits=views["cu_num_logits"],
-            cu_num_logits_np=local_cu_np,
-            num_draft_tokens=0 if local_drafts is None else int(np.add.reduce(local_drafts)),
-            num_draft_tokens_per_req=local_drafts,
-        )
-        if type(batch) is not InputBatch:
-            local_batch = replace(batch, **{name: getattr(local_batch, name) for name in _BATCH_FIELDS})
+        local_batch = local_input_batch(batch, slots, counts, local_reqs, width, views, prefix="")
         return CapturedPlan(
             bucket=bucket,
             num_reqs=num_reqs,

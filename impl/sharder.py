@@ -87,6 +87,38 @@ def _block(per_request_elements: int, cap: int) -> int:
     return min(next_power_of_2(cap), 1 << (fitting.bit_length() - 1))
 
 
+def local_input_batch(batch, slots, counts, local_reqs, width: int, views: dict, prefix: str = "local_"):
+    """The rank's local batch: its requests' host fields picked from ``batch``, its device fields the plan
+    kernel's outputs in ``views`` (keyed ``prefix + field``)."""
+    num_local = local_reqs.shape[0]
+    if width == 1:
+        local_cu_np = np.arange(num_local + 1, dtype=np.int32)
+    else:
+        local_cu_np = np.zeros(num_local + 1, dtype=np.int32)
+        np.cumsum(counts[local_reqs], out=local_cu_np[1:])
+    drafts = batch.num_draft_tokens_per_req
+    local_drafts = None if drafts is None else np.asarray(drafts)[local_reqs].astype(np.int32, copy=False)
+    local_batch = InputBatch(
+        req_ids=_pick(batch.req_ids, local_reqs.tolist()),
+        num_reqs=num_local,
+        idx_mapping=views[prefix + "idx_mapping"],
+        idx_mapping_np=slots[local_reqs],
+        expanded_idx_mapping=views[prefix + "expanded_idx_mapping"],
+        expanded_local_pos=views[prefix + "expanded_local_pos"],
+        query_start_loc=batch.query_start_loc,
+        seq_lens=views[prefix + "seq_lens"],
+        logits_indices=views[prefix + "logits_indices"],
+        cu_num_logits=views[prefix + "cu_num_logits"],
+        cu_num_logits_np=local_cu_np,
+        num_draft_tokens=0 if local_drafts is None else int(np.add.reduce(local_drafts)),
+        num_draft_tokens_per_req=local_drafts,
+    )
+    if type(batch) is not InputBatch:
+        # An engine's subclass keeps its type and its own fields unchanged (INV-LOCAL-UNLISTED-FIELDS).
+        local_batch = replace(batch, **{name: getattr(local_batch, name) for name in _BATCH_FIELDS})
+    return local_batch
+
+
 class ProductionSharder:
     def __init__(
         self,
@@ -185,32 +217,7 @@ class ProductionSharder:
         if num_reqs:
             self._launch_plan(batch, (num_reqs, num_logits, num_local, num_local_logits, max_reqs_per_rank))
         views = self._shard_views(num_reqs, num_logits, num_local, num_local_logits)
-        if width == 1:
-            local_cu_np = np.arange(num_local + 1, dtype=np.int32)
-        else:
-            local_cu_np = np.zeros(num_local + 1, dtype=np.int32)
-            np.cumsum(counts[local_reqs], out=local_cu_np[1:])
-        drafts = batch.num_draft_tokens_per_req
-        local_drafts = None if drafts is None else np.asarray(drafts)[local_reqs].astype(np.int32, copy=False)
-        req_ids = batch.req_ids
-        local_batch = InputBatch(
-            req_ids=_pick(req_ids, local_reqs.tolist()),
-            num_reqs=num_local,
-            idx_mapping=views["local_idx_mapping"],
-            idx_mapping_np=slots[local_reqs],
-            expanded_idx_mapping=views["local_expanded_idx_mapping"],
-            expanded_local_pos=views["local_expanded_local_pos"],
-            query_start_loc=batch.query_start_loc,
-            seq_lens=views["local_seq_lens"],
-            logits_indices=views["local_logits_indices"],
-            cu_num_logits=views["local_cu_num_logits"],
-            cu_num_logits_np=local_cu_np,
-            num_draft_tokens=0 if local_drafts is None else int(np.add.reduce(local_drafts)),
-            num_draft_tokens_per_req=local_drafts,
-        )
-        if type(batch) is not InputBatch:
-            # An engine's subclass keeps its type and its own fields unchanged (INV-LOCAL-UNLISTED-FIELDS).
-            local_batch = replace(batch, **{name: getattr(local_batch, name) for name in _BATCH_FIELDS})
+        local_batch = local_input_batch(batch, slots, counts, local_reqs, width, views)
         metadata = BatchShardMetadata(
             tp_size=tp,
             num_logits_per_rank=rows_per_rank,
