@@ -9,8 +9,8 @@ most loaded rank (``scale_shapes.balanced_slots``). Three parts, one JSON:
   floor (``floors.py``: launch floor + must-move bytes at the measured copy rate) and the per-round
   ratio production / vLLM.
 * ``baseline``: all-gather the full logits and sample every row on every rank (replicated) against
-  shard + all-to-all + sample the local rows + gather (sharded), greedy and top-p torch samplers
-  (``samplers.py``); time per step, alternating, and peak device memory per step (allocations
+  shard + all-to-all + sample the local rows + gather (sharded), greedy and two top-p torch samplers
+  (``samplers.py``: sorting, and sort-free); time per step, alternating, and peak device memory per step (allocations
   above the step's inputs, plus whatever the sharded path keeps between steps), beside 1/tp of the
   replicated peak and the sampler's own peak at both row counts.
 * ``focus``: the host-bound shape (tp 8, 1024 requests, 1 row, vocab 32768, float32) with many more
@@ -330,13 +330,13 @@ def format_step_row(row: dict) -> str:
 
 
 BASELINE_HEADER = (
-    " tp  reqs  n  vocab  dt | sampler | replicated us   GB | sharded us   GB  (persistent GB)"
+    " tp  reqs  n  vocab  dt | sampler         | replicated us   GB | sharded us   GB  (persistent GB)"
     " | time shard/repl (q1-q3) | memory shard/repl | over repl/tp MB | sampler alone GB L_local / L"
 )
 
 
 def format_baseline_row(row: dict) -> str:
-    head = f"{_shape(row)} | {row['sampler']:>7}"
+    head = f"{_shape(row)} | {row['sampler']:<15}"
     if "skipped" in row:
         return f"{head} | skipped: {row['skipped']}"
     rep, sh, r = row["replicated"], row["sharded"], row["sharded_over_replicated"]

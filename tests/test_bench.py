@@ -135,7 +135,7 @@ def test_scale_grid_quick_writes_json_and_plots(tmp_path):
         assert row["production"]["q1"] <= row["production"]["median"] <= row["production"]["q3"]
         assert row["production"]["x_floor"] == row["production"]["median"] / row["floor_us"]
         assert row["production_over_upstream"]["n"] == 2
-    assert {r["sampler"] for r in result["baseline"]} == {"greedy", "top_p"}
+    assert {r["sampler"] for r in result["baseline"]} == {"greedy", "top_p", "top_p_sort_free"}
     for row in result["baseline"]:
         assert row["replicated"]["median"] > 0 and row["sharded"]["median"] > 0
     assert result["focus"]["production_over_upstream"]["median"] > 0
@@ -209,3 +209,30 @@ def test_nvlink_model_document_is_generated_from_the_script(monkeypatch):
     large = nvlink_model.model(4096, 8, 262144, 2, 4e6)
     # Per rank the all-gather carries tp times the all-to-all's bytes.
     assert abs(large["ag_mb"] / large["a2a_mb"] - nvlink_model.TP) < 1e-9
+
+
+def test_sort_free_top_p_keeps_the_tokens_the_sorting_one_keeps(monkeypatch):
+    """Same kept set, hence the same draw from the same generator; a token above p is the only one kept."""
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))
+    import samplers
+    import torch
+
+    torch.manual_seed(0)
+    for seed in range(8):
+        logits = torch.randn(32, 500) * 3
+        drawn = [fn(logits, torch.Generator().manual_seed(seed)) for fn in (samplers.top_p, samplers.top_p_sort_free)]
+        assert torch.equal(*drawn), seed
+    peaked = torch.zeros(4, 500)
+    peaked[:, 7] = 10.0  # probability above 0.9
+    for seed in range(8):
+        assert samplers.top_p_sort_free(peaked, torch.Generator().manual_seed(seed)).tolist() == [7] * 4
+
+
+def test_sort_memory_rejects_bad_rows():
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "sort_memory.py"), "--rows", "8,x"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 2 and "--rows: expected comma-separated integers" in proc.stderr
