@@ -510,10 +510,17 @@ class CapturedSteps:
             static.num_nans[:num_local_logits].copy_(out.num_nans)
         if static.logprobs_tensors is not None:
             lp, dst = out.logprobs_tensors, static.logprobs_tensors
-            lp_cols = min(lp.logprob_token_ids.shape[-1], lp.logprobs.shape[-1], dst.logprobs.shape[-1])
-            dst.logprob_token_ids[:num_local_logits, :lp_cols].copy_(lp.logprob_token_ids[:, :lp_cols])
-            dst.logprobs[:num_local_logits, :lp_cols].copy_(lp.logprobs[:, :lp_cols])
-            dst.selected_token_ranks[:num_local_logits].copy_(lp.selected_token_ranks)
+            if lp is None:  # the eager pack sends token 0, logprob -inf and rank 0 for every row
+                lp_cols = 0
+                dst.selected_token_ranks[:num_local_logits].zero_()
+            else:
+                lp_cols = min(lp.logprob_token_ids.shape[-1], lp.logprobs.shape[-1], dst.logprobs.shape[-1])
+                dst.logprob_token_ids[:num_local_logits, :lp_cols].copy_(lp.logprob_token_ids[:, :lp_cols])
+                dst.logprobs[:num_local_logits, :lp_cols].copy_(lp.logprobs[:, :lp_cols])
+                dst.selected_token_ranks[:num_local_logits].copy_(lp.selected_token_ranks)
+            if lp_cols < dst.logprobs.shape[-1]:  # and pads narrower logprobs with token 0, logprob -inf
+                dst.logprob_token_ids[:num_local_logits, lp_cols:].zero_()
+                dst.logprobs[:num_local_logits, lp_cols:].fill_(float("-inf"))
 
     # -- all three -------------------------------------------------------------------------------
     def step(

@@ -50,11 +50,13 @@ def _batch(slots, rows, seed):
     return build_input_batch(slots, rows, seq_lens=rng.integers(1, 50, size=len(slots)), device=DEVICE)
 
 
-def _local_output(local_batch, width, seed):
-    """What a sampler returns for ``local_batch``: right shapes, values seeded by the request's slot."""
+def _local_output(local_batch, width, seed, cols=None):
+    """What a sampler returns for ``local_batch``: right shapes, values seeded by the request's slot;
+    ``cols`` logprob columns (default: the agreed width of DIMS)."""
     n, rows = local_batch.num_reqs, local_batch.num_logits
     gen = torch.Generator(device=DEVICE).manual_seed(seed)
-    cols, on = num_logprob_columns(DIMS), dict(generator=gen, device=DEVICE)
+    cols = num_logprob_columns(DIMS) if cols is None else cols
+    on = dict(generator=gen, device=DEVICE)
     return SamplerOutput(
         sampled_token_ids=torch.randint(0, 1000, (n, width), **on),
         logprobs_tensors=LogprobsTensors(
@@ -128,7 +130,7 @@ def _token_logits(batch, rank, seed, vocab_shard):
 
 
 def _batches(tp, seed):
-    """Batches of different sizes: two in one bucket, then a larger and a smaller bucket, then an empty one."""
+    """Batches of different sizes and widths (different buckets), then an empty one."""
     rng = np.random.default_rng(seed)
     sizes = [2 * tp, 2 * tp - 1, 5 * tp - 2, 3, 0]
     out = []
@@ -194,3 +196,125 @@ def test_preconditions_are_checked_before_anything_is_staged():
     with pytest.raises(Exception, match="PRE-SLOT-RANGE"):
         steps.shard(_batch([0, 99], [1, 1], 0))
     assert steps._entries == {}
+
+
+# -- the defaults, inputs written in place, step(), checks off ---------------------------------
+
+PLAIN = dict(gather_num_nans=False, logprobs_dims=None)  # both steps' defaults
+
+
+def _plain_output(local_batch, width, seed):
+    """A sampler's results without logprobs or NaN counts."""
+    out = _local_output(local_batch, width, seed)
+    return dataclasses.replace(out, logprobs_tensors=None, num_nans=None)
+
+
+def _eager_plain(comm, batches, vocab_shard):
+    sharder = ProductionSharder(*CAPACITY, comm=comm, device=DEVICE)
+    results = []
+    for k, batch in enumerate(batches):
+        shard = sharder.shard_sampler_inputs(batch, None)
+        x = _token_logits(batch, comm.rank, k, vocab_shard)
+        local_logits = sharder.all_to_all_logits(x[shard.sorted_logits_indices], shard.metadata)
+        out = _plain_output(shard.local_batch, shard.metadata.max_num_logits_per_req, seed=k * 7 + comm.rank)
+        gathered = sharder.gather_sampler_output(out, shard.metadata, batch, shard.local_batch)
+        results.append(_snapshot((shard.local_batch, local_logits, gathered)))
+    return results
+
+
+def _captured_plain(comm, batches, vocab_shard):
+    """Checks off. Even batches: the engine writes plan.logits_input and the sampler plan.local_output in
+    place. Odd batches: step() with the tensors given, in a bucket of twice the smallest's requests."""
+    steps = CapturedSteps(
+        *CAPACITY, comm=comm, vocab=vocab_shard * comm.world_size, device=DEVICE, check_preconditions=False
+    )
+    results = []
+    for k, batch in enumerate(batches):
+        x = _token_logits(batch, comm.rank, k, vocab_shard)
+        seed = k * 7 + comm.rank
+        if k % 2:
+            smallest = steps.bucket_for(batch)
+            bucket = Bucket(2 * smallest.reqs_per_rank, smallest.rows_per_req)
+            layout = steps.shard(batch, bucket)  # where the engine's rows go, and the local batch
+            out = _plain_output(layout.local_batch, layout.width, seed)
+            plan, local_logits, gathered = steps.step(batch, x[layout.sorted_logits_indices], out, bucket)
+            assert plan.bucket == bucket
+        else:
+            plan = steps.shard(batch)
+            plan.logits_input.copy_(x[plan.sorted_logits_indices])
+            local_logits = steps.all_to_all_logits(plan)
+            out = _plain_output(plan.local_batch, plan.width, seed)
+            n, static = plan.num_local_reqs, plan.local_output
+            static.sampled_token_ids[:n, : plan.width].copy_(out.sampled_token_ids)
+            static.num_sampled[:n].copy_(out.num_sampled)
+            static.num_rejected[:n].copy_(out.num_rejected)
+            gathered = steps.gather_sampler_output(plan)
+        # What the sampler may write: no NaN counts or logprobs are gathered, so none are offered.
+        assert plan.local_output.num_nans is None and plan.local_output.logprobs_tensors is None
+        results.append((plan, *_snapshot((plan.local_batch, local_logits, gathered))))
+    return results
+
+
+def test_inputs_written_in_place_and_step_with_the_checks_off_equal_the_eager_step():
+    tp, vocab_shard = 2, VOCAB // 2
+    seq = np.random.default_rng(5).integers(1, 50, size=CAPACITY[0])
+    batches = [
+        # slots (owner = slot % 2), rows per request
+        ([0, 1, 2, 3], [2, 2, 2, 2]),  # fills bucket (2, 2): every rank sends R = 4 real rows
+        ([5, 2, 7], [1, 2, 2]),
+        ([4, 6], [2, 1]),  # bucket (2, 2) again, other local shapes: rank 1 owns nothing
+        ([9, 8, 11], [3, 1, 2]),  # width 3 in a bucket of 4: narrower ids
+        ([10, 12, 14, 3], [1, 1, 1, 1]),
+        ([], []),
+    ]
+    batches = [build_input_batch(s, r, seq_lens=seq[s], device=DEVICE) for s, r in batches]
+    eager = LockstepGroup(tp, timeout_s=120).run(_eager_plain, batches, vocab_shard)
+    captured = LockstepGroup(tp, timeout_s=120).run(_captured_plain, batches, vocab_shard)
+    for rank in range(tp):
+        for k, (expected, (plan, *actual)) in enumerate(zip(eager[rank], captured[rank], strict=True)):
+            where = f"rank {rank} batch {k}"
+            for name, e, a in zip(("local batch", "local logits", "gathered"), expected, actual, strict=True):
+                assert_same(e, a, f"{where} {name}")
+            owners = batches[k].idx_mapping_np % tp
+            assert plan.num_reqs_per_rank == np.bincount(owners, minlength=tp).tolist(), where
+    assert captured[0][0][0].bucket == captured[0][2][0].bucket == Bucket(2, 2)
+
+
+# -- logprob columns as the sampler gives them ----------------------------------------------------
+
+
+def _logprobs_of_width(comm, batch, widths, captured):
+    """The gathered logprobs of ``batch`` step after step, the local sampler giving ``widths[k]`` logprob
+    columns (None: no logprobs_tensors)."""
+    kw = dict(comm=comm, device=DEVICE)
+    steps = CapturedSteps(*CAPACITY, vocab=VOCAB, logprobs_dims=DIMS, **kw) if captured else None
+    sharder = None if captured else ProductionSharder(*CAPACITY, **kw)
+    results = []
+    for k, cols in enumerate(widths):
+        seed = k * 7 + comm.rank
+        if captured:
+            plan = steps.shard(batch)
+            out = _local_output(plan.local_batch, plan.width, seed, cols or 1)
+            out = out if cols else dataclasses.replace(out, logprobs_tensors=None)
+            gathered = steps.gather_sampler_output(plan, out)
+        else:
+            shard = sharder.shard_sampler_inputs(batch, None)
+            out = _local_output(shard.local_batch, shard.metadata.max_num_logits_per_req, seed, cols or 1)
+            out = out if cols else dataclasses.replace(out, logprobs_tensors=None)
+            gathered = sharder.gather_sampler_output(out, shard.metadata, batch, shard.local_batch, logprobs_dims=DIMS)
+        results.append(_snapshot(gathered.logprobs_tensors))
+    return results
+
+
+def test_logprobs_narrower_wider_or_absent_are_padded_and_cut_as_the_eager_step_does():
+    """The agreed width is C = 3: wider local logprobs are cut to it, narrower ones (and none at all) are
+    padded with token 0 and logprob -inf, also where an earlier step of the bucket left its columns."""
+    batch = _batch([0, 1, 2, 5, 7], [1, 2, 1, 3, 2], 3)
+    widths = [4, 2, None, 3, 1]
+    eager = LockstepGroup(2, timeout_s=120).run(_logprobs_of_width, batch, widths, False)
+    captured = LockstepGroup(2, timeout_s=120).run(_logprobs_of_width, batch, widths, True)
+    for rank in range(2):
+        for k, (expected, actual) in enumerate(zip(eager[rank], captured[rank], strict=True)):
+            assert_same(expected, actual, f"rank {rank}, local logprobs of width {widths[k]}")
+    narrow = eager[0][1]
+    assert bool((narrow.logprobs[:, 2] == float("-inf")).all()) and bool((narrow.logprob_token_ids[:, 2] == 0).all())
