@@ -18,7 +18,17 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from shardspec.conformance.harness.recording import CollectiveError, Progress, RecordingComm, changed_fields, snapshot
+import torch
+
+from shardspec.conformance.harness.recording import (
+    CollectiveError,
+    Progress,
+    RecordingComm,
+    changed_fields,
+    leaves,
+    same_value,
+    snapshot,
+)
 from shardspec.conformance.judge.checks.base import RANK_CHECKERS, StepOutputs, StepRecord, Violation
 from shardspec.conformance.judge.checks.common import declined_extensions
 from shardspec.conformance.judge.digest import step_digest
@@ -46,10 +56,42 @@ class RankRun:
 
 @dataclass
 class KeptSharder:
-    """A sharder kept for the next step of a multi-step case, with the recorder it talks through."""
+    """A sharder kept for the next step of a multi-step case, with the recorder it talks through.
+
+    ``held``: every earlier step's gathered result with a copy of its contents, as an engine that
+    keeps step n's tokens while step n+1 runs holds them (INV-GATHER-RESULT-OWNED).
+    """
 
     sharder: Any
     recorder: RecordingComm
+    held: list[tuple[str, Any, Any]] = field(default_factory=list)  # (case id, result, its copy)
+
+    def hold(self, case_id: str, gathered) -> None:
+        if gathered is not None:
+            self.held.append((case_id, gathered, snapshot(gathered)))
+
+    def changed_results(self) -> list[dict[str, Any]]:
+        """Each field of a held result whose contents differ from its copy: ``field`` (``<case id>.gathered.<name>``)
+        and the first ``row`` that differs (None where the shape changed or there are no rows)."""
+        return [
+            {"field": name, "row": _first_changed_row(old, new)}
+            for case_id, result, copy in self.held
+            for name, old, new in leaves(f"{case_id}.gathered", copy, result)
+            if not same_value(old, new)
+        ]
+
+
+def _first_changed_row(old: Any, new: Any) -> int | None:
+    if not (isinstance(old, torch.Tensor) and isinstance(new, torch.Tensor)) or old.dim() == 0:
+        return None
+    if old.shape != new.shape or old.dtype != new.dtype:
+        return None
+    new = new.to(old.device)
+    differs = old != new
+    if old.is_floating_point():
+        differs &= ~(old.isnan() & new.isnan())  # NaN for NaN is no change
+    rows = differs.reshape(old.shape[0], -1).any(dim=1).nonzero()
+    return int(rows[0]) if rows.numel() else None
 
 
 def local_sampler_output(case: Case, rank: int, full_vocab_logits, shard, device=None):
@@ -126,6 +168,9 @@ def run_step(
     run.outputs.inputs_modified = [
         name for key, old in before.items() for name in changed_fields(key, old, watched[key])
     ]
+    if run.kept is not None:
+        run.outputs.held_results_modified = run.kept.changed_results()
+        run.kept.hold(case.case_id, run.outputs.gathered)
     return run
 
 
@@ -146,6 +191,13 @@ def _steps(make_sharder, case, inputs, recorder: RecordingComm, device, run: Ran
     timed = functools.partial(_timed, run, recorder.progress)
 
     def logits_shard_of(shard):
+        # What the shard step returned is an input of the sampler and of the later operations.
+        taken = {
+            "local_batch": shard.local_batch,
+            "local_grammar_output": shard.local_grammar_output,
+            "metadata": shard.metadata,
+        }
+        before["shard"], watched["shard"] = snapshot(taken), taken
         logits_shard = local_logits_shard(inputs, shard.sorted_logits_indices, case, rank)
         before["logits_shard"], watched["logits_shard"] = snapshot(logits_shard), logits_shard
         return logits_shard

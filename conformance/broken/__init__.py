@@ -95,6 +95,7 @@ CORPUS: list[Entry] = [
     _entry("logprob-values-as-float64", "logprobs", "LogprobValuesAsFloat64", "decode"),
     # inputs and invalid inputs
     _entry("sanitizes-logits-in-place", "exchange", "SanitizesLogitsInPlace", "decode"),
+    _entry("scratch-in-local-batch", "gather", "ScratchInLocalBatch", "decode"),
     _entry(
         "accepts-beyond-capacity",
         "rejection",
@@ -128,6 +129,7 @@ CORPUS += [
     _entry("grammar-ids-tuple", "containers", "GrammarIdsAsTuple", "grammar"),
     # state kept from one step to the next
     _entry("plan-cached-by-batch-size", "state", "PlanCachedByBatchSize", "multi-step"),
+    _entry("sampled-ids-in-reused-buffer", "state", "SampledIdsInReusedBuffer", "multi-step"),
 ]
 
 BY_NAME = {entry.name: entry for entry in CORPUS}

@@ -96,3 +96,12 @@ class NanCountsInOwnGather(ReferenceSharder):
             sums[: metadata.num_local_reqs].index_add_(0, owner, local_output.num_nans.to(torch.int64))
         gathered = self._all_gather(sums)
         return replace(out, num_nans=gathered[metadata.gathered_src_indices].to(torch.int32))
+
+
+class ScratchInLocalBatch(ReferenceSharder):
+    """INV-INPUTS-UNCHANGED: after gathering, uses the local batch's seq_lens as scratch space."""
+
+    def gather_sampler_output(self, local_output, metadata, global_batch, local_batch, **kwargs):
+        gathered = super().gather_sampler_output(local_output, metadata, global_batch, local_batch, **kwargs)
+        local_batch.seq_lens.zero_()
+        return gathered

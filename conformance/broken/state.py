@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
+import torch
+
 from shardspec.reference import ReferenceSharder
 
 
@@ -16,3 +20,18 @@ class PlanCachedByBatchSize(ReferenceSharder):
         if batch.num_reqs not in self._plans:
             self._plans[batch.num_reqs] = super().shard_sampler_inputs(batch, grammar_output)
         return self._plans[batch.num_reqs]
+
+
+class SampledIdsInReusedBuffer(ReferenceSharder):
+    """INV-GATHER-RESULT-OWNED: returns sampled_token_ids as a view of one buffer that every gather reuses."""
+
+    def __init__(self, max_num_reqs, max_num_logits_per_req, *args, **kwargs):
+        super().__init__(max_num_reqs, max_num_logits_per_req, *args, **kwargs)
+        self._sampled = torch.empty(max_num_reqs * max_num_logits_per_req, dtype=torch.int64, device=self.device)
+
+    def gather_sampler_output(self, *args, **kwargs):
+        gathered = super().gather_sampler_output(*args, **kwargs)
+        ids = gathered.sampled_token_ids
+        reused = self._sampled[: ids.numel()].view(ids.shape)
+        reused.copy_(ids)
+        return replace(gathered, sampled_token_ids=reused)

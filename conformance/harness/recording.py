@@ -6,6 +6,7 @@ import contextlib
 import dataclasses
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -329,18 +330,21 @@ def snapshot(value: Any) -> Any:
 
 def changed_fields(name: str, before: Any, value: Any) -> list[str]:
     """Names (``name.field``) whose contents differ from the snapshot ``before``."""
+    return [n for n, b, v in leaves(name, before, value) if not same_value(b, v)]
+
+
+def leaves(name: str, before: Any, value: Any) -> Iterator[tuple[str, Any, Any]]:
+    """(``name.field``, snapshot leaf, current leaf) for each leaf of the snapshot ``before``; a list whose
+    length changed is one leaf."""
     if isinstance(before, dict):
-        changed = []
         for key, old in before.items():
             item = value.get(key) if isinstance(value, dict) else getattr(value, key, None)
-            changed += changed_fields(f"{name}.{key}", old, item)
-        return changed
-    if isinstance(before, list):
-        if not isinstance(value, (list, tuple)) or len(value) != len(before):
-            return [name]
-        pairs = enumerate(zip(before, value, strict=True))
-        return [n for i, (b, v) in pairs for n in changed_fields(f"{name}[{i}]", b, v)]
-    return [] if same_value(before, value) else [name]
+            yield from leaves(f"{name}.{key}", old, item)
+    elif isinstance(before, list) and isinstance(value, (list, tuple)) and len(value) == len(before):
+        for i, (b, v) in enumerate(zip(before, value, strict=True)):
+            yield from leaves(f"{name}[{i}]", b, v)
+    else:
+        yield name, before, value
 
 
 def same_value(a: Any, b: Any) -> bool:

@@ -124,6 +124,7 @@ class Streamer:
                 "error": outputs.error,
                 "error_traceback": outputs.error_traceback,
                 "inputs_modified": outputs.inputs_modified,
+                "held_results_modified": outputs.held_results_modified,
             }
         )
 

@@ -132,6 +132,7 @@ class Judge:
             rest = decode(final, self.device)
             out.failed_step, out.error = rest["failed_step"], rest["error"]
             out.error_traceback, out.inputs_modified = rest["error_traceback"], rest["inputs_modified"]
+            out.held_results_modified = rest["held_results_modified"]
         return out
 
     def inputs(self, case: Case):

@@ -46,6 +46,9 @@ class StepOutputs:
     error_traceback: str | None = None
     # Names of inputs whose contents changed during the step.
     inputs_modified: list[str] = field(default_factory=list)
+    # Fields of earlier steps' gathered results (same sharder) whose contents changed during this step:
+    # {"field": "<case id>.gathered.<name>", "row": first changed row or None}.
+    held_results_modified: list[dict] = field(default_factory=list)
 
 
 @dataclass

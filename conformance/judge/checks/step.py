@@ -139,3 +139,27 @@ def check_inputs_unchanged(record: StepRecord) -> Iterable[Violation]:
             rank=record.rank,
             field=changed[0],
         )
+
+
+# Fields of a gathered result with one row per request (the others have one per logits row).
+PER_REQUEST_FIELDS = ("sampled_token_ids", "num_sampled", "num_rejected", "num_nans")
+
+
+@rank_check("INV-GATHER-RESULT-OWNED", applies=lambda record: bool(record.case.continues))
+def check_gather_result_owned(record: StepRecord) -> Iterable[Violation]:
+    """Judged on the later steps of a multi-step case: the harness holds every earlier gathered result."""
+    changed = record.actual.held_results_modified
+    if not changed:
+        return
+    first = changed[0]
+    earlier, _, name = first["field"].partition(".gathered.")
+    row, unit = first["row"], "request" if name in PER_REQUEST_FIELDS else "logits row"
+    # The row is a position in the earlier step's batch, not in this one's: it goes in the message.
+    at = "" if row is None else f" (first at its {unit} {row})"
+    fields = ", ".join(c["field"] for c in changed)
+    yield Violation(
+        "INV-GATHER-RESULT-OWNED",
+        f"this step wrote into the result that step {earlier} returned: {fields}{at}",
+        rank=record.rank,
+        field=first["field"],
+    )
