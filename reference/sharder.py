@@ -51,7 +51,7 @@ PAD_SELECTED_RANK = 0
 
 class ReferenceSharder:
     # The version of the specification this implementation targets (docs/validate-your-implementation.md).
-    SPEC_VERSION = "0.2.0"
+    SPEC_VERSION = "0.3.0"
 
     def __init__(
         self,

@@ -169,7 +169,7 @@ def load_spec(root: PathLike | None = None) -> Spec:
 
 
 def spec_version(root: PathLike | None = None) -> str:
-    """The version of the specification in ``root`` (default: the installed one), e.g. ``"0.2.0"``.
+    """The version of the specification in ``root`` (default: the installed one), e.g. ``"0.3.0"``.
 
     Reads only index.yaml, so a report header can name the version without loading every document.
     """
