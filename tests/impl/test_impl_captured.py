@@ -318,3 +318,30 @@ def test_logprobs_narrower_wider_or_absent_are_padded_and_cut_as_the_eager_step_
             assert_same(expected, actual, f"rank {rank}, local logprobs of width {widths[k]}")
     narrow = eager[0][1]
     assert bool((narrow.logprobs[:, 2] == float("-inf")).all()) and bool((narrow.logprob_token_ids[:, 2] == 0).all())
+
+
+def test_with_the_checks_off_logprob_ids_and_values_of_different_widths_are_read_within_both():
+    """Unchecked, a sampler's logprob ids and values may differ in width: the staging copies the columns
+    both have and pads the rest with token 0 / logprob -inf, as the eager pack does where it reads within
+    both (it reads the ids' width). Bucket (1, 2): R = 2 rows, fewer than the C = 3 columns."""
+    comm, batch = LoopbackComm(0, 1), _batch([3], [2], 0)
+    unchecked = dict(comm=comm, device=DEVICE, check_preconditions=False)
+    steps = CapturedSteps(*CAPACITY, vocab=VOCAB, logprobs_dims=DIMS, **unchecked)
+    sharder = ProductionSharder(*CAPACITY, **unchecked)
+    for ids_cols, vals_cols in [(3, 3), (2, 3), (3, 2)]:
+        where, cols = f"ids {ids_cols} wide, values {vals_cols}", min(ids_cols, vals_cols)
+        plan = steps.shard(batch)
+        assert plan.bucket == Bucket(1, 2), where
+        out = _local_output(plan.local_batch, plan.width, seed=ids_cols)
+        lp = out.logprobs_tensors
+        ids, values = lp.logprob_token_ids[:, :ids_cols], lp.logprobs[:, :vals_cols]
+        out = dataclasses.replace(out, logprobs_tensors=LogprobsTensors(ids, values, lp.selected_token_ranks))
+        got = steps.gather_sampler_output(plan, out).logprobs_tensors
+        if ids_cols <= vals_cols:
+            shard = sharder.shard_sampler_inputs(batch, None)
+            eager = sharder.gather_sampler_output(out, shard.metadata, batch, shard.local_batch, logprobs_dims=DIMS)
+            assert_same(eager.logprobs_tensors, got, where)
+        assert torch.equal(got.logprob_token_ids[:, :cols], lp.logprob_token_ids[:, :cols]), where
+        assert torch.equal(got.logprobs[:, :cols], lp.logprobs[:, :cols]), where
+        assert bool((got.logprob_token_ids[:, cols:] == 0).all()), where
+        assert bool((got.logprobs[:, cols:] == float("-inf")).all()), where

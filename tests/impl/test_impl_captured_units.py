@@ -152,8 +152,19 @@ def test_the_cache_of_views_never_holds_more_than_its_bound():
 # -- static buffers -----------------------------------------------------------------------------
 
 
+@pytest.fixture
+def float64_by_default():
+    """An engine may load its model under another default dtype; the buffers must not follow it."""
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    yield
+    torch.set_default_dtype(previous)
+
+
 @pytest.mark.parametrize("logprobs_dims, gather_num_nans", [((2, 0), True), (None, False)])
-def test_static_buffers_are_on_the_step_device_with_the_data_model_dtypes(logprobs_dims, gather_num_nans):
+def test_static_buffers_are_on_the_step_device_with_the_data_model_dtypes(
+    logprobs_dims, gather_num_nans, float64_by_default
+):
     """The meta device allocates nothing; a buffer made on another device, or of another dtype, shows."""
     steps = _steps(
         device=META, logits_dtype=torch.bfloat16, logprobs_dims=logprobs_dims, gather_num_nans=gather_num_nans
