@@ -117,8 +117,8 @@ def mutants(session: nox.Session) -> None:
 
     Prints killed / survived / timed out per folder and writes the mutants not caught to reports/mutants.md;
     fails if a survivor of a folder it ran has no reason in docs/mutation-survivors.md. Every survivor of
-    reference/ and impl/ has one, except impl/captured.py's (added after impl/ was measured), so a run of
-    today's impl/ lists those still to be judged.
+    reference/ and impl/ has one (impl/captured.py's too, measured on its own after the rest of impl/:
+    `-- impl --mutants 'shardspec.impl.captured.*'`).
     Arguments after -- go to mutation/run.py (e.g. `-- reference`, `-- impl --sample 2`, `-- --worktree`,
     `-- --reuse`). One mutant at a time (`-- --max-children N` for more); docs/mutation-survivors.md gives
     the run times.
