@@ -226,7 +226,12 @@ def _captured_plain(comm, batches, vocab_shard):
     """Checks off. Even batches: the engine writes plan.logits_input and the sampler plan.local_output in
     place. Odd batches: step() with the tensors given, in a bucket of twice the smallest's requests."""
     steps = CapturedSteps(
-        *CAPACITY, comm=comm, vocab=vocab_shard * comm.world_size, device=DEVICE, check_preconditions=False
+        *CAPACITY,
+        comm=comm,
+        vocab=vocab_shard * comm.world_size,
+        device=DEVICE,
+        check_preconditions=False,
+        graphs=False,  # ranks are threads
     )
     results = []
     for k, batch in enumerate(batches):
@@ -287,7 +292,7 @@ def _logprobs_of_width(comm, batch, widths, captured):
     """The gathered logprobs of ``batch`` step after step, the local sampler giving ``widths[k]`` logprob
     columns (None: no logprobs_tensors)."""
     kw = dict(comm=comm, device=DEVICE)
-    steps = CapturedSteps(*CAPACITY, vocab=VOCAB, logprobs_dims=DIMS, **kw) if captured else None
+    steps = CapturedSteps(*CAPACITY, vocab=VOCAB, logprobs_dims=DIMS, graphs=False, **kw) if captured else None
     sharder = None if captured else ProductionSharder(*CAPACITY, **kw)
     results = []
     for k, cols in enumerate(widths):
@@ -323,7 +328,8 @@ def test_logprobs_narrower_wider_or_absent_are_padded_and_cut_as_the_eager_step_
 def test_with_the_checks_off_logprob_ids_and_values_of_different_widths_are_read_within_both():
     """Unchecked, a sampler's logprob ids and values may differ in width: the staging copies the columns
     both have and pads the rest with token 0 / logprob -inf, as the eager pack does where it reads within
-    both (it reads the ids' width). Bucket (1, 2): R = 2 rows, fewer than the C = 3 columns."""
+    both (it reads the ids' width). Bucket (1, 2): R = 2 rows, fewer than the C = 3 columns. One rank in
+    one thread: on a GPU this replays the recorded graphs."""
     comm, batch = LoopbackComm(0, 1), _batch([3], [2], 0)
     unchecked = dict(comm=comm, device=DEVICE, check_preconditions=False)
     steps = CapturedSteps(*CAPACITY, vocab=VOCAB, logprobs_dims=DIMS, **unchecked)

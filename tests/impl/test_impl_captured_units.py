@@ -237,8 +237,8 @@ def test_checks_are_on_by_default_and_name_the_rank():
 def test_device_copies_are_compared_unless_turned_off():
     batch = _batch([0, 1, 2], [1, 1, 1])
     batch.idx_mapping[0] = 4  # the device copy disagrees with the host copy
-    with pytest.raises(PreconditionError) as caught:
-        _steps(rank=1).shard(batch)
+    with pytest.raises(PreconditionError) as caught:  # by default only where that needs no wait: say so
+        _steps(rank=1, check_device_copies=True).shard(batch)
     assert caught.value.precondition_id == "PRE-HOST-DEVICE-MATCH" and caught.value.rank == 1
     plan = _steps(check_device_copies=False).shard(batch)
     assert plan.num_reqs_per_rank == [2, 1]  # planned from the host copies
