@@ -28,6 +28,7 @@ from shardspec.conformance.harness.recording import (
     leaves,
     same_value,
     snapshot,
+    tensors,
 )
 from shardspec.conformance.judge.checks.base import RANK_CHECKERS, StepOutputs, StepRecord, Violation
 from shardspec.conformance.judge.checks.common import declined_extensions
@@ -168,10 +169,33 @@ def run_step(
     run.outputs.inputs_modified = [
         name for key, old in before.items() for name in changed_fields(key, old, watched[key])
     ]
+    run.outputs.results_sharing_inputs = shared_memory("gathered", run.outputs.gathered, watched)
     if run.kept is not None:
         run.outputs.held_results_modified = run.kept.changed_results()
         run.kept.hold(case.case_id, run.outputs.gathered)
     return run
+
+
+def shared_memory(name: str, result: Any, inputs: dict[str, Any]) -> list[dict[str, str]]:
+    """Each non-empty tensor of ``result`` that lies in the storage of a non-empty tensor of ``inputs``:
+    ``{"field": "<name>.<field>", "input": "<input>.<field>"}``. The shard step's outputs are the
+    sharder's own and not looked at here."""
+    owners = {
+        _storage(tensor): field
+        for key, value in inputs.items()
+        if key != "shard"
+        for field, tensor in tensors(key, value)
+        if tensor.numel()
+    }
+    return [
+        {"field": field, "input": owners[_storage(tensor)]}
+        for field, tensor in tensors(name, result)
+        if tensor.numel() and _storage(tensor) in owners
+    ]
+
+
+def _storage(tensor: torch.Tensor) -> tuple[str, int]:
+    return str(tensor.device), tensor.untyped_storage().data_ptr()
 
 
 def _steps(make_sharder, case, inputs, recorder: RecordingComm, device, run: RankRun, before, watched) -> None:

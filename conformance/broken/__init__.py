@@ -130,6 +130,7 @@ CORPUS += [
     # state kept from one step to the next
     _entry("plan-cached-by-batch-size", "state", "PlanCachedByBatchSize", "multi-step"),
     _entry("sampled-ids-in-reused-buffer", "state", "SampledIdsInReusedBuffer", "multi-step"),
+    _entry("local-counts-returned-at-tp1", "state", "GatherReturnsLocalCountsAtTpOne", "decode-tp1"),
 ]
 
 BY_NAME = {entry.name: entry for entry in CORPUS}

@@ -203,4 +203,7 @@ MULTI_STEP = _case(
     ],
 )
 ALL += [MULTI_STEP]
+# One rank: the gather could hand the local output back unchanged.
+DECODE_TP1 = _case("decode-tp1", tp_size=1, slots=[0, 1, 2, 3], num_logits_per_req=[1, 2, 1, 1])
+ALL += [DECODE_TP1]
 BY_ID = {case.case_id: case for case in ALL}

@@ -35,3 +35,13 @@ class SampledIdsInReusedBuffer(ReferenceSharder):
         reused = self._sampled[: ids.numel()].view(ids.shape)
         reused.copy_(ids)
         return replace(gathered, sampled_token_ids=reused)
+
+
+class GatherReturnsLocalCountsAtTpOne(ReferenceSharder):
+    """INV-GATHER-RESULT-OWNED: at tp 1, returns the local sampler output's num_sampled itself (same values)."""
+
+    def gather_sampler_output(self, local_output, *args, **kwargs):
+        gathered = super().gather_sampler_output(local_output, *args, **kwargs)
+        if self.tp_size == 1 and local_output is not None and local_output.num_sampled is not None:
+            return replace(gathered, num_sampled=local_output.num_sampled)
+        return gathered

@@ -311,21 +311,44 @@ def _int_list(sizes):
 # -- snapshots of inputs (INV-INPUTS-UNCHANGED) -----------------------------
 
 
+def _children(value: Any) -> dict[str, Any] | list[Any] | None:
+    """The fields of a dataclass, NamedTuple or dict by name, the items of a list or tuple; None for a leaf."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
+    if isinstance(value, tuple) and hasattr(value, "_fields"):
+        return {name: getattr(value, name) for name in value._fields}
+    if isinstance(value, dict):  # e.g. a sampler output's extension fields
+        return dict(value)
+    if isinstance(value, (list, tuple)):
+        return list(value)
+    return None
+
+
 def snapshot(value: Any) -> Any:
-    """A deep copy of tensors, arrays, lists, dataclasses and NamedTuples."""
+    """A deep copy of tensors, arrays, lists, dataclasses and NamedTuples (these two as dicts)."""
+    children = _children(value)
+    if isinstance(children, dict):
+        return {key: snapshot(item) for key, item in children.items()}
+    if isinstance(children, list):
+        return [snapshot(item) for item in children]
     if isinstance(value, torch.Tensor):
         return value.detach().clone()
     if isinstance(value, np.ndarray):
         return value.copy()
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: snapshot(getattr(value, f.name)) for f in dataclasses.fields(value)}
-    if isinstance(value, tuple) and hasattr(value, "_fields"):
-        return {name: snapshot(getattr(value, name)) for name in value._fields}
-    if isinstance(value, dict):  # e.g. a sampler output's extension fields
-        return {key: snapshot(item) for key, item in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [snapshot(v) for v in value]
     return value
+
+
+def tensors(name: str, value: Any) -> Iterator[tuple[str, torch.Tensor]]:
+    """(``name.field``, tensor) for every tensor in ``value``, named as :func:`changed_fields` names them."""
+    children = _children(value)
+    if isinstance(children, dict):
+        for key, item in children.items():
+            yield from tensors(f"{name}.{key}", item)
+    elif isinstance(children, list):
+        for i, item in enumerate(children):
+            yield from tensors(f"{name}[{i}]", item)
+    elif isinstance(value, torch.Tensor):
+        yield name, value
 
 
 def changed_fields(name: str, before: Any, value: Any) -> list[str]:

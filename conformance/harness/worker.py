@@ -125,6 +125,7 @@ class Streamer:
                 "error_traceback": outputs.error_traceback,
                 "inputs_modified": outputs.inputs_modified,
                 "held_results_modified": outputs.held_results_modified,
+                "results_sharing_inputs": outputs.results_sharing_inputs,
             }
         )
 

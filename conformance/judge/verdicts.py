@@ -133,6 +133,7 @@ class Judge:
             out.failed_step, out.error = rest["failed_step"], rest["error"]
             out.error_traceback, out.inputs_modified = rest["error_traceback"], rest["inputs_modified"]
             out.held_results_modified = rest["held_results_modified"]
+            out.results_sharing_inputs = rest["results_sharing_inputs"]
         return out
 
     def inputs(self, case: Case):

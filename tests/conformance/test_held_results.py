@@ -42,3 +42,23 @@ def test_nan_for_nan_is_no_change_and_every_held_step_is_compared():
     assert kept.changed_results() == []
     second.sampled_token_ids[0, 0] = 5
     assert kept.changed_results() == [{"field": "case.step1.gathered.sampled_token_ids", "row": 0}]
+
+
+def test_a_result_in_an_inputs_memory_is_named_with_that_input():
+    from shardspec.conformance.step import shared_memory
+
+    counts = torch.arange(8, dtype=torch.int32)
+    local = SamplerOutput(sampled_token_ids=torch.zeros(4, 1, dtype=torch.int64), num_sampled=counts)
+    workspace = torch.zeros(16, dtype=torch.int32)
+    inputs = {"local_output": local, "shard": {"metadata": workspace}}
+    result = SamplerOutput(
+        sampled_token_ids=torch.zeros(4, 2, dtype=torch.int64),
+        num_sampled=counts[2:6],  # a view at an offset is still the input's memory
+        num_rejected=workspace[:4],  # the sharder's own outputs are not inputs of the caller's
+        num_nans=torch.empty(0, dtype=torch.int32),
+    )
+    assert shared_memory("gathered", result, inputs) == [
+        {"field": "gathered.num_sampled", "input": "local_output.num_sampled"}
+    ]
+    result.num_sampled = counts.clone()
+    assert shared_memory("gathered", result, inputs) == []

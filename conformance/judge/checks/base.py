@@ -49,6 +49,8 @@ class StepOutputs:
     # Fields of earlier steps' gathered results (same sharder) whose contents changed during this step:
     # {"field": "<case id>.gathered.<name>", "row": first changed row or None}.
     held_results_modified: list[dict] = field(default_factory=list)
+    # Tensors of the gathered result in the storage of an input: {"field": "gathered.<name>", "input": ...}.
+    results_sharing_inputs: list[dict] = field(default_factory=list)
 
 
 @dataclass

@@ -145,9 +145,22 @@ def check_inputs_unchanged(record: StepRecord) -> Iterable[Violation]:
 PER_REQUEST_FIELDS = ("sampled_token_ids", "num_sampled", "num_rejected", "num_nans")
 
 
-@rank_check("INV-GATHER-RESULT-OWNED", applies=lambda record: bool(record.case.continues))
+def _has_result(record: StepRecord) -> bool:
+    return record.actual.gathered is not None or bool(record.case.continues)
+
+
+@rank_check("INV-GATHER-RESULT-OWNED", applies=_has_result)
 def check_gather_result_owned(record: StepRecord) -> Iterable[Violation]:
-    """Judged on the later steps of a multi-step case: the harness holds every earlier gathered result."""
+    """The gathered result shares no storage with an input, and (on the later steps of a multi-step case,
+    where the harness holds every earlier gathered result) no earlier result changed during this step."""
+    for shared in record.actual.results_sharing_inputs[:1]:
+        yield Violation(
+            "INV-GATHER-RESULT-OWNED",
+            f"the gathered result lies in the memory of an input of the step: {shared['field']} in "
+            f"{shared['input']}, which the caller reuses",
+            rank=record.rank,
+            field=shared["field"],
+        )
     changed = record.actual.held_results_modified
     if not changed:
         return
