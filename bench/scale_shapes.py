@@ -33,7 +33,11 @@ def balanced_slots(num_reqs: int, tp: int, max_num_reqs: int, rng: np.random.Gen
 
 
 class ScaleShape(Bench):
-    """One batch shape: the batch, rank 0's vocab shard of the logits in ``dtype``, and the step calls."""
+    """One batch shape: the batch, one rank's vocab shard of the logits in ``dtype``, and the step calls.
+
+    ``comm``: the group the sharders talk through; rank 0 of a ``LoopbackComm`` group when None (one
+    device simulating the group), or a real group (``multi_rank.py``), whose ranks all build the same batch.
+    """
 
     def __init__(
         self,
@@ -46,21 +50,26 @@ class ScaleShape(Bench):
         capacity: tuple[int, int],
         num_logprobs: int,
         device: torch.device,
+        comm=None,
     ):
         if vocab % tp:
             raise ValueError(f"vocab {vocab} is not divisible by tp {tp}")
         rng = np.random.default_rng(num_reqs * 10 + rows + 1000 * tp)
         self.tp, self.device, self.vocab, self.rows = tp, device, vocab, rows
+        self.comm = comm if comm is not None else LoopbackComm(0, tp)
         self.num_reqs, self.dtype = num_reqs, DTYPES[dtype]
         self.batch = build_input_batch(balanced_slots(num_reqs, tp, capacity[0], rng), [rows] * num_reqs, device=device)
         self.dims = (num_logprobs, 0)
         self.capacity = capacity
         self.num_logits = num_reqs * rows
-        gen = torch.Generator(device=device).manual_seed(num_reqs + vocab)
+        gen = torch.Generator(device=device).manual_seed(num_reqs + vocab + 7919 * self.comm.rank)
         self.logits_shard = torch.randn(self.num_logits, vocab // tp, device=device, dtype=self.dtype, generator=gen)
         plan = self.sharder("production").shard_sampler_inputs(self.batch, None)
         self.num_local_reqs = plan.metadata.num_local_reqs
         self.num_local_logits = plan.metadata.num_local_logits
+
+    def sharder(self, impl: str, **options):
+        return IMPLS[impl](*self.capacity, comm=self.comm, device=self.device, **options)
 
     def step_call(self, impl: str) -> Callable[[], object]:
         """Shard + all-to-all + gather with logprobs and NaN counts (as bench_step.py's step)."""
@@ -85,7 +94,7 @@ class ScaleShape(Bench):
 
     def replicated_sampling_step(self, sampler) -> Callable[[], object]:
         """All-gather the full logits (a fresh [L, V] per step, as engines gather), sample every row."""
-        comm, tp, shard = LoopbackComm(0, self.tp), self.tp, self.logits_shard
+        comm, tp, shard = self.comm, self.tp, self.logits_shard
         width = shard.shape[1]
 
         def step():
@@ -111,15 +120,23 @@ def burst_size(fn: Callable[[], object], device: torch.device, target_s: float) 
 
 
 def interleave(
-    calls: dict[str, Callable[[], object]], device: torch.device, rounds: int, target_s: float
+    calls: dict[str, Callable[[], object]],
+    device: torch.device,
+    rounds: int,
+    target_s: float,
+    agree: Callable[[float], float] = lambda value: value,
 ) -> dict[str, list[float]]:
-    """Per-call wall us of each call per round; within a round the calls alternate (A B, then B A)."""
-    bursts = {name: burst_size(fn, device, target_s) for name, fn in calls.items()}
+    """Per-call wall us of each call per round; within a round the calls alternate (A B, then B A).
+
+    ``agree(value)``: the group's value for this rank's (the maximum over ranks, in a real group, whose
+    ranks must make the same number of calls and wait for the slowest); the value itself on one device.
+    """
+    bursts = {name: int(agree(burst_size(fn, device, target_s))) for name, fn in calls.items()}
     names = list(calls)
     times: dict[str, list[float]] = {name: [] for name in names}
     for round_ in range(rounds):
         for name in names if round_ % 2 == 0 else names[::-1]:
-            times[name].append(burst_us(calls[name], device, bursts[name]))
+            times[name].append(agree(burst_us(calls[name], device, bursts[name])))
     return times
 
 

@@ -236,3 +236,31 @@ def test_sort_memory_rejects_bad_rows():
         timeout=60,
     )
     assert proc.returncode == 2 and "--rows: expected comma-separated integers" in proc.stderr
+
+
+def test_multi_rank_bench_runs_under_torchrun(tmp_path):
+    """Two gloo ranks, tiny shapes: every rank makes the same calls, rank 0 writes the rows with the model's."""
+    out = tmp_path / "multi.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+         str(ROOT / "bench" / "multi_rank.py"), "--quick", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=dict(os.environ, TRITON_INTERPRET="1"),
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert [(r["tp"], r["num_reqs"], r["rows"]) for r in result["rows"]] == [(2, 8, 1), (2, 8, 2)]
+    for row in result["rows"]:
+        assert row["production"]["median"] > 0 and row["replicated"]["median"] > 0
+        assert row["model"]["production"] > 0 and row["production"]["x_model"] > 0
+    assert "replicated us" in proc.stdout
+
+
+def test_multi_rank_bench_outside_torchrun_says_how_to_run_it():
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "multi_rank.py"), "--quick"], capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 2 and "run it under torchrun" in proc.stderr
