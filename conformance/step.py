@@ -18,18 +18,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch
-
-from shardspec.conformance.harness.recording import (
-    CollectiveError,
-    Progress,
-    RecordingComm,
-    changed_fields,
-    leaves,
-    same_value,
-    snapshot,
-    tensors,
-)
+from shardspec.conformance.harness.held import HeldResults, shared_memory
+from shardspec.conformance.harness.recording import CollectiveError, Progress, RecordingComm, changed_fields, snapshot
 from shardspec.conformance.judge.checks.base import RANK_CHECKERS, StepOutputs, StepRecord, Violation
 from shardspec.conformance.judge.checks.common import declined_extensions
 from shardspec.conformance.judge.digest import step_digest
@@ -57,42 +47,12 @@ class RankRun:
 
 @dataclass
 class KeptSharder:
-    """A sharder kept for the next step of a multi-step case, with the recorder it talks through.
-
-    ``held``: every earlier step's gathered result with a copy of its contents, as an engine that
-    keeps step n's tokens while step n+1 runs holds them (INV-GATHER-RESULT-OWNED).
-    """
+    """A sharder kept for the next step of a multi-step case, with the recorder it talks through and
+    every earlier step's gathered result, held as an engine holds them (INV-GATHER-RESULT-OWNED)."""
 
     sharder: Any
     recorder: RecordingComm
-    held: list[tuple[str, Any, Any]] = field(default_factory=list)  # (case id, result, its copy)
-
-    def hold(self, case_id: str, gathered) -> None:
-        if gathered is not None:
-            self.held.append((case_id, gathered, snapshot(gathered)))
-
-    def changed_results(self) -> list[dict[str, Any]]:
-        """Each field of a held result whose contents differ from its copy: ``field`` (``<case id>.gathered.<name>``)
-        and the first ``row`` that differs (None where the shape changed or there are no rows)."""
-        return [
-            {"field": name, "row": _first_changed_row(old, new)}
-            for case_id, result, copy in self.held
-            for name, old, new in leaves(f"{case_id}.gathered", copy, result)
-            if not same_value(old, new)
-        ]
-
-
-def _first_changed_row(old: Any, new: Any) -> int | None:
-    if not (isinstance(old, torch.Tensor) and isinstance(new, torch.Tensor)) or old.dim() == 0:
-        return None
-    if old.shape != new.shape or old.dtype != new.dtype:
-        return None
-    new = new.to(old.device)
-    differs = old != new
-    if old.is_floating_point():
-        differs &= ~(old.isnan() & new.isnan())  # NaN for NaN is no change
-    rows = differs.reshape(old.shape[0], -1).any(dim=1).nonzero()
-    return int(rows[0]) if rows.numel() else None
+    held: HeldResults = field(default_factory=HeldResults)
 
 
 def local_sampler_output(case: Case, rank: int, full_vocab_logits, shard, device=None):
@@ -171,31 +131,9 @@ def run_step(
     ]
     run.outputs.results_sharing_inputs = shared_memory("gathered", run.outputs.gathered, watched)
     if run.kept is not None:
-        run.outputs.held_results_modified = run.kept.changed_results()
-        run.kept.hold(case.case_id, run.outputs.gathered)
+        run.outputs.held_results_modified = run.kept.held.changed()
+        run.kept.held.hold(case.case_id, run.outputs.gathered)
     return run
-
-
-def shared_memory(name: str, result: Any, inputs: dict[str, Any]) -> list[dict[str, str]]:
-    """Each non-empty tensor of ``result`` that lies in the storage of a non-empty tensor of ``inputs``:
-    ``{"field": "<name>.<field>", "input": "<input>.<field>"}``. The shard step's outputs are the
-    sharder's own and not looked at here."""
-    owners = {
-        _storage(tensor): field
-        for key, value in inputs.items()
-        if key != "shard"
-        for field, tensor in tensors(key, value)
-        if tensor.numel()
-    }
-    return [
-        {"field": field, "input": owners[_storage(tensor)]}
-        for field, tensor in tensors(name, result)
-        if tensor.numel() and _storage(tensor) in owners
-    ]
-
-
-def _storage(tensor: torch.Tensor) -> tuple[str, int]:
-    return str(tensor.device), tensor.untyped_storage().data_ptr()
 
 
 def _steps(make_sharder, case, inputs, recorder: RecordingComm, device, run: RankRun, before, watched) -> None:

@@ -2,9 +2,7 @@
 
 import torch
 
-from shardspec.comm import LoopbackComm
-from shardspec.conformance.harness.recording import RecordingComm
-from shardspec.conformance.step import KeptSharder
+from shardspec.conformance.harness.held import HeldResults, shared_memory
 from shardspec.spec.model import LogprobsTensors, SamplerOutput
 
 
@@ -13,40 +11,34 @@ def _result(ids, values):
     return SamplerOutput(sampled_token_ids=ids, logprobs_tensors=logprobs)
 
 
-def _kept():
-    return KeptSharder(sharder=None, recorder=RecordingComm(LoopbackComm(1, 0)))
-
-
 def test_a_write_into_a_held_result_names_the_step_the_field_and_the_first_row():
-    kept = _kept()
+    kept = HeldResults()
     ids = torch.arange(6, dtype=torch.int64).view(3, 2)
     values = torch.tensor([[0.0, float("nan")], [1.0, 2.0], [3.0, 4.0]])
     kept.hold("case.step0", _result(ids, values))
-    assert kept.changed_results() == []
+    assert kept.changed() == []
     ids[2, 1] = 99
     values[1, 0] = -1.0
-    assert kept.changed_results() == [
+    assert kept.changed() == [
         {"field": "case.step0.gathered.sampled_token_ids", "row": 2},
         {"field": "case.step0.gathered.logprobs_tensors.logprobs", "row": 1},
     ]
 
 
 def test_nan_for_nan_is_no_change_and_every_held_step_is_compared():
-    kept = _kept()
+    kept = HeldResults()
     first = torch.tensor([[float("nan"), 1.0]] * 3)
     kept.hold("case.step0", _result(torch.zeros(3, 2, dtype=torch.int64), first))
     second = _result(torch.zeros(3, 2, dtype=torch.int64), torch.zeros(3, 2))
     kept.hold("case.step1", second)
     kept.hold("case.step2", None)  # a step that returned nothing holds nothing
     first[:, 0] = float("nan")  # the same NaNs written again
-    assert kept.changed_results() == []
+    assert kept.changed() == []
     second.sampled_token_ids[0, 0] = 5
-    assert kept.changed_results() == [{"field": "case.step1.gathered.sampled_token_ids", "row": 0}]
+    assert kept.changed() == [{"field": "case.step1.gathered.sampled_token_ids", "row": 0}]
 
 
 def test_a_result_in_an_inputs_memory_is_named_with_that_input():
-    from shardspec.conformance.step import shared_memory
-
     counts = torch.arange(8, dtype=torch.int32)
     local = SamplerOutput(sampled_token_ids=torch.zeros(4, 1, dtype=torch.int64), num_sampled=counts)
     workspace = torch.zeros(16, dtype=torch.int32)
