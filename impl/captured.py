@@ -39,6 +39,8 @@ views trimmed to the real batch. How:
   tensors copies them in (one copy per tensor).
 * **Outputs** are views of the graphs' static outputs and of the one workspace: valid until the
   next step of any bucket, since every bucket's graphs share one memory pool (clone to keep them).
+  The gathered result is therefore not the caller's as INV-GATHER-RESULT-OWNED (spec 0.3) asks of
+  the eager step: an engine that keeps step n's tokens while step n+1 runs clones them first.
   The static inputs are allocated outside the pool.
 * **Memory** per recorded bucket, by construction: the send buffer, the receive buffer and the
   local rows, each ``tp * R`` or ``R`` rows of ``V / tp`` or ``V`` values (about three times
@@ -48,8 +50,8 @@ Grammar bitmasks and extension fields are not handled here (production's eager p
 are host-side work; an engine can call ``shardspec.impl.grammar.local_grammar_output`` itself).
 
 Seen on an H200 with torch 2.11: in a one-rank NCCL group, ``destroy_process_group`` did not return
-once NCCL collectives had been captured in these graphs (not investigated; ``tests/gpu`` runs that
-case in a subprocess that exits without it).
+once NCCL collectives had been captured in these graphs (pytorch/pytorch issue 115388, open since
+2023; ``tests/gpu`` runs that case in a subprocess that exits without it).
 
 Without CUDA (or with ``graphs=False``) the same padded procedure runs eagerly, with the same
 API and results: that is what the CPU tests check, with the Triton interpreter.
