@@ -48,7 +48,7 @@ class RankRun:
 @dataclass
 class KeptSharder:
     """A sharder kept for the next step of a multi-step case, with the recorder it talks through and
-    every earlier step's gathered result, held as an engine holds them (INV-GATHER-RESULT-OWNED)."""
+    every earlier step's gathered result, held as an engine holds them (INV-GATHER-RESULT-STABLE)."""
 
     sharder: Any
     recorder: RecordingComm

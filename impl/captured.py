@@ -39,7 +39,7 @@ views trimmed to the real batch. How:
   tensors copies them in (one copy per tensor).
 * **Outputs** are views of the graphs' static outputs and of the one workspace: valid until the
   next step of any bucket, since every bucket's graphs share one memory pool (clone to keep them).
-  The gathered result is therefore not the caller's as INV-GATHER-RESULT-OWNED (spec 0.3) asks of
+  The gathered result is therefore not the caller's as INV-GATHER-RESULT-STABLE (spec 0.3) asks of
   the eager step: an engine that keeps step n's tokens while step n+1 runs clones them first.
   The static inputs are allocated outside the pool.
 * **Memory** per recorded bucket, by construction: the send buffer, the receive buffer and the

@@ -23,7 +23,7 @@ class PlanCachedByBatchSize(ReferenceSharder):
 
 
 class SampledIdsInReusedBuffer(ReferenceSharder):
-    """INV-GATHER-RESULT-OWNED: returns sampled_token_ids as a view of one buffer that every gather reuses."""
+    """INV-GATHER-RESULT-STABLE: returns sampled_token_ids as a view of one buffer that every gather reuses."""
 
     def __init__(self, max_num_reqs, max_num_logits_per_req, *args, **kwargs):
         super().__init__(max_num_reqs, max_num_logits_per_req, *args, **kwargs)

@@ -1,4 +1,4 @@
-"""What the caller keeps of a step, watched on the rank (INV-GATHER-RESULT-OWNED).
+"""What the caller keeps of a step, watched on the rank (INV-GATHER-RESULT-STABLE, -OWNED).
 
 An engine holds step n's gathered result while step n+1 runs and reuses its own inputs' memory. The
 rank reports two things for the judge: the fields of held results whose contents changed during a

@@ -145,22 +145,22 @@ def check_inputs_unchanged(record: StepRecord) -> Iterable[Violation]:
 PER_REQUEST_FIELDS = ("sampled_token_ids", "num_sampled", "num_rejected", "num_nans")
 
 
-def _has_result(record: StepRecord) -> bool:
-    return record.actual.gathered is not None or bool(record.case.continues)
-
-
-@rank_check("INV-GATHER-RESULT-OWNED", applies=_has_result)
+@rank_check("INV-GATHER-RESULT-OWNED", applies=lambda record: record.actual.gathered is not None)
 def check_gather_result_owned(record: StepRecord) -> Iterable[Violation]:
-    """The gathered result shares no storage with an input, and (on the later steps of a multi-step case,
-    where the harness holds every earlier gathered result) no earlier result changed during this step."""
-    for shared in record.actual.results_sharing_inputs[:1]:
+    shared = record.actual.results_sharing_inputs
+    if shared:
         yield Violation(
             "INV-GATHER-RESULT-OWNED",
-            f"the gathered result lies in the memory of an input of the step: {shared['field']} in "
-            f"{shared['input']}, which the caller reuses",
+            "the gathered result lies in the memory of an input of the step, which the caller reuses: "
+            + ", ".join(f"{s['field']} in {s['input']}" for s in shared),
             rank=record.rank,
-            field=shared["field"],
+            field=shared[0]["field"],
         )
+
+
+@rank_check("INV-GATHER-RESULT-STABLE", applies=lambda record: bool(record.case.continues))
+def check_gather_result_stable(record: StepRecord) -> Iterable[Violation]:
+    """Judged on the later steps of a multi-step case: the harness holds every earlier gathered result."""
     changed = record.actual.held_results_modified
     if not changed:
         return
@@ -171,7 +171,7 @@ def check_gather_result_owned(record: StepRecord) -> Iterable[Violation]:
     at = "" if row is None else f" (first at its {unit} {row})"
     fields = ", ".join(c["field"] for c in changed)
     yield Violation(
-        "INV-GATHER-RESULT-OWNED",
+        "INV-GATHER-RESULT-STABLE",
         f"this step wrote into the result that step {earlier} returned: {fields}{at}",
         rank=record.rank,
         field=first["field"],
