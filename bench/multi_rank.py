@@ -30,7 +30,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_step import add_upstream, bench_device, environment, save_json, warm_up_device  # noqa: E402
 from floors import copy_bandwidth  # noqa: E402
 from nvlink_model import model  # noqa: E402
-from scale_shapes import DTYPES, ScaleShape, implementations, interleave, peak_step_bytes, spread  # noqa: E402
+from scale_grid import make_shape  # noqa: E402
+from scale_shapes import DTYPES, implementations, interleave, peak_step_bytes, spread  # noqa: E402
 
 from shardspec.comm import TorchDistComm  # noqa: E402
 
@@ -67,17 +68,7 @@ def group_max(value: float, device: torch.device) -> float:
 def shape_row(grid: Grid, comm, device, copy_bytes_per_us: float, num_reqs, rows, vocab, dtype) -> dict:
     tp = comm.world_size
     row = {"tp": tp, "num_reqs": num_reqs, "rows": rows, "vocab": vocab, "dtype": dtype}
-    shape = ScaleShape(
-        num_reqs,
-        rows,
-        tp,
-        vocab,
-        dtype,
-        capacity=(grid.max_num_reqs, grid.max_rows),
-        num_logprobs=grid.num_logprobs,
-        device=device,
-        comm=comm,
-    )
+    shape = make_shape(grid, device, tp, num_reqs, rows, vocab, dtype, comm)
     calls = {impl: shape.step_call(impl) for impl in implementations()}
     calls["replicated"] = shape.replicated_sampling_step(no_sampler)
     agree = lambda value: group_max(value, device)  # noqa: E731

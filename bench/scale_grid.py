@@ -104,7 +104,8 @@ FOCUS = {"tp": 8, "num_reqs": 1024, "rows": 1, "vocab": 32768, "dtype": "float32
 QUICK_FOCUS = {"tp": 2, "num_reqs": 8, "rows": 1, "vocab": 256, "dtype": "float32"}
 
 
-def make_shape(grid: Grid, device, tp, num_reqs, rows, vocab, dtype) -> ScaleShape:
+def make_shape(grid, device, tp, num_reqs, rows, vocab, dtype, comm=None) -> ScaleShape:
+    """The shape at ``grid``'s capacity and logprobs; ``comm``: a real group's (rank 0 of a simulated one if None)."""
     return ScaleShape(
         num_reqs,
         rows,
@@ -114,6 +115,7 @@ def make_shape(grid: Grid, device, tp, num_reqs, rows, vocab, dtype) -> ScaleSha
         capacity=(grid.max_num_reqs, grid.max_rows),
         num_logprobs=grid.num_logprobs,
         device=device,
+        comm=comm,
     )
 
 

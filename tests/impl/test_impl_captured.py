@@ -70,18 +70,20 @@ def _local_output(local_batch, width, seed, cols=None):
     )
 
 
-def _eager_steps(comm, batches, vocab_shard):
+def _eager_steps(comm, batches, vocab_shard, plain=False):
+    """The eager step per batch; ``plain``: without logprobs and NaN counts, and without the padded order."""
     sharder = ProductionSharder(*CAPACITY, comm=comm, device=DEVICE)
+    make_output = _plain_output if plain else _local_output
+    options = {} if plain else {"gather_num_nans": True, "logprobs_dims": DIMS}
     results = []
     for k, batch in enumerate(batches):
         shard = sharder.shard_sampler_inputs(batch, None)
         x = _token_logits(batch, comm.rank, k, vocab_shard)
         local_logits = sharder.all_to_all_logits(x[shard.sorted_logits_indices], shard.metadata)
-        out = _local_output(shard.local_batch, shard.metadata.max_num_logits_per_req, seed=k * 7 + comm.rank)
-        gathered = sharder.gather_sampler_output(
-            out, shard.metadata, batch, shard.local_batch, gather_num_nans=True, logprobs_dims=DIMS
-        )
-        results.append(_snapshot((shard.local_batch, shard.sorted_logits_indices, local_logits, gathered)))
+        out = make_output(shard.local_batch, shard.metadata.max_num_logits_per_req, seed=k * 7 + comm.rank)
+        gathered = sharder.gather_sampler_output(out, shard.metadata, batch, shard.local_batch, **options)
+        order = () if plain else (shard.sorted_logits_indices,)
+        results.append(_snapshot((shard.local_batch, *order, local_logits, gathered)))
     return results
 
 
@@ -209,19 +211,6 @@ def _plain_output(local_batch, width, seed):
     return dataclasses.replace(out, logprobs_tensors=None, num_nans=None)
 
 
-def _eager_plain(comm, batches, vocab_shard):
-    sharder = ProductionSharder(*CAPACITY, comm=comm, device=DEVICE)
-    results = []
-    for k, batch in enumerate(batches):
-        shard = sharder.shard_sampler_inputs(batch, None)
-        x = _token_logits(batch, comm.rank, k, vocab_shard)
-        local_logits = sharder.all_to_all_logits(x[shard.sorted_logits_indices], shard.metadata)
-        out = _plain_output(shard.local_batch, shard.metadata.max_num_logits_per_req, seed=k * 7 + comm.rank)
-        gathered = sharder.gather_sampler_output(out, shard.metadata, batch, shard.local_batch)
-        results.append(_snapshot((shard.local_batch, local_logits, gathered)))
-    return results
-
-
 def _captured_plain(comm, batches, vocab_shard):
     """Checks off. Even batches: the engine writes plan.logits_input and the sampler plan.local_output in
     place. Odd batches: step() with the tensors given, in a bucket of twice the smallest's requests."""
@@ -273,7 +262,7 @@ def test_inputs_written_in_place_and_step_with_the_checks_off_equal_the_eager_st
         ([], []),
     ]
     batches = [build_input_batch(s, r, seq_lens=seq[s], device=DEVICE) for s, r in batches]
-    eager = LockstepGroup(tp, timeout_s=120).run(_eager_plain, batches, vocab_shard)
+    eager = LockstepGroup(tp, timeout_s=120).run(_eager_steps, batches, vocab_shard, True)
     captured = LockstepGroup(tp, timeout_s=120).run(_captured_plain, batches, vocab_shard)
     for rank in range(tp):
         for k, (expected, (plan, *actual)) in enumerate(zip(eager[rank], captured[rank], strict=True)):

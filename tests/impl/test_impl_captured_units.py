@@ -12,6 +12,7 @@ from shardspec.impl import ProductionSharder
 from shardspec.impl.captured import Bucket, CapturedSteps, wire_bytes
 from shardspec.spec.builders import build_input_batch
 from shardspec.spec.errors import PreconditionError
+from shardspec.spec.layouts import BATCH_TENSORS
 from shardspec.spec.model import LogprobsTensors, SamplerOutput
 
 META = torch.device("meta")
@@ -177,15 +178,7 @@ def test_static_buffers_are_on_the_step_device_with_the_data_model_dtypes(
     assert entry.logits_input.dtype == torch.bfloat16 and entry.logits_input.shape == (16, 4)
     # The capture batch: as the data model's builder lays out 4 requests of 4 rows (slots 0..3).
     capture, model = entry.capture_batch, build_input_batch(range(4), [4] * 4, device=META)
-    for name in (
-        "idx_mapping",
-        "expanded_idx_mapping",
-        "expanded_local_pos",
-        "query_start_loc",
-        "seq_lens",
-        "logits_indices",
-        "cu_num_logits",
-    ):
+    for name in BATCH_TENSORS:
         ours, theirs = getattr(capture, name), getattr(model, name)
         assert (ours.device, ours.dtype, ours.shape) == (theirs.device, theirs.dtype, theirs.shape), name
     for name in ("idx_mapping_np", "cu_num_logits_np"):
