@@ -46,6 +46,15 @@ _DTYPES = {
 }
 # Classes the judge rebuilds as themselves (everything else becomes a stand-in): the data model, and the
 # spec's own types an input may carry (e.g. an engine's InputBatch subclass built by a case).
+# What a rank's last frame of a job carries beside the streamed step parts: StepOutputs fields.
+FINAL_FIELDS = (
+    "failed_step",
+    "error",
+    "error_traceback",
+    "inputs_modified",
+    "held_results_modified",
+    "results_sharing_inputs",
+)
 _OWN_PACKAGES = ("shardspec.spec.", "shardspec.conformance.judge.checks.base")
 
 

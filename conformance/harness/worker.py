@@ -116,18 +116,9 @@ class Streamer:
         self.writer.write({"job": self.job, "rank": self.rank, "step": step, "part": encode(part)})
 
     def final(self, outputs) -> dict:
-        from shardspec.conformance.harness.transcript import encode
+        from shardspec.conformance.harness.transcript import FINAL_FIELDS, encode
 
-        return encode(
-            {
-                "failed_step": outputs.failed_step,
-                "error": outputs.error,
-                "error_traceback": outputs.error_traceback,
-                "inputs_modified": outputs.inputs_modified,
-                "held_results_modified": outputs.held_results_modified,
-                "results_sharing_inputs": outputs.results_sharing_inputs,
-            }
-        )
+        return encode({name: getattr(outputs, name) for name in FINAL_FIELDS})
 
 
 def _init_group(pg_timeout_s: float, device_kind: str):

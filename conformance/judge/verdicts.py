@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from shardspec.conformance.harness.transcript import decode
+from shardspec.conformance.harness.transcript import FINAL_FIELDS, decode
 from shardspec.conformance.judge.checks.base import StepOutputs
 from shardspec.conformance.judge.results import CaseResult, combine
 from shardspec.conformance.step import STEP_OUTPUT, judge_rank
@@ -130,10 +130,8 @@ class Judge:
         out.wire = [decode(call, self.device) for call in transcript.wire]
         if final:
             rest = decode(final, self.device)
-            out.failed_step, out.error = rest["failed_step"], rest["error"]
-            out.error_traceback, out.inputs_modified = rest["error_traceback"], rest["inputs_modified"]
-            out.held_results_modified = rest["held_results_modified"]
-            out.results_sharing_inputs = rest["results_sharing_inputs"]
+            for name in FINAL_FIELDS:
+                setattr(out, name, rest[name])
         return out
 
     def inputs(self, case: Case):
