@@ -42,10 +42,41 @@ class InputBatch:
     # per request (host, int32), else None.
     num_draft_tokens: int = 0
     num_draft_tokens_per_req: np.ndarray | None = None
+    # Profile vllm-0.33 (spec/profiles.yaml). [N] int32 host tensor: an upper bound of seq_lens known on
+    # the host; localized like seq_lens (CL-SEQ-LENS-UPPER-BOUND).
+    seq_lens_cpu_upper_bound: torch.Tensor | None = None
+    # Profile vllm-0.33. [N] host int array: the draft tokens admitted per request under adaptive
+    # verification when the budget binds, else None. With it, cu_num_logits (device) holds the admitted
+    # prefix sums and cu_num_logits_np the scheduled ones (CL-ADMITTED-DRAFTS).
+    num_admitted_draft_tokens: np.ndarray | None = None
 
     @property
     def num_logits(self) -> int:
+        """cu_num_logits_np[N]. For a replicated batch with admitted counts these are the scheduled rows;
+        :func:`logits_per_req` gives the admitted ones."""
         return int(self.cu_num_logits_np[-1])
+
+
+def logits_per_req(batch: InputBatch) -> np.ndarray:
+    """[N] int64 logits rows of each request of a replicated batch: the scheduled rows of
+    cu_num_logits_np, less the drafts not admitted where admitted counts are given (CL-ADMITTED-DRAFTS).
+
+    Only for a batch passed to shard_sampler_inputs: a local batch's cu_num_logits_np already holds the
+    admitted counts, and its num_admitted_draft_tokens is not read (CL-ADMITTED-DRAFTS).
+    """
+    scheduled = np.diff(np.asarray(batch.cu_num_logits_np, dtype=np.int64))
+    admitted = batch.num_admitted_draft_tokens
+    if admitted is None or batch.num_draft_tokens_per_req is None:
+        return scheduled
+    drafts = np.asarray(batch.num_draft_tokens_per_req, dtype=np.int64)
+    return scheduled - drafts + np.asarray(admitted, dtype=np.int64)
+
+
+def admitted_cu_num_logits(batch: InputBatch) -> np.ndarray:
+    """[N + 1] int64 prefix sums of :func:`logits_per_req`: the rows as the device fields lay them out."""
+    cu = np.zeros(batch.num_reqs + 1, dtype=np.int64)
+    np.cumsum(logits_per_req(batch), out=cu[1:])
+    return cu
 
 
 @dataclass
@@ -56,7 +87,10 @@ class GrammarOutput:
     structured_output_request_ids: list[str]
     # [sum of n_i over those requests, ceil(V/32)] int32; rows grouped per
     # request in list order. Bit b of word w clear => token 32*w+b is masked.
+    # Profile vllm-0.33: a fixed-width block of S rows per listed request (CL-GRAMMAR-BLOCKS).
     grammar_bitmask: torch.Tensor
+    # Profile vllm-0.33: [G] per listed request, how many leading drafts the bitmask constrained; or None.
+    num_acceptable_drafts: list[int] | None = None
 
 
 class LogprobsTensors(NamedTuple):
@@ -68,6 +102,9 @@ class LogprobsTensors(NamedTuple):
     selected_token_ranks: torch.Tensor
     # Prefix sum of generated tokens per request, or None.
     cu_num_generated_tokens: list[int] | None = None
+    # Profile vllm-0.33: [N+1] int32 device prefix sums, set instead of cu_num_generated_tokens under
+    # adaptive verification (CL-ADMITTED-DRAFTS); else None.
+    cu_num_generated_tokens_tensor: torch.Tensor | None = None
 
 
 @dataclass
@@ -130,6 +167,8 @@ class BatchShardMetadata:
     gathered_src_indices: torch.Tensor
     # Entries per request in the gathered sampled ids (the agreed width).
     max_num_logits_per_req: int
+    # Profile vllm-0.33: the sharder's adaptive_verification_enabled (CL-ADMITTED-DRAFTS).
+    adaptive_verification_enabled: bool = False
 
 
 class ShardResult(NamedTuple):
