@@ -14,6 +14,8 @@ class Invariant:
     rationale: str
     fields: tuple[str, ...]
     retired: bool = False
+    # The profiles this entry holds for (spec/index.yaml); empty: every profile.
+    profiles: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -36,6 +38,7 @@ class Precondition:
     on_violation: OnViolation
     rationale: str | None = None
     retired: bool = False
+    profiles: tuple[str, ...] = ()
 
     @property
     def must_reject(self) -> bool:
@@ -50,14 +53,15 @@ class Clarification:
     decision: str
     rationale: str
     enforced_by: tuple[str, ...]
+    profiles: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
 class LocalView:
     """How a field of the batch appears in the local batch."""
 
-    scope: str  # "localized" | "global"
-    dtype: str | None = None
+    scope: str  # "localized" | "global" | "unread" (any value: no consumer reads it)
+    dtype: str | None = None  # "input": the batch field's own dtype
     shape: tuple[str, ...] | None = None
     note: str | None = None
 
@@ -79,6 +83,7 @@ class FieldSpec:
     expand: bool = False
     layout: str | None = None
     fields: tuple[FieldSpec, ...] = ()
+    profiles: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -157,6 +162,21 @@ class Document:
 
 
 @dataclass(frozen=True)
+class Profile:
+    """One upstream contract the spec describes (spec/index.yaml)."""
+
+    name: str
+    upstream: str
+    meaning: str
+    default: bool = False
+
+
+def holds_for(entry, profile: str | None) -> bool:
+    """Whether a spec entry (or field) with ``profiles`` holds for ``profile`` (None: any)."""
+    return profile is None or not entry.profiles or profile in entry.profiles
+
+
+@dataclass(frozen=True)
 class Spec:
     name: str
     title: str
@@ -168,6 +188,9 @@ class Spec:
     invariants: tuple[Invariant, ...] = ()
     preconditions: tuple[Precondition, ...] = ()
     clarifications: tuple[Clarification, ...] = ()
+    profiles: tuple[Profile, ...] = ()
+    # The profile the entries were selected for (load_spec(profile=...)); None: every entry of every profile.
+    profile: str | None = None
 
     def by_id(self, entry_id: str) -> Invariant | Precondition | Clarification:
         for entry in (*self.invariants, *self.preconditions, *self.clarifications):

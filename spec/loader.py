@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Hashable
+from dataclasses import replace
 from importlib import resources
 from pathlib import Path
 from typing import Any, Union
@@ -31,9 +32,11 @@ from shardspec.spec.documents import (  # noqa: F401  (re-exported)
     LocalView,
     OnViolation,
     Precondition,
+    Profile,
     Spec,
     Symbol,
     TypeSpec,
+    holds_for,
 )
 from shardspec.spec.errors import SpecFileError
 
@@ -155,8 +158,17 @@ def document_schema(document: str) -> dict:
     return {**root, "$ref": f"#/$defs/{document}"}
 
 
-def load_spec(root: PathLike | None = None) -> Spec:
-    """Load the specification from ``root`` (default: the installed package's spec/)."""
+class UnknownProfileError(ValueError):
+    """A profile name the specification does not define."""
+
+
+def load_spec(root: PathLike | None = None, profile: str | None = None) -> Spec:
+    """Load the specification from ``root`` (default: the installed package's spec/).
+
+    ``profile``: keep only the entries and fields that hold for that profile (spec/index.yaml lists
+    them); None keeps every entry of every profile. Raises :class:`UnknownProfileError` for a name
+    the spec does not define.
+    """
     base = _package_root() if root is None else Path(root)
     index_path = base.joinpath("index.yaml")
     index = load_yaml_document(index_path, document_schema("index"))
@@ -164,8 +176,91 @@ def load_spec(root: PathLike | None = None) -> Spec:
     raw = {name: load_yaml_document(base.joinpath(file), document_schema(name)) for name, file in files.items()}
     paths = {name: str(base.joinpath(file)) for name, file in files.items()}
     spec = _build_spec(index, raw)
-    _check_references(spec, paths)
-    return spec
+    _check_profile_names(spec, {**paths, "index": str(index_path)})
+    for name in profile_names(spec):
+        _check_references(select_profile(spec, name), paths)
+    if profile is None:
+        return spec
+    check_profile(profile, spec)
+    return select_profile(spec, profile)
+
+
+def profile_names(spec: Spec | None = None) -> tuple[str, ...]:
+    """The profiles the specification defines, the default first."""
+    spec = load_spec() if spec is None else spec
+    return tuple(p.name for p in sorted(spec.profiles, key=lambda p: not p.default))
+
+
+def default_profile(spec: Spec | None = None) -> str:
+    return profile_names(spec)[0]
+
+
+def check_profile(name: str, spec: Spec | None = None) -> str:
+    """``name`` if the spec defines it; else :class:`UnknownProfileError` with a one-line message."""
+    known = profile_names(spec)
+    if name not in known:
+        raise UnknownProfileError(
+            f"unknown profile {name!r}: this spec ({spec_version()}) defines {', '.join(known)} "
+            f"(default {known[0]})"
+        )
+    return name
+
+
+def select_profile(spec: Spec, profile: str) -> Spec:
+    """``spec`` with only what holds for ``profile``."""
+    model = spec.data_model
+    types = tuple(replace(t, fields=_select_fields(t.fields, profile)) for t in model.types)
+    return replace(
+        spec,
+        profile=profile,
+        data_model=replace(
+            model,
+            types=types,
+            arguments=_select_fields(model.arguments, profile),
+            outputs=_select_fields(model.outputs, profile),
+        ),
+        invariants=tuple(e for e in spec.invariants if holds_for(e, profile)),
+        preconditions=tuple(e for e in spec.preconditions if holds_for(e, profile)),
+        clarifications=tuple(e for e in spec.clarifications if holds_for(e, profile)),
+    )
+
+
+def _select_fields(fields: tuple[FieldSpec, ...], profile: str) -> tuple[FieldSpec, ...]:
+    return tuple(replace(f, fields=_select_fields(f.fields, profile)) for f in fields if holds_for(f, profile))
+
+
+def _check_profile_names(spec: Spec, paths: dict[str, str]) -> None:
+    known = {p.name for p in spec.profiles}
+    if sum(p.default for p in spec.profiles) != 1:
+        raise SpecFileError(paths["index"], "profiles", "field 'profiles': exactly one profile must be the default")
+    for document, entries in (
+        ("invariants", spec.invariants),
+        ("preconditions", spec.preconditions),
+        ("clarifications", spec.clarifications),
+    ):
+        for position, entry in enumerate(entries):
+            _check_named_profiles(entry.profiles, known, paths[document], f"{document}[{position}].profiles")
+    for place, field in _all_fields(spec.data_model):
+        _check_named_profiles(field.profiles, known, paths["data_model"], f"{place}.profiles")
+
+
+def _check_named_profiles(named, known: set, path: str, place: str) -> None:
+    for name in named:
+        if name not in known:
+            raise SpecFileError(path, place, f"field 'profiles': unknown profile {name} (index.yaml defines {', '.join(sorted(known))})")
+
+
+def _all_fields(model: DataModel):
+    def walk(fields, place):
+        for position, field in enumerate(fields):
+            here = f"{place}[{position}]"
+            yield here, field
+            yield from walk(field.fields, f"{here}.fields")
+
+    for position, spec in enumerate(model.types):
+        yield from walk(spec.fields, f"types[{position}].fields")
+    yield from walk(model.arguments, "arguments")
+    yield from walk(model.outputs, "outputs")
 
 
 def spec_version(root: PathLike | None = None) -> str:
@@ -229,6 +324,7 @@ def _build_spec(index: dict, raw: dict[str, Any]) -> Spec:
         invariants=tuple(Invariant(**_tupled(e)) for e in raw["invariants"]["invariants"]),
         preconditions=tuple(_precondition(e) for e in raw["preconditions"]["preconditions"]),
         clarifications=tuple(Clarification(**_tupled(e)) for e in raw["clarifications"]["clarifications"]),
+        profiles=tuple(Profile(**p) for p in index["profiles"]),
     )
 
 
