@@ -194,6 +194,10 @@ def pytest_command(options: list[str], extra: list[str]) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["upstream"]:  # the drift check of a vLLM tree, wheel or batch_shard.py (conformance/upstream.py)
+        from shardspec.conformance.upstream import main as upstream_main
+
+        return upstream_main(argv[1:])
     extra = argv[argv.index("--") + 1 :] if "--" in argv else []
     argv = argv[: argv.index("--")] if "--" in argv else argv
     parser = build_parser()
