@@ -4,6 +4,11 @@ An implementation is a *factory*::
 
     make_sharder(max_num_reqs, max_num_logits_per_req, *, comm, device) -> sharder
 
+Under profile vllm-0.33 the suite also passes ``adaptive_verification_enabled`` (vLLM 0.33's
+construction argument), and ``profile`` (the run's profile name) to a factory that takes it, as the
+bundled ones do, since they implement every profile. A factory that declares ``SPEC_PROFILES`` (a
+tuple of names) is refused, before anything runs, for a profile it does not list.
+
 returning an object with the three methods of
 :class:`shardspec.reference.ReferenceSharder` (same signatures):
 ``shard_sampler_inputs``, ``all_to_all_logits`` and ``gather_sampler_output``.
@@ -27,10 +32,13 @@ name, or ``A/B``: a mixed group where even ranks run ``A`` and odd ranks run
 from __future__ import annotations
 
 import importlib
+import inspect
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+
+from shardspec.spec.model import VLLM_033
 
 IMPL_ENV = "SHARDSPEC_IMPL"
 BUILTIN = {
@@ -83,6 +91,32 @@ def load_implementation(name: str) -> Implementation:
     if not callable(factory):
         raise ImplementationError(f"{target} is not callable (--impl {name!r})")
     return Implementation(name=name.strip(), target=target, factory=factory)
+
+
+def construction_kwargs(factory: SharderFactory, profile: str, adaptive_verification: bool) -> dict[str, Any]:
+    """The keyword arguments a profile adds to the factory's call, those it accepts."""
+    wanted: dict[str, Any] = {"profile": profile}
+    if profile == VLLM_033:
+        wanted["adaptive_verification_enabled"] = adaptive_verification
+    return {name: value for name, value in wanted.items() if _accepts(factory, name)}
+
+
+def _accepts(factory: SharderFactory, name: str) -> bool:
+    try:
+        parameters = inspect.signature(factory).parameters
+    except (TypeError, ValueError):
+        return False
+    if name in parameters:
+        return True
+    return any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
+
+
+def profile_refusal(impl: Implementation, profile: str) -> str | None:
+    """Why ``impl`` cannot run under ``profile`` (it declares SPEC_PROFILES without it), or None."""
+    declared = getattr(impl.factory, "SPEC_PROFILES", None)
+    if declared is None or profile in tuple(declared):
+        return None
+    return f"--impl {impl.name!r} implements profiles {', '.join(declared)}, not {profile} (--profile)"
 
 
 def implementation_names(cli_value: str | None, impl_odd: str | None = None) -> list[str]:

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from shardspec.conformance.api import construction_kwargs
 from shardspec.conformance.harness.held import HeldResults, shared_memory
 from shardspec.conformance.harness.recording import CollectiveError, Progress, RecordingComm, changed_fields, snapshot
 from shardspec.conformance.judge.checks.base import RANK_CHECKERS, StepOutputs, StepRecord, Violation
@@ -62,7 +63,7 @@ def local_sampler_output(case: Case, rank: int, full_vocab_logits, shard, device
     if case.local_outputs == "toy":
         num_logprobs = None if case.logprobs_dims is None else case.logprobs_dims[0]
         logits = full_vocab_logits[:, : case.vocab_size]
-        out = toy_sample(logits, shard.local_batch, shard.local_grammar_output, num_logprobs)
+        out = toy_sample(logits, shard.local_batch, shard.local_grammar_output, num_logprobs, case.profile)
     else:
         explicit = case.local_outputs.get(rank)
         out = None if explicit is None else explicit.to_sampler_output(device)
@@ -148,6 +149,7 @@ def _steps(make_sharder, case, inputs, recorder: RecordingComm, device, run: Ran
             case.max_num_logits_per_req,
             comm=recorder,
             device=device,
+            **construction_kwargs(make_sharder, case.profile, case.adaptive_verification),
         )
         run.kept = KeptSharder(sharder, recorder)
     timed = functools.partial(_timed, run, recorder.progress)

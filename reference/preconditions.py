@@ -11,10 +11,13 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from shardspec.reference import profile_rules
 from shardspec.spec.errors import PreconditionError
 from shardspec.spec.model import (
+    DEFAULT_PROFILE,
     EXTENSION_DTYPES,
     EXTENSION_KINDS,
+    VLLM_033,
     BatchShardMetadata,
     ExtensionSpec,
     GrammarOutput,
@@ -39,7 +42,9 @@ def _check_shape(pid: str, field: str, value, expected: tuple, rank) -> None:
     _require(tuple(value.shape) == expected, pid, field, f"shape {tuple(value.shape)}, expected {expected}", rank=rank)
 
 
-def check_input_batch(batch: InputBatch, *, max_num_reqs: int, max_num_logits_per_req: int, rank=None) -> None:
+def check_input_batch(
+    batch: InputBatch, *, max_num_reqs: int, max_num_logits_per_req: int, rank=None, profile: str = DEFAULT_PROFILE
+) -> None:
     num_reqs = batch.num_reqs
     _require(
         len(batch.req_ids) == num_reqs and batch.idx_mapping_np.shape == (num_reqs,),
@@ -58,8 +63,14 @@ def check_input_batch(batch: InputBatch, *, max_num_reqs: int, max_num_logits_pe
     )
     _check_slots(batch, max_num_reqs, rank)
     cu = _check_cu_num_logits(batch, max_num_logits_per_req, rank)
-    _check_token_layout(batch, cu, rank)
-    _check_drafts(batch, cu, rank)
+    if profile == VLLM_033:
+        profile_rules.check_admitted_drafts(batch, rank)
+        profile_rules.check_seq_lens_upper_bound(batch, rank)
+    # The device fields lay out the admitted rows where admitted counts are given (CL-ADMITTED-DRAFTS).
+    device_cu = profile_rules.device_cu_num_logits(batch, profile)
+    _check_device_cu(batch, device_cu, rank)
+    _check_token_layout(batch, device_cu, rank)
+    _check_drafts(batch, cu, rank, profile)
     # Last: its outcome is undefined, so a batch that also breaks a must-reject precondition
     # names that one (and a slot shared by two requests is not reported as a shared id).
     _require(
@@ -162,6 +173,10 @@ def _check_cu_num_logits(batch: InputBatch, max_num_logits_per_req: int, rank) -
         request=bad,
         rank=rank,
     )
+    return cu.astype(np.int64)
+
+
+def _check_device_cu(batch: InputBatch, expected: np.ndarray, rank) -> None:
     _require(
         batch.cu_num_logits.dtype in _INT_DTYPES,
         "PRE-DTYPES",
@@ -171,13 +186,12 @@ def _check_cu_num_logits(batch: InputBatch, max_num_logits_per_req: int, rank) -
     )
     device_cu = batch.cu_num_logits.detach().cpu().numpy()
     _require(
-        device_cu.shape == cu.shape and np.array_equal(device_cu, cu),
+        device_cu.shape == expected.shape and np.array_equal(device_cu, expected),
         "PRE-HOST-DEVICE-MATCH",
         "cu_num_logits",
-        "device copy differs from cu_num_logits_np",
+        "device copy differs from cu_num_logits_np (or, with admitted draft counts, their admitted rows)",
         rank=rank,
     )
-    return cu.astype(np.int64)
 
 
 def _check_token_layout(batch: InputBatch, cu: np.ndarray, rank) -> None:
@@ -229,7 +243,7 @@ def _check_token_layout(batch: InputBatch, cu: np.ndarray, rank) -> None:
         )
 
 
-def _check_drafts(batch: InputBatch, cu: np.ndarray, rank) -> None:
+def _check_drafts(batch: InputBatch, cu: np.ndarray, rank, profile: str) -> None:
     counts = np.diff(cu)
     drafts = batch.num_draft_tokens_per_req
     if drafts is None:
@@ -274,16 +288,19 @@ def _check_drafts(batch: InputBatch, cu: np.ndarray, rank) -> None:
         request=bad,
         rank=rank,
     )
+    expected = profile_rules.expected_num_draft_tokens(batch) if profile == VLLM_033 else int(drafts.sum())
     _require(
-        batch.num_draft_tokens == int(drafts.sum()),
+        batch.num_draft_tokens == expected,
         "PRE-DRAFTS",
         "num_draft_tokens",
-        f"is {batch.num_draft_tokens}, but num_draft_tokens_per_req sums to {int(drafts.sum())}",
+        f"is {batch.num_draft_tokens}, but the draft counts sum to {expected}",
         rank=rank,
     )
 
 
-def check_grammar_output(grammar: GrammarOutput | None, batch: InputBatch, rank=None) -> None:
+def check_grammar_output(
+    grammar: GrammarOutput | None, batch: InputBatch, rank=None, profile: str = DEFAULT_PROFILE
+) -> None:
     if grammar is None:
         return
     ids = grammar.structured_output_request_ids
@@ -305,6 +322,9 @@ def check_grammar_output(grammar: GrammarOutput | None, batch: InputBatch, rank=
         request=position.get(ids[dup]) if dup is not None else None,
         rank=rank,
     )
+    if profile == VLLM_033:
+        profile_rules.check_grammar_blocks(grammar, batch, rank)
+        return
     cu = np.asarray(batch.cu_num_logits_np, dtype=np.int64)
     rows = sum(int(cu[position[r] + 1] - cu[position[r]]) for r in ids)
     bitmask = grammar.grammar_bitmask

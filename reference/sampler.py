@@ -9,27 +9,49 @@ whole batch in the replicated path.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import torch
 
-from shardspec.spec.model import GrammarOutput, InputBatch, LogprobsTensors, SamplerOutput, num_logprob_columns
+from shardspec.spec.model import (
+    DEFAULT_PROFILE,
+    VLLM_033,
+    GrammarOutput,
+    InputBatch,
+    LogprobsTensors,
+    SamplerOutput,
+    admitted_cu_num_logits,
+    num_logprob_columns,
+)
 
 PLACEHOLDER_TOKEN_ID = -1  # rejected positions of the toy rejection sampler
 
 
-def apply_grammar_bitmask(logits: torch.Tensor, batch: InputBatch, grammar: GrammarOutput | None) -> torch.Tensor:
-    """Mask to -inf every token whose bit is clear, for the listed requests' rows."""
-    if grammar is None:
+def apply_grammar_bitmask(
+    logits: torch.Tensor, batch: InputBatch, grammar: GrammarOutput | None, profile: str = DEFAULT_PROFILE
+) -> torch.Tensor:
+    """Mask to -inf every token whose bit is clear, for the listed requests' rows.
+
+    vllm-seed: one bitmask row per logits row; vllm-0.33: a block of S rows per listed request, whose
+    row p masks the request's p-th logits row (CL-GRAMMAR-BLOCKS).
+    """
+    if grammar is None or not grammar.structured_output_request_ids:
         return logits
     position = {req_id: i for i, req_id in enumerate(batch.req_ids)}
     cu = np.asarray(batch.cu_num_logits_np, dtype=np.int64)
-    rows = [
-        r
-        for req_id in grammar.structured_output_request_ids
-        for r in range(cu[position[req_id]], cu[position[req_id] + 1])
-    ]
+    ids = grammar.structured_output_request_ids
+    block = grammar.grammar_bitmask.shape[0] // len(ids)
+    rows, mask_rows = [], []
+    for k, req_id in enumerate(ids):
+        start, end = cu[position[req_id]], cu[position[req_id] + 1]
+        rows.extend(range(start, end))
+        if profile == VLLM_033:
+            mask_rows.extend(range(k * block, k * block + end - start))
     vocab = logits.shape[-1]
     words = grammar.grammar_bitmask.to(logits.device).to(torch.int64)
+    if profile == VLLM_033:
+        words = words[torch.tensor(mask_rows, dtype=torch.int64, device=logits.device)]
     tokens = torch.arange(vocab, device=logits.device)
     allowed = ((words[:, tokens // 32] >> (tokens % 32)) & 1).bool()
     masked = logits.clone()
@@ -43,13 +65,17 @@ def toy_sample(
     batch: InputBatch,
     grammar: GrammarOutput | None,
     num_logprobs: int | None,
+    profile: str = DEFAULT_PROFILE,
 ) -> SamplerOutput | None:
-    """Sample ``batch`` from its full-vocab ``logits`` rows [L, V]. None if empty."""
+    """Sample ``batch`` from its full-vocab ``logits`` rows [L, V]. None if empty.
+
+    ``batch.cu_num_logits_np`` must describe the rows of ``logits`` (a local batch does; see
+    :func:`replicated_output` for a batch with admitted draft counts)."""
     if batch.num_reqs == 0:
         return None
     device = logits.device
     num_nans = torch.isnan(logits).sum(dim=-1).to(torch.int32)
-    processed = apply_grammar_bitmask(logits.float().nan_to_num(nan=float("-inf")), batch, grammar)
+    processed = apply_grammar_bitmask(logits.float().nan_to_num(nan=float("-inf")), batch, grammar, profile)
     greedy = processed.argmax(dim=-1)
     cu = np.asarray(batch.cu_num_logits_np, dtype=np.int64)
     counts = np.diff(cu)
@@ -102,14 +128,20 @@ def replicated_output(
     *,
     gather_num_nans: bool,
     logprobs_dims: tuple[int, int] | None,
+    profile: str = DEFAULT_PROFILE,
+    adaptive_verification_enabled: bool = False,
 ) -> SamplerOutput | None:
     """What the unsharded path yields, in the gathered output's conventions.
 
     Per-row NaN counts become per-request sums and logprobs take the agreed
-    width (CL-REPLICATED-DIFFERENCES).
+    width (CL-REPLICATED-DIFFERENCES). ``logits`` are the rows of ``batch.logits_indices``: the admitted
+    rows where admitted draft counts are given (CL-ADMITTED-DRAFTS).
     """
     num_logprobs = None if logprobs_dims is None else logprobs_dims[0]
-    out = toy_sample(logits, batch, grammar, num_logprobs)
+    scheduled_cu = np.asarray(batch.cu_num_logits_np, dtype=np.int64)
+    if profile == VLLM_033 and batch.num_admitted_draft_tokens is not None:
+        batch = replace(batch, cu_num_logits_np=admitted_cu_num_logits(batch).astype(np.int32))
+    out = toy_sample(logits, batch, grammar, num_logprobs, profile)
     if out is None:
         return None
     cu = np.asarray(batch.cu_num_logits_np, dtype=np.int64)
@@ -126,10 +158,12 @@ def replicated_output(
         values = torch.full((lp.logprobs.shape[0], cols), float("-inf"), device=logits.device)
         copied = min(cols, lp.logprobs.shape[1])
         ids[:, :copied], values[:, :copied] = lp.logprob_token_ids[:, :copied], lp.logprobs[:, :copied]
+        listed = [int(c) for c in scheduled_cu] if int(scheduled_cu[-1]) != batch.num_reqs else None
         logprobs = LogprobsTensors(
             ids,
             values,
             lp.selected_token_ranks,
-            [int(c) for c in cu] if int(cu[-1]) != batch.num_reqs else None,
+            None if adaptive_verification_enabled else listed,
+            batch.cu_num_logits.clone() if adaptive_verification_enabled else None,
         )
     return SamplerOutput(out.sampled_token_ids, logprobs, nans, out.num_sampled, out.num_rejected)

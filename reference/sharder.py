@@ -29,9 +29,12 @@ import numpy as np
 import torch
 
 from shardspec.comm import Communicator
-from shardspec.reference import preconditions
+from shardspec.reference import preconditions, profile_rules
 from shardspec.reference.plan import ShardPlan, build_plan
 from shardspec.spec.model import (
+    DEFAULT_PROFILE,
+    PROFILES,
+    VLLM_033,
     BatchShardMetadata,
     ExtensionSpec,
     GrammarOutput,
@@ -51,7 +54,9 @@ PAD_SELECTED_RANK = 0
 
 class ReferenceSharder:
     # The version of the specification this implementation targets (docs/validate-your-implementation.md).
-    SPEC_VERSION = "0.3.0"
+    SPEC_VERSION = "0.4.0"
+    # The profiles it implements (spec/index.yaml); the suite passes the run's as ``profile``.
+    SPEC_PROFILES = PROFILES
 
     def __init__(
         self,
@@ -61,7 +66,11 @@ class ReferenceSharder:
         comm: Communicator,
         device: torch.device | str = "cpu",
         check_preconditions: bool = True,
+        profile: str = DEFAULT_PROFILE,
+        adaptive_verification_enabled: bool = False,
     ):
+        if profile not in PROFILES:
+            raise ValueError(f"unknown profile {profile!r}; the reference implements {', '.join(PROFILES)}")
         self.max_num_reqs = max_num_reqs
         self.max_num_logits_per_req = max_num_logits_per_req
         self.comm = comm
@@ -69,6 +78,9 @@ class ReferenceSharder:
         self.tp_size = comm.world_size
         self.device = torch.device(device)
         self.check_preconditions = check_preconditions
+        self.profile = profile
+        # vllm-0.33's construction argument (CL-ADMITTED-DRAFTS); vllm-seed has none.
+        self.adaptive_verification_enabled = adaptive_verification_enabled and profile == VLLM_033
 
     # -- step 1 ------------------------------------------------------------
     def shard_sampler_inputs(self, batch: InputBatch, grammar: GrammarOutput | None) -> ShardResult:
@@ -78,9 +90,11 @@ class ReferenceSharder:
                 max_num_reqs=self.max_num_reqs,
                 max_num_logits_per_req=self.max_num_logits_per_req,
                 rank=self.rank,
+                profile=self.profile,
             )
-            preconditions.check_grammar_output(grammar, batch, rank=self.rank)
-        cu_num_logits = np.asarray(batch.cu_num_logits_np, dtype=np.int64)
+            preconditions.check_grammar_output(grammar, batch, rank=self.rank, profile=self.profile)
+        # Rows as the device fields lay them out: the admitted ones in vllm-0.33 (CL-ADMITTED-DRAFTS).
+        cu_num_logits = profile_rules.device_cu_num_logits(batch, self.profile)
         plan = self.plan(batch)
         local_reqs = plan.local_reqs
         # Owner-sorted logits rows, mapped to the token each one reads.
@@ -96,13 +110,14 @@ class ReferenceSharder:
             max_num_reqs_per_rank=plan.max_num_reqs_per_rank,
             gathered_src_indices=torch.from_numpy(plan.gathered_src_indices.astype(np.int64)).to(self.device),
             max_num_logits_per_req=plan.max_num_logits_per_req,
+            adaptive_verification_enabled=self.adaptive_verification_enabled,
         )
-        local_grammar = _local_grammar_output(grammar, batch, local_reqs, cu_num_logits)
+        local_grammar = profile_rules.local_grammar_output(grammar, batch, local_reqs, self.profile)
         return ShardResult(local_batch, sorted_logits_indices, local_grammar, metadata)
 
     def plan(self, batch: InputBatch) -> ShardPlan:
         """This rank's plan: a pure function of the replicated host copies."""
-        cu_num_logits = np.asarray(batch.cu_num_logits_np, dtype=np.int64)
+        cu_num_logits = profile_rules.device_cu_num_logits(batch, self.profile)
         return build_plan(batch.idx_mapping_np, cu_num_logits, self.tp_size, self.rank)
 
     def _local_batch(self, batch, plan, local_reqs, cu_num_logits, logits_indices) -> InputBatch:
@@ -116,22 +131,30 @@ class ReferenceSharder:
         drafts = batch.num_draft_tokens_per_req
         local_drafts = None if drafts is None else np.asarray(drafts)[local_reqs].astype(np.int32)
         index = torch.from_numpy(local_reqs).to(device)
+        profile = self.profile
+
+        def dtype_of(name: str, seed_dtype: torch.dtype) -> torch.dtype:
+            return profile_rules.local_dtype(getattr(batch, name), seed_dtype, profile)
+
         return replace(
             batch,
             req_ids=[batch.req_ids[i] for i in local_reqs.tolist()],
             num_reqs=int(local_reqs.shape[0]),
-            idx_mapping=torch.from_numpy(slots).to(device, torch.int32),
+            idx_mapping=torch.from_numpy(slots).to(device, dtype_of("idx_mapping", torch.int32)),
             idx_mapping_np=slots,
-            expanded_idx_mapping=torch.from_numpy(np.repeat(slots, local_counts)).to(device, torch.int32),
-            expanded_local_pos=torch.from_numpy(local_pos).to(device, torch.int32),
+            expanded_idx_mapping=torch.from_numpy(np.repeat(slots, local_counts)).to(
+                device, dtype_of("expanded_idx_mapping", torch.int32)
+            ),
+            expanded_local_pos=torch.from_numpy(local_pos).to(device, dtype_of("expanded_local_pos", torch.int32)),
             # query_start_loc is token space and stays global (CL-LOCAL-FIELDS).
             query_start_loc=batch.query_start_loc,
-            seq_lens=batch.seq_lens.to(device)[index].to(torch.int32),
+            seq_lens=batch.seq_lens.to(device)[index].to(dtype_of("seq_lens", torch.int32)),
             logits_indices=logits_indices[local_rows],
-            cu_num_logits=torch.from_numpy(local_cu).to(device),
+            cu_num_logits=torch.from_numpy(local_cu).to(device, dtype_of("cu_num_logits", torch.int32)),
             cu_num_logits_np=local_cu,
-            num_draft_tokens=0 if local_drafts is None else int(local_drafts.sum()),
+            num_draft_tokens=profile_rules.local_num_draft_tokens(batch, local_reqs, profile),
             num_draft_tokens_per_req=local_drafts,
+            **profile_rules.local_profile_fields(batch, local_reqs, profile),
         )
 
     # -- step 2 ------------------------------------------------------------
@@ -229,14 +252,20 @@ class ReferenceSharder:
             send_logprobs[wire_rows, :copied] = lp.logprobs[:, :copied].to(torch.float32)
         gathered_ids = self._all_gather(send_ids)
         gathered_logprobs = self._all_gather(send_logprobs)
-        cu = np.asarray(global_batch.cu_num_logits_np, dtype=np.int64)
+        cu = profile_rules.device_cu_num_logits(global_batch, self.profile)
         src_rows = _gathered_row_sources(cu, metadata, self.device)
-        num_logits, num_reqs = int(cu[-1]), int(cu.shape[0] - 1)
+        # Ls rows: the admitted rows first, the rest (only with admitted counts) padding (INV-LOGPROBS-SHAPES).
+        num_rows = profile_rules.num_gathered_logprob_rows(global_batch)
+        ids = torch.full((num_rows, num_cols + 1), PAD_TOKEN_ID, dtype=torch.int64, device=self.device)
+        ids[:, num_cols] = PAD_SELECTED_RANK
+        values = torch.full((num_rows, num_cols), PAD_LOGPROB, dtype=torch.float32, device=self.device)
+        ids[: src_rows.shape[0]] = gathered_ids[src_rows]
+        values[: src_rows.shape[0]] = gathered_logprobs[src_rows]
         return LogprobsTensors(
-            logprob_token_ids=gathered_ids[src_rows, :num_cols].clone(),
-            logprobs=gathered_logprobs[src_rows].clone(),
-            selected_token_ranks=gathered_ids[src_rows, num_cols].clone(),
-            cu_num_generated_tokens=[int(c) for c in cu] if num_logits != num_reqs else None,
+            logprob_token_ids=ids[:, :num_cols].clone(),
+            logprobs=values,
+            selected_token_ranks=ids[:, num_cols].clone(),
+            **profile_rules.gathered_cu_num_generated(global_batch, self.adaptive_verification_enabled, self.profile),
         )
 
     def _gather_extensions(
@@ -250,7 +279,7 @@ class ReferenceSharder:
         width, num_local = metadata.max_num_logits_per_req, metadata.num_local_reqs
         local = (local_output.extensions if local_output is not None else None) or {}
         wire_rows = _local_wire_rows(local_batch.cu_num_logits_np, width, self.device)
-        cu = np.asarray(global_batch.cu_num_logits_np, dtype=np.int64)
+        cu = profile_rules.device_cu_num_logits(global_batch, self.profile)
         gathered_fields = {}
         for name, spec in extension_fields.items():
             per_request = spec.per == "request"
@@ -286,23 +315,3 @@ def _row_owner(cu_num_logits, device) -> torch.Tensor:
     """[L] index of the request each logits row belongs to."""
     counts = np.diff(np.asarray(cu_num_logits, dtype=np.int64))
     return torch.from_numpy(np.repeat(np.arange(counts.shape[0]), counts)).to(device)
-
-
-def _local_grammar_output(grammar, batch, local_reqs, cu_num_logits) -> GrammarOutput | None:
-    """Keep the owned requests' ids (in the grammar's own order) and bitmask rows."""
-    if grammar is None:
-        return None
-    position = {req_id: i for i, req_id in enumerate(batch.req_ids)}
-    owned = set(local_reqs.tolist())
-    kept_ids, kept_rows, cursor = [], [], 0
-    for req_id in grammar.structured_output_request_ids:
-        req = position[req_id]
-        count = int(cu_num_logits[req + 1] - cu_num_logits[req])
-        if req in owned:
-            kept_ids.append(req_id)
-            kept_rows.extend(range(cursor, cursor + count))
-        cursor += count
-    if not kept_ids:
-        return None
-    rows = torch.tensor(kept_rows, dtype=torch.int64, device=grammar.grammar_bitmask.device)
-    return GrammarOutput(structured_output_request_ids=kept_ids, grammar_bitmask=grammar.grammar_bitmask[rows])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 import numpy as np
 import torch
@@ -19,6 +20,9 @@ def build_input_batch(
     seq_lens: Sequence[int] | None = None,
     req_ids: Sequence[str] | None = None,
     device: torch.device | str = "cpu",
+    admitted_drafts: Sequence[int] | None = None,
+    seq_lens_upper_bound: bool = False,
+    dtypes: dict[str, str] | None = None,
 ) -> InputBatch:
     """A batch that meets every precondition.
 
@@ -26,7 +30,36 @@ def build_input_batch(
     with it, ``num_draft_tokens_per_req`` is n_i - 1. Each query is at least
     n_i tokens (``query_lens``, default n_i + (slot % 3)), and logits rows are
     the last n_i tokens of it.
+
+    vllm-0.33 (CL-ADMITTED-DRAFTS): with ``admitted_drafts``, ``num_logits_per_req`` are the scheduled
+    rows; the device fields lay out 1 + admitted rows per request, cu_num_logits_np and
+    num_draft_tokens_per_req keep the scheduled counts. ``seq_lens_upper_bound`` adds
+    seq_lens_cpu_upper_bound (a CPU tensor at or above seq_lens). ``dtypes`` gives device fields another
+    integer dtype.
     """
+    if admitted_drafts is not None:
+        scheduled = np.asarray(num_logits_per_req, dtype=np.int64).reshape(-1)
+        admitted = np.asarray(admitted_drafts, dtype=np.int32).reshape(-1)
+        batch = build_input_batch(
+            slots,
+            1 + admitted,
+            spec_decode=True,
+            query_lens=query_lens,
+            seq_lens=seq_lens,
+            req_ids=req_ids,
+            device=device,
+            seq_lens_upper_bound=seq_lens_upper_bound,
+            dtypes=dtypes,
+        )
+        cu = np.zeros(batch.num_reqs + 1, dtype=np.int32)
+        np.cumsum(scheduled, out=cu[1:])
+        return replace(
+            batch,
+            cu_num_logits_np=cu,
+            num_draft_tokens_per_req=(scheduled - 1).astype(np.int32),
+            num_draft_tokens=int(admitted.sum()),
+            num_admitted_draft_tokens=admitted,
+        )
     slots_np = np.asarray(slots, dtype=np.intp).reshape(-1)
     counts = np.asarray(num_logits_per_req, dtype=np.int64).reshape(-1)
     num_reqs = slots_np.shape[0]
@@ -43,7 +76,8 @@ def build_input_batch(
     s_lens = (q_lens + 7 + slots_np) if seq_lens is None else np.asarray(seq_lens, dtype=np.int64)
     drafts = (counts - 1).astype(np.int32) if spec_decode else None
     dev = torch.device(device)
-    return InputBatch(
+    dtype = {name: getattr(torch, value) for name, value in (dtypes or {}).items()}
+    batch = InputBatch(
         req_ids=list(req_ids) if req_ids is not None else [f"req-{s}" for s in slots_np.tolist()],
         num_reqs=num_reqs,
         idx_mapping=torch.from_numpy(slots_np.astype(np.int64)).to(dev),
@@ -57,7 +91,12 @@ def build_input_batch(
         cu_num_logits_np=cu,
         num_draft_tokens=0 if drafts is None else int(drafts.sum()),
         num_draft_tokens_per_req=drafts,
+        # A bound above seq_lens, as the host knows it before the device's count (vllm-0.33).
+        seq_lens_cpu_upper_bound=torch.from_numpy(np.asarray(s_lens, dtype=np.int32) + 1)
+        if seq_lens_upper_bound
+        else None,
     )
+    return replace(batch, **{name: getattr(batch, name).to(value) for name, value in dtype.items()})
 
 
 def build_grammar_output(
@@ -66,16 +105,20 @@ def build_grammar_output(
     vocab_size: int,
     *,
     seed: int = 0,
+    block_rows: int | None = None,
+    num_acceptable_drafts: Sequence[int] | None = None,
 ) -> GrammarOutput | None:
     """Random bitmasks for the requests at ``req_positions`` (in that order).
 
-    Every row allows at least one token, so a masked row is never all -inf.
+    Every row allows at least one token, so a masked row is never all -inf. One row per logits row
+    (vllm-seed), or with ``block_rows`` a block of that many rows per listed request, padding rows
+    included (vllm-0.33, CL-GRAMMAR-BLOCKS).
     """
     if not len(req_positions):
         return None
     generator = torch.Generator().manual_seed(seed)
     cu = batch.cu_num_logits_np
-    rows = sum(int(cu[i + 1] - cu[i]) for i in req_positions)
+    rows = sum(int(cu[i + 1] - cu[i]) for i in req_positions) if block_rows is None else block_rows * len(req_positions)
     num_words = (vocab_size + 31) // 32
     words = torch.randint(-(2**31), 2**31 - 1, (rows, num_words), generator=generator, dtype=torch.int64)
     words[:, 0] |= 1  # token 0 always allowed
@@ -83,6 +126,7 @@ def build_grammar_output(
     return GrammarOutput(
         structured_output_request_ids=[batch.req_ids[i] for i in req_positions],
         grammar_bitmask=words.to(torch.int32).to(device),
+        num_acceptable_drafts=None if num_acceptable_drafts is None else [int(n) for n in num_acceptable_drafts],
     )
 
 

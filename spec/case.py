@@ -16,7 +16,15 @@ import torch
 from shardspec.spec.builders import build_grammar_output, build_input_batch, build_token_logits
 from shardspec.spec.case_edits import check_edit_names, edit_inputs, edit_logits_shard
 from shardspec.spec.layouts import check_case_layout, lay_out_batch, lay_out_grammar, lay_out_tensor, logits_dtype_of
-from shardspec.spec.model import GrammarOutput, InputBatch, LogprobsTensors, SamplerOutput
+from shardspec.spec.model import (
+    DEFAULT_PROFILE,
+    PROFILES,
+    VLLM_033,
+    GrammarOutput,
+    InputBatch,
+    LogprobsTensors,
+    SamplerOutput,
+)
 
 
 @dataclass
@@ -92,6 +100,23 @@ class Case:
     # On a step of an expanded multi-step case (see expand_steps): the id of the step before it,
     # whose sharder this step uses.
     continues: str | None = None
+    # The profile the step is judged under (spec/index.yaml); the fields below are vllm-0.33's.
+    profile: str = DEFAULT_PROFILE
+    # The profiles the case holds for (a fixture file's `profiles`); empty: every profile, or vllm-0.33
+    # alone where the case sets one of its fields (fixtures.catalogue.case_profiles).
+    profiles: tuple[str, ...] = ()
+    # The sharder's adaptive_verification_enabled (CL-ADMITTED-DRAFTS).
+    adaptive_verification: bool = False
+    # Draft tokens admitted per request (at most n_i - 1 scheduled ones): the budget binds. None: no
+    # admitted counts (num_admitted_draft_tokens None).
+    admitted_drafts: list[int] | None = None
+    # Rows S of each listed request's grammar block (CL-GRAMMAR-BLOCKS); None: max_num_logits_per_req.
+    grammar_block_rows: int | None = None
+    # Per grammar position, num_acceptable_drafts; None: the grammar output has none.
+    num_acceptable_drafts: list[int] | None = None
+    # Device fields of the batch in another integer dtype than the default, e.g. {"idx_mapping": "int32"}
+    # (the local batch follows them in vllm-0.33, CL-LOCAL-DTYPES).
+    batch_dtypes: dict[str, str] = field(default_factory=dict)
 
     @property
     def padded_vocab_size(self) -> int:
@@ -137,10 +162,27 @@ class CaseInputs:
 
 def build_case_inputs(case: Case, device: torch.device | str = "cpu") -> CaseInputs:
     check_case_layout(case.layouts, case.logits_dtype)
-    batch = build_input_batch(case.slots, case.num_logits_per_req, spec_decode=case.spec_decode, device=device)
+    check_case_profile(case)
+    vllm_033 = case.profile == VLLM_033
+    batch = build_input_batch(
+        case.slots,
+        case.num_logits_per_req,
+        spec_decode=case.spec_decode,
+        device=device,
+        admitted_drafts=case.admitted_drafts,
+        seq_lens_upper_bound=vllm_033,
+        dtypes=case.batch_dtypes,
+    )
     grammar = None
     if case.grammar_positions is not None:
-        grammar = build_grammar_output(batch, case.grammar_positions, case.vocab_size, seed=case.seed + 1)
+        grammar = build_grammar_output(
+            batch,
+            case.grammar_positions,
+            case.vocab_size,
+            seed=case.seed + 1,
+            block_rows=(case.grammar_block_rows or case.max_num_logits_per_req) if vllm_033 else None,
+            num_acceptable_drafts=case.num_acceptable_drafts,
+        )
     num_tokens = int(batch.query_start_loc[-1]) if batch.num_reqs else 0
     logits = build_token_logits(
         max(num_tokens, 1),
@@ -155,6 +197,19 @@ def build_case_inputs(case: Case, device: torch.device | str = "cpu") -> CaseInp
         grammar=lay_out_grammar(grammar, case.layouts),
         token_logits=logits.to(device, logits_dtype_of(case.logits_dtype)),
     )
+
+
+_PROFILE_FIELDS = ("adaptive_verification", "admitted_drafts", "grammar_block_rows", "num_acceptable_drafts")
+
+
+def check_case_profile(case: Case) -> None:
+    """Raise ValueError naming the case's unknown profile, or a vllm-0.33 field set in another profile."""
+    if case.profile not in PROFILES:
+        raise ValueError(f"profile: unknown profile {case.profile!r}; expected one of {', '.join(PROFILES)}")
+    if case.profile != VLLM_033:
+        used = [name for name in _PROFILE_FIELDS if getattr(case, name) not in (None, False)]
+        if used:
+            raise ValueError(f"{used[0]}: a field of profile {VLLM_033}, not of {case.profile}")
 
 
 def local_logits_shard(inputs: CaseInputs, sorted_logits_indices: torch.Tensor, case: Case, rank: int) -> torch.Tensor:

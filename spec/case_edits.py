@@ -119,6 +119,9 @@ INPUT_EDITS: dict[str, Callable] = {
     "expanded-pos-plus-one": _batch(expanded_local_pos=lambda b: b.expanded_local_pos + 1),
     "draft-total-plus-one": _batch(num_draft_tokens=lambda b: b.num_draft_tokens + 1),
     "grammar-bitmask-short": lambda b, g: (b, replace(g, grammar_bitmask=g.grammar_bitmask[:-1])),
+    # vllm-0.33's fields.
+    "seq-lens-upper-bound-short": _batch(seq_lens_cpu_upper_bound=lambda b: b.seq_lens_cpu_upper_bound[:-1]),
+    "acceptable-drafts-extra": lambda b, g: (b, replace(g, num_acceptable_drafts=[*g.num_acceptable_drafts, 0])),
     # Valid inputs in forms the builders do not produce.
     "idx-mapping-np-int32": _batch(idx_mapping_np=lambda b: np.asarray(b.idx_mapping_np, dtype=np.int32)),
     "draft-counts-int64": _batch(

@@ -200,8 +200,7 @@ def check_profile(name: str, spec: Spec | None = None) -> str:
     known = profile_names(spec)
     if name not in known:
         raise UnknownProfileError(
-            f"unknown profile {name!r}: this spec ({spec_version()}) defines {', '.join(known)} "
-            f"(default {known[0]})"
+            f"unknown profile {name!r}: this spec ({spec_version()}) defines {', '.join(known)} (default {known[0]})"
         )
     return name
 
@@ -247,7 +246,9 @@ def _check_profile_names(spec: Spec, paths: dict[str, str]) -> None:
 def _check_named_profiles(named, known: set, path: str, place: str) -> None:
     for name in named:
         if name not in known:
-            raise SpecFileError(path, place, f"field 'profiles': unknown profile {name} (index.yaml defines {', '.join(sorted(known))})")
+            raise SpecFileError(
+                path, place, f"field 'profiles': unknown profile {name} (index.yaml defines {', '.join(sorted(known))})"
+            )
 
 
 def _all_fields(model: DataModel):
@@ -264,7 +265,7 @@ def _all_fields(model: DataModel):
 
 
 def spec_version(root: PathLike | None = None) -> str:
-    """The version of the specification in ``root`` (default: the installed one), e.g. ``"0.3.0"``.
+    """The version of the specification in ``root`` (default: the installed one), e.g. ``"0.4.0"``.
 
     Reads only index.yaml, so a report header can name the version without loading every document.
     """

@@ -31,8 +31,10 @@ class Expectation:
     replicated: SamplerOutput | None
 
 
-def reference_factory(max_num_reqs, max_num_logits_per_req, *, comm, device):
-    return ReferenceSharder(max_num_reqs, max_num_logits_per_req, comm=comm, device=device)
+def reference_factory(max_num_reqs, max_num_logits_per_req, *, comm, device, profile, **profile_kwargs):
+    return ReferenceSharder(
+        max_num_reqs, max_num_logits_per_req, comm=comm, device=device, profile=profile, **profile_kwargs
+    )
 
 
 def rank_device_kind(tp_size: int) -> str:
@@ -99,7 +101,13 @@ def _replicated(case: Case, inputs) -> SamplerOutput | None:
     batch = inputs.batch
     logits = inputs.token_logits[batch.logits_indices][:, : case.vocab_size]
     return replicated_output(
-        logits, batch, inputs.grammar, gather_num_nans=case.gather_num_nans, logprobs_dims=case.logprobs_dims
+        logits,
+        batch,
+        inputs.grammar,
+        gather_num_nans=case.gather_num_nans,
+        logprobs_dims=case.logprobs_dims,
+        profile=case.profile,
+        adaptive_verification_enabled=case.adaptive_verification,
     )
 
 

@@ -63,7 +63,9 @@ def test_every_precondition_field_resolves_to_an_argument(spec):
 def test_nested_paths_resolve_through_referenced_types(spec):
     model = spec.data_model
     assert model.resolve_output("gathered.logprobs_tensors.logprobs").dtype == "float32"
-    assert model.resolve_output("local_batch.idx_mapping").local.dtype == "int32"
+    assert model.resolve_output("local_batch.idx_mapping").local.dtype == "input"
+    seed = load_spec(profile="vllm-seed").data_model
+    assert seed.resolve_output("local_batch.idx_mapping").local.dtype == "int32"
     assert model.resolve_output("local_batch.no_such_field") is None
     assert model.resolve_argument("sharder.max_num_reqs").type == "int"
 

@@ -9,7 +9,14 @@ import jsonschema
 import pytest
 import tomllib
 
-from shardspec.spec.loader import DOCUMENT_NAMES, document_schema, load_spec, load_yaml_document
+from shardspec.spec.loader import (
+    DOCUMENT_NAMES,
+    document_schema,
+    load_spec,
+    load_yaml_document,
+    profile_names,
+    select_profile,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 SEMVER = re.compile(r"^(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)(-[0-9A-Za-z.-]+)?(\+[0-9A-Za-z.-]+)?$")
@@ -105,14 +112,25 @@ def test_every_invariant_has_a_rationale(spec):
 
 
 def test_ids_are_unique_and_looked_up(spec):
-    assert len(set(spec.ids)) == len(spec.ids)
+    for profile in profile_names(spec):
+        selected = select_profile(spec, profile)
+        assert len(set(selected.ids)) == len(selected.ids), profile
     assert spec.by_id("CL-EMPTY-BATCH").topic == "Empty batch"
+
+
+def test_an_id_shared_by_two_entries_names_disjoint_profiles(spec):
+    entries = [*spec.invariants, *spec.preconditions, *spec.clarifications]
+    for entry_id in {e.id for e in entries}:
+        named = [e.profiles for e in entries if e.id == entry_id]
+        if len(named) > 1:
+            flat = [p for profiles in named for p in profiles]
+            assert all(named) and len(flat) == len(set(flat)), entry_id
     with pytest.raises(KeyError, match="INV-NOPE"):
         spec.by_id("INV-NOPE")
 
 
 def _precondition_ids_in_code() -> set[str]:
-    source = (ROOT / "reference" / "preconditions.py").read_text()
+    source = "".join((ROOT / "reference" / name).read_text() for name in ("preconditions.py", "profile_rules.py"))
     return set(re.findall(r"[\"'](PRE-[A-Z0-9-]+)[\"']", source))
 
 

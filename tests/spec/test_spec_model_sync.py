@@ -18,9 +18,9 @@ TORCH_DTYPES = {"int32": torch.int32, "int64": torch.int64, "float32": torch.flo
 NUMPY_DTYPES = {"int32": np.int32, "int64": np.int64, "float32": np.float32, "intp": np.intp}
 
 
-@pytest.fixture(scope="module")
-def spec():
-    return load_spec()
+@pytest.fixture(scope="module", params=py_model.PROFILES)
+def spec(request):
+    return load_spec(profile=request.param)
 
 
 def _python_fields(cls) -> list[str]:
@@ -41,19 +41,30 @@ def test_types_mirror_the_python_classes_field_by_field(spec):
         "ExtensionSpec",
     }
     for type_spec in mirrored:
-        assert [f.name for f in type_spec.fields] == _python_fields(getattr(py_model, type_spec.python)), type_spec.name
+        names, python = [f.name for f in type_spec.fields], _python_fields(getattr(py_model, type_spec.python))
+        if spec.profile == py_model.DEFAULT_PROFILE:
+            assert names == python, type_spec.name
+        else:  # the Python classes carry the default profile's fields too, at their end
+            assert names == python[: len(names)], type_spec.name
+
+
+def test_profile_names_in_code_equal_the_index(spec):
+    assert {p.name for p in spec.profiles} == set(py_model.PROFILES)
+    assert next(p.name for p in spec.profiles if p.default) == py_model.DEFAULT_PROFILE
 
 
 # -- the reference's outputs have the dtypes and shapes the data model states --
 
 
-def _step(comm, batch, grammar, token_logits):
-    sharder = ReferenceSharder(64, 4, comm=comm)
+def _step(comm, batch, grammar, token_logits, profile):
+    sharder = ReferenceSharder(64, 4, comm=comm, profile=profile)
     shard = sharder.shard_sampler_inputs(batch, grammar)
     width = token_logits.shape[1] // comm.world_size
     logits_shard = token_logits[shard.sorted_logits_indices][:, comm.rank * width : (comm.rank + 1) * width]
     full = sharder.all_to_all_logits(logits_shard, shard.metadata)
-    local = toy_sample(full[:, :VOCAB].float(), shard.local_batch, shard.local_grammar_output, LOGPROBS_DIMS[0])
+    local = toy_sample(
+        full[:, :VOCAB].float(), shard.local_batch, shard.local_grammar_output, LOGPROBS_DIMS[0], profile
+    )
     gathered = sharder.gather_sampler_output(
         local, shard.metadata, batch, shard.local_batch, gather_num_nans=True, logprobs_dims=LOGPROBS_DIMS
     )
@@ -67,14 +78,18 @@ BATCHES = {
 }
 
 
-@pytest.fixture(scope="module", params=sorted(BATCHES))
-def step_results(request):
+@pytest.fixture(params=sorted(BATCHES))
+def step_results(request, spec):
     slots, counts, grammar_positions = BATCHES[request.param]
-    batch = build_input_batch(slots, counts)
-    grammar = None if grammar_positions is None else build_grammar_output(batch, grammar_positions, VOCAB, seed=1)
+    vllm_033 = spec.profile == py_model.VLLM_033
+    batch = build_input_batch(slots, counts, seq_lens_upper_bound=vllm_033)
+    grammar = None
+    if grammar_positions is not None:
+        block = 4 if vllm_033 else None
+        grammar = build_grammar_output(batch, grammar_positions, VOCAB, seed=1, block_rows=block)
     num_tokens = int(batch.query_start_loc[-1]) if slots else 1
     token_logits = build_token_logits(max(num_tokens, 1), 128 * TP, seed=3).to(torch.bfloat16)
-    return batch, LockstepGroup(TP, timeout_s=20).run(_step, batch, grammar, token_logits)
+    return batch, LockstepGroup(TP, timeout_s=20).run(_step, batch, grammar, token_logits, spec.profile)
 
 
 def _symbols(batch, shard) -> dict[str, int]:
@@ -91,6 +106,8 @@ def _symbols(batch, shard) -> dict[str, int]:
         "k": k,
         "t": t,
         "C": 1 + max(k, t),
+        "Ls": batch.num_logits,
+        "S": 4,
         "g": 1,
         "Vs": 128,
         "V": VOCAB,
@@ -116,16 +133,20 @@ def _names(expr: str) -> list[str]:
     ]
 
 
-def _check(value, field, symbols, where, model, local=False, logits_dtype=None):
+def _check(value, field, symbols, where, model, local=False, logits_dtype=None, batch=None):
     view = field.local if local and field.local else None
     dtype = (view.dtype if view and view.dtype else None) or field.dtype
+    if dtype == "input":  # the batch field's own dtype (CL-LOCAL-DTYPES)
+        dtype = str(getattr(batch, field.name).dtype).removeprefix("torch.")
     shape = (view.shape if view and view.shape else None) or field.shape
     if value is None:
         assert field.optional, f"{where} is None but not optional"
         return
     if field.type == "record":
         for child in model.type(field.ref).fields:
-            _check(getattr(value, child.name), child, symbols, f"{where}.{child.name}", model, local, logits_dtype)
+            _check(
+                getattr(value, child.name), child, symbols, f"{where}.{child.name}", model, local, logits_dtype, batch
+            )
         return
     expected_shape = _expected_shape(shape, symbols)
     if field.type == "tensor":
@@ -166,6 +187,7 @@ def test_reference_outputs_match_the_data_model(spec, step_results):
                 model,
                 local=(field.view == "local"),
                 logits_dtype=torch.bfloat16,
+                batch=batch,
             )
         _check(local, model.resolve_argument("local_output"), symbols, f"rank {rank}: local_output", model)
         _check(batch, model.resolve_argument("batch"), symbols, f"rank {rank}: batch", model)

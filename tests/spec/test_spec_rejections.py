@@ -51,7 +51,7 @@ def test_spec_md_shows_each_decision_beside_its_precondition(spec):
 
 
 def test_spec_version_is_exposed_without_loading_every_document(spec):
-    assert spec_version() == spec.version == "0.3.0"
+    assert spec_version() == spec.version == "0.4.0"
 
 
 def _documented_signature(spec, method: str) -> list[str]:
@@ -74,8 +74,8 @@ def test_a_factory_targeting_another_minor_version_gets_a_warning():
     make_sharder.SPEC_VERSION = "0.2.7"
     assert target_version_warning(make_sharder, checked="0.2.0") is None  # another patch only
     make_sharder.SPEC_VERSION = "0.2.0"
-    warning = target_version_warning(make_sharder, checked="0.3.0")
-    assert "targets spec 0.2.0" in warning and "checks spec 0.3.0" in warning
+    warning = target_version_warning(make_sharder, checked="0.4.0")
+    assert "targets spec 0.2.0" in warning and "checks spec 0.4.0" in warning
 
 
 def test_the_reference_targets_this_version():

@@ -1,0 +1,193 @@
+"""Where the profiles differ (spec/index.yaml): each rule the reference applies per profile, in one place.
+
+vllm-seed is the revision the spec was first written from; vllm-0.33 adds admitted draft counts
+(CL-ADMITTED-DRAFTS), fixed-width grammar blocks (CL-GRAMMAR-BLOCKS), seq_lens_cpu_upper_bound
+(CL-SEQ-LENS-UPPER-BOUND) and local tensors in the inputs' dtypes (CL-LOCAL-DTYPES).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from shardspec.spec.errors import PreconditionError
+from shardspec.spec.model import VLLM_033, GrammarOutput, InputBatch, admitted_cu_num_logits
+
+
+def device_cu_num_logits(batch: InputBatch, profile: str) -> np.ndarray:
+    """[N + 1] int64 prefix sums of the rows as the device fields lay them out: the admitted rows in
+    vllm-0.33 where admitted counts are given, else cu_num_logits_np."""
+    if profile == VLLM_033:
+        return admitted_cu_num_logits(batch)
+    return np.asarray(batch.cu_num_logits_np, dtype=np.int64)
+
+
+def local_dtype(batch_field: torch.Tensor, seed_dtype: torch.dtype, profile: str) -> torch.dtype:
+    """CL-LOCAL-DTYPES: the batch field's own dtype (vllm-0.33), or the fixed one (vllm-seed)."""
+    return batch_field.dtype if profile == VLLM_033 else seed_dtype
+
+
+def local_num_draft_tokens(batch: InputBatch, local_reqs: np.ndarray, profile: str) -> int:
+    """CL-LOCAL-DRAFT-COUNT for the owned requests ``local_reqs``."""
+    drafts = batch.num_draft_tokens_per_req
+    if drafts is None:
+        return 0
+    if profile != VLLM_033:
+        return int(np.asarray(drafts, dtype=np.int64)[local_reqs].sum())
+    if batch.num_admitted_draft_tokens is not None:
+        return int(np.asarray(batch.num_admitted_draft_tokens, dtype=np.int64)[local_reqs].sum())
+    return int(np.asarray(drafts, dtype=np.int64)[local_reqs].sum()) if batch.num_draft_tokens > 0 else 0
+
+
+def local_profile_fields(batch: InputBatch, local_reqs: np.ndarray, profile: str) -> dict:
+    """The local batch's vllm-0.33 fields (CL-SEQ-LENS-UPPER-BOUND, INV-LOCAL-ADMITTED-DRAFTS); in
+    vllm-seed they are not the spec's and stay as the batch has them (INV-LOCAL-UNLISTED-FIELDS)."""
+    if profile != VLLM_033:
+        return {}
+    bound = batch.seq_lens_cpu_upper_bound
+    local_bound = None if bound is None else bound[torch.from_numpy(local_reqs.astype(np.int64))]
+    return {"seq_lens_cpu_upper_bound": local_bound, "num_admitted_draft_tokens": None}
+
+
+def local_grammar_output(grammar: GrammarOutput | None, batch: InputBatch, local_reqs, profile: str):
+    """INV-LOCAL-GRAMMAR: the owned requests' ids in the grammar's order, with their rows (vllm-seed) or
+    whole blocks and acceptable-draft counts (vllm-0.33); None when none is owned."""
+    if grammar is None:
+        return None
+    position = {req_id: i for i, req_id in enumerate(batch.req_ids)}
+    owned = set(np.asarray(local_reqs).tolist())
+    ids = grammar.structured_output_request_ids
+    keep = [k for k, req_id in enumerate(ids) if position[req_id] in owned]
+    if not keep:
+        return None
+    device = grammar.grammar_bitmask.device
+    if profile == VLLM_033:
+        block = grammar.grammar_bitmask.shape[0] // len(ids)
+        rows = [k * block + p for k in keep for p in range(block)]
+        counts = grammar.num_acceptable_drafts
+        return GrammarOutput(
+            structured_output_request_ids=[ids[k] for k in keep],
+            grammar_bitmask=grammar.grammar_bitmask[torch.tensor(rows, dtype=torch.int64, device=device)],
+            num_acceptable_drafts=None if counts is None else [counts[k] for k in keep],
+        )
+    cu = np.asarray(batch.cu_num_logits_np, dtype=np.int64)
+    starts = np.concatenate([[0], np.cumsum([cu[position[r] + 1] - cu[position[r]] for r in ids])]).astype(np.int64)
+    rows = [r for k in keep for r in range(int(starts[k]), int(starts[k + 1]))]
+    return GrammarOutput(
+        structured_output_request_ids=[ids[k] for k in keep],
+        grammar_bitmask=grammar.grammar_bitmask[torch.tensor(rows, dtype=torch.int64, device=device)],
+    )
+
+
+def gathered_cu_num_generated(global_batch: InputBatch, adaptive: bool, profile: str) -> dict:
+    """INV-CU-NUM-GENERATED: the host list (without adaptive verification, when L != N) and, in
+    vllm-0.33, the device copy of cu_num_logits under adaptive verification."""
+    cu = np.asarray(global_batch.cu_num_logits_np, dtype=np.int64)
+    num_logits, num_reqs = int(cu[-1]), int(cu.shape[0] - 1)
+    listed = [int(c) for c in cu] if num_logits != num_reqs else None
+    if profile != VLLM_033:
+        return {"cu_num_generated_tokens": listed}
+    if not adaptive:
+        return {"cu_num_generated_tokens": listed, "cu_num_generated_tokens_tensor": None}
+    return {"cu_num_generated_tokens": None, "cu_num_generated_tokens_tensor": global_batch.cu_num_logits.clone()}
+
+
+# ---------------------------------------------------------------- preconditions of vllm-0.33
+
+
+def _reject(pid: str, field: str, message: str, rank, request=None):
+    raise PreconditionError(pid, field, message, request=request, rank=rank)
+
+
+def check_admitted_drafts(batch: InputBatch, rank=None) -> None:
+    """PRE-DRAFTS (vllm-0.33): num_admitted_draft_tokens, when given, is [N] integers within the
+    scheduled drafts of each request."""
+    admitted = batch.num_admitted_draft_tokens
+    if admitted is None:
+        return
+    field = "num_admitted_draft_tokens"
+    if batch.num_draft_tokens_per_req is None:
+        _reject("PRE-DRAFTS", field, "is given without num_draft_tokens_per_req", rank)
+    admitted = np.asarray(admitted)
+    if admitted.dtype.kind not in "iu" or admitted.shape != (batch.num_reqs,):
+        _reject(
+            "PRE-DRAFTS",
+            field,
+            f"dtype {admitted.dtype}, shape {admitted.shape}: expected integers of shape ({batch.num_reqs},)",
+            rank,
+        )
+    scheduled = np.asarray(batch.num_draft_tokens_per_req, dtype=np.int64)
+    bad = np.flatnonzero((admitted < 0) | (admitted.astype(np.int64) > scheduled))
+    if bad.size:
+        _reject(
+            "PRE-DRAFTS",
+            field,
+            f"{int(admitted[bad[0]])} admitted drafts, outside [0, {int(scheduled[bad[0]])}] scheduled",
+            rank,
+            int(bad[0]),
+        )
+
+
+def expected_num_draft_tokens(batch: InputBatch) -> int:
+    """PRE-DRAFTS (vllm-0.33): num_draft_tokens sums the admitted counts where given."""
+    if batch.num_admitted_draft_tokens is not None:
+        return int(np.asarray(batch.num_admitted_draft_tokens, dtype=np.int64).sum())
+    return int(np.asarray(batch.num_draft_tokens_per_req, dtype=np.int64).sum())
+
+
+def check_seq_lens_upper_bound(batch: InputBatch, rank=None) -> None:
+    """PRE-SEQ-LENS-UPPER-BOUND."""
+    bound = batch.seq_lens_cpu_upper_bound
+    if bound is None:
+        return
+    if not isinstance(bound, torch.Tensor) or bound.device.type != "cpu" or tuple(bound.shape) != (batch.num_reqs,):
+        where = bound.device if isinstance(bound, torch.Tensor) else type(bound).__name__
+        shape = tuple(getattr(bound, "shape", ()))
+        _reject(
+            "PRE-SEQ-LENS-UPPER-BOUND",
+            "seq_lens_cpu_upper_bound",
+            f"{where}, shape {shape}: expected a CPU tensor of shape ({batch.num_reqs},)",
+            rank,
+        )
+
+
+def check_grammar_blocks(grammar: GrammarOutput, batch: InputBatch, rank=None) -> None:
+    """PRE-GRAMMAR-BITMASK (vllm-0.33): G blocks of S rows, S >= every listed request's scheduled rows."""
+    ids = grammar.structured_output_request_ids
+    bitmask = grammar.grammar_bitmask
+    counts = grammar.num_acceptable_drafts
+    if counts is not None and len(counts) != len(ids):
+        _reject(
+            "PRE-GRAMMAR-BITMASK",
+            "num_acceptable_drafts",
+            f"{len(counts)} entries for {len(ids)} listed requests",
+            rank,
+        )
+    if bitmask.dim() != 2 or (not ids and bitmask.shape[0] != 0):
+        _reject("PRE-GRAMMAR-BITMASK", "grammar_bitmask", f"shape {tuple(bitmask.shape)}: expected [G * S, B]", rank)
+    if not ids:
+        return
+    if bitmask.shape[0] % len(ids):
+        _reject(
+            "PRE-GRAMMAR-BITMASK",
+            "grammar_bitmask",
+            f"{bitmask.shape[0]} rows are not a block per each of {len(ids)} listed requests",
+            rank,
+        )
+    block = bitmask.shape[0] // len(ids)
+    position = {req_id: i for i, req_id in enumerate(batch.req_ids)}
+    scheduled = np.diff(np.asarray(batch.cu_num_logits_np, dtype=np.int64))
+    for req_id in ids:
+        if scheduled[position[req_id]] > block:
+            _reject(
+                "PRE-GRAMMAR-BITMASK",
+                "grammar_bitmask",
+                f"blocks of {block} rows, but request {req_id!r} has {int(scheduled[position[req_id]])} logits rows",
+                rank,
+                position[req_id],
+            )
+
+
+def num_gathered_logprob_rows(global_batch: InputBatch) -> int:
+    """INV-LOGPROBS-SHAPES: Ls = cu_num_logits_np[N] rows (L unless admitted counts are given)."""
+    return int(np.asarray(global_batch.cu_num_logits_np)[-1])
