@@ -38,7 +38,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from shardspec.spec.model import VLLM_033
+from shardspec.spec.profiles import VLLM_033
 
 IMPL_ENV = "SHARDSPEC_IMPL"
 BUILTIN = {

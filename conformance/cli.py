@@ -45,6 +45,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--tp", help="group sizes, e.g. 1,2,3,4,8 [env SHARDSPEC_TP]")
     parser.add_argument(
+        "--profile",
+        help="the spec profile every case is judged under: vllm-0.33 (default) or vllm-seed "
+        "(spec/SPEC.md, Profiles) [env SHARDSPEC_PROFILE]",
+    )
+    parser.add_argument(
         "--quick",
         action="store_true",
         default=None,
@@ -138,6 +143,7 @@ def config_from_args(args: argparse.Namespace, environ: dict | None = None):
         in_process_device=args.in_process_device,
         xfails_file=values["xfails_file"],
         json_path=values["json"],
+        profile=values["profile"],
     )
     if config.selected:  # named cases are loaded and bounded now, before anything is launched
         from shardspec.conformance.runner import collect_cases
@@ -194,10 +200,6 @@ def pytest_command(options: list[str], extra: list[str]) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["upstream"]:  # the drift check of a vLLM tree, wheel or batch_shard.py (conformance/upstream.py)
-        from shardspec.conformance.upstream import main as upstream_main
-
-        return upstream_main(argv[1:])
     extra = argv[argv.index("--") + 1 :] if "--" in argv else []
     argv = argv[: argv.index("--")] if "--" in argv else argv
     parser = build_parser()

@@ -14,6 +14,8 @@ import tempfile
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from shardspec.spec.profiles import DEFAULT_PROFILE, PROFILES
+
 QUICK_TP_SIZES = [2, 4]
 QUICK_MAX_EXAMPLES = 10
 MIXED_MAX_EXAMPLES = 25
@@ -105,6 +107,13 @@ def _xfails(path: str, where: str) -> str:
     return path
 
 
+def _profile(text: str, where: str) -> str:
+    name = str(text).strip()
+    if name not in PROFILES:
+        raise UsageError(f"{where}: unknown profile {name!r}; this spec defines {', '.join(PROFILES)}")
+    return name
+
+
 def _one(args, environ, option: str, env: str, parse: Callable[[str, str], Any], default: Any) -> Any:
     raw, where = _source(option, env, args, environ)
     return default if raw is None else parse(raw, where)
@@ -127,6 +136,7 @@ def resolve(args, environ: Mapping[str, str] = os.environ) -> dict[str, Any]:
         "timeout": _one(args, environ, "--timeout", "SHARDSPEC_TIMEOUT", _seconds, 60.0),
         "xfails_file": _one(args, environ, "--xfails-file", "SHARDSPEC_XFAILS", _xfails, None),
         "json": None if args.json is None else _writable_file(args.json, "--json"),
+        "profile": _one(args, environ, "--profile", "SHARDSPEC_PROFILE", _profile, DEFAULT_PROFILE),
     }
     mixed = _one(
         args,

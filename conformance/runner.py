@@ -15,6 +15,7 @@ from shardspec.conformance.api import ImplChoice
 from shardspec.conformance.harness.group import Group, Job
 from shardspec.conformance.judge.results import ERROR, FAIL, NOT_RUN, CaseResult, not_run
 from shardspec.spec.case import Case
+from shardspec.spec.model import DEFAULT_PROFILE
 
 ALL_TP_SIZES = [1, 2, 3, 4, 8]
 Log = Callable[[str], None]
@@ -47,6 +48,8 @@ class RunConfig:
     in_process_device: str = "auto"  # auto | cpu | cuda
     xfails_file: str | None = None
     json_path: str | None = None
+    # The profile every case is judged under (spec/index.yaml).
+    profile: str = DEFAULT_PROFILE
 
     @property
     def selected(self) -> bool:
@@ -71,11 +74,16 @@ def collect_cases(config: RunConfig) -> CaseSet:
         from shardspec.fixtures import load_case, load_case_file
 
         from_files = {
-            path: checked_case(_loaded(load_case_file, checked_case_file(path), "--case-file"), f"--case-file {path}")
+            path: checked_case(
+                _under_profile(_loaded(load_case_file, checked_case_file(path), "--case-file"), config.profile, path),
+                f"--case-file {path}",
+            )
             for path in config.case_files
         }
         named = [
-            checked_case(_loaded(load_case, checked_case_id(case_id), "--case"), f"--case {case_id}")
+            checked_case(
+                _loaded(lambda i: load_case(i, config.profile), checked_case_id(case_id), "--case"), f"--case {case_id}"
+            )
             for case_id in config.case_ids
         ]
         cases = _unique_ids(named + list(from_files.values()))
@@ -83,15 +91,17 @@ def collect_cases(config: RunConfig) -> CaseSet:
         steps, parents = _expanded(cases)
         files.update({step_id: files[parent.case_id] for step_id, parent in parents.items() if parent.case_id in files})
         return CaseSet(steps, set(), notes, files, parents)
-    cases = [c for c in _fixture_cases(notes) if c.tp_size in config.tp_sizes]
+    cases = [c for c in _fixture_cases(notes, config.profile) if c.tp_size in config.tp_sizes]
     generated: list[Case] = []
     if not config.fixtures_only and config.max_examples > 0:
         from shardspec.conformance.cases.multistep import multi_step_cases
         from shardspec.conformance.cases.strategies import generate_cases
+        from shardspec.fixtures.catalogue import with_profile
 
         for tp in config.tp_sizes:
-            generated += generate_cases(tp, config.max_examples, config.seed)
-            cases += multi_step_cases(tp, max(1, config.max_examples // MULTI_STEP_SHARE), config.seed)
+            generated += generate_cases(tp, config.max_examples, config.seed, config.profile)
+            multi = multi_step_cases(tp, max(1, config.max_examples // MULTI_STEP_SHARE), config.seed)
+            cases += [with_profile(case, config.profile) for case in multi]
     steps, parents = _expanded(_unique_ids(cases + generated))
     return CaseSet(steps, {c.case_id for c in generated}, notes, parents=parents)
 
@@ -122,13 +132,26 @@ def _loaded(load, name: str, option: str) -> Case:
         raise UsageError(f"{option} {name}: {exc}") from None
 
 
-def _fixture_cases(notes: list[str]) -> list[Case]:
+def _fixture_cases(notes: list[str], profile: str) -> list[Case]:
     try:
         from shardspec.fixtures import load_cases
     except ImportError as exc:
         notes.append(f"no golden fixtures: shardspec.fixtures is not importable ({exc})")
         return []
-    return load_cases()
+    return load_cases(profile)
+
+
+def _under_profile(case: Case, profile: str, path: str) -> Case:
+    """A case file's case under the run's profile; a UsageError if it does not hold for it."""
+    from shardspec.conformance.options import UsageError
+    from shardspec.fixtures.catalogue import case_profiles, with_profile
+
+    if profile not in case_profiles(case):
+        raise UsageError(
+            f"--case-file {path}: the case holds for profile(s) {', '.join(case_profiles(case))}, not {profile} "
+            "(--profile)"
+        )
+    return with_profile(case, profile)
 
 
 def _unique_ids(cases: list[Case]) -> list[Case]:

@@ -43,7 +43,7 @@ class ConformanceSession:
         self.group = group_for(config, self.run_dir, log)  # where the ranks run; closed by finish()
         self.results: dict[str, list[CaseResult]] = {impl: [] for impl in config.impls}
         self.sizes_run: set[int] = set()
-        self.invariants = report.load_invariants()
+        self.invariants = report.load_invariants(config.profile)
         self._load_problems: dict[str, str | None] | None = None
         self.version_warnings: list[str] = []  # implementations that target another spec version
 
@@ -63,7 +63,7 @@ class ConformanceSession:
         from shardspec.spec.loader import spec_version
 
         lines = [
-            f"shardspec conformance against spec {spec_version()}: implementation(s): "
+            f"shardspec conformance against spec {spec_version()}, profile {self.config.profile}: implementation(s): "
             f"{', '.join(self.label(i) for i in self.config.impls)}",
             f"  mode: {self.group.describe()}; seed {self.config.seed}; run dir {self.run_dir}",
         ]
@@ -110,7 +110,7 @@ class ConformanceSession:
             from shardspec.conformance.harness.probe import probe
 
             names = [name for impl in self.config.impls for name in ImplChoice.parse(impl).names()]
-            self._load_problems = probe(names, warnings=self.version_warnings)
+            self._load_problems = probe(names, self.config.profile, warnings=self.version_warnings)
             for warning in self.version_warnings:
                 self.log(f"warning: {warning}")
         return self._load_problems
@@ -131,9 +131,7 @@ class ConformanceSession:
 
     def render(self, xfails: report.Xfails) -> tuple[str, list[list[list[str]]], list[str], int]:
         """The text report, the tables, warnings and the exit code."""
-        from shardspec.conformance.judge.checks.base import GROUP_CHECKERS, RANK_CHECKERS
-
-        checked = set(RANK_CHECKERS) | set(GROUP_CHECKERS)
+        checked = self.checked()
         levels = {inv.id: inv.level for inv in self.invariants}
         extra = sorted(checked - set(levels))
         invariants = self.invariants + [report.InvariantInfo(i, "MUST") for i in extra]
@@ -153,20 +151,25 @@ class ConformanceSession:
         parts += [f"warning: {w}" for w in warnings]
         return "\n".join(parts), tables, warnings, int(failed)
 
+    def checked(self) -> set[str]:
+        """The invariants a checker judges under the run's profile."""
+        from shardspec.conformance.judge.checks.base import GROUP_CHECKERS, RANK_CHECKERS, checkers_for
+
+        profile = self.config.profile
+        return set(checkers_for(RANK_CHECKERS, profile)) | set(checkers_for(GROUP_CHECKERS, profile))
+
     def judged_rows(self) -> list[str]:
         """The rows of the table: every invariant, then the run-errors and not-run rows."""
         return [inv.id for inv in self.invariants] + [report.ERRORS_ROW, report.NOT_RUN_ROW]
 
     def verdict(self, impl: str, tp: int, row: str) -> tuple[str, str]:
         """One cell of the table and what explains it (the failures, or why nothing was judged)."""
-        from shardspec.conformance.judge.checks.base import GROUP_CHECKERS, RANK_CHECKERS
-
         xfails = report.load_xfails(self.config.xfails_file)
         section = report.Section(
             self.label(impl), [r for r in self.results[impl] if r.tp == tp], [tp], self.not_applicable(impl)
         )
         levels = {inv.id: inv.level for inv in self.invariants}
-        rows = report.table_rows(section, self.invariants, set(RANK_CHECKERS) | set(GROUP_CHECKERS), xfails)
+        rows = report.table_rows(section, self.invariants, self.checked(), xfails)
         cell = next(r[2] for r in rows if r[0] == row)
         if cell == report.NOT_APPLICABLE:
             return cell, self.not_applicable(impl).get(tp, "no case at this size could judge it")
@@ -225,6 +228,7 @@ class ConformanceSession:
 
     def _extra(self) -> dict:
         return {
+            "profile": self.config.profile,
             "mode": f"in-process ({self.config.in_process_group})" if self.config.in_process else "multi-process",
             "cases": len(self.case_set.cases),
             "max_examples": self.config.max_examples,

@@ -21,7 +21,7 @@ from typing import Any
 from shardspec.conformance.api import construction_kwargs
 from shardspec.conformance.harness.held import HeldResults, shared_memory
 from shardspec.conformance.harness.recording import CollectiveError, Progress, RecordingComm, changed_fields, snapshot
-from shardspec.conformance.judge.checks.base import RANK_CHECKERS, StepOutputs, StepRecord, Violation
+from shardspec.conformance.judge.checks.base import RANK_CHECKERS, StepOutputs, StepRecord, Violation, checkers_for
 from shardspec.conformance.judge.checks.common import declined_extensions
 from shardspec.conformance.judge.digest import step_digest
 from shardspec.engine import engine_step
@@ -202,7 +202,7 @@ def should_check(case: Case, outputs: StepOutputs) -> bool:
 
 def run_rank_checks(record: StepRecord) -> list[Violation]:
     violations: list[Violation] = []
-    for invariant_id, checker in RANK_CHECKERS.items():
+    for invariant_id, checker in checkers_for(RANK_CHECKERS, record.case.profile).items():
         violations.extend(_guarded(invariant_id, record.rank, functools.partial(checker, record)))
     return violations
 
@@ -211,7 +211,8 @@ def judged_invariants(record: StepRecord) -> list[str]:
     """The rank checkers that could judge ``record`` (the others have nothing to look at in it)."""
     from shardspec.conformance.judge.checks.base import judgeable
 
-    return [invariant_id for invariant_id in RANK_CHECKERS if judgeable(invariant_id, record)]
+    checkers = checkers_for(RANK_CHECKERS, record.case.profile)
+    return [invariant_id for invariant_id in checkers if judgeable(invariant_id, record)]
 
 
 def _guarded(invariant_id: str, rank: int | None, call) -> list[Violation]:
@@ -227,7 +228,7 @@ def run_group_checks(case: Case, digests: dict[int, dict[str, Any]]) -> list[Vio
     from shardspec.conformance.judge.checks.base import GROUP_CHECKERS
 
     violations: list[Violation] = []
-    for invariant_id, checker in GROUP_CHECKERS.items():
+    for invariant_id, checker in checkers_for(GROUP_CHECKERS, case.profile).items():
         violations.extend(_guarded(invariant_id, None, functools.partial(checker, case, digests)))
     return violations
 
@@ -351,7 +352,7 @@ def _judge_partial(case, rank, outputs, expectation, inputs, completed: set[str]
         replicated=expectation.replicated,
     )
     violations = []
-    for invariant_id, checker in RANK_CHECKERS.items():
+    for invariant_id, checker in checkers_for(RANK_CHECKERS, case.profile).items():
         if steps.get(invariant_id) not in completed:
             continue
         try:

@@ -14,11 +14,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-# The profiles of spec/index.yaml (a test keeps these in step): each names one upstream contract.
-VLLM_033 = "vllm-0.33"
-VLLM_SEED = "vllm-seed"
-PROFILES = (VLLM_033, VLLM_SEED)
-DEFAULT_PROFILE = VLLM_033
+from shardspec.spec.profiles import DEFAULT_PROFILE, PROFILES, VLLM_033, VLLM_SEED  # noqa: F401  (re-exported)
 
 
 @dataclass

@@ -30,8 +30,10 @@ from hypothesis import HealthCheck, Phase, Verbosity, given, settings
 from hypothesis import seed as hypothesis_seed
 from hypothesis import strategies as st
 
+from shardspec.conformance.cases.profile_inputs import with_vllm_033_inputs
 from shardspec.spec.case import Case, ExplicitLocalOutput
 from shardspec.spec.layouts import BATCH_ARRAYS, BATCH_TENSORS, LOCAL_OUTPUT, LOGITS_DTYPES, OFFSET, STRIDED
+from shardspec.spec.model import DEFAULT_PROFILE, VLLM_033
 
 MAX_REQS_IN_BATCH = 12
 MAX_LOGITS_PER_REQ = 8
@@ -250,8 +252,10 @@ class _Enough(Exception):
     drawn and thrown away (most of the cost of generating)."""
 
 
-def generate_cases(tp_size: int, count: int, seed: int) -> list[Case]:
-    """``count`` distinct cases for ``tp_size`` (fewer only if hypothesis runs dry), the same for the same seed."""
+def generate_cases(tp_size: int, count: int, seed: int, profile: str = DEFAULT_PROFILE) -> list[Case]:
+    """``count`` distinct cases for ``tp_size`` (fewer only if hypothesis runs dry), the same for the same seed,
+    under ``profile``: vllm-0.33's cases are the seed profile's, a share of them with vLLM 0.33's inputs
+    (cases/profile_inputs.py)."""
     drawn: dict[str, Case] = {}
 
     # The budget stays count * 3 even though drawing stops early: hypothesis
@@ -280,4 +284,10 @@ def generate_cases(tp_size: int, count: int, seed: int) -> list[Case]:
     unique = list(drawn.values())
     for number, case in enumerate(unique):
         case.case_id = f"gen-tp{tp_size}-s{seed}-{number:03d}"
+    unique = [replace(case, profile=profile) for case in unique]
+    if profile == VLLM_033:
+        unique = [
+            with_vllm_033_inputs(case, np.random.default_rng([seed, tp_size, number, 33]))
+            for number, case in enumerate(unique)
+        ]
     return unique

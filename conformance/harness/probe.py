@@ -2,8 +2,9 @@
 
 The process that judges must never import an implementation under test (its
 import could patch the checks), so loading is tried in a child:
-``python -m shardspec.conformance.harness.probe NAME...`` prints one JSON line per
-name, ``{"name", "problem", "warning"}`` (``problem`` null when it loads;
+``python -m shardspec.conformance.harness.probe PROFILE NAME...`` prints one JSON line per
+name, ``{"name", "problem", "warning"}`` (``problem`` null when it loads and implements the
+run's profile;
 ``warning`` when it targets another spec version than the one checked). An import
 that exits or kills the child is reported for that name; the names after it
 are probed again in a fresh child.
@@ -17,13 +18,15 @@ import subprocess
 import sys
 
 
-def probe(names: list[str], timeout_s: float = 120.0, warnings: list[str] | None = None) -> dict[str, str | None]:
+def probe(
+    names: list[str], profile: str, timeout_s: float = 120.0, warnings: list[str] | None = None
+) -> dict[str, str | None]:
     """name -> why it cannot be loaded (None: it loads); spec-version warnings are appended to ``warnings``."""
     problems: dict[str, str | None] = {}
     found: list[str] = [] if warnings is None else warnings
     pending = list(dict.fromkeys(names))
     while pending:
-        reported, ended = _probe_once(pending, timeout_s)
+        reported, ended = _probe_once(pending, profile, timeout_s)
         problems.update({name: item["problem"] for name, item in reported.items()})
         found += [f"{name}: {item['warning']}" for name, item in reported.items() if item.get("warning")]
         pending = [name for name in pending if name not in problems]
@@ -32,11 +35,11 @@ def probe(names: list[str], timeout_s: float = 120.0, warnings: list[str] | None
     return problems
 
 
-def _probe_once(names: list[str], timeout_s: float) -> tuple[dict[str, dict], str]:
+def _probe_once(names: list[str], profile: str, timeout_s: float) -> tuple[dict[str, dict], str]:
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     try:
         proc = subprocess.run(
-            [sys.executable, "-m", __name__, *names],
+            [sys.executable, "-m", __name__, profile, *names],
             capture_output=True,
             text=True,
             timeout=timeout_s,
@@ -65,14 +68,17 @@ def _describe(returncode: int, stderr: str) -> str:
     return describe_exit(returncode) + (f": {tail[0]}" if tail else "")
 
 
-def main(names: list[str]) -> int:
-    from shardspec.conformance.api import ImplementationError, load_implementation
+def main(argv: list[str]) -> int:
+    from shardspec.conformance.api import ImplementationError, load_implementation, profile_refusal
     from shardspec.spec.loader import target_version_warning
 
+    profile, names = argv[0], argv[1:]
     for name in names:
         problem = warning = None
         try:
-            warning = target_version_warning(load_implementation(name).factory)
+            impl = load_implementation(name)
+            warning = target_version_warning(impl.factory)
+            problem = profile_refusal(impl, profile)
         except ImplementationError as exc:
             problem = str(exc)
         except BaseException as exc:  # SystemExit, KeyboardInterrupt, or anything an import raises

@@ -23,13 +23,14 @@ import sys
 from typing import Any
 
 from shardspec.conformance.report.bench import load_bench
-from shardspec.conformance.report.matrix import CHANGE_KINDS, Matrix, build_matrix, diff_runs
+from shardspec.conformance.report.matrix import CHANGE_KINDS, Matrix, build_matrix, diff_runs, report_profile
 from shardspec.conformance.report.model import ReportError, load_report, report_names
 
 TEMPLATES = pathlib.Path(__file__).parent / "templates"
 RUN_FIELDS = (
     "implementations",
     "spec_version",
+    "profile",
     "shardspec",
     "torch",
     "triton",
@@ -105,7 +106,7 @@ def build_site(
 
     names = report_names([str(p) for p in report_paths])
     reports = [load_report(path, name) for path, name in zip(report_paths, names, strict=True)]
-    matrix = build_matrix(reports, load_spec())
+    matrix = build_matrix(reports, load_spec(profile=report_profile(reports)))
     out_dir = pathlib.Path(out_dir)
     if out_dir.exists() and not out_dir.is_dir():
         raise ReportError(f"{out_dir}: exists and is not a folder")

@@ -97,6 +97,7 @@ class Matrix:
     groups: list[RowGroup]
     spec_version: str
     notes: list[str]
+    profile: str = ""
 
     @property
     def rows(self) -> list[Row]:
@@ -134,7 +135,23 @@ def build_matrix(reports: list[Report], spec) -> Matrix:
             ],
         )
     )
-    return Matrix(columns, groups, spec.version, _version_notes(reports, spec.version))
+    notes = _version_notes(reports, spec.version) + _profile_notes(reports, spec.profile)
+    return Matrix(columns, groups, spec.version, notes, spec.profile or "")
+
+
+def report_profile(reports: list[Report]) -> str:
+    """The profile the reports were judged under (the first report's; reports before spec 0.4 name
+    none and were judged under what is now vllm-seed)."""
+    from shardspec.spec.profiles import VLLM_SEED
+
+    return str(reports[0].metadata.get("profile") or VLLM_SEED) if reports else VLLM_SEED
+
+
+def _profile_notes(reports: list[Report], profile: str | None) -> list[str]:
+    other = [r.name for r in reports if (r.metadata.get("profile") or "vllm-seed") != profile]
+    if not other:
+        return []
+    return [f"{', '.join(other)}: judged under another profile than {profile}; the rows are those of {profile}"]
 
 
 def _version_notes(reports: list[Report], spec_version: str) -> list[str]:

@@ -35,12 +35,14 @@ class InvariantInfo:
     statement: str = ""
 
 
-def load_invariants() -> list[InvariantInfo]:
-    from shardspec.spec.loader import load_spec
+def load_invariants(profile: str | None = None) -> list[InvariantInfo]:
+    """The invariants of ``profile`` (default: the default profile), as the report lists them."""
+    from shardspec.spec.loader import default_profile, load_spec
 
+    spec = load_spec()
     return [
         InvariantInfo(inv.id, inv.level, inv.step, " ".join(inv.statement.split()))
-        for inv in load_spec().invariants
+        for inv in load_spec(profile=profile or default_profile(spec)).invariants
         if not inv.retired
     ]
 

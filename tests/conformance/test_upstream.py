@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from shardspec.conformance import upstream
-from shardspec.conformance.cli import main
+from shardspec.conformance.upstream import main as upstream_main
 
 VLLM_TREE = Path(os.environ.get("SHARDSPEC_VLLM_TREE", "/work/shared/upstream/vllm-0.33.0"))
 SEED_FILE = Path(os.environ.get("SHARDSPEC_SEED_FILE", "/work/shared/seed/batch_shard.py"))
@@ -38,7 +38,7 @@ METADATA = "Metadata-Version: 2.1\nName: vllm\nVersion: {}\n"
 
 
 def run(capsys, *args):
-    code = main(["upstream", *map(str, args), "--json"])
+    code = upstream_main([*map(str, args), "--json"])
     captured = capsys.readouterr()
     assert captured.err == ""
     return code, json.loads(captured.out)
@@ -106,7 +106,7 @@ def test_the_seed_file_is_clean_against_its_own_profile(capsys):
 
 
 def test_the_list_names_field_type_and_lines(capsys):
-    assert main(["upstream", str(VLLM_TREE), "--profile", "vllm-seed"]) == 1
+    assert upstream_main([str(VLLM_TREE), "--profile", "vllm-seed"]) == 1
     out = capsys.readouterr().out.splitlines()
     text = (VLLM_TREE / upstream.SHARD_FILE).read_text()
     read = line_of(text, "= input_batch.seq_lens_cpu_upper_bound[")
@@ -124,7 +124,7 @@ def test_a_wheel_is_read_from_the_zip_with_its_version(capsys, tmp_path):
 
 def test_a_version_without_a_profile_can_still_be_compared_against_one(capsys, tmp_path):
     wheel = build_wheel(tmp_path, "0.99.0", "vllm-0.99.0-cp38-abi3-manylinux_2_28_x86_64.whl")
-    assert main(["upstream", str(wheel)]) == 2
+    assert upstream_main([str(wheel)]) == 2
     assert "vLLM 0.99.0 has no profile" in capsys.readouterr().err
     assert run(capsys, wheel, "--profile", "vllm-0.33")[0] == 0
 
@@ -219,17 +219,17 @@ BAD_INPUTS = {
 
 @pytest.mark.parametrize("make, message", BAD_INPUTS.values(), ids=BAD_INPUTS.keys())
 def test_bad_input_exits_2_with_one_line(capsys, tmp_path, make, message):
-    assert main(["upstream", str(make(tmp_path))]) == 2
+    assert upstream_main([str(make(tmp_path))]) == 2
     captured = capsys.readouterr()
     assert captured.out == "" and captured.err.count("\n") == 1 and message in captured.err
     assert captured.err.startswith("python -m shardspec.conformance upstream: error: ")
 
 
 def test_an_unknown_profile_and_no_installed_vllm_exit_2(capsys, monkeypatch):
-    assert main(["upstream", str(SEED_FILE), "--profile", "vllm-9"]) == 2
+    assert upstream_main([str(SEED_FILE), "--profile", "vllm-9"]) == 2
     assert "unknown profile 'vllm-9'" in capsys.readouterr().err
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
-    assert main(["upstream", "installed"]) == 2
+    assert upstream_main(["installed"]) == 2
     assert capsys.readouterr().err.count("\n") == 1
 
 

@@ -10,6 +10,7 @@ than the ranks). Each checker is registered under exactly one invariant ID.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -107,6 +108,20 @@ def rank_check(invariant_id: str, applies: Callable[[StepRecord], bool] | None =
 def judgeable(invariant_id: str, record: StepRecord) -> bool:
     applies = APPLIES.get(invariant_id)
     return applies is None or bool(applies(record))
+
+
+@functools.cache
+def profile_invariants(profile: str) -> frozenset[str]:
+    """The IDs of the invariants that hold for ``profile``: a case is judged by those only."""
+    from shardspec.spec.loader import load_spec
+
+    return frozenset(inv.id for inv in load_spec(profile=profile).invariants if not inv.retired)
+
+
+def checkers_for(registry: dict, profile: str) -> dict:
+    """The checkers of ``registry`` whose invariant holds for ``profile``."""
+    ids = profile_invariants(profile)
+    return {invariant_id: checker for invariant_id, checker in registry.items() if invariant_id in ids}
 
 
 def group_check(invariant_id: str):

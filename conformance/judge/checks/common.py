@@ -22,6 +22,8 @@ import torch
 
 from shardspec.conformance.judge.checks.base import StepRecord, Violation
 from shardspec.reference.plan import ShardPlan, build_plan
+from shardspec.reference.profile_rules import device_cu_num_logits
+from shardspec.spec.profiles import VLLM_033
 
 # The invariant whose checker reports an unexpected exception of each step:
 # the first invariant of that step in spec/invariants.yaml. "construct" is
@@ -80,7 +82,29 @@ def unexpected_error(record: StepRecord, invariant_id: str) -> list[Violation]:
 def plan_of(record: StepRecord) -> ShardPlan:
     """The spec's plan for this record's batch and rank (a pure function of the batch)."""
     batch = record.inputs.batch
-    return build_plan(batch.idx_mapping_np, batch.cu_num_logits_np, record.case.tp_size, record.rank)
+    cu = device_cu_num_logits(batch, record.case.profile)  # the admitted rows in vllm-0.33 (CL-ADMITTED-DRAFTS)
+    return build_plan(batch.idx_mapping_np, cu, record.case.tp_size, record.rank)
+
+
+def empty_batch_padding(record: StepRecord) -> tuple[int, ...]:
+    """The max_num_reqs_per_rank values the profile allows for the record's batch: (1,), or for an
+    empty batch in vllm-0.33 (0, 1) (CL-EMPTY-BATCH)."""
+    if record.case.profile == VLLM_033 and record.inputs.batch.num_reqs == 0:
+        return (0, 1)
+    return (plan_of(record).max_num_reqs_per_rank,)
+
+
+def wire_metadata(record: StepRecord):
+    """The expected metadata, with the empty batch's padding the implementation chose where the profile
+    leaves the choice (CL-EMPTY-BATCH): the wire is judged in the rows it chose."""
+    expected = record.expected.shard.metadata
+    actual = record.actual.shard.metadata if record.actual.shard is not None else None
+    chosen = getattr(actual, "max_num_reqs_per_rank", None)
+    if chosen in empty_batch_padding(record) and chosen != expected.max_num_reqs_per_rank:
+        from dataclasses import replace
+
+        return replace(expected, max_num_reqs_per_rank=chosen)
+    return expected
 
 
 def local_row_owner(plan: ShardPlan) -> np.ndarray:

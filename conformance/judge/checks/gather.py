@@ -8,6 +8,7 @@ import numpy as np
 
 from shardspec.conformance.judge.checks.base import StepRecord, Violation, rank_check
 from shardspec.conformance.judge.checks.common import check_int_list, check_tensor, fmt, found, judgeable
+from shardspec.spec.profiles import VLLM_033
 
 
 def gathered_pair(record: StepRecord):
@@ -92,6 +93,23 @@ def check_gather_nans(record: StepRecord) -> Iterable[Violation]:
     )
 
 
+def _cu_num_generated_tensor(record: StepRecord, actual, expected) -> Iterable[Violation]:
+    """vllm-0.33: the device prefix sums under adaptive verification, else None (INV-CU-NUM-GENERATED)."""
+    field = "gathered.logprobs_tensors.cu_num_generated_tokens_tensor"
+    got, want = getattr(actual, "cu_num_generated_tokens_tensor", None), expected.cu_num_generated_tokens_tensor
+    if want is None or got is None:
+        if got is not want:
+            yield Violation(
+                "INV-CU-NUM-GENERATED",
+                f"{field} is {fmt(got)}, expected {fmt(want)} (set only under adaptive verification)",
+                rank=record.rank,
+                field=field,
+            )
+        return
+    # That it is a tensor of its own, not the batch's, is INV-GATHER-RESULT-OWNED's to judge.
+    yield from found(check_tensor("INV-CU-NUM-GENERATED", record, field, got, want, lambda k: max(k - 1, 0)))
+
+
 @rank_check("INV-CU-NUM-GENERATED")
 def check_cu_num_generated(record: StepRecord) -> Iterable[Violation]:
     pair = gathered_pair(record)
@@ -101,6 +119,18 @@ def check_cu_num_generated(record: StepRecord) -> Iterable[Violation]:
     got = pair[0].logprobs_tensors.cu_num_generated_tokens
     cu = np.asarray(record.inputs.batch.cu_num_logits_np)
     num_reqs, num_logits = cu.shape[0] - 1, int(cu[-1])
+    if record.case.profile == VLLM_033:
+        yield from _cu_num_generated_tensor(record, pair[0].logprobs_tensors, pair[1].logprobs_tensors)
+        if record.case.adaptive_verification:
+            if got is not None:
+                yield Violation(
+                    "INV-CU-NUM-GENERATED",
+                    f"{field} is {fmt(got)} under adaptive verification, expected None "
+                    "(cu_num_generated_tokens_tensor carries the admitted rows)",
+                    rank=record.rank,
+                    field=field,
+                )
+            return
     if num_logits == num_reqs:
         if got is not None:
             yield Violation(

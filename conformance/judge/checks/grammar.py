@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from shardspec.conformance.judge.checks.base import StepRecord, Violation, rank_check
-from shardspec.conformance.judge.checks.common import check_str_list, check_tensor, fmt, found, shards
+from shardspec.conformance.judge.checks.common import check_int_list, check_str_list, check_tensor, fmt, found, shards
+from shardspec.spec.profiles import VLLM_033
 
 FIELD = "local_grammar_output"
 
@@ -42,20 +43,46 @@ def check_local_grammar(record: StepRecord) -> Iterable[Violation]:
         violation.message += " (the owned ids in the grammar output's order)"
         yield violation
         return
-    # Bitmask row r belongs to the listed request whose rows cover r.
+    # Bitmask row r belongs to the listed request whose rows (or block, in vllm-0.33) cover r.
     row_request = [position[req_id] for req_id in want for _ in range(_rows_of(record, position[req_id]))]
+    violation = check_tensor(
+        "INV-LOCAL-GRAMMAR",
+        record,
+        f"{FIELD}.grammar_bitmask",
+        actual.grammar_bitmask,
+        expected.grammar_bitmask,
+        lambda row: row_request[row] if row < len(row_request) else None,
+    )
+    if violation:
+        yield violation
+        return
+    if record.case.profile == VLLM_033:
+        yield from _acceptable_drafts(record, actual, expected, [position[req_id] for req_id in want])
+
+
+def _acceptable_drafts(record: StepRecord, actual, expected, requests: list[int]) -> Iterable[Violation]:
+    """vllm-0.33: num_acceptable_drafts moves with the ids (None stays None)."""
+    field = f"{FIELD}.num_acceptable_drafts"
+    got, want = getattr(actual, "num_acceptable_drafts", None), expected.num_acceptable_drafts
+    if want is None or got is None:
+        if got is not want:
+            yield Violation(
+                "INV-LOCAL-GRAMMAR",
+                f"{field} is {fmt(got)}, expected {fmt(want)} (None when the grammar output's is None)",
+                rank=record.rank,
+                field=field,
+            )
+        return
     yield from found(
-        check_tensor(
-            "INV-LOCAL-GRAMMAR",
-            record,
-            f"{FIELD}.grammar_bitmask",
-            actual.grammar_bitmask,
-            expected.grammar_bitmask,
-            lambda row: row_request[row] if row < len(row_request) else None,
+        check_int_list(
+            "INV-LOCAL-GRAMMAR", record, field, got, want, lambda k: requests[k] if k < len(requests) else None
         )
     )
 
 
 def _rows_of(record: StepRecord, request: int) -> int:
+    grammar = record.inputs.grammar
+    if record.case.profile == VLLM_033 and grammar is not None and grammar.structured_output_request_ids:
+        return grammar.grammar_bitmask.shape[0] // len(grammar.structured_output_request_ids)
     cu = record.inputs.batch.cu_num_logits_np
     return int(cu[request + 1] - cu[request])

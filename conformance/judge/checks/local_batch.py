@@ -175,6 +175,50 @@ def check_local_seq_lens(record: StepRecord) -> Iterable[Violation]:
     )
 
 
+@rank_check("INV-LOCAL-SEQ-LENS-UPPER-BOUND")
+def check_local_seq_lens_upper_bound(record: StepRecord) -> Iterable[Violation]:
+    """vllm-0.33: the owned requests' host bounds, a CPU tensor; None stays None."""
+    pair = _local_batches(record)
+    if pair is None:
+        return
+    field = "local_batch.seq_lens_cpu_upper_bound"
+    got, want = getattr(pair[0], "seq_lens_cpu_upper_bound", None), pair[1].seq_lens_cpu_upper_bound
+    if got is None or want is None:
+        if got is not want:
+            yield Violation(
+                "INV-LOCAL-SEQ-LENS-UPPER-BOUND",
+                f"{field} is {fmt(got)}, expected {fmt(want)} (None exactly when the batch's is None)",
+                rank=record.rank,
+                field=field,
+            )
+        return
+    yield from found(
+        check_tensor("INV-LOCAL-SEQ-LENS-UPPER-BOUND", record, field, got, want, _by_local_request(record))
+    )
+
+
+@rank_check("INV-LOCAL-ADMITTED-DRAFTS")
+def check_local_admitted_drafts(record: StepRecord) -> Iterable[Violation]:
+    """vllm-0.33: None, or the batch's admitted counts unchanged (no consumer reads it)."""
+    pair = _local_batches(record)
+    if pair is None:
+        return
+    field = "local_batch.num_admitted_draft_tokens"
+    got, batch_value = (
+        getattr(pair[0], "num_admitted_draft_tokens", None),
+        record.inputs.batch.num_admitted_draft_tokens,
+    )
+    if got is None:
+        return
+    if batch_value is None or not isinstance(got, np.ndarray) or not np.array_equal(got, np.asarray(batch_value)):
+        yield Violation(
+            "INV-LOCAL-ADMITTED-DRAFTS",
+            f"{field} is {fmt(got)}: expected None or the batch's value {fmt(batch_value)}",
+            rank=record.rank,
+            field=field,
+        )
+
+
 @rank_check("INV-LOCAL-DRAFTS")
 def check_local_drafts(record: StepRecord) -> Iterable[Violation]:
     pair = _local_batches(record)

@@ -7,7 +7,16 @@ from collections.abc import Iterable
 import numpy as np
 
 from shardspec.conformance.judge.checks.base import StepRecord, Violation, rank_check
-from shardspec.conformance.judge.checks.common import check_int, check_int_list, check_tensor, found, shards
+from shardspec.conformance.judge.checks.common import (
+    check_int,
+    check_int_list,
+    check_tensor,
+    empty_batch_padding,
+    fmt,
+    found,
+    shards,
+)
+from shardspec.spec.profiles import VLLM_033
 
 
 def _first_request_of_rank(owners: np.ndarray):
@@ -53,13 +62,29 @@ def check_meta_scalars(record: StepRecord) -> Iterable[Violation]:
     if pair is None:
         return
     actual, expected = pair[0].metadata, pair[1].metadata
+    allowed = empty_batch_padding(record)
+    chosen = getattr(actual, "max_num_reqs_per_rank", None)
+    # An empty batch in vllm-0.33 may pad to 0 or 1 rows (CL-EMPTY-BATCH): judged against the choice.
+    padding = chosen if type(chosen) is int and chosen in allowed else expected.max_num_reqs_per_rank
+    wanted = {name: getattr(expected, name) for name in ("tp_size", "num_local_reqs", "max_num_logits_per_req")}
+    wanted["max_num_reqs_per_rank"] = padding
     for name in ("tp_size", "num_local_reqs", "max_num_reqs_per_rank", "max_num_logits_per_req"):
-        violation = check_int(
-            "INV-META-SCALARS", record, f"metadata.{name}", getattr(actual, name), getattr(expected, name)
-        )
+        violation = check_int("INV-META-SCALARS", record, f"metadata.{name}", getattr(actual, name), wanted[name])
         if violation:
+            if name == "max_num_reqs_per_rank" and len(allowed) > 1:
+                violation.message += f" (an empty batch pads to one of {list(allowed)})"
             yield violation
             return
+    if record.case.profile == VLLM_033:
+        field = "metadata.adaptive_verification_enabled"
+        got = getattr(actual, "adaptive_verification_enabled", None)
+        if got is not record.case.adaptive_verification:
+            yield Violation(
+                "INV-META-SCALARS",
+                f"{field} is {fmt(got)}, expected {record.case.adaptive_verification} (the sharder's argument)",
+                rank=record.rank,
+                field=field,
+            )
 
 
 @rank_check("INV-GATHERED-SRC-INDICES")

@@ -9,6 +9,7 @@ import torch
 
 from shardspec.conformance.judge.checks.base import StepRecord, Violation, group_check, rank_check
 from shardspec.conformance.judge.checks.common import first_bad_row, fmt, judgeable, values_equal
+from shardspec.reference.profile_rules import device_cu_num_logits
 from shardspec.spec.case import Case
 
 # Metadata fields that legitimately differ between ranks.
@@ -110,10 +111,12 @@ def _compare_logprobs(record: StepRecord, actual, replicated) -> Violation | Non
     if got is None:
         return _violation(record, field, None, None, "logprobs")
     row_request = _row_request(record)
+    rows = len(row_request)  # the replicated path has the L admitted rows; rows from L on are unspecified
     for name in ("logprob_token_ids", "logprobs", "selected_token_ranks"):
         a, b = getattr(got, name), getattr(want, name)
-        if not isinstance(a, torch.Tensor) or a.shape != b.shape:
+        if not isinstance(a, torch.Tensor) or a.shape[0] < rows or a.shape[1:] != b.shape[1:]:
             return _violation(record, f"{field}.{name}", None, a if a is None else list(a.shape), list(b.shape))
+        a = a[:rows]
         row = first_bad_row(values_equal(a.cpu().double(), b.cpu().double()))
         if row is not None:
             return _violation(record, f"{field}.{name}", row_request[row], a[row], b[row])
@@ -125,7 +128,8 @@ def _compare_logprobs(record: StepRecord, actual, replicated) -> Violation | Non
 
 
 def _row_request(record: StepRecord) -> list[int]:
-    cu = record.inputs.batch.cu_num_logits_np
+    """The request of each logits row of the batch, as the device fields lay them out."""
+    cu = device_cu_num_logits(record.inputs.batch, record.case.profile)
     return [i for i in range(len(cu) - 1) for _ in range(int(cu[i + 1] - cu[i]))]
 
 

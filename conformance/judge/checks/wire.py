@@ -22,6 +22,7 @@ from shardspec.conformance.judge.checks.common import (
     shards,
     unexpected_error,
     values_equal,
+    wire_metadata,
 )
 from shardspec.spec.case import Case
 from shardspec.spec.model import num_logprob_columns
@@ -138,7 +139,7 @@ def check_wire_sampled(record: StepRecord) -> Iterable[Violation]:
         if missing:
             yield missing
         return
-    metadata = pair[1].metadata
+    metadata = wire_metadata(record)
     local_cu = np.asarray(pair[1].local_batch.cu_num_logits_np, dtype=np.int64)
     if not local_output_matches(record, metadata, local_cu):
         return
@@ -180,7 +181,7 @@ def check_wire_logprobs(record: StepRecord) -> Iterable[Violation]:
         or record.actual.failed_step in ("shard", "all_to_all", "sample")
     ):
         return
-    metadata = pair[1].metadata
+    metadata = wire_metadata(record)
     local_cu = np.asarray(pair[1].local_batch.cu_num_logits_np, dtype=np.int64)
     if not local_output_matches(record, metadata, local_cu):
         return
