@@ -14,6 +14,8 @@ from __future__ import annotations
 import importlib
 from dataclasses import dataclass
 
+from shardspec.spec.profiles import DEFAULT_PROFILE, PROFILES, VLLM_SEED
+
 PACKAGE = __name__
 ALL_GROUPS = ("lockstep", "torch-threads")
 TORCH_GROUPS = ("torch-threads",)
@@ -26,6 +28,9 @@ class Entry:
     cases: tuple[str, ...]  # ids of cases in .cases that expose the defect
     # The in-process groups it runs in: defects that call torch.distributed need a group that has one.
     groups: tuple[str, ...] = ALL_GROUPS
+    # The profiles its cases run under: a defect in one profile may be the rule of another (an int64
+    # local idx_mapping is vllm-0.33's rule for an int64 batch, a defect in vllm-seed).
+    profiles: tuple[str, ...] = (DEFAULT_PROFILE,)
 
     @property
     def factory(self):
@@ -45,8 +50,15 @@ class Entry:
         return invariant_id.split()[0] if invariant_id else "", description.strip()
 
 
-def _entry(name: str, module: str, cls: str, *cases: str, groups: tuple[str, ...] = ALL_GROUPS) -> Entry:
-    return Entry(name, f"{PACKAGE}.{module}:{cls}", cases, groups)
+def _entry(
+    name: str,
+    module: str,
+    cls: str,
+    *cases: str,
+    groups: tuple[str, ...] = ALL_GROUPS,
+    profiles: tuple[str, ...] = (DEFAULT_PROFILE,),
+) -> Entry:
+    return Entry(name, f"{PACKAGE}.{module}:{cls}", cases, groups, profiles)
 
 
 CORPUS: list[Entry] = [
@@ -57,10 +69,10 @@ CORPUS: list[Entry] = [
     # metadata
     _entry("splits-numpy-ints", "shard", "SplitsAsNumpyInts", "decode"),
     _entry("splits-count-requests", "shard", "SplitsCountRequests", "spec"),
-    _entry("empty-batch-zero-reqs-per-rank", "shard", "EmptyBatchZeroReqsPerRank", "empty"),
+    _entry("empty-batch-zero-reqs-per-rank", "shard", "EmptyBatchZeroReqsPerRank", "empty", profiles=(VLLM_SEED,)),
     # local batch
     _entry("req-ids-reversed", "shard", "ReqIdsReversed", "decode"),
-    _entry("idx-mapping-int64", "shard", "IdxMappingInt64", "decode"),
+    _entry("idx-mapping-int64", "shard", "IdxMappingInt64", "decode", profiles=(VLLM_SEED,)),
     _entry("idx-mapping-host-stale", "shard", "IdxMappingHostStale", "decode"),
     _entry("cu-num-logits-device-off-by-one", "shard", "CuNumLogitsDeviceOffByOne", "spec"),
     _entry("empty-rank-cu-num-logits-empty", "shard", "EmptyRankCuNumLogitsEmpty", "idle-rank"),
@@ -72,7 +84,7 @@ CORPUS: list[Entry] = [
     _entry("query-start-loc-localized", "shard", "QueryStartLocLocalized", "decode"),
     _entry("misaligned-idx-mapping", "shard", "MisalignedIdxMapping", "decode"),
     # grammar
-    _entry("grammar-in-batch-order", "shard", "GrammarInBatchOrder", "grammar"),
+    _entry("grammar-in-batch-order", "shard", "GrammarInBatchOrder", "grammar", profiles=PROFILES),
     _entry("grammar-empty-instead-of-none", "shard", "GrammarEmptyInsteadOfNone", "grammar-one-rank"),
     _entry("grammar-dropped", "shard", "GrammarDropped", "grammar"),
     # all-to-all
@@ -91,7 +103,7 @@ CORPUS: list[Entry] = [
     _entry("logprob-width-ignores-token-ids", "logprobs", "LogprobWidthIgnoresTokenIds", "token-ids-wider"),
     _entry("missing-logprobs-as-zeros", "logprobs", "MissingLogprobsAsZeros", "explicit-missing-logprobs"),
     _entry("selected-ranks-dropped", "logprobs", "SelectedRanksDropped", "explicit-widths"),
-    _entry("cu-num-generated-always-list", "logprobs", "CuNumGeneratedAlwaysList", "decode"),
+    _entry("cu-num-generated-always-list", "logprobs", "CuNumGeneratedAlwaysList", "decode", profiles=PROFILES),
     _entry("logprob-values-as-float64", "logprobs", "LogprobValuesAsFloat64", "decode"),
     # inputs and invalid inputs
     _entry("sanitizes-logits-in-place", "exchange", "SanitizesLogitsInPlace", "decode"),
@@ -131,6 +143,21 @@ CORPUS += [
     _entry("plan-cached-by-batch-size", "state", "PlanCachedByBatchSize", "multi-step"),
     _entry("sampled-ids-in-reused-buffer", "state", "SampledIdsInReusedBuffer", "multi-step"),
     _entry("local-counts-returned-at-tp1", "state", "GatherReturnsLocalCountsAtTpOne", "decode-tp1"),
+]
+
+CORPUS += [
+    # vLLM 0.33's rules (profile vllm-0.33)
+    _entry("seq-lens-upper-bound-global", "vllm033", "SeqLensUpperBoundGlobal", "adaptive-admitted"),
+    _entry("admitted-drafts-localized", "vllm033", "AdmittedDraftsLocalized", "adaptive-admitted"),
+    _entry("grammar-rows-not-blocks", "vllm033", "GrammarRowsNotBlocks", "adaptive-admitted", "grammar"),
+    _entry("acceptable-drafts-not-sliced", "vllm033", "AcceptableDraftsNotSliced", "adaptive-admitted"),
+    _entry("plan-follows-scheduled-counts", "vllm033", "PlanFollowsScheduledCounts", "adaptive-admitted"),
+    _entry("local-drafts-scheduled", "vllm033", "LocalDraftsScheduled", "adaptive-budget-zero"),
+    _entry("cu-num-generated-seed-rule", "vllm033", "CuNumGeneratedSeedRule", "adaptive-admitted"),
+    _entry("adaptive-flag-dropped", "vllm033", "AdaptiveFlagDropped", "adaptive-budget-zero"),
+    _entry("local-idx-mapping-fixed-int32", "vllm033", "LocalIdxMappingFixedInt32", "decode"),
+    _entry("empty-batch-pads-to-two", "vllm033", "EmptyBatchPadsToTwo", "empty"),
+    _entry("logprob-rows-admitted-only", "vllm033", "LogprobRowsAdmittedOnly", "adaptive-admitted"),
 ]
 
 BY_NAME = {entry.name: entry for entry in CORPUS}

@@ -10,31 +10,40 @@ import pytest
 from shardspec.conformance.api import ImplChoice
 from shardspec.conformance.broken import CORPUS, cases
 from shardspec.conformance.harness.inprocess import run_case_in_process
+from shardspec.fixtures.catalogue import case_profiles, with_profile
 from shardspec.reference import ReferenceSharder
 from shardspec.spec.loader import load_spec
+from shardspec.spec.profiles import PROFILES
 
 YAML_IDS = {invariant.id for invariant in load_spec().invariants}
 CONTROLS = ["reference", "shardspec.conformance.broken.conforming:GarbageWirePadding"]
 
 # Each entry in every in-process group it can run in (those calling torch.distributed need a group that has one).
 RUNS = [
-    pytest.param(entry, case_id, group, id=f"{entry.name}/{case_id}-{group}")
+    pytest.param(entry, case_id, group, profile, id=f"{entry.name}/{case_id}-{group}-{profile}")
     for entry in CORPUS
     for case_id in entry.cases
     for group in entry.groups
+    for profile in entry.profiles
 ]
-# Every entry on every targeted case: whatever a defect does, no checker crashes.
-ALL_RUNS = [pytest.param(entry, case, id=f"{entry.name}/{case.case_id}") for entry in CORPUS for case in cases.ALL]
+# Every entry on every targeted case of its profiles: whatever a defect does, no checker crashes.
+ALL_RUNS = [
+    pytest.param(entry, with_profile(case, profile), id=f"{entry.name}/{case.case_id}-{profile}")
+    for entry in CORPUS
+    for profile in entry.profiles
+    for case in cases.ALL
+    if profile in case_profiles(case)
+]
 
 
 def _violated(result) -> set[str]:
     return {v["invariant_id"] for v in result.violations}
 
 
-@pytest.mark.parametrize("entry, case_id, group", RUNS)
-def test_checkers_catch_the_defect(entry, case_id, group):
+@pytest.mark.parametrize("entry, case_id, group, profile", RUNS)
+def test_checkers_catch_the_defect(entry, case_id, group, profile):
     """In both in-process groups: a defect in the wire sequence must be reported, not hang the run."""
-    result = run_case_in_process(cases.BY_ID[case_id], ImplChoice(entry.target), group=group)
+    result = run_case_in_process(with_profile(cases.BY_ID[case_id], profile), ImplChoice(entry.target), group=group)
     assert not result.errors, f"{entry.name} should fail checks, not crash: {result.errors}"
     found = _violated(result)
     assert entry.invariant_id in found, (
@@ -62,6 +71,13 @@ def test_corpus_names_are_unique_and_every_invariant_has_an_entry():
     assert len(names) == len(set(names))
     uncovered = YAML_IDS - {entry.invariant_id for entry in CORPUS}
     assert not uncovered, f"invariants no corpus entry proves: {sorted(uncovered)}"
+    for profile in PROFILES:
+        proven = {entry.invariant_id for entry in CORPUS if profile in entry.profiles}
+        # An invariant whose text differs by profile is proven in each profile it has a version for.
+        own = {inv.id for inv in load_spec(profile=profile).invariants if inv.profiles}
+        assert own <= proven, (
+            f"{profile}: profile-specific invariants no entry of that profile proves: {sorted(own - proven)}"
+        )
 
 
 @pytest.mark.parametrize("group", ["lockstep", "torch-threads"])
