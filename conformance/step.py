@@ -20,6 +20,7 @@ from typing import Any
 
 from shardspec.conformance.api import construction_kwargs
 from shardspec.conformance.harness.held import HeldResults, shared_memory
+from shardspec.conformance.harness.past_rejection import NotRejected, rejection_point
 from shardspec.conformance.harness.recording import CollectiveError, Progress, RecordingComm, changed_fields, snapshot
 from shardspec.conformance.judge.checks.base import RANK_CHECKERS, StepOutputs, StepRecord, Violation, checkers_for
 from shardspec.conformance.judge.checks.common import declined_extensions
@@ -125,6 +126,8 @@ def run_step(
         out.failed_step, out.error = run.step, exc
         out.error_traceback = traceback.format_exc()
         run.error_in_collective = isinstance(exc, CollectiveError)
+    except NotRejected:  # the rank went on where it must raise: INV-REJECT-INVALID judges it
+        pass
     finally:
         recorder.progress.enter(step=None)
     run.outputs.inputs_modified = [
@@ -287,7 +290,9 @@ def run_case_on_rank(
     """
     rank = comm.rank
     inputs = build_case_inputs(case, device)
-    run = run_step(make_sharder, case, inputs, comm, device, progress, on_step, kept, on_call)
+    stop = rejection_point(case, expectation.expected[rank])  # stops the rank where it must raise
+    run = run_step(make_sharder, case, inputs, comm, device, progress, stop.steps(on_step), kept, stop.calls(on_call))
+    run.outputs.not_rejected = stop.stopped
     expected_to_raise = case.expect_error is not None or declined_extensions(case, run.outputs)
     return {
         "case_id": case.case_id,

@@ -117,6 +117,8 @@ CORPUS: list[Entry] = [
         "error-slot-range",
     ),
     _entry("anonymous-errors", "rejection", "AnonymousErrors", "error-logits-tail"),
+    _entry("checks-nothing", "rejection", "ChecksNothing", "error-capacity-reqs", "error-slot-range"),
+    _entry("accepts-on-odd-ranks", "rejection", "AcceptsOnOddRanks", "error-capacity-reqs", "error-zero-logits"),
     # what engines add: extension fields, their own batch fields
     _entry("drops-extension-field", "extensions", "DropsExtensionField", "extensions"),
     _entry("rebuilds-local-batch", "extensions", "RebuildsLocalBatch", "engine-batch"),

@@ -30,3 +30,18 @@ class AnonymousErrors(ReferenceSharder):
             return super().shard_sampler_inputs(batch, grammar)
         except PreconditionError:
             raise ValueError("invalid batch") from None
+
+
+class ChecksNothing(ReferenceSharder):
+    """INV-REJECT-INVALID: no precondition is checked; invalid inputs are processed like valid ones."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **{**kwargs, "check_preconditions": False})
+
+
+class AcceptsOnOddRanks(ReferenceSharder):
+    """INV-REJECT-INVALID: odd ranks check no precondition: they return normally where even ranks reject."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.check_preconditions = self.rank % 2 == 0

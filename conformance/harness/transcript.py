@@ -51,6 +51,7 @@ FINAL_FIELDS = (
     "failed_step",
     "error",
     "error_traceback",
+    "not_rejected",
     "inputs_modified",
     "held_results_modified",
     "results_sharing_inputs",

@@ -45,6 +45,8 @@ class StepOutputs:
     failed_step: str | None = None
     error: BaseException | None = None
     error_traceback: str | None = None
+    # Set when the rank went on past the point where it must reject the case's inputs (the suite stopped it).
+    not_rejected: str | None = None
     # Names of inputs whose contents changed during the step.
     inputs_modified: list[str] = field(default_factory=list)
     # Fields of earlier steps' gathered results (same sharder) whose contents changed during this step:

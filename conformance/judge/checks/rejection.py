@@ -24,10 +24,11 @@ def check_reject_invalid(record: StepRecord) -> Iterable[Violation]:
     if expected_id not in ALWAYS_REJECTED or not names(reference.error, expected_id):
         return
     actual, step = record.actual, reference.failed_step
-    if actual.error is None:
+    if actual.not_rejected or actual.error is None:
         yield Violation(
             "INV-REJECT-INVALID",
-            f"inputs violating {expected_id} were accepted: the step completed instead of raising in {step}",
+            f"inputs violating {expected_id} were accepted on rank {record.rank}: "
+            + (actual.not_rejected or f"the step completed instead of raising in step {step}"),
             rank=record.rank,
             field="errors",
         )
