@@ -290,7 +290,7 @@ def _shrink_failures(config, choice, results, generated, run_dir, log) -> None:
         done.add(kind)
         log(f"  shrinking {result.case_id} in a child process ...")
         try:
-            smallest = shrink_in_child(
+            outcome = shrink_in_child(
                 result.case,
                 set(kind),
                 choice.label,
@@ -299,11 +299,16 @@ def _shrink_failures(config, choice, results, generated, run_dir, log) -> None:
                 run_dir / "shrinking",
             )
         except RuntimeError as exc:  # the failure is still reported, unshrunk
+            result.shrunk = f"not shrunk: {exc}"
             log(f"  could not shrink {result.case_id}: {exc}")
             continue
-        path = write_case_file(smallest, run_dir)
-        result.reproduce = reproduce_command(choice, smallest, True, run_dir, mode_args(config))
-        log(f"  minimal failing case ({path}):")
+        result.shrunk = outcome.describe(set(kind))
+        if not outcome.simplifications:  # the reproduce command stays the case's own
+            log(f"  could not shrink {result.case_id}: {result.shrunk}")
+            continue
+        path = write_case_file(outcome.case, run_dir)
+        result.reproduce = reproduce_command(choice, outcome.case, True, run_dir, mode_args(config))
+        log(f"  minimal failing case ({path}), {result.shrunk}:")
         log(textwrap.indent(path.read_text().rstrip(), "    | "))
         log(f"  reproduce: {result.reproduce}")
 

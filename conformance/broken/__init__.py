@@ -138,6 +138,7 @@ CORPUS += [
     # defects above some batch size or draft count
     _entry("local-slots-wrap-at-64", "scale", "LocalSlotsWrapAt64", "large-batch"),
     _entry("sampled-ids-capped-at-4", "scale", "SampledIdsCappedAtFourColumns", "many-drafts"),
+    _entry("ids-reversed-above-3-reqs", "scale", "IdsReversedAboveThreeRequests", "decode"),
     # the wrong container type
     _entry("req-ids-tuple", "containers", "ReqIdsAsTuple", "decode"),
     _entry("grammar-ids-tuple", "containers", "GrammarIdsAsTuple", "grammar"),

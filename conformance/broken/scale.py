@@ -39,3 +39,15 @@ class SampledIdsCappedAtFourColumns(ReferenceSharder):
         capped = ids.clone()
         capped[:, MAX_COLUMNS:] = 0
         return replace(gathered, sampled_token_ids=capped)
+
+
+class IdsReversedAboveThreeRequests(ReferenceSharder):
+    """INV-GATHER-SAMPLED-IDS: above three requests the sampled ids come back in reverse batch order; at every
+    size num_sampled and num_rejected are swapped, so smaller cases fail INV-GATHER-COUNTS without it."""
+
+    def gather_sampler_output(self, *args, **kwargs):
+        out = super().gather_sampler_output(*args, **kwargs)
+        out = replace(out, num_sampled=out.num_rejected, num_rejected=out.num_sampled)
+        if out.sampled_token_ids.shape[0] <= 3:
+            return out
+        return replace(out, sampled_token_ids=out.sampled_token_ids.flip(0))

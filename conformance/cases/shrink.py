@@ -1,4 +1,4 @@
-"""Shrink a failing case to a small one that fails the same way.
+"""Shrink a failing case to a small one that fails the same way: exactly the same invariant IDs.
 
 Shrinking runs the implementation, so the suite does it in a child process
 (:func:`shrink_in_child`): a crash there loses the minimal case, not the run.
@@ -6,8 +6,11 @@ Shrinking runs the implementation, so the suite does it in a child process
 Greedy: try simpler variants of the case (fewer requests, fewer rows, no
 grammar, no NaNs, no logprobs, toy outputs, float32 logits, contiguous inputs,
 smaller slots and vocab) in the
-in-process mode and keep any that still fails with one of the original
-failure's invariant IDs, until no variant does or the budget is spent.
+in-process mode and keep any that fails exactly the original failure's
+invariant IDs (and raises in the same steps), until no variant does or the
+budget is spent. A variant that fails fewer, other or more invariants is a
+different failure: the minimal case's reproduce command must show the one
+reported. When no variant keeps it, the outcome says so and why.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 
 from shardspec.conformance.judge.results import ERROR, CaseResult
 from shardspec.spec.case import Case
@@ -43,21 +46,65 @@ def shrink(case: Case, failure: CaseResult, run: RunCase, budget_s: float = 30.0
 
 
 def shrink_to(case: Case, target: set[str], run: RunCase, budget_s: float = 30.0, max_runs: int = 300) -> Case:
-    """The smallest variant found that still fails with one of ``target``'s IDs."""
+    """The smallest variant found that fails exactly ``target``'s IDs (``case`` itself when none does)."""
+    return shrink_keeping(case, target, run, budget_s, max_runs).case
+
+
+@dataclass
+class Shrunk:
+    """What a shrink found: the smallest case, how many simplifications it kept, what the others failed."""
+
+    case: Case
+    simplifications: int = 0
+    tried: int = 0  # variants run
+    replayed: frozenset[str] | None = None  # what the case itself fails in one process, where not the target
+    others: dict[frozenset[str], int] = field(default_factory=dict)  # what rejected variants failed, how often
+
+    def describe(self, target: set[str]) -> str:
+        kept = ", ".join(sorted(target)) or "nothing"
+        if self.replayed is not None:
+            return f"not shrunk: replayed in one process it fails {_ids(self.replayed)}, not exactly {kept}"
+        if self.simplifications:
+            return f"shrunk in {self.simplifications} step(s); it fails exactly {kept}, as the case does"
+        seen = "; ".join(f"{n} failed {_ids(ids)}" for ids, n in sorted(self.others.items(), key=lambda i: -i[1])[:3])
+        return f"not shrunk: none of the {self.tried} smaller variant(s) tried fails exactly {kept}" + (
+            f" ({seen})" if seen else ""
+        )
+
+
+def _ids(ids: frozenset[str]) -> str:
+    return ", ".join(sorted(ids)) or "nothing (it passes)"
+
+
+def shrink_keeping(case: Case, target: set[str], run: RunCase, budget_s: float = 30.0, max_runs: int = 300) -> Shrunk:
+    """Greedy: keep any simpler variant whose signature is ``target``, until none is or the budget is spent."""
     deadline = time.monotonic() + budget_s
-    runs = 0
-    current = case
-    improved = True
-    while improved and runs < max_runs and time.monotonic() < deadline:
+    outcome = Shrunk(case)
+    replayed = frozenset(signature(run(case)))
+    if replayed != frozenset(target):
+        outcome.replayed = replayed
+        return _renamed(outcome, case)
+    current, improved = case, True
+    while improved and outcome.tried < max_runs and time.monotonic() < deadline:
         improved = False
         for candidate in candidates(current):
-            runs += 1
-            if signature(run(candidate)) & target:
+            outcome.tried += 1
+            failed = frozenset(signature(run(candidate)))
+            if failed == frozenset(target):
                 current, improved = candidate, True
+                outcome.simplifications += 1
                 break
-            if runs >= max_runs or time.monotonic() > deadline:
+            outcome.others[failed] = outcome.others.get(failed, 0) + 1
+            if outcome.tried >= max_runs or time.monotonic() > deadline:
                 break
-    return replace(current, case_id=f"{case.case_id}-min", description=f"shrunk from {case.case_id}")
+    outcome.case = current
+    return _renamed(outcome, case)
+
+
+def _renamed(outcome: Shrunk, original: Case) -> Shrunk:
+    description = f"shrunk from {original.case_id}" if outcome.simplifications else f"not shrunk: {original.case_id}"
+    outcome.case = replace(outcome.case, case_id=f"{original.case_id}-min", description=description)
+    return outcome
 
 
 def candidates(case: Case) -> Iterator[Case]:
@@ -151,8 +198,8 @@ def _clean(case: Case) -> Case:
 
 def shrink_in_child(
     case: Case, target: set[str], entry: str, group: str, device: str, folder: pathlib.Path, budget_s: float = 30.0
-) -> Case:
-    """:func:`shrink_to` in a child process running ``entry`` in-process; raises RuntimeError when it fails."""
+) -> Shrunk:
+    """:func:`shrink_keeping` in a child process running ``entry`` in-process; raises RuntimeError when it fails."""
     from shardspec.fixtures import case_to_yaml, load_case_file
 
     folder.mkdir(parents=True, exist_ok=True)
@@ -183,9 +230,18 @@ def shrink_in_child(
 
         tail = "\n".join(proc.stderr.strip().splitlines()[-3:])
         raise RuntimeError(f"the shrinking process {describe_exit(proc.returncode)}: {tail}")
-    smallest = load_case_file(str(result))
+    found = json.loads(_facts(result).read_text())
+    outcome = Shrunk(load_case_file(str(result)), found["simplifications"], found["tried"])
+    outcome.replayed = None if found["replayed"] is None else frozenset(found["replayed"])
+    outcome.others = {frozenset(ids): n for ids, n in found["others"]}
     result.unlink()
-    return smallest
+    _facts(result).unlink()
+    return outcome
+
+
+def _facts(case_file: pathlib.Path) -> pathlib.Path:
+    """Where the child writes what the shrink found besides the case."""
+    return case_file.with_suffix(".json")
 
 
 def main(argv: list[str]) -> int:
@@ -204,13 +260,20 @@ def main(argv: list[str]) -> int:
     import shardspec.conformance.judge.checks  # noqa: F401  registers every checker
 
     choice = ImplChoice.parse(entry)
-    smallest = shrink_to(
+    outcome = shrink_keeping(
         load_case_file(source),
         set(json.loads(target)),
         lambda c: run_case_in_process(c, choice, timeout_s=10.0, group=group, device=device),
         float(budget),
     )
-    pathlib.Path(out).write_text(case_to_yaml(smallest))
+    facts = {
+        "simplifications": outcome.simplifications,
+        "tried": outcome.tried,
+        "replayed": None if outcome.replayed is None else sorted(outcome.replayed),
+        "others": [[sorted(ids), n] for ids, n in outcome.others.items()],
+    }
+    _facts(pathlib.Path(out)).write_text(json.dumps(facts))
+    pathlib.Path(out).write_text(case_to_yaml(outcome.case))  # last: the parent waits for this file
     return 0
 
 

@@ -23,6 +23,7 @@ class CaseResult:
     reason: str = ""  # for not-run
     generated: bool = False
     reproduce: str = ""
+    shrunk: str = ""  # what shrinking the case found (see cases/shrink.py), where it was tried
     # Invariants this case judged on every rank (group checkers judge every complete case).
     judged: list[str] = field(default_factory=list)
 
@@ -46,6 +47,7 @@ class CaseResult:
             "reason": self.reason,
             "generated": self.generated,
             "reproduce": self.reproduce,
+            "shrunk": self.shrunk,
             "judged": self.judged,
         }
 

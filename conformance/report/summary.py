@@ -181,6 +181,7 @@ def describe_failures(
                 f"{level} [{invariant_id}] case {result.case_id} (tp {result.tp}): "
                 f"{', '.join(w for w in where if w)}\n"
                 f"{textwrap.indent(message.rstrip(), '    ')}\n    reproduce: {result.reproduce}"
+                + (f"\n    {result.shrunk}" if result.shrunk else "")
             )
         if result.status == ERROR and not xfails.covers("", result.case_id):
             lines.append(_describe_errors(result))
@@ -228,6 +229,8 @@ def _describe_errors(result: CaseResult) -> str:
             tail = "\n".join(error["traceback"].rstrip().splitlines()[-12:])
             parts.append(textwrap.indent(tail, "      "))
     parts.append(f"  reproduce: {result.reproduce}")
+    if result.shrunk:
+        parts.append(f"  {result.shrunk}")
     return "\n".join(parts)
 
 

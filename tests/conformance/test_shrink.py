@@ -4,10 +4,10 @@ from dataclasses import replace
 
 from shardspec.conformance.api import ImplChoice
 from shardspec.conformance.broken import cases
-from shardspec.conformance.cases.shrink import shrink
+from shardspec.conformance.cases.shrink import shrink, shrink_keeping, signature
 from shardspec.conformance.cases.strategies import generate_cases
 from shardspec.conformance.harness.inprocess import run_case_in_process
-from shardspec.conformance.judge.results import FAIL
+from shardspec.conformance.judge.results import FAIL, CaseResult
 from shardspec.fixtures import case_from_yaml, case_to_yaml
 from shardspec.spec.case import Case
 
@@ -109,3 +109,44 @@ def test_shrinking_drops_views_and_dtypes_the_failure_does_not_need():
     small = shrink(big, failure, lambda c: run_case_in_process(c, choice))
     assert small.layouts == {"seq_lens": "strided"} and small.logits_dtype == "float32"
     assert run_case_in_process(small, choice).status == FAIL
+
+
+def test_a_shrunk_case_fails_exactly_the_invariants_of_its_case():
+    """Above three requests the ids come back reversed, at every size the counts swapped: a smaller case that
+    fails only the counts is not the same failure, and the shrink must not stop at one."""
+    choice = ImplChoice("shardspec.conformance.broken.scale:IdsReversedAboveThreeRequests")
+    failure = run_case_in_process(cases.DECODE, choice)
+    target = signature(failure)
+    assert {"INV-GATHER-SAMPLED-IDS", "INV-GATHER-COUNTS"} <= target
+    small = shrink(cases.DECODE, failure, lambda c: run_case_in_process(c, choice))
+    assert signature(run_case_in_process(small, choice)) == target
+    assert len(small.slots) == 4 and small.nan_tokens == []
+
+
+def test_a_case_no_smaller_variant_keeps_is_reported_as_not_shrunk():
+    original = cases.DECODE
+    outcome = shrink_keeping(original, {"INV-A"}, lambda c: _failing(c, "INV-A" if c is original else "INV-B"))
+    assert outcome.case.slots == original.slots and outcome.simplifications == 0
+    assert outcome.describe({"INV-A"}).startswith("not shrunk: none of the ")
+    assert "fails exactly INV-A" in outcome.describe({"INV-A"}) and "INV-B" in outcome.describe({"INV-A"})
+
+
+def test_a_case_that_fails_otherwise_when_replayed_is_not_shrunk():
+    outcome = shrink_keeping(cases.DECODE, {"INV-A"}, lambda c: _failing(c, "INV-B"))
+    assert outcome.simplifications == 0 and outcome.tried == 0
+    assert "replayed in one process it fails INV-B" in outcome.describe({"INV-A"})
+
+
+def _failing(case, invariant_id):
+    violation = {"invariant_id": invariant_id, "message": "", "rank": 0, "request": None, "field": None}
+    return CaseResult(case=case, impl="x", status=FAIL, violations=[violation])
+
+
+def test_the_report_says_what_shrinking_found():
+    from shardspec.conformance.report.summary import Section, Xfails, describe_failures
+
+    result = _failing(cases.DECODE, "INV-A")
+    result.shrunk = shrink_keeping(cases.DECODE, {"INV-A"}, lambda c: _failing(c, "INV-B")).describe({"INV-A"})
+    (line,) = describe_failures(Section("x", [result], [2]), {"INV-A": "MUST"}, Xfails())
+    assert line.endswith("not shrunk: replayed in one process it fails INV-B, not exactly INV-A")
+    assert result.to_json()["shrunk"] == result.shrunk
