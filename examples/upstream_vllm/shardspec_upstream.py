@@ -20,7 +20,9 @@ this repository.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
+import inspect
 import os
 import sys
 import threading
@@ -121,22 +123,57 @@ def load_upstream(path: str | None = None) -> types.ModuleType:
     return _loaded[path]
 
 
-class UpstreamSharder:
-    """The file's ``BatchSharder`` and module functions as one shardspec sharder."""
+class _AdmittedCounts:
+    """What vLLM 0.33 hands the file for ``num_admitted_draft_tokens``: counts in flight to the host."""
 
-    def __init__(self, max_num_reqs: int, max_num_logits_per_req: int, *, comm, device="cpu", path=None):
+    def __init__(self, counts):
+        self.counts = counts
+
+    def wait(self):
+        return self.counts
+
+
+class UpstreamSharder:
+    """The file's ``BatchSharder`` and module functions as one shardspec sharder.
+
+    Files from vLLM 0.33 on take ``adaptive_verification_enabled`` and read the admitted draft counts
+    through ``wait()``; older ones take neither. The adapter gives each file what its signature asks.
+    """
+
+    def __init__(
+        self,
+        max_num_reqs: int,
+        max_num_logits_per_req: int,
+        *,
+        comm,
+        device="cpu",
+        path=None,
+        adaptive_verification_enabled=False,
+    ):
         self.upstream = load_upstream(path)
         self.group = _TensorParallelGroup(comm)
         self.device = torch.device(device)
+        extra = {}
+        if "adaptive_verification_enabled" in inspect.signature(self.upstream.BatchSharder).parameters:
+            extra["adaptive_verification_enabled"] = adaptive_verification_enabled
         with self._rank():
-            self.sharder = self.upstream.BatchSharder(max_num_reqs, max_num_logits_per_req, self.device)
+            self.sharder = self.upstream.BatchSharder(max_num_reqs, max_num_logits_per_req, self.device, **extra)
 
     def _rank(self):
         return _Entered(self.group)
 
     def shard_sampler_inputs(self, batch, grammar) -> ShardResult:
+        admitted = getattr(batch, "num_admitted_draft_tokens", None)
+        if admitted is not None:
+            batch = dataclasses.replace(batch, num_admitted_draft_tokens=_AdmittedCounts(admitted))
         with self._rank():
-            return ShardResult(*self.sharder.shard_sampler_inputs(batch, grammar))
+            result = ShardResult(*self.sharder.shard_sampler_inputs(batch, grammar))
+        counts = getattr(result.local_batch, "num_admitted_draft_tokens", None)
+        if isinstance(counts, _AdmittedCounts):  # back to shardspec's host array
+            result = result._replace(
+                local_batch=dataclasses.replace(result.local_batch, num_admitted_draft_tokens=counts.counts)
+            )
+        return result
 
     def all_to_all_logits(self, logits_shard, metadata):
         with self._rank():

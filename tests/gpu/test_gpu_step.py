@@ -12,20 +12,37 @@ from shardspec.comm import LoopbackComm
 from shardspec.impl import ProductionSharder
 from shardspec.reference import ReferenceSharder
 from shardspec.spec.builders import build_grammar_output, build_input_batch
-from shardspec.spec.model import LogprobsTensors, SamplerOutput
+from shardspec.spec.model import (
+    PROFILES,
+    VLLM_033,
+    VLLM_SEED,
+    LogprobsTensors,
+    SamplerOutput,
+    admitted_cu_num_logits,
+)
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
 TP, RANK, DIMS, VOCAB = 4, 1, (5, 2), 512
 
 
-def _inputs(num_reqs, seed, with_grammar=True):
+def _inputs(num_reqs, seed, with_grammar=True, profile=VLLM_SEED):
+    """vllm-seed: one bitmask row per logits row. vllm-0.33: what vLLM 0.33 passes, admitted draft
+    counts, seq_lens_cpu_upper_bound and grammar blocks of 4 rows with acceptable-draft counts."""
     rng = np.random.default_rng(seed)
-    batch = build_input_batch(rng.permutation(256)[:num_reqs], rng.integers(1, 5, size=num_reqs), device="cuda")
+    slots, rows = rng.permutation(256)[:num_reqs], rng.integers(1, 5, size=num_reqs)
+    vllm_033 = profile == VLLM_033
+    admitted = rng.integers(0, rows).tolist() if vllm_033 else None
+    batch = build_input_batch(slots, rows, device="cuda", admitted_drafts=admitted, seq_lens_upper_bound=vllm_033)
     grammar = None
     if with_grammar:
-        grammar = build_grammar_output(batch, rng.permutation(num_reqs)[: num_reqs // 2].tolist(), VOCAB, seed=seed)
-    logits_shard = torch.randn(batch.num_logits, VOCAB // TP, device="cuda")
+        listed = rng.permutation(num_reqs)[: num_reqs // 2].tolist()
+        counts = rng.integers(0, 4, size=len(listed)).tolist() if vllm_033 else None
+        block_rows = 4 if vllm_033 else None
+        grammar = build_grammar_output(
+            batch, listed, VOCAB, seed=seed, block_rows=block_rows, num_acceptable_drafts=counts
+        )
+    logits_shard = torch.randn(int(admitted_cu_num_logits(batch)[-1]), VOCAB // TP, device="cuda")
     return batch, grammar, logits_shard
 
 
@@ -65,17 +82,20 @@ def _assert_gathered_equal(expected, actual):
         assert e == a if not isinstance(e, torch.Tensor) else (e.dtype == a.dtype and torch.equal(e, a))
 
 
-def test_whole_step_has_no_device_to_host_sync():
-    sharder = ProductionSharder(256, 4, comm=LoopbackComm(RANK, TP), device="cuda")
-    _step(sharder, *_inputs(40, seed=1))  # compiles the kernels outside the check
-    batch, grammar, logits_shard = _inputs(97, seed=2)
+@pytest.mark.parametrize("profile", PROFILES)
+def test_whole_step_has_no_device_to_host_sync(profile):
+    """vllm-0.33 with everything vLLM 0.33 passes, adaptive verification included."""
+    options = dict(profile=profile, adaptive_verification_enabled=profile == VLLM_033)
+    sharder = ProductionSharder(256, 4, comm=LoopbackComm(RANK, TP), device="cuda", **options)
+    _step(sharder, *_inputs(40, seed=1, profile=profile))  # compiles the kernels outside the check
+    batch, grammar, logits_shard = _inputs(97, seed=2, profile=profile)
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
         shard, full, output, gathered = _step(sharder, batch, grammar, logits_shard)
     finally:
         torch.cuda.set_sync_debug_mode("default")
-    reference = ReferenceSharder(256, 4, comm=LoopbackComm(RANK, TP), device="cuda")
+    reference = ReferenceSharder(256, 4, comm=LoopbackComm(RANK, TP), device="cuda", **options)
     ref_shard, ref_full, _, ref_gathered = _step(reference, batch, grammar, logits_shard, output)
     assert torch.equal(shard.sorted_logits_indices, ref_shard.sorted_logits_indices)
     assert torch.equal(shard.local_grammar_output.grammar_bitmask, ref_shard.local_grammar_output.grammar_bitmask)

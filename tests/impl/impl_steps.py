@@ -20,6 +20,7 @@ from shardspec.impl import ProductionSharder
 from shardspec.reference import ReferenceSharder
 from shardspec.spec.case import Case, CaseInputs, build_case_inputs
 from shardspec.spec.case_edits import extension_fields
+from shardspec.spec.model import VLLM_033
 
 IMPLS = {"reference": ReferenceSharder, "production": ProductionSharder}
 # Compiled kernels on a GPU; the interpreter on CPU tensors elsewhere (tests/conftest.py).
@@ -132,8 +133,10 @@ def _payload_rows(kind: str, local, width: int) -> torch.Tensor:
     return torch.tensor(rows, dtype=torch.int64, device=local.idx_mapping.device)
 
 
-def random_case(seed: int, tp: int, *, max_reqs: int = 24, max_logits: int = 4) -> Case:
-    """A valid random step: slots, drafts, grammar subset and order, NaNs, logprob dims."""
+def random_case(seed: int, tp: int, *, max_reqs: int = 24, max_logits: int = 4, profile: str | None = None) -> Case:
+    """A valid random step: slots, drafts, grammar subset and order, NaNs, logprob dims; with
+    ``profile``, judged under it, and under vllm-0.33 with its inputs drawn too (admitted draft
+    counts, adaptive verification, grammar blocks and acceptable drafts, device field dtypes)."""
     rng = np.random.default_rng(seed)
     num_reqs = int(rng.integers(0, max_reqs + 1))
     slots = rng.choice(max_reqs * 2, size=num_reqs, replace=False).tolist()
@@ -143,7 +146,7 @@ def random_case(seed: int, tp: int, *, max_reqs: int = 24, max_logits: int = 4) 
     if num_reqs and rng.integers(0, 2):
         grammar = rng.permutation(num_reqs)[: int(rng.integers(0, num_reqs + 1))].tolist()
     dims = [None, (0, 0), (2, 0), (1, 4), (5, 2)][int(rng.integers(0, 5))]
-    return Case(
+    case = Case(
         case_id=f"random-tp{tp}-{seed}",
         tp_size=tp,
         slots=slots,
@@ -158,3 +161,28 @@ def random_case(seed: int, tp: int, *, max_reqs: int = 24, max_logits: int = 4) 
         gather_num_nans=bool(rng.integers(0, 2)),
         logprobs_dims=dims,
     )
+    if profile is None:
+        return case
+    case = dataclasses.replace(case, profile=profile)
+    return _with_033_inputs(case, rng) if profile == VLLM_033 else case
+
+
+def _with_033_inputs(case: Case, rng: np.random.Generator) -> Case:
+    """``case`` with vLLM 0.33's inputs drawn: each present or not, independently."""
+    counts = np.asarray(case.num_logits_per_req, dtype=np.int64)
+    changes: dict = {"adaptive_verification": bool(rng.integers(0, 2))}
+    if case.spec_decode and rng.integers(0, 2):
+        # A budget that binds: at most the scheduled drafts, and now and then none at all.
+        changes["admitted_drafts"] = (rng.integers(0, counts) if rng.integers(0, 4) else counts * 0).tolist()
+    if case.grammar_positions:
+        changes["grammar_block_rows"] = case.max_num_logits_per_req + int(rng.integers(0, 3))
+        if rng.integers(0, 2):
+            changes["num_acceptable_drafts"] = rng.integers(0, case.max_num_logits_per_req, len(case.grammar_positions))
+            changes["num_acceptable_drafts"] = changes["num_acceptable_drafts"].tolist()
+    fields = ("idx_mapping", "cu_num_logits", "seq_lens", "expanded_idx_mapping", "expanded_local_pos")
+    changes["batch_dtypes"] = {name: str(rng.choice(["int32", "int64"])) for name in fields if rng.integers(0, 3) == 0}
+    if changes["adaptive_verification"]:
+        # With an int64 cu_num_logits the reference's cu_num_generated_tokens_tensor is int64, production's
+        # int32 as the spec says: test_impl_profiles.py checks that case on its own.
+        changes["batch_dtypes"].pop("cu_num_logits", None)
+    return dataclasses.replace(case, **changes)

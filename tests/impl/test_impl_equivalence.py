@@ -1,6 +1,7 @@
 """The production sharder equals the reference: every output, dtype, host copy and wire payload.
 
-Runs the Triton kernels in the interpreter on CPU tensors where no GPU is
+Every catalogue case under every profile it holds for (vllm-0.33 and vllm-seed); the random cases
+under both profiles. Runs the Triton kernels in the interpreter on CPU tensors where no GPU is
 present (tests/conftest.py sets TRITON_INTERPRET=1), and compiled on a GPU.
 """
 
@@ -8,11 +9,16 @@ import pytest
 from impl_steps import all_ranks, assert_traces_equal, mixed, random_case, run_case
 
 from shardspec.fixtures.catalogue import load_cases
+from shardspec.spec.model import PROFILES
 
-CATALOGUE = [case for case in load_cases() if case.expect_error is None]
+CATALOGUE = [case for case in load_cases(None) if case.expect_error is None]
 
 
-@pytest.mark.parametrize("case", CATALOGUE, ids=lambda case: case.case_id)
+def _case_id(case) -> str:
+    return f"{case.profile}:{case.case_id}"
+
+
+@pytest.mark.parametrize("case", CATALOGUE, ids=_case_id)
 def test_catalogue_case_matches_reference(case):
     expected = run_case(case, all_ranks("reference"))
     assert_traces_equal(case, expected, run_case(case, all_ranks("production")))
@@ -22,22 +28,24 @@ def test_catalogue_case_matches_reference(case):
 MIXED = [case for case in CATALOGUE if case.tp_size > 1][::2]
 
 
-@pytest.mark.parametrize("case", MIXED, ids=lambda case: case.case_id)
+@pytest.mark.parametrize("case", MIXED, ids=_case_id)
 def test_mixed_group_matches_reference(case):
     """Reference on even ranks, production on odd ranks: same results, same wire payloads."""
     expected = run_case(case, all_ranks("reference"))
     assert_traces_equal(case, expected, run_case(case, mixed))
 
 
+@pytest.mark.parametrize("profile", PROFILES)
 @pytest.mark.parametrize("tp", [1, 2, 3, 4, 8])
 @pytest.mark.parametrize("seed", range(3))
-def test_random_case_matches_reference(tp, seed):
-    case = random_case(seed * 31 + tp, tp)
+def test_random_case_matches_reference(tp, seed, profile):
+    case = random_case(seed * 31 + tp, tp, profile=profile)
     expected = run_case(case, all_ranks("reference"))
     assert_traces_equal(case, expected, run_case(case, all_ranks("production")))
 
 
+@pytest.mark.parametrize("profile", PROFILES)
 @pytest.mark.parametrize("tp", [2, 3, 8])
-def test_random_mixed_group_matches_reference(tp):
-    case = random_case(1000 + tp, tp)
+def test_random_mixed_group_matches_reference(tp, profile):
+    case = random_case(1000 + tp, tp, profile=profile)
     assert_traces_equal(case, run_case(case, all_ranks("reference")), run_case(case, mixed))

@@ -29,7 +29,7 @@ from test_impl_preconditions import (
 from shardspec.comm import LoopbackComm
 from shardspec.impl import ProductionSharder
 from shardspec.spec.errors import PreconditionError
-from shardspec.spec.model import ExtensionSpec, GrammarOutput, LogprobsTensors
+from shardspec.spec.model import PROFILES, VLLM_033, VLLM_SEED, ExtensionSpec, GrammarOutput, LogprobsTensors
 
 # The violations of test_impl_preconditions.py, by name: the whole text of their errors.
 MESSAGES = {
@@ -59,6 +59,8 @@ MESSAGES = {
     "field-shapes": "[PRE-FIELD-SHAPES] shape (4,), expected (5,) (field seq_lens, rank 0)",
     "grammar-bitmask-rows": "[PRE-GRAMMAR-BITMASK] shape (2, 4); expected 3 rows (one per logits row of the listed "
     "requests) (field grammar_bitmask, rank 0)",
+    "grammar-bitmask-blocks": "[PRE-GRAMMAR-BITMASK] S = 1 rows per block, but request 'req-6' has 2 logits rows "
+    "(field grammar_bitmask, request 2, rank 0)",
     "grammar-repeated-id": "[PRE-GRAMMAR-IDS] entry 1 repeats a request id (field structured_output_request_ids, "
     "request 2, rank 0)",
     "grammar-unknown-id": "[PRE-GRAMMAR-IDS] entry 0 ('req-99') is not in the batch (field "
@@ -279,21 +281,27 @@ def test_checks_kept_with_the_others_off_name_the_rank():
     assert str(caught.value) == "[PRE-CU-LOGITS] starts at 1, not 0 (field cu_num_logits_np, rank 1)"
 
 
+# The message for a bitmask of one row that lists no request, per profile.
+NO_REQUEST_ONE_ROW = {
+    VLLM_SEED: "[PRE-GRAMMAR-BITMASK] shape (1, 4); expected 0 rows (one per logits row of the listed requests) "
+    "(field grammar_bitmask, rank 0)",
+    VLLM_033: "[PRE-GRAMMAR-BITMASK] shape (1, 4): expected [G * S, B] (field grammar_bitmask, rank 0)",
+}
+
+
+@pytest.mark.parametrize("profile", PROFILES)
 @pytest.mark.parametrize("rows", [0, 1])
-def test_a_grammar_output_listing_no_request_has_no_bitmask_rows(rows):
+def test_a_grammar_output_listing_no_request_has_no_bitmask_rows(rows, profile):
     """No listed request, no bitmask row: accepted with 0 rows (no local grammar output), rejected with 1."""
     grammar = GrammarOutput(
         structured_output_request_ids=[], grammar_bitmask=torch.zeros((rows, 4), dtype=torch.int32, device=DEVICE)
     )
     if rows == 0:
-        assert _shard(_batch(), grammar).local_grammar_output is None
+        assert _shard(_batch(), grammar, profile=profile).local_grammar_output is None
         return
     with pytest.raises(PreconditionError) as caught:
-        _shard(_batch(), grammar)
-    assert str(caught.value) == (
-        "[PRE-GRAMMAR-BITMASK] shape (1, 4); expected 0 rows (one per logits row of the listed requests) "
-        "(field grammar_bitmask, rank 0)"
-    )
+        _shard(_batch(), grammar, profile=profile)
+    assert str(caught.value) == NO_REQUEST_ONE_ROW[profile]
 
 
 # The first offending request is named, also where requests before it sit at the edge of what is allowed.

@@ -16,7 +16,7 @@ from shardspec.comm import LoopbackComm
 from shardspec.impl import ProductionSharder
 from shardspec.spec.builders import build_grammar_output, build_input_batch
 from shardspec.spec.errors import PreconditionError
-from shardspec.spec.model import ExtensionSpec, LogprobsTensors, SamplerOutput
+from shardspec.spec.model import DEFAULT_PROFILE, VLLM_SEED, ExtensionSpec, LogprobsTensors, SamplerOutput
 
 TP = 2
 SLOTS = [4, 1, 6, 3, 0]
@@ -31,13 +31,14 @@ def _batch(**overrides):
     return replace(_build(SLOTS, COUNTS), **overrides)
 
 
-def _sharder(rank=0, max_num_reqs=8, max_num_logits_per_req=4, check_preconditions=True):
+def _sharder(rank=0, max_num_reqs=8, max_num_logits_per_req=4, check_preconditions=True, profile=DEFAULT_PROFILE):
     return ProductionSharder(
         max_num_reqs,
         max_num_logits_per_req,
         comm=LoopbackComm(rank, TP),
         device=DEVICE,
         check_preconditions=check_preconditions,
+        profile=profile,
     )
 
 
@@ -97,9 +98,11 @@ def _with_extension(name, value_of):
 SCORE = {"score": ExtensionSpec(per="logits_row", dtype=torch.float32)}
 
 
-def _grammar(ids=None, row_delta=0):
+def _grammar(ids=None, row_delta=0, block_rows=None):
+    """A grammar output for requests 2 and 0: one bitmask row per logits row (vllm-seed), or with
+    ``block_rows`` blocks of that many rows (vllm-0.33)."""
     batch = _build(SLOTS, COUNTS)
-    grammar = build_grammar_output(batch, [2, 0], 100)
+    grammar = build_grammar_output(batch, [2, 0], 100, block_rows=block_rows)
     if ids is not None:
         grammar = replace(grammar, structured_output_request_ids=ids)
     bitmask = grammar.grammar_bitmask
@@ -195,7 +198,20 @@ VIOLATIONS = {
         "structured_output_request_ids",
         2,
     ),
-    "grammar-bitmask-rows": (lambda: _shard(*_grammar(row_delta=-1)), "PRE-GRAMMAR-BITMASK", "grammar_bitmask", None),
+    "grammar-bitmask-rows": (
+        lambda: _shard(*_grammar(row_delta=-1), profile=VLLM_SEED),
+        "PRE-GRAMMAR-BITMASK",
+        "grammar_bitmask",
+        None,
+    ),
+    # Blocks of one row, but the request at batch position 2 (listed first) has 2 logits rows
+    # (vllm-0.33, CL-GRAMMAR-BLOCKS).
+    "grammar-bitmask-blocks": (
+        lambda: _shard(*_grammar(block_rows=1)),
+        "PRE-GRAMMAR-BITMASK",
+        "grammar_bitmask",
+        2,
+    ),
     "req-ids-unique-with-grammar": (
         lambda: _shard(_batch(req_ids=["req-4", "b", "req-6", "b", "e"]), _grammar()[1]),
         "PRE-REQ-IDS-UNIQUE",

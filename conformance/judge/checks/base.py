@@ -113,17 +113,19 @@ def judgeable(invariant_id: str, record: StepRecord) -> bool:
 
 
 @functools.cache
-def profile_invariants(profile: str) -> frozenset[str]:
-    """The IDs of the invariants that hold for ``profile``: a case is judged by those only."""
+def other_profiles_invariants(profile: str) -> frozenset[str]:
+    """The IDs of the invariants that hold for other profiles only: a case of ``profile`` is not judged
+    by them (n/a, never pass)."""
     from shardspec.spec.loader import load_spec
 
-    return frozenset(inv.id for inv in load_spec(profile=profile).invariants if not inv.retired)
+    every = {inv.id for inv in load_spec().invariants}
+    return frozenset(every - {inv.id for inv in load_spec(profile=profile).invariants})
 
 
 def checkers_for(registry: dict, profile: str) -> dict:
-    """The checkers of ``registry`` whose invariant holds for ``profile``."""
-    ids = profile_invariants(profile)
-    return {invariant_id: checker for invariant_id, checker in registry.items() if invariant_id in ids}
+    """The checkers of ``registry`` but those of invariants that hold for other profiles only."""
+    ids = other_profiles_invariants(profile)
+    return {invariant_id: checker for invariant_id, checker in registry.items() if invariant_id not in ids}
 
 
 def group_check(invariant_id: str):
