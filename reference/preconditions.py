@@ -189,7 +189,8 @@ def _check_device_cu(batch: InputBatch, expected: np.ndarray, rank) -> None:
         device_cu.shape == expected.shape and np.array_equal(device_cu, expected),
         "PRE-HOST-DEVICE-MATCH",
         "cu_num_logits",
-        "device copy differs from cu_num_logits_np (or, with admitted draft counts, their admitted rows)",
+        "device copy differs from cu_num_logits_np"
+        + ("'s admitted rows" if batch.num_admitted_draft_tokens is not None else ""),
         rank=rank,
     )
 
@@ -243,6 +244,11 @@ def _check_token_layout(batch: InputBatch, cu: np.ndarray, rank) -> None:
         )
 
 
+def _counted(batch: InputBatch, profile: str) -> str:
+    admitted = profile == VLLM_033 and batch.num_admitted_draft_tokens is not None
+    return "num_admitted_draft_tokens" if admitted else "num_draft_tokens_per_req"
+
+
 def _check_drafts(batch: InputBatch, cu: np.ndarray, rank, profile: str) -> None:
     counts = np.diff(cu)
     drafts = batch.num_draft_tokens_per_req
@@ -293,7 +299,7 @@ def _check_drafts(batch: InputBatch, cu: np.ndarray, rank, profile: str) -> None
         batch.num_draft_tokens == expected,
         "PRE-DRAFTS",
         "num_draft_tokens",
-        f"is {batch.num_draft_tokens}, but the draft counts sum to {expected}",
+        f"is {batch.num_draft_tokens}, but {_counted(batch, profile)} sums to {expected}",
         rank=rank,
     )
 

@@ -262,9 +262,9 @@ def render_preconditions(spec: Spec) -> list[str]:
         "",
     ]
     lines += table(
-        ["ID", "step", "on violation", "raised on"],
+        ["ID", "step", "on violation", "raised on", "profiles"],
         [
-            [link(p.id) + profile_tag(p), p.step, p.on_violation.outcome, p.on_violation.raised_on or ""]
+            [link(p.id), p.step, p.on_violation.outcome, p.on_violation.raised_on or "", ", ".join(p.profiles) or "all"]
             for p in spec.preconditions
             if not p.retired
         ],

@@ -30,6 +30,7 @@ from shardspec.reference import ReferenceSharder
 from shardspec.spec.builders import build_grammar_output, build_input_batch
 from shardspec.spec.errors import PreconditionError
 from shardspec.spec.model import ExtensionSpec, SamplerOutput
+from shardspec.spec.profiles import VLLM_SEED
 
 
 @pytest.mark.parametrize("precondition_id", sorted(VIOLATIONS))
@@ -553,7 +554,7 @@ def test_grammar_rejection_names_field_request_and_what_was_found(name):
     edit, pid, field, request, message = GRAMMAR_REJECTIONS[name]
     batch, grammar = _grammar_for(edit)
     with pytest.raises(PreconditionError) as caught:
-        _shard(batch, grammar)
+        _shard(batch, grammar, profile=VLLM_SEED)  # one bitmask row per logits row
     where = f"field {field}" + ("" if request is None else f", request {request}") + ", rank 0"
     assert str(caught.value) == f"[{pid}] {message} ({where})"
 

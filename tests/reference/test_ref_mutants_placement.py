@@ -93,7 +93,13 @@ def test_replicated_path_ignores_the_default_device_and_matches_the_gathered_dty
     logits = inputs.token_logits[inputs.batch.logits_indices][:, : case.vocab_size]
     with torch.device("meta"):
         replicated = replicated_output(
-            logits, inputs.batch, inputs.grammar, gather_num_nans=case.gather_num_nans, logprobs_dims=case.logprobs_dims
+            logits,
+            inputs.batch,
+            inputs.grammar,
+            gather_num_nans=case.gather_num_nans,
+            logprobs_dims=case.logprobs_dims,
+            profile=case.profile,
+            adaptive_verification_enabled=case.adaptive_verification,
         )
     if replicated is None:
         assert inputs.batch.num_reqs == 0
@@ -109,9 +115,10 @@ def test_replicated_path_ignores_the_default_device_and_matches_the_gathered_dty
         _assert_same_tensor(replicated.sampled_token_ids[i, :n], gathered.sampled_token_ids[i, :n], f"request {i}")
     assert (replicated.logprobs_tensors is None) == (gathered.logprobs_tensors is None)
     if gathered.logprobs_tensors is not None:
+        rows = replicated.logprobs_tensors.logprobs.shape[0]  # the admitted rows; later ones are unspecified
         for name in ("logprob_token_ids", "logprobs", "selected_token_ranks"):
             _assert_same_tensor(
-                getattr(replicated.logprobs_tensors, name), getattr(gathered.logprobs_tensors, name), name
+                getattr(replicated.logprobs_tensors, name), getattr(gathered.logprobs_tensors, name)[:rows], name
             )
         assert replicated.logprobs_tensors.cu_num_generated_tokens == gathered.logprobs_tensors.cu_num_generated_tokens
 
@@ -134,13 +141,18 @@ def _on_device(output, device: str):
 @pytest.mark.parametrize("rank", [0, 1])
 def test_every_tensor_the_step_makes_is_on_the_sharders_device(rank):
     """A sharder on another device than its host inputs (here meta, which has shapes but no values)."""
-    batch = build_input_batch(SLOTS, COUNTS)
-    grammar = build_grammar_output(batch, [2, 0], 100)
+    batch = build_input_batch(SLOTS, COUNTS, seq_lens_upper_bound=True)
+    grammar = build_grammar_output(batch, [2, 0], 100, block_rows=4)
     sharder = ReferenceSharder(8, 4, comm=LoopbackComm(rank, 2), device="meta")
     shard = sharder.shard_sampler_inputs(batch, grammar)
     # Views of inputs stay where the inputs are: the global query_start_loc (CL-LOCAL-FIELDS) and the
     # local rows of the grammar bitmask.
-    kept = {"shard.local_batch.query_start_loc", "shard.local_grammar_output.grammar_bitmask"}
+    # seq_lens_cpu_upper_bound is a host tensor by definition (CL-SEQ-LENS-UPPER-BOUND).
+    kept = {
+        "shard.local_batch.query_start_loc",
+        "shard.local_grammar_output.grammar_bitmask",
+        "shard.local_batch.seq_lens_cpu_upper_bound",
+    }
     _assert_on(shard, "shard", "meta", kept)
     full = sharder.all_to_all_logits(torch.zeros(batch.num_logits, 8, device="meta"), shard.metadata)
     assert full.device.type == "meta" and full.shape == (shard.metadata.num_local_logits, 16)

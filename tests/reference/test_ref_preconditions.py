@@ -19,6 +19,7 @@ from shardspec.reference import ReferenceSharder
 from shardspec.spec.builders import build_grammar_output, build_input_batch
 from shardspec.spec.errors import PreconditionError
 from shardspec.spec.model import ExtensionSpec, LogprobsTensors, SamplerOutput
+from shardspec.spec.profiles import DEFAULT_PROFILE, VLLM_SEED
 
 TP = 2
 SLOTS = [4, 1, 6, 3, 0]
@@ -29,12 +30,19 @@ def _batch(**overrides):
     return replace(build_input_batch(SLOTS, COUNTS), **overrides)
 
 
-def _sharder(rank=0, max_num_reqs=8, max_num_logits_per_req=4):
-    return ReferenceSharder(max_num_reqs, max_num_logits_per_req, comm=LoopbackComm(rank, TP))
+def _sharder(rank=0, max_num_reqs=8, max_num_logits_per_req=4, profile=DEFAULT_PROFILE):
+    return ReferenceSharder(max_num_reqs, max_num_logits_per_req, comm=LoopbackComm(rank, TP), profile=profile)
 
 
 def _shard(batch, grammar=None, **capacity):
     return _sharder(**capacity).shard_sampler_inputs(batch, grammar)
+
+
+def _grammar_blocks(edit, block_rows=4):
+    """The test batch and a vllm-0.33 grammar output for requests 2 and 0 (blocks of 4 rows), edited."""
+    batch = build_input_batch(SLOTS, COUNTS)
+    grammar = build_grammar_output(batch, [2, 0], 100, block_rows=block_rows, num_acceptable_drafts=[1, 0])
+    return batch, edit(grammar)
 
 
 def _with_tensor(name, edit):
@@ -164,7 +172,17 @@ VIOLATIONS = {
         "structured_output_request_ids",
         None,
     ),
-    "PRE-GRAMMAR-BITMASK": (lambda: _shard(*_grammar_with_rows(-1)), "grammar_bitmask", None),
+    # vllm-0.33: blocks of 4 rows for two requests, one row short (vllm-seed's row count: GRAMMAR_SEED below).
+    "PRE-GRAMMAR-BITMASK": (
+        lambda: _shard(*_grammar_blocks(lambda g: replace(g, grammar_bitmask=g.grammar_bitmask[:-1]))),
+        "grammar_bitmask",
+        None,
+    ),
+    "PRE-SEQ-LENS-UPPER-BOUND": (
+        lambda: _shard(_batch(seq_lens_cpu_upper_bound=torch.ones(4, dtype=torch.int32))),
+        "seq_lens_cpu_upper_bound",
+        None,
+    ),
     "PRE-LOCAL-OUTPUT": (
         lambda: _gather(lambda local: _output(local, num_rows=local.num_reqs + 1)),
         "sampled_token_ids",
@@ -204,7 +222,8 @@ def test_declared_extension_field_with_matching_tensor_is_accepted():
 
 
 def _precondition_ids_in_reference() -> set[str]:
-    source = pathlib.Path(preconditions_module.__file__).read_text()
+    folder = pathlib.Path(preconditions_module.__file__).parent
+    source = "".join((folder / name).read_text() for name in ("preconditions.py", "profile_rules.py"))
     return set(re.findall(r'"(PRE-[A-Z0-9-]+)"', source))
 
 
@@ -271,3 +290,70 @@ def test_rank_owning_nothing_rejects_bad_logprobs_dims_too(dims):
     with pytest.raises(PreconditionError) as caught:
         sharder.gather_sampler_output(None, shard.metadata, batch, shard.local_batch, logprobs_dims=dims)
     assert caught.value.precondition_id == "PRE-LOGPROBS-DIMS"
+
+
+# -- what each profile adds or words its own way -------------------------------------------------
+
+
+@pytest.mark.parametrize("delta", [-1, 1])
+def test_seed_grammar_needs_one_row_per_logits_row(delta):
+    with pytest.raises(PreconditionError) as caught:
+        _shard(*_grammar_with_rows(delta), profile=VLLM_SEED)
+    assert caught.value.precondition_id == "PRE-GRAMMAR-BITMASK"
+
+
+@pytest.mark.parametrize(
+    ("edit", "block_rows", "position"),
+    [
+        pytest.param(lambda g: replace(g, num_acceptable_drafts=[0]), 4, None, id="acceptable-count-short"),
+        pytest.param(lambda g: g, 1, 2, id="block-below-the-rows-of-request-2"),
+        pytest.param(lambda g: replace(g, grammar_bitmask=g.grammar_bitmask[0]), 4, None, id="one-dim"),
+    ],
+)
+def test_grammar_blocks_are_checked(edit, block_rows, position):
+    with pytest.raises(PreconditionError) as caught:
+        _shard(*_grammar_blocks(edit, block_rows))
+    assert (caught.value.precondition_id, caught.value.request) == ("PRE-GRAMMAR-BITMASK", position), str(caught.value)
+
+
+def test_wide_grammar_blocks_move_whole_with_their_counts():
+    batch, grammar = _grammar_blocks(lambda g: g, block_rows=6)
+    local = _shard(batch, grammar).local_grammar_output  # rank 0 owns request 2 (slot 2) and 0 (slot 4)
+    assert local.structured_output_request_ids == grammar.structured_output_request_ids
+    assert torch.equal(local.grammar_bitmask, grammar.grammar_bitmask) and local.num_acceptable_drafts == [1, 0]
+
+
+def _admitted(admitted, **overrides):
+    batch = build_input_batch(SLOTS, COUNTS, admitted_drafts=admitted, seq_lens_upper_bound=True)
+    return replace(batch, **overrides)
+
+
+@pytest.mark.parametrize(
+    ("make_batch", "field", "position"),
+    [
+        pytest.param(lambda: _admitted([0, 3, 1, 0, 1]), "num_admitted_draft_tokens", 1, id="above-scheduled"),
+        pytest.param(lambda: _admitted([0, 1, 1, 0, 1], num_draft_tokens=5), "num_draft_tokens", None, id="total"),
+        pytest.param(
+            lambda: _admitted([0, 1, 1, 0, 1], num_draft_tokens_per_req=None),
+            "num_admitted_draft_tokens",
+            None,
+            id="without-scheduled-counts",
+        ),
+    ],
+)
+def test_admitted_draft_counts_are_checked(make_batch, field, position):
+    with pytest.raises(PreconditionError) as caught:
+        _shard(make_batch())
+    assert (caught.value.precondition_id, caught.value.field, caught.value.request) == ("PRE-DRAFTS", field, position)
+
+
+def test_admitted_counts_move_the_plan_to_the_admitted_rows():
+    shard = _shard(_admitted([0, 1, 0, 0, 0]))  # scheduled rows 1, 3, 2, 1, 2; admitted 1, 2, 1, 1, 1
+    assert shard.metadata.num_logits_per_rank == [3, 3] and shard.metadata.max_num_logits_per_req == 2
+    assert shard.local_batch.num_draft_tokens == 0 and shard.local_batch.cu_num_logits_np.tolist() == [0, 1, 2, 3]
+
+
+def test_the_seed_profile_ignores_vllm_033_fields():
+    batch = build_input_batch(SLOTS, COUNTS, seq_lens_upper_bound=True)
+    shard = _shard(replace(batch, seq_lens_cpu_upper_bound=torch.ones(2)), profile=VLLM_SEED)
+    assert shard.local_batch.seq_lens_cpu_upper_bound is not None  # an engine's field, carried over
