@@ -128,18 +128,15 @@ def test_an_import_failure_fails_only_its_entry(run, module, reason):
     assert {c["status"] for c in run[2]["reference"].values()} == {"pass"}
 
 
-def test_a_crash_while_shrinking_ends_the_child_not_the_run(tmp_path, monkeypatch):
+def test_a_crash_while_shrinking_ends_the_child_not_the_run(tmp_path, monkeypatch, plugins_on_path):
     """Shrinking replays the implementation in one child process; a segfault there is an error to report."""
-    from shardspec.conformance.cases.shrink import shrink_in_child
+    from shardspec.conformance.api import ImplChoice
+    from shardspec.conformance.cases.shrink import shrink_in_child, signature
+    from shardspec.conformance.harness.inprocess import run_case_in_process
 
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(PLUGINS), os.environ.get("PYTHONPATH")])))
+    entry = "faulty_sharders:WrongIdsThenCrashWhenSmall"
     case = small_cases(2)[1]  # 3 requests: ids reversed; every smaller variant segfaults
+    target = signature(run_case_in_process(case, ImplChoice(entry)))
+    assert "INV-GATHER-SAMPLED-IDS" in target
     with pytest.raises(RuntimeError, match="the shrinking process was killed by SIGSEGV"):
-        shrink_in_child(
-            case,
-            {"INV-GATHER-SAMPLED-IDS"},
-            f"{MODULE}:WrongIdsThenCrashWhenSmall",
-            "lockstep",
-            "cpu",
-            tmp_path / "shrinking",
-        )
+        shrink_in_child(case, target, entry, "lockstep", "cpu", tmp_path / "shrinking")

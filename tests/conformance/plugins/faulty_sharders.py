@@ -6,6 +6,7 @@ run of several cases shows that one bad case does not spoil the others.
 
 from __future__ import annotations
 
+import ctypes
 import time
 
 from shardspec.reference import ReferenceSharder
@@ -58,3 +59,16 @@ class MismatchedGatherOnRank1(_Base):
         if batch.num_reqs == 3 and self.rank == 1:
             result.metadata.max_num_reqs_per_rank += 1
         return result
+
+
+class WrongIdsThenCrashWhenSmall(_Base):
+    """Reverses the sampled ids of batches of 3+ requests and dies on smaller ones: shrinking the failure
+    meets the crash, which must not take the run down with it. (Not in hostile_sharders, whose import empties
+    the checkers of the shrinking process: a replay there fails nothing, and the shrink stops before it.)"""
+
+    def gather_sampler_output(self, local_output, metadata, global_batch, local_batch, **kwargs):
+        if global_batch.num_reqs < 3:
+            ctypes.string_at(0)
+        out = super().gather_sampler_output(local_output, metadata, global_batch, local_batch, **kwargs)
+        out.sampled_token_ids = out.sampled_token_ids.flip(0)
+        return out

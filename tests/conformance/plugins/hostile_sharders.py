@@ -84,15 +84,3 @@ class ReversedIdsUnchecked(ReferenceSharder):
         out = super().gather_sampler_output(*args, **kwargs)
         out.sampled_token_ids = out.sampled_token_ids.flip(0)
         return out
-
-
-class WrongIdsThenCrashWhenSmall(_Base):
-    """Reverses the sampled ids of batches of 3+ requests and dies on smaller ones: shrinking the failure
-    meets the crash, which must not take the run down with it."""
-
-    def gather_sampler_output(self, local_output, metadata, global_batch, local_batch, **kwargs):
-        if global_batch.num_reqs < 3:
-            ctypes.string_at(0)
-        out = super().gather_sampler_output(local_output, metadata, global_batch, local_batch, **kwargs)
-        out.sampled_token_ids = out.sampled_token_ids.flip(0)
-        return out
