@@ -26,6 +26,7 @@ from shardspec.conformance.judge.checks.base import RANK_CHECKERS, StepOutputs, 
 from shardspec.conformance.judge.checks.common import declined_extensions
 from shardspec.conformance.judge.digest import step_digest
 from shardspec.engine import engine_step
+from shardspec.reference.profile_rules import device_cu_num_logits
 from shardspec.reference.sampler import toy_sample
 from shardspec.spec.case import Case, CaseInputs, build_case_inputs, local_logits_shard
 from shardspec.spec.case_edits import finish_local_output, gather_options
@@ -340,7 +341,11 @@ def judge_rank(
     record["timings"] = {**record.get("timings", {}), "checks": round(time.perf_counter() - start, 6)}
     record["violations"] = [violation_dict(v) for v in violations]
     record["digest"] = step_digest(
-        outputs, rank=rank, impl=record["impl"], error_in_collective=record.get("error_in_collective", False)
+        outputs,
+        rank=rank,
+        impl=record["impl"],
+        error_in_collective=record.get("error_in_collective", False),
+        logprob_rows=int(device_cu_num_logits(inputs.batch, case.profile)[-1]),
     )
     return record
 

@@ -41,3 +41,20 @@ class GarbageWirePadding(ReferenceSharder):
             junk = True if send.dtype == torch.bool else 77  # fits every small integer dtype
         mask = padding.reshape(-1, *[1] * (send.dim() - 1))
         return super()._all_gather(send.masked_fill(mask, junk))
+
+
+class RankDependentRowsPastTheAdmitted(ReferenceSharder):
+    """Fills the gathered logprob rows from L on (unspecified with admitted counts, CL-ADMITTED-DRAFTS) with
+    junk that differs by rank, as vLLM 0.33's torch.empty rows do."""
+
+    def gather_sampler_output(self, local_output, metadata, global_batch, local_batch, **kwargs):
+        out = super().gather_sampler_output(local_output, metadata, global_batch, local_batch, **kwargs)
+        lp = out.logprobs_tensors
+        rows = int(global_batch.cu_num_logits[-1]) if global_batch.num_reqs else 0
+        if lp is None or rows == lp.logprobs.shape[0]:
+            return out
+        junk = GARBAGE_ID + self.rank
+        ids, values, ranks = lp.logprob_token_ids.clone(), lp.logprobs.clone(), lp.selected_token_ranks.clone()
+        ids[rows:], values[rows:], ranks[rows:] = junk, float(junk), junk
+        lp = lp._replace(logprob_token_ids=ids, logprobs=values, selected_token_ranks=ranks)
+        return type(out)(**{**vars(out), "logprobs_tensors": lp})

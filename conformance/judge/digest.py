@@ -33,7 +33,16 @@ from shardspec.conformance.harness.transcript import NUMPY_CARRIER
 from shardspec.conformance.judge.checks.base import StepOutputs
 
 GATHERED_FIELDS = ("sampled_token_ids", "num_sampled", "num_rejected", "num_nans")
-LOGPROBS_FIELDS = ("logprob_token_ids", "logprobs", "selected_token_ranks", "cu_num_generated_tokens")
+LOGPROBS_FIELDS = (
+    "logprob_token_ids",
+    "logprobs",
+    "selected_token_ranks",
+    "cu_num_generated_tokens",
+    "cu_num_generated_tokens_tensor",
+)
+# Per-row logprob tensors: rows from the batch's L on are unspecified (CL-ADMITTED-DRAFTS), so only the
+# first L rows are digested.
+PER_ROW_LOGPROBS = LOGPROBS_FIELDS[:3]
 METADATA_FIELDS = (
     "tp_size",
     "num_logits_per_rank",
@@ -42,6 +51,7 @@ METADATA_FIELDS = (
     "max_num_reqs_per_rank",
     "gathered_src_indices",
     "max_num_logits_per_req",
+    "adaptive_verification_enabled",
 )
 
 
@@ -70,14 +80,17 @@ def plain(value: Any) -> Any:
     return repr(value)
 
 
-def _gathered(out: StepOutputs) -> dict[str, Any] | None:
+def _gathered(out: StepOutputs, logprob_rows: int | None) -> dict[str, Any] | None:
     gathered = out.gathered
     if gathered is None:
         return None
     digest = {name: plain(getattr(gathered, name, None)) for name in GATHERED_FIELDS}
     logprobs = getattr(gathered, "logprobs_tensors", None)
     for name in LOGPROBS_FIELDS:
-        digest[name] = None if logprobs is None else plain(getattr(logprobs, name, None))
+        value = None if logprobs is None else getattr(logprobs, name, None)
+        if name in PER_ROW_LOGPROBS and logprob_rows is not None and isinstance(value, torch.Tensor) and value.dim():
+            value = value[:logprob_rows]
+        digest[name] = plain(value)
     return digest
 
 
@@ -102,13 +115,16 @@ def _wire(out: StepOutputs) -> list[dict[str, Any]]:
     ]
 
 
-def step_digest(out: StepOutputs, *, rank: int, impl: str, error_in_collective: bool = False) -> dict[str, Any]:
+def step_digest(
+    out: StepOutputs, *, rank: int, impl: str, error_in_collective: bool = False, logprob_rows: int | None = None
+) -> dict[str, Any]:
+    """``logprob_rows``: the batch's L, the logprob rows that carry data (None: all of them)."""
     return {
         "rank": rank,
         "impl": impl,
         "failed_step": out.failed_step,
         "error_in_collective": error_in_collective,
-        "gathered": _gathered(out),
+        "gathered": _gathered(out, logprob_rows),
         "sorted_logits_indices": None if out.shard is None else plain(out.shard.sorted_logits_indices),
         "metadata": _metadata(out),
         "wire": _wire(out),

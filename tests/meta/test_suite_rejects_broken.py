@@ -16,7 +16,11 @@ from shardspec.spec.loader import load_spec
 from shardspec.spec.profiles import PROFILES
 
 YAML_IDS = {invariant.id for invariant in load_spec().invariants}
-CONTROLS = ["reference", "shardspec.conformance.broken.conforming:GarbageWirePadding"]
+CONTROLS = [
+    "reference",
+    "shardspec.conformance.broken.conforming:GarbageWirePadding",
+    "shardspec.conformance.broken.conforming:RankDependentRowsPastTheAdmitted",
+]
 
 # Each entry in every in-process group it can run in (those calling torch.distributed need a group that has one).
 RUNS = [
