@@ -170,3 +170,48 @@ def bench(session: nox.Session) -> None:
         "--plots",
         "reports/bench",
     )
+
+
+VLLM = "vllm==0.33.0"
+
+
+@nox.session
+def vllm(session: nox.Session) -> None:
+    """The installed vLLM 0.33.0 (its own batch_shard.py, records and TP group) against the spec: examples/vllm.
+
+    Installs vLLM without its dependencies (they would replace the CPU torch with a CUDA build), then the
+    pure-Python packages its import and group setup need (examples/vllm/requirements.txt), each pip call
+    with torch pinned. Runs every fixture plus 25 generated cases per tp size at tp 1, 2, 3, 4, one
+    process per rank (gloo and the Triton interpreter on a CPU), with vLLM's known failures as xfails,
+    and writes reports/vllm.json. Arguments after -- go to the suite (e.g. `-- --max-examples 100`).
+    """
+    if isinstance(session.virtualenv, PassthroughEnv):
+        session.log("--no-venv: using the current environment as it is (examples/vllm/README.md: what it needs)")
+    else:
+        session.install(TORCH)
+        session.install("--no-deps", VLLM)
+        session.install("-r", "examples/vllm/requirements.txt", TORCH)
+        session.install("-e", ".[impl,test]", TORCH)
+    os.makedirs("reports", exist_ok=True)
+    session.run(
+        "python",
+        "-m",
+        "shardspec.conformance",
+        "--impl",
+        "shardspec_vllm:make_sharder",
+        "--profile",
+        "vllm-0.33",
+        "--tp",
+        "1,2,3,4",
+        "--max-examples",
+        "25",
+        "--timeout",
+        "30",
+        "--no-shrink",
+        "--xfails-file",
+        "examples/vllm/known_failures_0.33.yaml",
+        "--json",
+        "reports/vllm.json",
+        *session.posargs,
+        env={"PYTHONPATH": "examples/vllm"},
+    )
