@@ -134,7 +134,7 @@ class AdmittedCounts:
     """What vLLM's sharder reads of its AdmittedDraftCounts (the admitted draft counts in flight to the
     host): ``wait()``, which returns them as a host array. vLLM's own class waits on a CUDA event, and
     its module (vllm.v1.worker.gpu.spec_decode.adaptive_verification) imports the model loader and
-    attention layers (einops and more); here the counts are on the host already."""
+    attention layers (its import stopped at a missing einops); here the counts are on the host already."""
 
     def __init__(self, counts):
         self.counts = counts
