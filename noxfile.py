@@ -18,6 +18,7 @@ first (`pip install -e ".[impl,test]"`).
 
 from __future__ import annotations
 
+import glob
 import os
 
 import nox
@@ -193,6 +194,8 @@ def vllm(session: nox.Session) -> None:
         session.install("-r", "examples/vllm/requirements.txt", TORCH)
         session.install("-e", ".[impl,test]", TORCH)
     os.makedirs("reports", exist_ok=True)
+    # The drift check first: a field of the installed file that no profile covers fails the session.
+    session.run("python", "-m", "shardspec.conformance", "upstream", "installed", "--profile", "vllm-0.33")
     session.run(
         "python",
         "-m",
@@ -215,3 +218,20 @@ def vllm(session: nox.Session) -> None:
         *session.posargs,
         env={"PYTHONPATH": "examples/vllm"},
     )
+
+
+@nox.session
+def drift(session: nox.Session) -> None:
+    """The upstream drift check against vLLM 0.33.0's published wheel, read as a zip (never installed):
+    every field its batch_shard.py touches is covered by profile vllm-0.33, and every field of the profile
+    is touched. `-- PATH` checks another tree, wheel or batch_shard.py instead. Needs no torch."""
+    if not isinstance(session.virtualenv, PassthroughEnv):
+        session.install("pyyaml", "jsonschema")
+        session.install("--no-deps", "-e", ".")
+    target = list(session.posargs)
+    if not target:
+        wheels = os.path.join(".nox", "wheels")
+        if not glob.glob(os.path.join(wheels, "vllm-0.33.0-*.whl")):
+            session.run("python", "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:", "-d", wheels, VLLM)
+        target = glob.glob(os.path.join(wheels, "vllm-0.33.0-*.whl"))[:1]
+    session.run("python", "-m", "shardspec.conformance", "upstream", *target, "--profile", "vllm-0.33")
