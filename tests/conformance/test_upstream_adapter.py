@@ -60,3 +60,23 @@ def test_missing_file_is_named(adapter, monkeypatch, tmp_path):
 def test_outside_a_sharder_call_there_is_no_group(adapter):
     with pytest.raises(RuntimeError, match="outside an UpstreamSharder call"):
         adapter.get_tp_group()
+
+
+VLLM_033_FILE = (
+    pathlib.Path(__file__).resolve().parents[3] / "shared/upstream/vllm-0.33.0/vllm/v1/worker/gpu/sample/batch_shard.py"
+)
+
+
+@pytest.mark.skipif(not VLLM_033_FILE.is_file(), reason=f"vLLM 0.33.0's batch_shard.py is not at {VLLM_033_FILE}")
+@pytest.mark.parametrize("case_id", ["tp2-admitted-drafts", "tp4-adaptive-budget-not-binding", "tp2-decode"])
+def test_the_adapter_runs_vllm_033s_file(monkeypatch, case_id):
+    """A later revision: its BatchSharder takes adaptive_verification_enabled and waits for admitted counts."""
+    from shardspec.fixtures import load_case
+
+    monkeypatch.syspath_prepend(str(ADAPTER))
+    monkeypatch.setenv("SHARDSPEC_UPSTREAM_FILE", str(VLLM_033_FILE))
+    try:
+        result = run_case_in_process(load_case(case_id), ImplChoice("shardspec_upstream:make_sharder"))
+    finally:
+        sys.modules.pop("shardspec_upstream", None)
+    assert result.status == PASS, result.errors or result.violations
