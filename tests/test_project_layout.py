@@ -59,3 +59,10 @@ def test_impl_imports_neither_reference_nor_conformance():
 def test_reference_does_not_import_conformance_or_impl():
     offenders = _forbidden_imports("reference", ("shardspec.conformance", "shardspec.impl"))
     assert not offenders, offenders
+
+
+def test_the_package_version_is_the_distributions():
+    import shardspec
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert shardspec.__version__ == project["version"]

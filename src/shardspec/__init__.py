@@ -10,4 +10,9 @@ Sub-packages (the repository folders they come from):
 - ``shardspec.fixtures`` (``fixtures/``): golden cases.
 """
 
-__version__ = "0.1.0"
+from importlib import metadata as _metadata
+
+try:
+    __version__ = _metadata.version("shardspec")  # pyproject.toml's, as installed
+except _metadata.PackageNotFoundError:  # a source tree that is not installed
+    __version__ = "0+unknown"
