@@ -30,8 +30,8 @@ from shardspec.conformance.cases.expectations import compute_expectation, rank_d
 from shardspec.conformance.harness.external import JOIN_S, ExternalGroup, rank_command
 from shardspec.conformance.harness.group import Job
 from shardspec.conformance.harness.spawn import RankServer
-from shardspec.conformance.harness.transcript import read_frames
-from shardspec.conformance.judge.results import CaseResult, not_run
+from shardspec.conformance.harness.transcript import cut_frame, read_frames
+from shardspec.conformance.judge.results import ERROR, CaseResult, not_run
 from shardspec.conformance.judge.verdicts import Judge, RankTranscript
 
 STARTUP_S = 90.0  # torch import and rendezvous, generous for 8 ranks on 2 cores
@@ -196,6 +196,7 @@ def _launch(jobs, indices, tp, options, name, results, on_result, starter, judge
     follower.read()
     if not follower.ready:
         return f"the group did not start (exit {proc.returncode}); log {log_path}:\n{_tail(log_path)}"
+    follower.note_cut(indices)
     settle.broken_job(indices, ended, getattr(proc, "culprit", None))
     return None
 
@@ -255,13 +256,16 @@ class _Settler:
             if index in self.results:
                 continue
             transcripts = self.follower.transcripts.get(index, {})
-            if sum(t.final is not None for t in transcripts.values()) < self.jobs[index].case.tp_size:
+            if sum(t.ended for t in transcripts.values()) < self.jobs[index].case.tp_size:
                 return  # jobs finish in order: nothing later is complete either
             self.settle(index, transcripts)
 
     def settle(self, index, transcripts, ended: str | None = None, culprit=None) -> None:
         job = self.jobs[index]
-        self.results[index] = self.judge.case_result(job.case, job.choice.label, transcripts, ended, culprit)
+        try:
+            self.results[index] = self.judge.case_result(job.case, job.choice.label, transcripts, ended, culprit)
+        except Exception as exc:  # a defect of the judge: this case, not the run, ends with it
+            self.results[index] = judge_failed(job, exc)
         if self.on_result:
             self.on_result(self.results[index])
 
@@ -274,6 +278,14 @@ class _Settler:
             if transcripts or not self.follower.left_on_purpose:
                 self.settle(index, transcripts, ended, culprit)
             return
+
+
+def judge_failed(job: Job, exc: Exception) -> CaseResult:
+    import traceback
+
+    message = f"the judge failed on this case's transcripts: {type(exc).__name__}: {exc}"
+    error = {"rank": None, "kind": "harness", "message": message, "traceback": traceback.format_exc()}
+    return CaseResult(job.case, job.choice.label, ERROR, errors=[error])
 
 
 def _let_finish(proc, grace_s: float) -> None:
@@ -313,6 +325,7 @@ class _Follower:
         self.last_frame = time.monotonic()
         # A rank recorded why it left the launch (error, hang, suite failure).
         self.left_on_purpose = False
+        self.pending: dict[int, list[str]] = {}  # rank -> unreadable frames not yet given to a job
 
     def read(self) -> bool:
         """Whether any new frame arrived."""
@@ -323,19 +336,7 @@ class _Follower:
             with open(path, "rb") as f:
                 f.seek(self.offsets[rank])
                 chunk = f.read()
-            try:
-                frames, used = read_frames(chunk)
-            except Exception as exc:  # an unreadable frame: what the rank sent cannot be trusted
-                frames, used = (
-                    [
-                        {
-                            "job": self._current_job(rank),
-                            "rank": rank,
-                            "harness_error": f"rank {rank} sent an unreadable frame: {exc}",
-                        }
-                    ],
-                    len(chunk),
-                )
+            frames, used = read_frames(chunk)
             self.offsets[rank] += used
             for frame in frames:
                 self._add(rank, frame)
@@ -344,18 +345,42 @@ class _Follower:
             self.last_frame = time.monotonic()
         return new
 
-    def _current_job(self, rank: int) -> int | None:
-        jobs = [job for job, ranks in self.transcripts.items() if rank in ranks]
-        return max(jobs, default=None)
-
     def _add(self, rank: int, frame: dict[str, Any]) -> None:
-        if frame.get("event") == "ready":
+        if "unreadable" in frame:
+            self._note(rank, f"rank {rank} sent a frame the judge cannot read: {frame['unreadable']}")
+        elif frame.get("event") == "ready":
             self.ready.add(rank)
             self.pids[rank] = frame.get("pid")
         elif frame.get("job") is not None:
-            self.transcripts.setdefault(frame["job"], {}).setdefault(rank, RankTranscript()).add(frame)
+            transcript = self.transcripts.setdefault(frame["job"], {}).setdefault(rank, RankTranscript())
+            for why in self.pending.pop(rank, []):  # the unreadable frame began this job
+                transcript.add({"undecodable": why})
+            transcript.add(frame)
             if frame.get("timeout") or frame.get("harness_error") or frame.get("aligned") is False:
                 self.left_on_purpose = True
+
+    def _note(self, rank: int, why: str) -> None:
+        """A frame of ``rank`` that cannot be read: for the job it is in, or (after that job's last frame)
+        for the next job it sends a frame of."""
+        open_jobs = [job for job, ranks in self.transcripts.items() if rank in ranks and not ranks[rank].ended]
+        if open_jobs:
+            self.transcripts[max(open_jobs)][rank].add({"undecodable": why})
+        else:
+            self.pending.setdefault(rank, []).append(why)
+
+    def note_cut(self, indices: list[int]) -> None:
+        """After the launch: a rank's transcript that ends inside a frame, or an unreadable frame no later
+        frame placed, belongs to the first of ``indices`` whose last frame that rank never sent."""
+        for rank, path in enumerate(self.paths):
+            rest = path.read_bytes()[self.offsets[rank] :] if path.exists() else b""
+            notes = self.pending.pop(rank, []) + [f"rank {rank}'s transcript is cut: {cut_frame(rest)}"] * bool(rest)
+            job = next((i for i in indices if not self._ended(i, rank)), None)
+            for why in notes if job is not None else ():
+                self.transcripts.setdefault(job, {}).setdefault(rank, RankTranscript()).add({"undecodable": why})
+
+    def _ended(self, job: int, rank: int) -> bool:
+        transcript = self.transcripts.get(job, {}).get(rank)
+        return transcript is not None and transcript.ended
 
     def stopped_ranks(self) -> list[int]:
         """Ranks whose process is stopped (``T`` in /proc, e.g. after SIGSTOP)."""

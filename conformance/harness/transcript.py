@@ -9,7 +9,13 @@ data-model classes and, for any other type, a stand-in class of the same
 name, so checkers see the same container types, dtypes and type names.
 
 Frames are read with an unpickler that resolves only the classes listed
-here: a stream cannot make the judge import or run anything else.
+here: a stream cannot make the judge import or run anything else. What
+cannot cross (a value whose encoding fails, a numpy array of objects or
+of a subclass, an int or str subclass) is sent as :class:`Unsendable`,
+saying what it is; decoding it, or data the judge does not rebuild (a
+tensor of another dtype), raises :class:`DecodeError` naming where in the
+value it lies. A frame the judge's unpickler refuses is read as
+``{"unreadable": why}`` and the frames after it are still read.
 """
 
 from __future__ import annotations
@@ -85,10 +91,40 @@ class ErrorData:
     attrs: dict
 
 
+@dataclass(frozen=True)
+class Unsendable:
+    """A value that cannot cross to the judge, and why."""
+
+    why: str
+
+
+class DecodeError(ValueError):
+    """Part of a transcript the judge cannot rebuild: ``path`` (e.g. ``.num_nans[2]``) says where in it."""
+
+    def __init__(self, why: str, path: str = ""):
+        super().__init__(f"{path.lstrip('.')}: {why}" if path else why)
+        self.why, self.path = why, path
+
+    def within(self, key) -> DecodeError:
+        step = f".{key}" if isinstance(key, str) and key.isidentifier() else f"[{key!r}]"
+        return DecodeError(self.why, step + self.path)
+
+
 def encode(value: Any) -> Any:
-    """Plain data for ``value`` (recursively)."""
-    if value is None or isinstance(value, (bool, int, float, str, bytes, np.generic, np.ndarray)):
-        return value.copy() if isinstance(value, np.ndarray) else value
+    """Plain data for ``value`` (recursively); what cannot be encoded becomes an :class:`Unsendable`."""
+    try:
+        return _encode(value)
+    except Exception as exc:
+        return Unsendable(f"a {type(value).__qualname__} that could not be encoded ({type(exc).__name__}: {exc})")
+
+
+def _encode(value: Any) -> Any:
+    if value is None or type(value) in (bool, int, float, str, bytes) or isinstance(value, np.generic):
+        return value
+    if isinstance(value, np.ndarray):
+        return _encode_array(value)
+    if isinstance(value, (int, float, str, bytes)):  # subclasses: pickled by reference to their class
+        return Unsendable(f"a {type(value).__qualname__} (a subclass of {type(value).__mro__[1].__name__})")
     if isinstance(value, torch.Tensor):
         return _encode_tensor(value)
     if isinstance(value, BaseException):
@@ -101,12 +137,25 @@ def encode(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return cls(encode(v) for v in value) if cls in (list, tuple) else list(encode(v) for v in value)
     if isinstance(value, dict):
-        return {encode(k): encode(v) for k, v in value.items()}
+        return {_encode_key(k): encode(v) for k, v in value.items()}
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         fields = {f.name: encode(getattr(value, f.name)) for f in dataclasses.fields(value)}
         return ObjectData(cls.__module__, cls.__qualname__, "dataclass", fields)
     fields = {k: encode(v) for k, v in vars(value).items()} if hasattr(value, "__dict__") else {}
     return ObjectData(cls.__module__, cls.__qualname__, "object", fields)
+
+
+def _encode_array(a: np.ndarray) -> np.ndarray | Unsendable:
+    if type(a) is not np.ndarray:
+        return Unsendable(f"a {type(a).__module__}.{type(a).__qualname__} (a subclass of numpy.ndarray)")
+    if a.dtype.hasobject:
+        return Unsendable(f"a numpy array of dtype {a.dtype} (Python objects, which the judge never loads)")
+    return a.copy()
+
+
+def _encode_key(key: Any) -> Any:
+    encoded = encode(key)
+    return encoded if isinstance(encoded, (str, int, float, bool, bytes, Unsendable, type(None))) else repr(key)
 
 
 def _encode_tensor(t: torch.Tensor) -> TensorData:
@@ -125,7 +174,10 @@ def _encode_tensor(t: torch.Tensor) -> TensorData:
 
 
 def decode(value: Any, device: str | None = None) -> Any:
-    """The inverse of :func:`encode`; tensors land on ``device`` (default: where they were, when possible)."""
+    """The inverse of :func:`encode`; tensors land on ``device`` (default: where they were, when possible).
+    Raises :class:`DecodeError` for what the judge cannot rebuild."""
+    if isinstance(value, Unsendable):
+        raise DecodeError(value.why)
     if isinstance(value, TensorData):
         return _decode_tensor(value, device)
     if isinstance(value, ErrorData):
@@ -133,16 +185,25 @@ def decode(value: Any, device: str | None = None) -> Any:
     if isinstance(value, ObjectData):
         return _decode_object(value, device)
     if isinstance(value, (list, tuple)):
-        return type(value)(decode(v, device) for v in value)
+        return type(value)(_decode_child(i, v, device) for i, v in enumerate(value))
     if isinstance(value, dict):
-        return {k: decode(v, device) for k, v in value.items()}
+        return {k: _decode_child(k, v, device) for k, v in value.items()}
     return value
+
+
+def _decode_child(key, value: Any, device: str | None) -> Any:
+    try:
+        return decode(value, device)
+    except DecodeError as exc:
+        raise exc.within(key) from None
+    except Exception as exc:
+        raise DecodeError(f"{type(exc).__name__}: {exc}").within(key) from exc
 
 
 def _decode_tensor(data: TensorData, device: str | None) -> torch.Tensor:
     dtype = _DTYPES.get(data.dtype)
     if dtype is None:
-        raise ValueError(f"a tensor of unsupported dtype {data.dtype!r} in a rank's transcript")
+        raise DecodeError(f"a tensor of dtype {data.dtype}, which the judge does not rebuild")
     t = torch.from_numpy(data.values.copy()).reshape(data.shape)
     if dtype in NUMPY_CARRIER:
         t = t.view(dtype)
@@ -165,7 +226,7 @@ def _with_strides(t: torch.Tensor, stride: tuple) -> torch.Tensor:
 
 
 def _decode_object(data: ObjectData, device: str | None) -> Any:
-    fields = {k: decode(v, device) for k, v in data.fields.items()}
+    fields = {k: _decode_child(k, v, device) for k, v in data.fields.items()}
     own = _own_class(data.module, data.qualname)
     if own is not None and data.kind in ("dataclass", "namedtuple"):
         return own(**fields)
@@ -185,7 +246,7 @@ def _decode_error(data: ErrorData) -> BaseException:
     cls = base or type(data.qualname.rsplit(".", 1)[-1], (ReportedError,), {"__module__": data.module})
     exc = cls.__new__(cls)
     exc.args = (data.message,)
-    vars(exc).update(data.attrs)
+    vars(exc).update({k: _decode_child(k, v, None) for k, v in data.attrs.items()})
     if base is PreconditionError and "precondition_id" not in data.attrs:
         exc.precondition_id = None
     return exc
@@ -244,7 +305,7 @@ _ALLOWED = (
             "slice",
         )
     }
-    | {(__name__, name) for name in ("TensorData", "ObjectData", "ErrorData")}
+    | {(__name__, name) for name in ("TensorData", "ObjectData", "ErrorData", "Unsendable")}
     | {
         (module, name)
         for module in ("numpy.core.multiarray", "numpy._core.multiarray")
@@ -269,13 +330,27 @@ def write_frame(stream: BinaryIO, record: dict) -> None:
 
 
 def read_frames(data: bytes) -> tuple[list[dict], int]:
-    """The complete frames at the start of ``data`` and how many bytes they take (a frame may be half-written)."""
+    """The complete frames at the start of ``data`` and how many bytes they take (a frame may be half-written).
+    A frame the restricted unpickler refuses is ``{"unreadable": why}``; the next frames are read on."""
     frames, offset = [], 0
     while offset + _HEADER.size <= len(data):
         (length,) = _HEADER.unpack_from(data, offset)
         end = offset + _HEADER.size + length
         if end > len(data):
             break
-        frames.append(_RestrictedUnpickler(io.BytesIO(data[offset + _HEADER.size : end])).load())
+        try:
+            frames.append(_RestrictedUnpickler(io.BytesIO(data[offset + _HEADER.size : end])).load())
+        except Exception as exc:
+            frames.append({"unreadable": f"a frame of {length} bytes could not be read ({exc})"})
         offset = end
     return frames, offset
+
+
+def cut_frame(data: bytes) -> str | None:
+    """What is left of a transcript after its last complete frame, when the rank wrote no more (None: nothing)."""
+    if not data:
+        return None
+    if len(data) < _HEADER.size:
+        return f"its last frame ends inside its {_HEADER.size}-byte header ({len(data)} bytes)"
+    (length,) = _HEADER.unpack_from(data, 0)
+    return f"its last frame ends after {len(data) - _HEADER.size} of {length} bytes"

@@ -108,6 +108,9 @@ def _rank_errors(case: Case, records: dict[int, dict[str, Any]], ended: str | No
                     "message": f"{record['mismatch']}: the ranks' collectives disagree",
                 }
             )
+        elif record.get("undecodable"):
+            error = {"rank": rank, "kind": "undecodable", "step": record.get("step"), "message": record["undecodable"]}
+            errors.append(error)
         elif record.get("died"):
             errors.append({"rank": rank, "kind": "died", "step": record.get("step"), "message": record["died"]})
         elif record.get("stopped") and not record.get("error"):
@@ -142,7 +145,7 @@ def _rank_errors(case: Case, records: dict[int, dict[str, Any]], ended: str | No
                     "traceback": error.get("traceback", ""),
                 }
             )
-    if any(e["kind"] in ("harness", "raised", "timeout", "died", "mismatch") for e in errors):
+    if any(e["kind"] in ("harness", "raised", "timeout", "died", "mismatch", "undecodable") for e in errors):
         # Missing ranks were stopped because another rank failed.
         for error in errors:
             if error["kind"] == "no-result":
@@ -152,6 +155,7 @@ def _rank_errors(case: Case, records: dict[int, dict[str, Any]], ended: str | No
         "mismatch": -1,
         "raised": 0,
         "died": 0,
+        "undecodable": 0,
         "timeout": 1,
         "no-result": 2,
         "peer-timeout": 3,

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from shardspec.conformance.harness.transcript import FINAL_FIELDS, decode
+from shardspec.conformance.harness.transcript import FINAL_FIELDS, DecodeError, decode
 from shardspec.conformance.judge.checks.base import StepOutputs
 from shardspec.conformance.judge.results import CaseResult, combine
 from shardspec.conformance.step import STEP_OUTPUT, judge_rank
@@ -29,9 +29,17 @@ class RankTranscript:
     wire: list = field(default_factory=list)  # encoded WireCalls, in issue order
     steps: list[str] = field(default_factory=list)  # steps that returned, in order
     final: dict[str, Any] | None = None  # the job's last frame: its record, a timeout or a harness error
+    undecodable: list[str] = field(default_factory=list)  # frames that could not be read, and why
+
+    @property
+    def ended(self) -> bool:
+        """Nothing more of this job is needed from the rank: its last frame came, or one that cannot be read."""
+        return self.final is not None or bool(self.undecodable)
 
     def add(self, frame: dict[str, Any]) -> None:
-        if "call" in frame:
+        if "undecodable" in frame:
+            self.undecodable.append(frame["undecodable"])
+        elif "call" in frame:
             self.wire.append(frame["call"])
         elif "step" in frame and "part" in frame:
             self.steps.append(frame["step"])
@@ -82,7 +90,10 @@ class Judge:
         for rank, transcript in sorted(transcripts.items()):
             want = expected[rank].wire
             for position, encoded in enumerate(transcript.wire):
-                call = decode(encoded, self.device)
+                try:
+                    call = decode(encoded, self.device)
+                except DecodeError:
+                    break  # the rank's record says why
                 difference = (
                     "is one more than the plan has" if position >= len(want) else call_difference(call, want[position])
                 )
@@ -95,9 +106,17 @@ class Judge:
         self, case: Case, rank: int, transcript: RankTranscript, ended: str | None, culprit: dict[str, Any] | None
     ) -> dict[str, Any] | None:
         final = transcript.final
+        culprit_here = culprit is not None and culprit.get("rank") == rank
+        if transcript.undecodable and not culprit_here and (final is None or "outputs" in final):
+            return _undecodable(case, rank, transcript.next_step(), "; ".join(transcript.undecodable))
         if final is not None and "outputs" in final:
             record = dict(final)
-            record["outputs"] = self.outputs(transcript, final["outputs"])
+            try:
+                record["outputs"] = self.outputs(transcript, final["outputs"])
+            except DecodeError as exc:
+                where = exc.path.lstrip(".")
+                why = f"rank {rank}'s {where} could not be decoded: {exc.why}"
+                return _undecodable(case, rank, _STEP_OF.get(where.split(".")[0].split("[")[0]), why)
             return judge_rank(case, record, self.expectations[case.case_id], self.inputs(case))
         partial = self.partial_violations(case, rank, transcript)
         if final is not None:  # the rank reported a hang or a failure of the suite itself
@@ -116,28 +135,43 @@ class Judge:
     def partial_violations(self, case: Case, rank: int, transcript: RankTranscript) -> list[dict[str, Any]]:
         if not transcript.steps:
             return []
-        record = {"rank": rank, "impl": "", "outputs": self.outputs(transcript, None)}
+        try:
+            record = {"rank": rank, "impl": "", "outputs": self.outputs(transcript, None)}
+        except DecodeError:  # nothing of it can be judged
+            return []
         judged = judge_rank(
             case, record, self.expectations[case.case_id], self.inputs(case), completed=set(transcript.steps)
         )
         return judged["violations"]
 
     def outputs(self, transcript: RankTranscript, final: dict[str, Any] | None) -> StepOutputs:
+        """What the rank's frames hold; raises DecodeError, its path naming the output (``gathered.num_nans``)."""
         out = StepOutputs()
         for step, part in transcript.parts.items():
             if step in STEP_OUTPUT:
-                setattr(out, STEP_OUTPUT[step], decode(part, self.device))
-        out.wire = [decode(call, self.device) for call in transcript.wire]
-        if final:
-            rest = decode(final, self.device)
-            for name in FINAL_FIELDS:
-                setattr(out, name, rest[name])
+                setattr(out, STEP_OUTPUT[step], self._decoded(STEP_OUTPUT[step], part))
+        out.wire = self._decoded("wire", list(transcript.wire))
+        for name in FINAL_FIELDS if final else ():
+            setattr(out, name, self._decoded(name, final[name]))
         return out
+
+    def _decoded(self, name: str, value: Any) -> Any:
+        try:
+            return decode(value, self.device)
+        except DecodeError as exc:
+            raise exc.within(name) from None
 
     def inputs(self, case: Case):
         if case.case_id not in self._inputs:
             self._inputs[case.case_id] = build_case_inputs(case, self.device)
         return self._inputs[case.case_id]
+
+
+_STEP_OF = {output: step for step, output in STEP_OUTPUT.items()}
+
+
+def _undecodable(case: Case, rank: int, step: str | None, why: str) -> dict[str, Any]:
+    return {"rank": rank, "case_id": case.case_id, "step": step, "undecodable": why}
 
 
 def _died(

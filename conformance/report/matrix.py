@@ -267,12 +267,9 @@ def _error_messages(case: CaseRecord) -> tuple[Message, ...]:
     messages = []
     for error in case.errors:
         text = str(error.get("message", ""))
+        who = "the judge" if error.get("rank") is None else f"rank {error.get('rank')}"
         tail = "\n".join(str(error.get("traceback") or "").rstrip().splitlines()[-12:])
-        messages.append(
-            Message(
-                "MUST", f"{text}\n{tail}" if tail else text, f"rank {error.get('rank')} [{error.get('kind', 'error')}]"
-            )
-        )
+        messages.append(Message("MUST", f"{text}\n{tail}" if tail else text, f"{who} [{error.get('kind', 'error')}]"))
     return tuple(messages)
 
 

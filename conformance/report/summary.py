@@ -224,7 +224,8 @@ def _omitted(section: Section, shown: dict[str, set], xfails: Xfails) -> list[st
 def _describe_errors(result: CaseResult) -> str:
     parts = [f"ERROR case {result.case_id} (tp {result.tp})"]
     for error in result.errors:
-        parts.append(f"  rank {error['rank']} [{error['kind']}]: {error['message']}")
+        who = "the judge" if error["rank"] is None else f"rank {error['rank']}"
+        parts.append(f"  {who} [{error['kind']}]: {error['message']}")
         if error.get("traceback") and error["kind"] in ("raised", "harness"):
             tail = "\n".join(error["traceback"].rstrip().splitlines()[-12:])
             parts.append(textwrap.indent(tail, "      "))

@@ -24,6 +24,9 @@ ENTRIES = [
     "GilHangInGather",
     "FloodAndLeakInGather",
     "HugeAllocationInGather",
+    "CutsItsTranscriptInGather",
+    "ObjectArrayInResult",
+    "UnsupportedDtypeInResult",
     "ReversedIdsUnchecked",
 ]
 TIMEOUT_S = 6
@@ -106,6 +109,24 @@ def test_the_other_cases_of_a_hostile_entry_still_pass(run, name):
 def test_a_huge_allocation_is_a_raised_error_of_its_rank(run):
     error = _culprit(run[2], "HugeAllocationInGather")
     assert (error["rank"], error["kind"], error["step"]) == (1, "raised", "gather")
+
+
+@pytest.mark.parametrize(
+    "name, what",
+    [
+        ("ObjectArrayInResult", "rank 1's gathered.num_nans could not be decoded: a numpy array of dtype object"),
+        ("UnsupportedDtypeInResult", "rank 1's gathered.num_nans could not be decoded: a tensor of dtype complex128"),
+        # What it wrote, and every frame after it (the header claims 2**40 bytes), is the cut frame.
+        ("CutsItsTranscriptInGather", "rank 1's transcript is cut: its last frame ends after "),
+    ],
+)
+def test_a_result_that_cannot_reach_the_judge_is_an_error_of_its_rank_and_case(run, name, what):
+    """Which case, which rank, what could not be decoded and why: in the JSON and in the terminal report."""
+    proc, _, sections = run
+    error = _culprit(sections, name)
+    assert (error["rank"], error["kind"]) == (1, "undecodable"), error
+    assert error["message"].startswith(what), error["message"]
+    assert f"rank 1 [undecodable]: {what}" in proc.stdout
 
 
 def test_emptying_the_checkers_at_import_changes_no_verdict(run):

@@ -9,9 +9,13 @@ from __future__ import annotations
 import ctypes
 import os
 import signal
+import struct
 import sys
 import threading
+from dataclasses import replace
 
+import numpy as np
+import torch
 from faulty_sharders import _Base
 
 import shardspec.conformance.judge.checks.base as checks_base
@@ -70,6 +74,46 @@ class HugeAllocationInGather(_OnGather):
         import torch
 
         torch.empty(1 << 50, dtype=torch.uint8)
+
+
+class CutsItsTranscriptInGather(_OnGather):
+    """Appends to its rank's transcript the header of a frame it never writes: nothing after it can be read."""
+
+    def attack(self) -> None:
+        for fd in os.listdir("/proc/self/fd"):
+            try:
+                target = os.readlink(f"/proc/self/fd/{fd}")
+            except OSError:
+                continue
+            if target.endswith(".frames"):
+                os.write(int(fd), struct.pack("<Q", 1 << 40) + b"cut")
+
+
+class _SpoilsItsResult(_Base):
+    def spoil(self, out):
+        raise NotImplementedError
+
+    def gather_sampler_output(self, local_output, metadata, global_batch, local_batch, **kwargs):
+        out = super().gather_sampler_output(local_output, metadata, global_batch, local_batch, **kwargs)
+        return self.spoil(out) if self._triggered(global_batch) else out
+
+
+class _Opaque:
+    pass
+
+
+class ObjectArrayInResult(_SpoilsItsResult):
+    """Its gathered num_nans is a numpy array of objects, which the judge's unpickler never loads."""
+
+    def spoil(self, out):
+        return replace(out, num_nans=np.array([_Opaque(), _Opaque()], dtype=object))
+
+
+class UnsupportedDtypeInResult(_SpoilsItsResult):
+    """Its gathered num_nans is a complex128 tensor, a dtype the judge does not rebuild."""
+
+    def spoil(self, out):
+        return replace(out, num_nans=torch.zeros(out.num_sampled.shape[0], dtype=torch.complex128))
 
 
 # Importing this module empties the checker registries of the process that imports it.
