@@ -18,6 +18,8 @@ from shardspec.spec.profiles import DEFAULT_PROFILE, PROFILES
 
 QUICK_TP_SIZES = [2, 4]
 QUICK_MAX_EXAMPLES = 10
+# The most generated cases per group size a run draws (hypothesis is asked for three times as many).
+MAX_EXAMPLES = 10_000
 MIXED_MAX_EXAMPLES = 25
 DEFAULT_TP_SIZES = [1, 2, 3, 4, 8]
 MAX_TP = 64  # the suite runs every rank on this machine
@@ -38,13 +40,15 @@ def _source(option: str, env: str, args, environ: Mapping[str, str]) -> tuple[st
     return (value if value not in (None, "") else None), f"${env}"
 
 
-def _int(text: str, where: str, minimum: int) -> int:
+def _int(text: str, where: str, minimum: int, maximum: int | None = None) -> int:
     try:
         value = int(str(text).strip())
     except ValueError:
         raise UsageError(f"{where}: {text!r} is not an integer") from None
     if value < minimum:
         raise UsageError(f"{where}: {value} is below {minimum}")
+    if maximum is not None and value > maximum:
+        raise UsageError(f"{where}: {value} is above {maximum}")
     return value
 
 
@@ -129,7 +133,7 @@ def resolve(args, environ: Mapping[str, str] = os.environ) -> dict[str, Any]:
             environ,
             "--max-examples",
             "SHARDSPEC_MAX_EXAMPLES",
-            lambda t, w: _int(t, w, 0),
+            lambda t, w: _int(t, w, 0, MAX_EXAMPLES),
             QUICK_MAX_EXAMPLES if quick else 100,
         ),
         "seed": _one(args, environ, "--seed", "SHARDSPEC_SEED", lambda t, w: _int(t, w, 0), 0),
@@ -143,7 +147,7 @@ def resolve(args, environ: Mapping[str, str] = os.environ) -> dict[str, Any]:
         environ,
         "--mixed-max-examples",
         "SHARDSPEC_MIXED_MAX_EXAMPLES",
-        lambda t, w: _int(t, w, 0),
+        lambda t, w: _int(t, w, 0, MAX_EXAMPLES),
         MIXED_MAX_EXAMPLES,
     )
     values["mixed_max_examples"] = min(values["max_examples"], mixed)

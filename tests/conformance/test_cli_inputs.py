@@ -33,6 +33,9 @@ from shardspec.conformance.cli import main
         (["--timeout", "inf"], "--timeout: 'inf' must be a finite number of seconds above 0"),
         (["--pg-timeout", "-3"], "--pg-timeout: '-3' must be a finite number of seconds above 0"),
         (["--max-examples", "-1"], "--max-examples: -1 is below 0"),
+        (["--max-examples", "99999999999999999999"], "--max-examples: 99999999999999999999 is above 10000"),
+        (["--mixed-max-examples", "10001"], "--mixed-max-examples: 10001 is above 10000"),
+        (["--profile", "vllm-9"], "--profile: unknown profile 'vllm-9'; this spec defines vllm-0.33, vllm-seed"),
         (["--seed", "x"], "--seed: 'x' is not an integer"),
         (["--json", "/no/such/folder/r.json"], "--json: the folder /no/such/folder does not exist"),
         (["--case", "../../etc/passwd"], "--case '../../etc/passwd': not a fixture id"),
@@ -55,6 +58,7 @@ def test_bad_option_is_one_line_and_exit_2(args, message, capsys, monkeypatch):
         ("SHARDSPEC_MAX_EXAMPLES", "many", "$SHARDSPEC_MAX_EXAMPLES: 'many' is not an integer"),
         ("SHARDSPEC_QUICK", "maybe", "$SHARDSPEC_QUICK: 'maybe' is not a boolean"),
         ("SHARDSPEC_IMPL", ",", "$SHARDSPEC_IMPL: ',' names no implementation"),
+        ("SHARDSPEC_PROFILE", "seed", "$SHARDSPEC_PROFILE: unknown profile 'seed'"),
     ],
 )
 def test_bad_environment_variable_is_named(name, value, message, capsys, monkeypatch):
