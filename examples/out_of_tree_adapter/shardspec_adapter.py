@@ -6,7 +6,8 @@ Run the suite against it (from the repository root)::
         python -m shardspec.conformance --impl shardspec_adapter:make_sharder
 
 The suite calls ``make_sharder(max_num_reqs, max_num_logits_per_req, comm=...,
-device=...)`` once per case and rank, then the three methods below.
+device=..., adaptive_verification_enabled=...)`` (the last under profile vllm-0.33) once per case
+and rank, then the three methods below.
 """
 
 from __future__ import annotations
@@ -18,14 +19,21 @@ from shardspec.spec.model import ShardResult
 
 
 class UpstreamStyleSharder:
-    def __init__(self, max_num_reqs: int, max_num_logits_per_req: int, *, comm, device):
+    SPEC_VERSION = "0.4.0"
+    SPEC_PROFILES = ("vllm-0.33",)
+
+    def __init__(
+        self, max_num_reqs: int, max_num_logits_per_req: int, *, comm, device, adaptive_verification_enabled=False
+    ):
         group = getattr(comm, "group", None)
         if group is None:
             raise RuntimeError(
                 "this adapter calls torch.distributed itself: run the suite multi-process "
                 "(the default), not --in-process"
             )
-        self.state = upstream_style.SharderState(max_num_reqs, max_num_logits_per_req, torch.device(device), group)
+        self.state = upstream_style.SharderState(
+            max_num_reqs, max_num_logits_per_req, torch.device(device), group, adaptive_verification_enabled
+        )
 
     def shard_sampler_inputs(self, batch, grammar) -> ShardResult:
         # Upstream returns a plain tuple; the suite expects the named one.
@@ -35,7 +43,15 @@ class UpstreamStyleSharder:
         return upstream_style.all_to_all_logits(logits_shard, metadata, self.state)
 
     def gather_sampler_output(
-        self, local_output, metadata, global_batch, local_batch, *, gather_num_nans=False, logprobs_dims=None
+        self,
+        local_output,
+        metadata,
+        global_batch,
+        local_batch,
+        *,
+        gather_num_nans=False,
+        logprobs_dims=None,
+        extension_fields=None,
     ):
         return upstream_style.gather_sampler_output(
             local_output,
@@ -45,6 +61,7 @@ class UpstreamStyleSharder:
             local_batch,
             gather_num_nans=gather_num_nans,
             logprobs_dims=logprobs_dims,
+            extension_fields=extension_fields,
             sharder_state=self.state,
         )
 

@@ -70,6 +70,20 @@ def test_example_adapter_passes_alone_and_mixed_with_the_reference(tmp_path):
     assert {c["status"] for c in report["sections"][0]["cases"]} == {"pass"}
 
 
+def test_the_guides_example_adapter_passes_every_fixture(tmp_path):
+    """The command docs/validate-your-implementation.md gives for examples/out_of_tree_adapter, at tp 2 over
+    the fixtures (extension fields and vLLM 0.33's inputs included)."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "shardspec.conformance", "--impl", "shardspec_adapter:make_sharder", "--tp", "2"]
+        + ["--fixtures-only", "--json", str(tmp_path / "r.json")],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "PYTHONPATH": str(EXAMPLE)},
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+
+
 def test_torchrun_launcher_reports_a_raising_rank_and_goes_on(tmp_path):
     proc, report = _suite(tmp_path, 2, "--impl", "faulty_sharders:RaisingSharder", "--launcher", "torchrun")
     assert proc.returncode == 1, proc.stdout + proc.stderr

@@ -16,6 +16,7 @@ import torch.distributed as dist
 
 from shardspec.comm import TorchDistComm
 from shardspec.reference import ReferenceSharder
+from shardspec.spec.errors import PreconditionError
 
 
 @dataclass
@@ -24,10 +25,17 @@ class SharderState:
     max_num_logits_per_req: int
     device: torch.device
     tp_group: dist.ProcessGroup
+    adaptive_verification_enabled: bool = False
 
     def _sharder(self) -> ReferenceSharder:
         comm = TorchDistComm(self.tp_group)
-        return ReferenceSharder(self.max_num_reqs, self.max_num_logits_per_req, comm=comm, device=self.device)
+        return ReferenceSharder(
+            self.max_num_reqs,
+            self.max_num_logits_per_req,
+            comm=comm,
+            device=self.device,
+            adaptive_verification_enabled=self.adaptive_verification_enabled,
+        )
 
 
 def shard_sampler_inputs(input_batch, grammar_output, sharder_state: SharderState):
@@ -36,6 +44,13 @@ def shard_sampler_inputs(input_batch, grammar_output, sharder_state: SharderStat
 
 
 def all_to_all_logits(logits_shard: torch.Tensor, metadata, sharder_state: SharderState) -> torch.Tensor:
+    # PRE-LOGITS-SHARD: a shard of another row count would send other rows than the plan's, so it is
+    # refused before the collective.
+    rows = sum(metadata.num_logits_per_rank)
+    if logits_shard.dim() != 2 or logits_shard.shape[0] != rows or logits_shard.shape[1] < 1:
+        raise PreconditionError(
+            "PRE-LOGITS-SHARD", "logits_shard", f"shape {tuple(logits_shard.shape)}; expected ({rows}, Vs)"
+        )
     tp, num_local = metadata.tp_size, metadata.num_local_logits
     received = logits_shard.new_empty(tp * num_local, logits_shard.shape[-1])
     dist.all_to_all_single(
@@ -57,6 +72,7 @@ def gather_sampler_output(
     local_batch,
     gather_num_nans: bool = False,
     logprobs_dims: tuple[int, int] | None = None,
+    extension_fields=None,
     *,
     sharder_state: SharderState,
 ):
@@ -67,4 +83,5 @@ def gather_sampler_output(
         local_batch,
         gather_num_nans=gather_num_nans,
         logprobs_dims=logprobs_dims,
+        extension_fields=extension_fields,
     )
