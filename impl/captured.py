@@ -49,6 +49,12 @@ views trimmed to the real batch. How:
 Grammar bitmasks and extension fields are not handled here (production's eager paths for them
 are host-side work; an engine can call ``shardspec.impl.grammar.local_grammar_output`` itself).
 
+**Profiles.** ``profile`` is either of ``ProductionSharder.SPEC_PROFILES``, with two limits under
+vllm-0.33: batches with admitted draft counts (CL-ADMITTED-DRAFTS) are refused, since the bucket's
+rows would then differ from the host counts the graphs were recorded for, and so are batches whose
+local fields' dtypes (CL-LOCAL-DTYPES) differ from the capture batch's (idx_mapping int64, the
+others int32): the graphs' static buffers have one dtype. Adaptive verification is not offered.
+
 Seen on an H200 with torch 2.11: in a one-rank NCCL group, ``destroy_process_group`` did not return
 once NCCL collectives had been captured in these graphs (pytorch/pytorch issue 115388, open since
 2023; ``tests/gpu`` runs that case in a subprocess that exits without it).
@@ -65,74 +71,26 @@ import numpy as np
 import torch
 
 from shardspec.comm import Communicator
-from shardspec.impl import checks
+from shardspec.impl import checks, output_checks
+from shardspec.impl.buckets import Bucket, bucket_for, wire_bytes
 from shardspec.impl.kernels import next_power_of_2
-from shardspec.impl.sharder import ProductionSharder, local_input_batch
-from shardspec.spec.model import InputBatch, LogprobsTensors, SamplerOutput, num_logprob_columns
+from shardspec.impl.local_batch import local_input_batch
+from shardspec.impl.profiles import local_dtypes
+from shardspec.impl.sharder import ProductionSharder
+from shardspec.impl.workspace import LOCAL_FIELDS
+from shardspec.spec.model import (
+    DEFAULT_PROFILE,
+    VLLM_033,
+    InputBatch,
+    LogprobsTensors,
+    SamplerOutput,
+    num_logprob_columns,
+)
+
+__all__ = ["PAD_TOKEN_INDEX", "Bucket", "CapturedPlan", "CapturedSteps", "bucket_for", "wire_bytes"]
 
 # Where a padding row of the send buffer points: any token the engine's LM head output has.
 PAD_TOKEN_INDEX = 0
-
-
-@dataclass(frozen=True)
-class Bucket:
-    """``reqs_per_rank`` (P) requests per rank, ``rows_per_req`` (W) rows per request."""
-
-    reqs_per_rank: int
-    rows_per_req: int
-
-    @property
-    def rows_per_rank(self) -> int:
-        """R = P * W: the rows every rank sends every rank on the padded wire."""
-        return self.reqs_per_rank * self.rows_per_req
-
-
-def bucket_for(reqs_per_rank: list[int], width: int) -> Bucket:
-    """The smallest power-of-two bucket for a batch whose ranks own ``reqs_per_rank`` requests of at most
-    ``width`` rows each."""
-    return Bucket(next_power_of_2(max(1, max(reqs_per_rank, default=0))), next_power_of_2(max(1, width)))
-
-
-def wire_bytes(
-    num_logits_per_rank: list[int],
-    reqs_per_rank: list[int],
-    width: int,
-    bucket: Bucket,
-    *,
-    vocab: int,
-    itemsize: int,
-    rank: int = 0,
-    num_logprobs: int | None = None,
-) -> dict:
-    """Bytes one step puts on the wire, unpadded (the spec's wire) against padded (a captured bucket).
-
-    ``a2a_*``: the logits all-to-all, what ``rank`` sends and receives (every chunk counted, its own
-    included) and what the whole group sends. ``gather_*``: the all-gathers of sampled ids (+ NaN count)
-    and, with ``num_logprobs``, of the logprobs (``num_logprobs + 1`` columns), received per rank.
-    """
-    tp = len(num_logits_per_rank)
-    shard_bytes = vocab // tp * itemsize
-    num_logits, rows = sum(num_logits_per_rank), bucket.rows_per_rank
-    per_rank = max(reqs_per_rank, default=0)
-    result = {
-        "a2a_send_unpadded": num_logits * shard_bytes,
-        "a2a_send_padded": tp * rows * shard_bytes,
-        "a2a_receive_unpadded": tp * num_logits_per_rank[rank] * shard_bytes,
-        "a2a_receive_padded": tp * rows * shard_bytes,
-        "a2a_group_unpadded": tp * num_logits * shard_bytes,
-        "a2a_group_padded": tp * tp * rows * shard_bytes,
-    }
-
-    def gathered(reqs: int, cols: int) -> int:
-        sampled = tp * reqs * (cols + 3) * 8  # ids, num_sampled, num_rejected, num_nans as int64
-        if num_logprobs is None:
-            return sampled
-        lp_cols = num_logprob_columns((num_logprobs, 0))
-        return sampled + tp * reqs * cols * ((lp_cols + 1) * 8 + lp_cols * 4)
-
-    result["gather_receive_unpadded"] = gathered(per_rank, width)
-    result["gather_receive_padded"] = gathered(bucket.reqs_per_rank, bucket.rows_per_req)
-    return result
 
 
 @dataclass
@@ -292,6 +250,7 @@ class CapturedSteps:
         check_preconditions: bool = True,
         check_device_copies: bool | None = None,
         graphs: bool | None = None,
+        profile: str = DEFAULT_PROFILE,
     ):
         self.max_num_reqs = max_num_reqs
         self.max_num_logits_per_req = max_num_logits_per_req
@@ -320,7 +279,9 @@ class CapturedSteps:
             comm=comm,
             device=device,
             check_preconditions=False,
+            profile=profile,
         )
+        self.profile = profile
         self._pool = torch.cuda.graph_pool_handle() if self.graphs else None
         self._entries: dict[Bucket, _Entry] = {}
 
@@ -345,6 +306,8 @@ class CapturedSteps:
         return entry
 
     def _counts(self, batch: InputBatch):
+        if self.profile == VLLM_033:
+            self._refuse_unrecorded(batch)
         if self.check_preconditions:
             cu, counts, width = checks.check_input_batch(
                 batch,
@@ -352,6 +315,7 @@ class CapturedSteps:
                 max_num_logits_per_req=self.max_num_logits_per_req,
                 rank=self.rank,
                 compare_device_copies=self.check_device_copies,
+                profile=self.profile,
             )
         else:
             cu, counts, width = checks.check_guards(
@@ -359,6 +323,7 @@ class CapturedSteps:
                 max_num_reqs=self.max_num_reqs,
                 max_num_logits_per_req=self.max_num_logits_per_req,
                 rank=self.rank,
+                profile=self.profile,
             )
         tp = self.tp_size
         slots = batch.idx_mapping_np.astype(np.intp, copy=False)
@@ -368,6 +333,20 @@ class CapturedSteps:
             reqs_per_rank if width == 1 else np.bincount(owners, weights=counts, minlength=tp).astype(np.int64).tolist()
         )
         return cu, counts, width, (slots, owners, reqs_per_rank, rows_per_rank), bucket_for(reqs_per_rank, width)
+
+    def _refuse_unrecorded(self, batch: InputBatch) -> None:
+        """vllm-0.33 batches the recorded graphs cannot replay (see the module docstring)."""
+        if batch.num_admitted_draft_tokens is not None:
+            raise ValueError(
+                f"profile {VLLM_033}: admitted draft counts (num_admitted_draft_tokens, CL-ADMITTED-DRAFTS) are not "
+                "supported by the captured step; use ProductionSharder for such batches"
+            )
+        dtypes = local_dtypes(batch)
+        if dtypes != _CAPTURE_DTYPES:
+            raise ValueError(
+                f"profile {VLLM_033}: the captured step records local fields (CL-LOCAL-DTYPES) of dtypes "
+                f"{_named(_CAPTURE_DTYPES)}; this batch's are {_named(dtypes)}: use ProductionSharder for it"
+            )
 
     # -- step 1 ----------------------------------------------------------------------------------
     def shard(self, batch: InputBatch, bucket: Bucket | None = None) -> CapturedPlan:
@@ -399,7 +378,8 @@ class CapturedSteps:
         local_reqs = owned.nonzero()[0]
         num_local, num_local_logits = local_reqs.shape[0], rows_per_rank[rank]
         views = self._local_views(entry, result, num_local, num_local_logits)
-        local_batch = local_input_batch(batch, slots, counts, local_reqs, width, views, prefix="")
+        vllm_033 = self.profile == VLLM_033
+        local_batch = local_input_batch(batch, slots, counts, local_reqs, width, views, prefix="", vllm_033=vllm_033)
         return CapturedPlan(
             bucket=bucket,
             num_reqs=num_reqs,
@@ -493,7 +473,7 @@ class CapturedSteps:
     def _stage_output(self, plan: CapturedPlan, out: SamplerOutput) -> None:
         num_local, num_local_logits = plan.num_local_reqs, plan.num_local_logits
         if self.check_preconditions:
-            checks.check_local_output(
+            output_checks.check_local_output(
                 out,
                 num_local,
                 num_local_logits,
@@ -539,6 +519,12 @@ class CapturedSteps:
 
 
 _MAX_CACHED_VIEWS = 256
+# The dtypes of the capture batch's fields the local ones are cut from, in workspace.LOCAL_FIELDS order.
+_CAPTURE_DTYPES = (torch.int64, torch.int32, torch.int32, torch.int32, torch.int32)
+
+
+def _named(dtypes: tuple) -> str:
+    return ", ".join(f"{name} {str(d).removeprefix('torch.')}" for name, d in zip(LOCAL_FIELDS, dtypes, strict=True))
 
 
 def _remember(cache: dict, key, value) -> None:

@@ -1,4 +1,5 @@
-"""Precondition checks of the production sharder, all before any kernel runs.
+"""Precondition checks of the batch and the grammar output, all before any kernel runs (those of the
+local sampler output and the logits shard are in ``output_checks.py``).
 
 They read host copies and tensor metadata (shape, dtype). The values of the two
 device copies the plan kernel reads (idx_mapping, cu_num_logits) are compared
@@ -11,7 +12,8 @@ so unchecked device values can make a result wrong but never an access out of
 bounds.
 PRE-REQ-IDS-UNIQUE is checked where the ids are indexed anyway (with a grammar
 output). The order of the checks follows the reference's, so a batch that
-breaks several preconditions names the same one.
+breaks several preconditions names the same one. ``profile`` picks the profile's
+rules (``profile_checks.py`` holds those vllm-0.33 adds).
 
 :func:`check_guards` is the part kept with the checks switched off: capacity,
 slot range (INV-REJECT-INVALID) and the shapes of what the kernels read.
@@ -22,8 +24,10 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from shardspec.impl import profile_checks
+from shardspec.impl.profiles import admitted_rows
 from shardspec.spec.errors import PreconditionError
-from shardspec.spec.model import BatchShardMetadata, GrammarOutput, InputBatch, SamplerOutput
+from shardspec.spec.model import DEFAULT_PROFILE, VLLM_033, GrammarOutput, InputBatch
 
 _INT_DTYPES = (torch.int32, torch.int64)
 
@@ -83,9 +87,10 @@ def largest_count(counts: np.ndarray, num_logits: int) -> int:
 
 
 def check_guards(
-    batch: InputBatch, *, max_num_reqs: int, max_num_logits_per_req: int, rank=None
+    batch: InputBatch, *, max_num_reqs: int, max_num_logits_per_req: int, rank=None, profile: str = DEFAULT_PROFILE
 ) -> tuple[np.ndarray, np.ndarray, int]:
-    """The checks that stay on without the others; returns :func:`cu_counts` and the width W.
+    """The checks that stay on without the others; returns :func:`cu_counts` and the width W, of the
+    admitted rows where vllm-0.33's admitted counts are given (which are then checked, PRE-DRAFTS).
 
     Buffers are sized by the capacity and slots index per-slot state, so neither may be exceeded
     (INV-REJECT-INVALID); the kernels read the device fields up to the host's counts, so their
@@ -96,6 +101,10 @@ def check_guards(
     cu, counts = cu_counts(batch, rank)
     width = int(np.maximum.reduce(counts)) if batch.num_reqs else 1
     check_capacity_logits(width, counts, max_num_logits_per_req, rank)
+    if profile == VLLM_033 and batch.num_admitted_draft_tokens is not None:
+        profile_checks.check_admitted_drafts(batch, rank)
+        cu, counts = admitted_rows(batch, counts)
+        width = int(np.maximum.reduce(counts)) if batch.num_reqs else 1
     num_reqs, num_logits = batch.num_reqs, int(cu[-1])
     _check_device_shape("PRE-HOST-DEVICE-MATCH", "idx_mapping", batch.idx_mapping, (num_reqs,), rank)
     _check_device_shape("PRE-HOST-DEVICE-MATCH", "cu_num_logits", batch.cu_num_logits, cu.shape, rank)
@@ -129,8 +138,10 @@ def check_input_batch(
     max_num_logits_per_req: int,
     rank=None,
     compare_device_copies: bool | None = None,
+    profile: str = DEFAULT_PROFILE,
 ) -> tuple[np.ndarray, np.ndarray, int]:
-    """Every check of the batch; returns :func:`cu_counts` and the width W.
+    """Every check of the batch; returns :func:`cu_counts` and the width W of the rows the device
+    fields lay out: in vllm-0.33 with admitted counts, the admitted rows (CL-ADMITTED-DRAFTS).
 
     ``compare_device_copies``: compare the values of the device copies with the host copies; None
     does so where the device copies are in host memory (no wait).
@@ -159,13 +170,23 @@ def check_input_batch(
     num_logits = int(cu[-1])
     width = largest_count(counts, num_logits)
     check_capacity_logits(width, counts, max_num_logits_per_req, rank)
+    scheduled, scheduled_width, admitted = counts, width, None
+    if profile == VLLM_033:
+        profile_checks.check_admitted_drafts(batch, rank)
+        profile_checks.check_seq_lens_upper_bound(batch, rank)
+        admitted = batch.num_admitted_draft_tokens
+        if admitted is not None:
+            cu, counts = admitted_rows(batch, scheduled)
+            num_logits = int(cu[-1])
+            width = largest_count(counts, num_logits)
     if batch.cu_num_logits.dtype not in _INT_DTYPES:
         _fail("PRE-DTYPES", "cu_num_logits", f"dtype {batch.cu_num_logits.dtype} is not int32/int64", rank=rank)
     _check_device_shape("PRE-HOST-DEVICE-MATCH", "cu_num_logits", batch.cu_num_logits, cu.shape, rank)
     if device_cu is not None:
-        _check_match("cu_num_logits", device_cu, cu, rank, per_request=False)
+        host_name = "cu_num_logits_np" if admitted is None else "the admitted rows' prefix sums"
+        _check_match("cu_num_logits", device_cu, cu, rank, per_request=False, host_name=host_name)
     _check_shapes(batch, num_logits, rank)
-    _check_drafts(batch, counts, width, rank)
+    _check_drafts(batch, scheduled, scheduled_width, rank, admitted)
     return cu, counts, width
 
 
@@ -212,7 +233,9 @@ def _check_device_shape(pid: str, name: str, tensor: torch.Tensor, shape: tuple,
         _fail(pid, name, f"device copy has shape {tuple(tensor.shape)}, the host copy {tuple(shape)}", rank=rank)
 
 
-def _check_match(name: str, device: np.ndarray, host: np.ndarray, rank, *, per_request: bool) -> None:
+def _check_match(
+    name: str, device: np.ndarray, host: np.ndarray, rank, *, per_request: bool, host_name: str | None = None
+) -> None:
     """PRE-HOST-DEVICE-MATCH on values (shapes are equal); names the request for idx_mapping."""
     differs = np.not_equal(device, host)
     if np.logical_or.reduce(differs, axis=None):
@@ -220,7 +243,7 @@ def _check_match(name: str, device: np.ndarray, host: np.ndarray, rank, *, per_r
         _fail(
             "PRE-HOST-DEVICE-MATCH",
             name,
-            f"device copy differs from {name}_np at entry {bad}: {device[bad]} != {host[bad]}",
+            f"device copy differs from {host_name or name + '_np'} at entry {bad}: {device[bad]} != {host[bad]}",
             request=bad if per_request else None,
             rank=rank,
         )
@@ -247,7 +270,9 @@ def _check_shapes(batch: InputBatch, num_logits: int, rank) -> None:
             _fail("PRE-FIELD-SHAPES", name, f"shape {tuple(actual)}, expected ({length},)", rank=rank)
 
 
-def _check_drafts(batch: InputBatch, counts: np.ndarray, width: int, rank) -> None:
+def _check_drafts(batch: InputBatch, counts: np.ndarray, width: int, rank, admitted=None) -> None:
+    """``counts`` and ``width``: the scheduled rows; ``admitted``: vllm-0.33's admitted counts, which
+    num_draft_tokens then sums (checked by ``profile_checks.check_admitted_drafts``), or None."""
     drafts = batch.num_draft_tokens_per_req
     if drafts is None:
         if width != 1:
@@ -282,14 +307,12 @@ def _check_drafts(batch: InputBatch, counts: np.ndarray, width: int, rank) -> No
             request=_first(mismatch),
             rank=rank,
         )
-    total = int(np.add.reduce(drafts))
+    if admitted is None:
+        total, name = int(np.add.reduce(drafts)), "num_draft_tokens_per_req"
+    else:
+        total, name = int(np.add.reduce(np.asarray(admitted), dtype=np.int64)), "num_admitted_draft_tokens"
     if batch.num_draft_tokens != total:
-        _fail(
-            "PRE-DRAFTS",
-            "num_draft_tokens",
-            f"is {batch.num_draft_tokens}, but num_draft_tokens_per_req sums to {total}",
-            rank=rank,
-        )
+        _fail("PRE-DRAFTS", "num_draft_tokens", f"is {batch.num_draft_tokens}, but {name} sums to {total}", rank=rank)
 
 
 def _first_repeat(items: list) -> int:
@@ -297,8 +320,11 @@ def _first_repeat(items: list) -> int:
     return next(k for k, item in enumerate(items) if item in seen or seen.add(item))
 
 
-def check_grammar_output(grammar: GrammarOutput, batch: InputBatch, position: dict, counts: np.ndarray, rank) -> None:
-    """``position`` maps request id to batch position (built by the caller)."""
+def check_grammar_output(
+    grammar: GrammarOutput, batch: InputBatch, position: dict, counts: np.ndarray, rank, profile: str = DEFAULT_PROFILE
+) -> None:
+    """``position`` maps request id to batch position (built by the caller); ``counts`` are the
+    scheduled rows per request (vllm-seed's bitmask has a row for each)."""
     if len(position) != batch.num_reqs:
         _fail(
             "PRE-REQ-IDS-UNIQUE",
@@ -325,6 +351,9 @@ def check_grammar_output(grammar: GrammarOutput, batch: InputBatch, position: di
             request=position[ids[dup]],
             rank=rank,
         )
+    if profile == VLLM_033:
+        profile_checks.check_grammar_blocks(grammar, batch, position, rank)
+        return
     rows = int(counts[[position[r] for r in ids]].sum()) if ids else 0
     bitmask = grammar.grammar_bitmask
     if bitmask.dim() != 2 or bitmask.shape[0] != rows:
@@ -332,77 +361,5 @@ def check_grammar_output(grammar: GrammarOutput, batch: InputBatch, position: di
             "PRE-GRAMMAR-BITMASK",
             "grammar_bitmask",
             f"shape {tuple(bitmask.shape)}; expected {rows} rows (one per logits row of the listed requests)",
-            rank=rank,
-        )
-
-
-def check_local_output(
-    local_output: SamplerOutput | None,
-    num_local_reqs: int,
-    num_local_logits: int,
-    *,
-    gather_num_nans: bool,
-    logprobs_dims,
-    rank=None,
-) -> None:
-    # Replicated, so checked first: a rank that owns nothing rejects it too.
-    if logprobs_dims is not None and (len(logprobs_dims) != 2 or min(logprobs_dims) < 0):
-        _fail("PRE-LOGPROBS-DIMS", "logprobs_dims", f"{logprobs_dims} is not a pair of non-negative ints", rank=rank)
-    if local_output is None:
-        if num_local_reqs:
-            _fail(
-                "PRE-LOCAL-OUTPUT", "local_output", f"is None but this rank owns {num_local_reqs} requests", rank=rank
-            )
-        return
-    ids = local_output.sampled_token_ids
-    if ids.dim() != 2 or ids.shape[0] != num_local_reqs:
-        _fail(
-            "PRE-LOCAL-OUTPUT",
-            "sampled_token_ids",
-            f"shape {tuple(ids.shape)}; expected ({num_local_reqs}, width)",
-            rank=rank,
-        )
-    expected = (("num_sampled", num_local_reqs), ("num_rejected", num_local_reqs))
-    if gather_num_nans:
-        expected += (("num_nans", num_local_logits),)
-    for name, length in expected:
-        value = getattr(local_output, name)
-        if value is None or value.shape != (length,):
-            shape = None if value is None else tuple(value.shape)
-            _fail("PRE-LOCAL-OUTPUT", name, f"is {shape}; expected shape ({length},)", rank=rank)
-    lp = local_output.logprobs_tensors
-    if logprobs_dims is not None and lp is not None:
-        for name in ("logprob_token_ids", "logprobs"):
-            value = getattr(lp, name)
-            if value.dim() != 2 or value.shape[0] != num_local_logits:
-                _fail(
-                    "PRE-LOCAL-OUTPUT",
-                    name,
-                    f"shape {tuple(value.shape)}; expected ({num_local_logits}, columns)",
-                    rank=rank,
-                )
-        if lp.logprob_token_ids.shape != lp.logprobs.shape:
-            _fail("PRE-LOCAL-OUTPUT", "logprobs", "logprob_token_ids and logprobs differ in shape", rank=rank)
-        if lp.selected_token_ranks.shape != (num_local_logits,):
-            _fail(
-                "PRE-LOCAL-OUTPUT", "selected_token_ranks", f"shape {tuple(lp.selected_token_ranks.shape)}", rank=rank
-            )
-
-
-def check_logits_shard(logits_shard: torch.Tensor, metadata: BatchShardMetadata, rank) -> None:
-    """PRE-LOGITS-SHARD, this rank's own shard only: that Vs is the same on every rank needs the peers."""
-    num_logits = sum(metadata.num_logits_per_rank)
-    if not isinstance(logits_shard, torch.Tensor) or not logits_shard.is_floating_point():
-        _fail(
-            "PRE-LOGITS-SHARD",
-            "logits_shard",
-            f"is {getattr(logits_shard, 'dtype', type(logits_shard).__name__)}, not a floating point tensor",
-            rank=rank,
-        )
-    if logits_shard.dim() != 2 or logits_shard.shape[0] != num_logits or logits_shard.shape[1] < 1:
-        _fail(
-            "PRE-LOGITS-SHARD",
-            "logits_shard",
-            f"shape {tuple(logits_shard.shape)}; expected ({num_logits}, Vs) with Vs >= 1",
             rank=rank,
         )

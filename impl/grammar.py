@@ -9,22 +9,26 @@ from shardspec.spec.model import GrammarOutput
 
 
 def local_grammar_output(
-    grammar: GrammarOutput, position: dict, owned: np.ndarray, cu: np.ndarray
+    grammar: GrammarOutput, position: dict, owned: np.ndarray, cu: np.ndarray, blocks: bool = False
 ) -> GrammarOutput | None:
     """The owned requests' ids (grammar order) and a copy of their bitmask rows; None if none is owned.
 
     ``position`` maps a request id to its batch position, ``owned`` is a boolean per batch
-    position and ``cu`` the batch's host prefix sum of logits rows.
+    position and ``cu`` the batch's host prefix sum of logits rows (vllm-seed: one bitmask row per
+    logits row). ``blocks`` (vllm-0.33, CL-GRAMMAR-BLOCKS): a block of S = rows / G rows per listed
+    request instead, kept whole, with the owned entries of num_acceptable_drafts.
     """
     ids = grammar.structured_output_request_ids
     if not ids:
         return None
     listed = np.fromiter((position[r] for r in ids), dtype=np.int64, count=len(ids))
-    counts = cu[listed + 1] - cu[listed]
-    starts = np.cumsum(counts) - counts  # first bitmask row of each listed request
     kept = owned[listed]
     if not kept.any():
         return None
+    if blocks:
+        return _local_blocks(grammar, np.flatnonzero(kept))
+    counts = cu[listed + 1] - cu[listed]
+    starts = np.cumsum(counts) - counts  # first bitmask row of each listed request
     kept_counts = counts[kept]
     offsets = np.arange(int(kept_counts.sum())) - np.repeat(np.cumsum(kept_counts) - kept_counts, kept_counts)
     rows = np.repeat(starts[kept], kept_counts) + offsets
@@ -32,6 +36,19 @@ def local_grammar_output(
     return GrammarOutput(
         structured_output_request_ids=[ids[k] for k in np.flatnonzero(kept).tolist()],
         grammar_bitmask=bitmask.index_select(0, _to_device(rows, bitmask.device)),
+    )
+
+
+def _local_blocks(grammar: GrammarOutput, kept: np.ndarray) -> GrammarOutput:
+    """The listed requests ``kept`` (indices into the grammar's list), their blocks and counts."""
+    ids, bitmask, counts = grammar.structured_output_request_ids, grammar.grammar_bitmask, grammar.num_acceptable_drafts
+    block = bitmask.shape[0] // len(ids)
+    rows = (kept[:, None] * block + np.arange(block)).reshape(-1)
+    kept_list = kept.tolist()
+    return GrammarOutput(
+        structured_output_request_ids=[ids[k] for k in kept_list],
+        grammar_bitmask=bitmask.index_select(0, _to_device(rows, bitmask.device)),
+        num_acceptable_drafts=None if counts is None else [counts[k] for k in kept_list],
     )
 
 

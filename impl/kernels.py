@@ -190,17 +190,20 @@ def shard_plan_kernel(
     # The request bound masks the per-request stores only; rows have their own bound. index_in_owner
     # in the row mask made Triton 3.6 compute its scan a second time in a layout that replicates the
     # [BLOCK, 1] tensor of one rank over 4 lanes, and that kernel left local rows unwritten on an H200.
+    # Every local field is stored in its region's dtype: int32 (vllm-seed), or the batch field's
+    # (vllm-0.33, CL-LOCAL-DTYPES; the caller picks int32 or int64 regions).
     mine_in_view = mine & (index_in_owner < num_local_reqs)
-    tl.store(local_slots_ptr + index_in_owner, slots.to(tl.int32), mask=mine_in_view)
+    tl.store(local_slots_ptr + index_in_owner, slots.to(local_slots_ptr.dtype.element_ty), mask=mine_in_view)
     seq_lens = tl.load(seq_lens_ptr + reqs * seq_lens_stride, mask=mine_in_view, other=0)
-    tl.store(local_seq_lens_ptr + index_in_owner, seq_lens.to(tl.int32), mask=mine_in_view)
-    tl.store(local_cu_ptr + index_in_owner + 1, local_first + counts, mask=mine_in_view)
+    tl.store(local_seq_lens_ptr + index_in_owner, seq_lens.to(local_seq_lens_ptr.dtype.element_ty), mask=mine_in_view)
+    local_cu = (local_first + counts).to(local_cu_ptr.dtype.element_ty)
+    tl.store(local_cu_ptr + index_in_owner + 1, local_cu, mask=mine_in_view)
     local_rows = local_first[:, None] + pos[None, :]
     row_mine = row_valid & mine[:, None] & (local_rows >= 0) & (local_rows < num_local_logits)
     tl.store(local_indices_ptr + local_rows, indices, mask=row_mine)
-    row_slots = tl.broadcast_to(slots.to(tl.int32)[:, None], [BLOCK, ROWS_PAD])
+    row_slots = tl.broadcast_to(slots.to(local_row_slots_ptr.dtype.element_ty)[:, None], [BLOCK, ROWS_PAD])
     tl.store(local_row_slots_ptr + local_rows, row_slots, mask=row_mine)
-    row_pos = tl.broadcast_to(pos[None, :], [BLOCK, ROWS_PAD])
+    row_pos = tl.broadcast_to(pos.to(local_row_pos_ptr.dtype.element_ty)[None, :], [BLOCK, ROWS_PAD])
     tl.store(local_row_pos_ptr + local_rows, row_pos, mask=row_mine)
 
 

@@ -38,19 +38,29 @@ def layout_bytes(layout: Iterable[tuple[str, torch.dtype, int]]) -> int:
     return sum(_aligned(numel * dtype.itemsize) for _, dtype, numel in layout)
 
 
+# The local batch's device fields that take a dtype from the batch in profile vllm-0.33 (CL-LOCAL-DTYPES),
+# in the order of ``local_dtypes``; each has an int32 region and an int64 one (``<name>_int64``).
+LOCAL_FIELDS = ("idx_mapping", "cu_num_logits", "expanded_idx_mapping", "expanded_local_pos", "seq_lens")
+REGION_DTYPES = (torch.int32, torch.int64)
+
+
+def local_region(name: str, dtype: torch.dtype) -> str:
+    """The region the kernel writes local field ``name`` of ``dtype`` into (int32 for other dtypes,
+    which the sharder converts afterwards)."""
+    return f"local_{name}_int64" if dtype == torch.int64 else f"local_{name}"
+
+
 def plan_layout(max_num_reqs: int, max_num_logits_per_req: int, tp_size: int) -> list:
     """Regions of the shard plan and of the sampled-output all-gather, at capacity."""
     reqs, rows = max_num_reqs, max_num_reqs * max_num_logits_per_req
     sampled = max(1, reqs) * (max_num_logits_per_req + 3)
+    local = {"idx_mapping": reqs, "cu_num_logits": reqs + 1, "expanded_idx_mapping": rows}
+    local.update(expanded_local_pos=rows, seq_lens=reqs)
     return [
         ("sorted_logits_indices", torch.int64, rows),
         ("gathered_src_indices", torch.int64, reqs),
         ("local_logits_indices", torch.int64, rows),
-        ("local_idx_mapping", torch.int32, reqs),
-        ("local_cu_num_logits", torch.int32, reqs + 1),
-        ("local_expanded_idx_mapping", torch.int32, rows),
-        ("local_expanded_local_pos", torch.int32, rows),
-        ("local_seq_lens", torch.int32, reqs),
+        *((local_region(name, dtype), dtype, local[name]) for dtype in REGION_DTYPES for name in LOCAL_FIELDS),
         ("send_sampled", torch.int64, sampled),
         ("recv_sampled", torch.int64, tp_size * sampled),
     ]
