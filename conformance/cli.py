@@ -169,6 +169,21 @@ def pytest_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) 
     return out
 
 
+# pytest options the suite cannot honour: its ranks run in processes of its own, and pytest-xdist is
+# not loaded (no third-party plugin is).
+_NOT_SUPPORTED = ("-n", "--numprocesses", "--dist", "--maxprocesses")
+
+
+def _check_pytest_arguments(extra: list[str]) -> None:
+    for argument in extra:
+        name = argument.split("=", 1)[0]
+        if name in _NOT_SUPPORTED or (name.startswith("-n") and name[2:].isdigit()):
+            raise UsageError(
+                f"-- {argument}: pytest-xdist is not used; the suite runs each group's ranks in processes of "
+                "its own and group sizes one after another"
+            )
+
+
 def pytest_command(options: list[str], extra: list[str]) -> list[str]:
     """pytest's arguments for a run of the suite's own test module with the plugin's ``options``.
 
@@ -189,8 +204,6 @@ def pytest_command(options: list[str], extra: list[str]) -> list[str]:
         "-p",
         "shardspec.conformance.plugin",
         "-p",
-        "no:cacheprovider",
-        "-p",
         "no:terminal",
         "-s",
         *options,
@@ -205,6 +218,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:  # every value checked before anything is launched
+        _check_pytest_arguments(extra)
         config = config_from_args(args)
         if config.in_process_device == "cuda":
             import torch

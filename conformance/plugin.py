@@ -166,5 +166,10 @@ def pytest_sessionfinish(session, exitstatus):
         session.exitstatus = 128 + signum
     elif code and session.exitstatus == pytest.ExitCode.OK and not config.stash.get(_DESELECTED, False):
         session.exitstatus = code
+    if code and config.stash.get(_DESELECTED, False) and not interrupted:
+        log(
+            "note: the table covers the whole run, which FAILED; the exit status is that of the selected "
+            f"tests ({session.exitstatus})"
+        )
     if reporter is not None:  # pytest's own summary follows; python -m shardspec.conformance prints none
         log(f"conformance exit status: {code}")

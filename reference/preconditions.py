@@ -63,6 +63,8 @@ def check_input_batch(
     )
     _check_slots(batch, max_num_reqs, rank)
     cu = _check_cu_num_logits(batch, max_num_logits_per_req, rank)
+    # The scheduled draft counts first: the admitted ones are compared with them.
+    _check_drafts(batch, cu, rank, profile)
     if profile == VLLM_033:
         profile_rules.check_admitted_drafts(batch, rank)
         profile_rules.check_seq_lens_upper_bound(batch, rank)
@@ -70,7 +72,6 @@ def check_input_batch(
     device_cu = profile_rules.device_cu_num_logits(batch, profile)
     _check_device_cu(batch, device_cu, rank)
     _check_token_layout(batch, device_cu, rank)
-    _check_drafts(batch, cu, rank, profile)
     # Last: its outcome is undefined, so a batch that also breaks a must-reject precondition
     # names that one (and a slot shared by two requests is not reported as a shared id).
     _require(

@@ -89,7 +89,8 @@ def gathered_cu_num_generated(global_batch: InputBatch, adaptive: bool, profile:
         return {"cu_num_generated_tokens": listed}
     if not adaptive:
         return {"cu_num_generated_tokens": listed, "cu_num_generated_tokens_tensor": None}
-    return {"cu_num_generated_tokens": None, "cu_num_generated_tokens_tensor": global_batch.cu_num_logits.clone()}
+    device_cu = global_batch.cu_num_logits.to(torch.int32, copy=True)  # a tensor of its own, int32
+    return {"cu_num_generated_tokens": None, "cu_num_generated_tokens_tensor": device_cu}
 
 
 # ---------------------------------------------------------------- preconditions of vllm-0.33

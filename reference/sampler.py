@@ -164,6 +164,6 @@ def replicated_output(
             values,
             lp.selected_token_ranks,
             None if adaptive_verification_enabled else listed,
-            batch.cu_num_logits.clone() if adaptive_verification_enabled else None,
+            batch.cu_num_logits.to(torch.int32, copy=True) if adaptive_verification_enabled else None,
         )
     return SamplerOutput(out.sampled_token_ids, logprobs, nans, out.num_sampled, out.num_rejected)

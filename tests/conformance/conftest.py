@@ -35,9 +35,10 @@ def throwaway_checkers(monkeypatch):
         if len(kinds) != 1:
             yield Violation("INV-TEST-WIRE", f"ranks disagree: {kinds}")
 
-    monkeypatch.setattr(base, "RANK_CHECKERS", {"INV-TEST-COUNTS": counts})
-    monkeypatch.setattr(base, "GROUP_CHECKERS", {"INV-TEST-WIRE": wire_agreement})
+    # Imported first: a module imported while the registries are replaced would keep the replacement.
     import shardspec.conformance.step as execute
 
+    monkeypatch.setattr(base, "RANK_CHECKERS", {"INV-TEST-COUNTS": counts})
+    monkeypatch.setattr(base, "GROUP_CHECKERS", {"INV-TEST-WIRE": wire_agreement})
     monkeypatch.setattr(execute, "RANK_CHECKERS", base.RANK_CHECKERS)
     return seen_digests

@@ -111,3 +111,25 @@ def test_a_run_with_warnings_keeps_the_files_its_reproduce_commands_name(tmp_pat
     ]
     files = [m.group(1) for c in commands if (m := re.search(r"--case-file (\S+)", c))]
     assert files and all(os.path.exists(f) for f in files)
+
+
+def test_pytest_xdist_options_are_refused_in_one_line(capsys):
+    for extra in (["-n", "2"], ["-n4"], ["--numprocesses=2"], ["--dist", "load"]):
+        assert main(["--", *extra]) == 2
+        err = capsys.readouterr().err.strip()
+        assert "pytest-xdist is not used" in err and len(err.splitlines()) == 1, err
+
+
+def test_last_failed_reruns_the_failing_invariants(tmp_path):
+    """--lf, as the guide says: the second run selects only the tests that failed in the first, and says
+    that its table still covers the whole run."""
+    import subprocess
+    import sys
+
+    command = [sys.executable, "-m", "shardspec.conformance", "--in-process", "--tp", "2", "--fixtures-only"]
+    command += ["--impl", "shardspec.conformance.broken.gather:CountsSwapped"]
+    first = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert first.returncode == 1 and (tmp_path / ".pytest_cache").is_dir(), first.stdout[-2000:] + first.stderr
+    again = subprocess.run([*command, "--", "--lf"], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 1, again.stdout[-2000:] + again.stderr
+    assert "the exit status is that of the selected tests (1)" in again.stdout, again.stdout[-2000:]
