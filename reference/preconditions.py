@@ -63,11 +63,10 @@ def check_input_batch(
     )
     _check_slots(batch, max_num_reqs, rank)
     cu = _check_cu_num_logits(batch, max_num_logits_per_req, rank)
-    # The scheduled draft counts first: the admitted ones are compared with them.
-    _check_drafts(batch, cu, rank, profile)
     if profile == VLLM_033:
         profile_rules.check_admitted_drafts(batch, rank)
         profile_rules.check_seq_lens_upper_bound(batch, rank)
+    _check_drafts(batch, cu, rank, profile)
     # The device fields lay out the admitted rows where admitted counts are given (CL-ADMITTED-DRAFTS).
     device_cu = profile_rules.device_cu_num_logits(batch, profile)
     _check_device_cu(batch, device_cu, rank)

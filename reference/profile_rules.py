@@ -117,8 +117,10 @@ def check_admitted_drafts(batch: InputBatch, rank=None) -> None:
             f"dtype {admitted.dtype}, shape {admitted.shape}: expected integers of shape ({batch.num_reqs},)",
             rank,
         )
-    scheduled = np.asarray(batch.num_draft_tokens_per_req, dtype=np.int64)
-    bad = np.flatnonzero((admitted < 0) | (admitted.astype(np.int64) > scheduled))
+    scheduled = np.asarray(batch.num_draft_tokens_per_req)
+    if scheduled.shape != admitted.shape or scheduled.dtype.kind not in "iu":
+        return  # the scheduled counts are malformed: PRE-DRAFTS names them (preconditions._check_drafts)
+    bad = np.flatnonzero((admitted < 0) | (admitted.astype(np.int64) > scheduled.astype(np.int64)))
     if bad.size:
         _reject(
             "PRE-DRAFTS",

@@ -207,7 +207,9 @@ def _decode_tensor(data: TensorData, device: str | None) -> torch.Tensor:
     t = torch.from_numpy(data.values.copy()).reshape(data.shape)
     if dtype in NUMPY_CARRIER:
         t = t.view(dtype)
-    target = device or data.device
+    # Device tensors land on the judge's device; a host tensor stays on the host, where the spec may
+    # require it (seq_lens_cpu_upper_bound) or forbid it (a device field handed back on the CPU).
+    target = data.device if data.device == "cpu" else (device or data.device)
     if target.startswith("cuda") and not torch.cuda.is_available():
         target = "cpu"
     return _with_strides(t.to(target), tuple(data.stride))
