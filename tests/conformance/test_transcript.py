@@ -77,3 +77,14 @@ def test_a_judge_that_fails_on_a_case_fails_that_case_only():
     (error,) = results[0].errors
     assert (results[0].status, error["rank"], error["kind"]) == ("error", None, "harness")
     assert error["message"] == "the judge failed on this case's transcripts: KeyError: 'deliberate'"
+
+
+def test_device_tensors_land_on_the_judges_device_and_host_tensors_stay_on_the_host():
+    """A rank's cuda:N tensor is rebuilt on the judge's device (here the meta device stands in for it); a
+    host tensor, such as seq_lens_cpu_upper_bound, stays on the host."""
+    from dataclasses import replace
+
+    host = encode(torch.arange(3, dtype=torch.int32))
+    on_device = replace(host, device="cuda:1")
+    assert decode(host, "meta").device.type == "cpu"
+    assert decode(on_device, "meta").device.type == "meta"
