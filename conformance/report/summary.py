@@ -54,13 +54,23 @@ def load_invariants(profile: str | None = None) -> list[InvariantInfo]:
 class Xfails:
     entries: dict[str, str] = field(default_factory=dict)  # id -> reason
     used: set[str] = field(default_factory=set)
+    # id -> the input layouts it is limited to: the entry covers only cases that pass some input in one of
+    # them (`only_with_layouts`), so a failure of the same invariant on contiguous inputs still fails.
+    layouts: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
-    def covers(self, invariant_id: str, case_id: str) -> bool:
-        for key in (invariant_id, case_id):
-            if key in self.entries:
+    def covers(self, invariant_id: str, result) -> bool:
+        for key in (invariant_id, result.case_id):
+            if key in self.entries and self._in_scope(key, result):
                 self.used.add(key)
                 return True
         return False
+
+    def _in_scope(self, key: str, result) -> bool:
+        scope = self.layouts.get(key)
+        if not scope:
+            return True
+        case = getattr(result, "case", None)
+        return any(layout in scope for layout in (getattr(case, "layouts", None) or {}).values())
 
     def warnings(self, known_ids: set[str], case_ids: set[str]) -> list[str]:
         out = []
@@ -70,6 +80,22 @@ class Xfails:
             elif entry not in self.used:
                 out.append(f"xfails entry {entry!r} did not fail in this run (remove it?)")
         return out
+
+
+def _reason(value) -> str:
+    """An entry's reason: a string, or a mapping's ``why`` (with ``kind`` and ``only_with_layouts``)."""
+    if isinstance(value, dict):
+        return str(value.get("why") or "")
+    return str(value or "")
+
+
+def _scoped(value) -> bool:
+    if not isinstance(value, dict) or "only_with_layouts" not in value:
+        return False
+    layouts = value["only_with_layouts"]
+    if not isinstance(layouts, list) or not all(isinstance(x, str) for x in layouts):
+        raise ValueError(f"only_with_layouts: {layouts!r} is not a list of layout names")
+    return True
 
 
 def load_xfails(path: str | None) -> Xfails:
@@ -82,7 +108,10 @@ def load_xfails(path: str | None) -> Xfails:
     except yaml.YAMLError:
         data = None
     if isinstance(data, dict):
-        return Xfails({str(k): str(v or "") for k, v in data.items()})
+        return Xfails(
+            {str(k): _reason(v) for k, v in data.items()},
+            layouts={str(k): tuple(v["only_with_layouts"]) for k, v in data.items() if _scoped(v)},
+        )
     if isinstance(data, list):
         return Xfails({str(item): "" for item in data})
     lines = (line.split("#", 1)[0].strip() for line in text.splitlines())
@@ -114,7 +143,7 @@ def cell(section: Section, invariant: InvariantInfo, tp: int, checked: set[str],
     failing = [r for r in ran if any(v["invariant_id"] == invariant.id for v in r.violations)]
     if not failing:
         return "pass" if judged_count(section, invariant.id, tp) else NOT_APPLICABLE
-    if all(xfails.covers(invariant.id, r.case_id) for r in failing):
+    if all(xfails.covers(invariant.id, r) for r in failing):
         return "xfail"
     return "FAIL" if invariant.level == "MUST" else "warn"
 
@@ -139,7 +168,7 @@ def _count_cell(section: Section, tp: int, status: str, xfails: Xfails) -> str:
     hits = [r for r in section.results if r.tp == tp and r.status == status]
     if not hits:
         return "pass" if status == ERROR else "0"
-    if all(xfails.covers("", r.case_id) for r in hits):
+    if all(xfails.covers("", r) for r in hits):
         return f"xfail {len(hits)}"
     return f"FAIL {len(hits)}"
 
@@ -167,7 +196,7 @@ def describe_failures(
         if result.status == NOT_RUN:
             continue
         for (invariant_id, request, field_name, message), ranks in _merged(result.violations).items():
-            if xfails.covers(invariant_id, result.case_id):
+            if xfails.covers(invariant_id, result):
                 continue
             cases = shown.setdefault(invariant_id, set())
             if result.case_id not in cases and len(cases) >= cases_per_invariant:
@@ -183,7 +212,7 @@ def describe_failures(
                 f"{textwrap.indent(message.rstrip(), '    ')}\n    reproduce: {result.reproduce}"
                 + (f"\n    {result.shrunk}" if result.shrunk else "")
             )
-        if result.status == ERROR and not xfails.covers("", result.case_id):
+        if result.status == ERROR and not xfails.covers("", result):
             lines.append(_describe_errors(result))
     lines += _omitted(section, shown, xfails)
     return lines
@@ -211,7 +240,7 @@ def _omitted(section: Section, shown: dict[str, set], xfails: Xfails) -> list[st
             r.case_id
             for r in section.results
             if any(v["invariant_id"] == invariant_id for v in r.violations)
-            and not xfails.covers(invariant_id, r.case_id)
+            and not xfails.covers(invariant_id, r)
         }
         if len(failing) > len(cases):
             lines.append(
