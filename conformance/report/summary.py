@@ -239,8 +239,7 @@ def _omitted(section: Section, shown: dict[str, set], xfails: Xfails) -> list[st
         failing = {
             r.case_id
             for r in section.results
-            if any(v["invariant_id"] == invariant_id for v in r.violations)
-            and not xfails.covers(invariant_id, r)
+            if any(v["invariant_id"] == invariant_id for v in r.violations) and not xfails.covers(invariant_id, r)
         }
         if len(failing) > len(cases):
             lines.append(
