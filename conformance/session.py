@@ -14,7 +14,7 @@ import time
 from shardspec.conformance.api import ImplChoice
 from shardspec.conformance.cases.expectations import expectation_device
 from shardspec.conformance.harness.group import group_for
-from shardspec.conformance.judge.results import NOT_RUN, PASS, CaseResult
+from shardspec.conformance.judge.results import NOT_RUN, PASS, CaseResult, not_run
 from shardspec.conformance.report import summary as report
 from shardspec.conformance.runner import (
     Log,
@@ -180,6 +180,8 @@ class ConformanceSession:
     def finish(self, log: Log | None = None, interrupted: str | None = None) -> int:
         """Print the report, write the JSON; the exit code (never 0 when no case was judged)."""
         self.group.close()
+        if interrupted:  # the cases the interruption left out are not run, and the report says so
+            self._mark_unrun(f"the run was interrupted by {interrupted} before this case ran")
         xfails = report.load_xfails(self.config.xfails_file)
         text, tables, warnings, exit_code = self.render(xfails)
         log = log or self.log
@@ -192,7 +194,7 @@ class ConformanceSession:
             exit_code = 1
         if interrupted:
             warnings.append(f"interrupted by {interrupted}: partial report")
-            exit_code = 1
+            exit_code = _exit_status_of(interrupted)
         wall = time.perf_counter() - self.start
         if self.config.json_path:
             metadata = report.run_metadata(
@@ -211,6 +213,15 @@ class ConformanceSession:
         if exit_code == 0 and self.temporary_dir and everything_passed:
             remove_run_dir(self.run_dir)  # else reproduce commands (warnings, xfails) point into it
         return exit_code
+
+    def _mark_unrun(self, reason: str) -> None:
+        for impl in self.config.impls:
+            choice = ImplChoice.parse(impl)
+            for tp in self.tp_sizes:
+                done = {r.case_id for r in self.results[impl] if r.tp == tp}
+                for case in cases_of_entry(self.config, choice, self.case_set, tp):
+                    if case.case_id not in done:
+                        self.results[impl].append(not_run(case, impl, reason))
 
     def _backend(self) -> tuple[str, str]:
         import torch
@@ -236,6 +247,16 @@ class ConformanceSession:
             "cases_per_tp": {self.label(i): self.case_counts(i) for i in self.config.impls},
             "run_dir": str(self.run_dir),
         }
+
+
+def _exit_status_of(signal_name: str) -> int:
+    """The status a process ended by ``signal_name`` reports, 128 + its number (the plugin exits with it)."""
+    import signal
+
+    try:
+        return 128 + signal.Signals[signal_name].value
+    except KeyError:
+        return 1
 
 
 def write_atomically(path: pathlib.Path, text: str) -> None:
