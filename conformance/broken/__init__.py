@@ -128,6 +128,7 @@ CORPUS += [
     # more collectives than the spec's sequence
     _entry("extra-all-reduce", "collectives", "ExtraAllReduce", "decode", groups=TORCH_GROUPS),
     _entry("barrier-before-gather", "collectives", "BarrierBeforeGather", "decode", groups=TORCH_GROUPS),
+    _entry("barrier-on-the-group-object", "collectives", "BarrierThroughTheGroupObject", "decode", groups=TORCH_GROUPS),
     _entry("width-agreed-on-the-wire", "collectives", "WidthAgreedOnTheWire", "decode", "spec"),
     # views read as if contiguous
     _entry("seq-lens-unit-stride", "views", "SeqLensReadWithUnitStride", "strided-inputs"),

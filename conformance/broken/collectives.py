@@ -43,3 +43,11 @@ class WidthAgreedOnTheWire(ReferenceSharder):
         widths = mine.new_empty(metadata.tp_size)
         self.comm.all_gather_into_tensor(widths, mine)
         return super().gather_sampler_output(local_output, metadata, global_batch, local_batch, **kwargs)
+
+
+class BarrierThroughTheGroupObject(ReferenceSharder):
+    """INV-WIRE-SEQUENCE: a barrier issued on the process-group object itself (group.barrier().wait())."""
+
+    def gather_sampler_output(self, *args, **kwargs):
+        self.comm.group.barrier().wait()
+        return super().gather_sampler_output(*args, **kwargs)

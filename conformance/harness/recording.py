@@ -180,6 +180,31 @@ OTHER_FUNCTIONS = (
     "scatter_object_list",
 )
 DIRECT_FUNCTIONS = tuple(SPEC_COLLECTIVES) + OTHER_FUNCTIONS
+# The methods of the process-group object that talk to peers: an implementation holding the group can
+# call them without torch.distributed's functions (group.barrier().wait()). Recorded as
+# "ProcessGroup.<name>"; torch.distributed's own calls of them happen inside a recorded call.
+GROUP_METHODS = (
+    "allreduce",
+    "allreduce_coalesced",
+    "reduce",
+    "broadcast",
+    "allgather",
+    "allgather_coalesced",
+    "allgather_into_tensor_coalesced",
+    "_allgather_base",
+    "gather",
+    "scatter",
+    "reduce_scatter",
+    "reduce_scatter_tensor_coalesced",
+    "_reduce_scatter_base",
+    "alltoall",
+    "alltoall_base",
+    "send",
+    "recv",
+    "recv_anysource",
+    "barrier",
+    "monitored_barrier",
+)
 # The argument (position, keyword) holding what a function sends; the others send nothing of their own
 # (barrier, recv) or objects rather than tensors.
 SENT_ARGUMENT = {
@@ -256,7 +281,7 @@ class _DirectCalls:
 
     @contextlib.contextmanager
     def routed_to(self, recorder: RecordingComm):
-        self._acquire()
+        self._acquire(type(getattr(recorder, "group", None)))
         self._current.recorder = recorder
         try:
             yield
@@ -271,17 +296,32 @@ class _DirectCalls:
 
         return [dist, c10d]
 
-    def _acquire(self) -> None:
+    @staticmethod
+    def _targets(group_class) -> list[tuple[Any, str, str]]:
+        """(owner, attribute, recorded name) of every function and process-group method to record: the
+        methods of ProcessGroup and of the run's group class and its bases that override them (torch's
+        threaded backend does)."""
+        import torch.distributed as dist
+
+        targets = [(module, name, name) for module in _DirectCalls._namespaces() for name in DIRECT_FUNCTIONS]
+        base = getattr(dist, "ProcessGroup", None)
+        classes = [base] if base is not None else []
+        if base is not None and isinstance(group_class, type) and issubclass(group_class, base):
+            classes += [c for c in group_class.__mro__ if c is not base and issubclass(c, base)]
+        for cls in classes:
+            own = [name for name in GROUP_METHODS if name in vars(cls)] if cls is not base else GROUP_METHODS
+            targets += [(cls, name, f"ProcessGroup.{name}") for name in own]
+        return [(owner, name, recorded) for owner, name, recorded in targets if hasattr(owner, name)]
+
+    def _acquire(self, group_class=None) -> None:
         with self._lock:
             if self._users == 0:
-                self._originals = {
-                    (module, name): getattr(module, name)
-                    for module in self._namespaces()
-                    for name in DIRECT_FUNCTIONS
-                    if hasattr(module, name)
-                }
-                for (module, name), original in self._originals.items():
-                    setattr(module, name, self._router(name, original))
+                self._originals = {}
+            for owner, name, recorded in self._targets(group_class):
+                if (owner, name) not in self._originals:
+                    original = vars(owner).get(name, getattr(owner, name))
+                    self._originals[(owner, name)] = original
+                    setattr(owner, name, self._router(recorded, original))
             self._users += 1
 
     def _release(self) -> None:
