@@ -20,6 +20,7 @@ def test_conforming_run_exits_0_with_metadata(tmp_path, throwaway_checkers):
     assert code == 0 and report["exit_code"] == 0
     meta = report["metadata"]
     assert meta["implementations"] == ["reference"] and meta["tp_sizes"] == [2]
+    assert meta["profile"] == "vllm-0.33"  # the report names the profile its cases were judged under
     for key in ("spec_version", "torch", "triton", "numpy", "python", "backend", "device", "seed", "wall_s"):
         assert key in meta
     table = {row["invariant"]: row["results"]["2"] for row in report["sections"][0]["table"]}
@@ -133,3 +134,19 @@ def test_last_failed_reruns_the_failing_invariants(tmp_path):
     again = subprocess.run([*command, "--", "--lf"], cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert again.returncode == 1, again.stdout[-2000:] + again.stderr
     assert "the exit status is that of the selected tests (1)" in again.stdout, again.stdout[-2000:]
+
+
+def test_the_reports_name_the_profile(tmp_path, capsys):
+    """Terminal, JSON and JUnit (a test-suite property) name the profile of the run."""
+    import subprocess
+    import sys
+
+    junit, report = tmp_path / "junit.xml", tmp_path / "r.json"
+    command = [sys.executable, "-m", "pytest", "--pyargs", "shardspec.conformance", "-p", "no:xdist", "-q", "-s"]
+    command += ["--shardspec-in-process", "--shardspec-tp", "1", "--shardspec-case", "tp1-decode"]
+    command += ["--shardspec-profile", "vllm-seed", "--shardspec-json", str(report), f"--junitxml={junit}"]
+    proc = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "profile vllm-seed" in proc.stdout
+    assert json.loads(report.read_text())["metadata"]["profile"] == "vllm-seed"
+    assert 'name="shardspec_profile" value="vllm-seed"' in junit.read_text()
