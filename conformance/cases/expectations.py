@@ -91,11 +91,11 @@ def _compute(case: Case, timeout_s: float, device: str) -> Expectation:
             return run_step(reference_factory, case, inputs, comm, device).outputs
 
         expected = run_lockstep(group, one_rank)
-        return Expectation(expected=expected, replicated=_replicated(case, inputs))
+        return Expectation(expected=expected, replicated=replicated_of(case, inputs))
 
 
-def _replicated(case: Case, inputs) -> SamplerOutput | None:
-    """The unsharded path, for toy-sampled cases with valid inputs."""
+def replicated_of(case: Case, inputs) -> SamplerOutput | None:
+    """The unsharded path of ``case`` under its profile, for toy-sampled cases with valid inputs (else None)."""
     if case.local_outputs != "toy" or case.expect_error is not None:
         return None
     batch = inputs.batch

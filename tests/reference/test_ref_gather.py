@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 import torch
 
+from shardspec.conformance.cases.expectations import replicated_of
 from shardspec.fixtures import load_cases
 from shardspec.fixtures.run import run_reference_case
-from shardspec.reference.sampler import replicated_output
 from shardspec.spec.case import Case, ExplicitLocalOutput, build_case_inputs
 from shardspec.spec.model import num_logprob_columns
 
@@ -189,16 +189,7 @@ def test_end_to_end_equals_the_replicated_path(tp, batch):
     case = Case(case_id=f"e2e-{batch}", tp_size=tp, seed=tp, **TRANSPARENCY_BATCHES[batch])
     inputs = build_case_inputs(case)
     gathered = [trace.gathered for trace in run_reference_case(case, inputs)]
-    logits = inputs.token_logits[inputs.batch.logits_indices][:, : case.vocab_size]
-    expected = replicated_output(
-        logits,
-        inputs.batch,
-        inputs.grammar,
-        gather_num_nans=case.gather_num_nans,
-        logprobs_dims=case.logprobs_dims,
-        profile=case.profile,
-        adaptive_verification_enabled=case.adaptive_verification,
-    )
+    expected = replicated_of(case, inputs)
     out = gathered[0]
     if expected is None:
         assert out.sampled_token_ids.shape[0] == 0 and out.num_sampled.shape == (0,)
@@ -221,16 +212,7 @@ TOY_FIXTURES = [case for case in load_cases() if case.local_outputs == "toy" and
 def test_every_toy_fixture_equals_the_replicated_path(case):
     inputs = build_case_inputs(case)
     out = run_reference_case(case, inputs)[0].gathered
-    logits = inputs.token_logits[inputs.batch.logits_indices][:, : case.vocab_size]
-    expected = replicated_output(
-        logits,
-        inputs.batch,
-        inputs.grammar,
-        gather_num_nans=case.gather_num_nans,
-        logprobs_dims=case.logprobs_dims,
-        profile=case.profile,
-        adaptive_verification_enabled=case.adaptive_verification,
-    )
+    expected = replicated_of(case, inputs)
     if expected is None:
         assert out.num_sampled.shape == (0,)
         return

@@ -17,11 +17,11 @@ import torch
 from test_ref_preconditions import COUNTS, MASK, SLOTS, _output
 
 from shardspec.comm import LoopbackComm
+from shardspec.conformance.cases.expectations import replicated_of
 from shardspec.fixtures import load_cases
 from shardspec.fixtures.golden import encode_trace
 from shardspec.fixtures.run import run_rank_step, run_reference_case
 from shardspec.reference import ReferenceSharder
-from shardspec.reference.sampler import replicated_output
 from shardspec.spec.builders import build_grammar_output, build_input_batch
 from shardspec.spec.case import build_case_inputs
 
@@ -90,17 +90,8 @@ def test_replicated_path_ignores_the_default_device_and_matches_the_gathered_dty
     """The unsharded path under a meta default device equals the sharded step, dtypes included."""
     inputs = build_case_inputs(case)
     gathered = run_reference_case(case, inputs)[0].gathered
-    logits = inputs.token_logits[inputs.batch.logits_indices][:, : case.vocab_size]
     with torch.device("meta"):
-        replicated = replicated_output(
-            logits,
-            inputs.batch,
-            inputs.grammar,
-            gather_num_nans=case.gather_num_nans,
-            logprobs_dims=case.logprobs_dims,
-            profile=case.profile,
-            adaptive_verification_enabled=case.adaptive_verification,
-        )
+        replicated = replicated_of(case, inputs)
     if replicated is None:
         assert inputs.batch.num_reqs == 0
         return

@@ -14,9 +14,9 @@ import torch
 import torch.distributed as dist
 
 from shardspec.comm import TorchDistComm
+from shardspec.conformance.cases.expectations import replicated_of
 from shardspec.fixtures import load_cases
 from shardspec.fixtures.run import local_sampler_output, reference_sharder
-from shardspec.reference.sampler import replicated_output
 from shardspec.spec.case import Case, build_case_inputs, local_logits_shard
 from shardspec.spec.case_edits import gather_options
 
@@ -57,16 +57,7 @@ def disagreements(case: Case, comm) -> list[str]:
         logprobs_dims=case.logprobs_dims,
         **gather_options(case.extensions),
     )
-    token_logits = inputs.token_logits[inputs.batch.logits_indices][:, : case.vocab_size]
-    want = replicated_output(
-        token_logits,
-        inputs.batch,
-        inputs.grammar,
-        gather_num_nans=case.gather_num_nans,
-        logprobs_dims=case.logprobs_dims,
-        profile=case.profile,
-        adaptive_verification_enabled=case.adaptive_verification,
-    )
+    want = replicated_of(case, inputs)
     if want is None:
         return [] if got.sampled_token_ids.shape[0] == 0 else ["empty batch produced rows"]
     problems = [
