@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Everything this project checks on one CUDA GPU, in one go, with logs under OUT (default ./gpu-check):
-# the GPU tests, the benchmark table, the per-step counts (bench/step_counts.py), and the conformance
-# suite against the production implementation (tp 1 on NCCL through torchrun; tp 1-8 in-process on the
-# one GPU with compiled kernels, in the lockstep and the torch-threads group; tp 2 on gloo with the
-# Triton interpreter). Each part has its own time limit; the exit status is the worst part's. With
+# the GPU tests (tests/cuda_graph_step, the CUDA-graph example's, included), the benchmark table, the
+# per-step counts (bench/step_counts.py), and the conformance suite against the production
+# implementation (tp 1 on NCCL through torchrun; tp 1-8 in-process on the one GPU with compiled
+# kernels, in the lockstep and the torch-threads group; tp 2 on gloo with the Triton interpreter). Each part has its own time limit; the exit status is the worst part's. With
 # SHARDSPEC_UPSTREAM_FILE set (vLLM's batch_shard.py), the benchmark times and counts it too and the
 # part upstream-tp1-nccl runs the suite over it, its known failures (examples/upstream_vllm) as xfails.
 #   bash bench/gpu_check.sh [PART ...]     (default: every part)
@@ -27,7 +27,7 @@ part() {  # part NAME SECONDS COMMAND...
   [ "$rc" -ne 0 ] && status=$rc
   return 0
 }
-part gpu-tests 240 python -m pytest -q -x tests/gpu tests/impl tests/test_step_counts.py
+part gpu-tests 240 python -m pytest -q -x tests/gpu tests/impl tests/cuda_graph_step tests/test_step_counts.py
 part bench 300 python bench/bench_step.py --graph --repeats 5 --target-s 0.1 --out "$OUT/bench.json" \
   ${upstream:+--upstream "$upstream"}
 part counts 200 python bench/step_counts.py --out "$OUT/counts.json" ${upstream:+--upstream "$upstream"}

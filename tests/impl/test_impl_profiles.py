@@ -14,11 +14,9 @@ import pytest
 import torch
 from impl_steps import DEVICE, all_ranks, assert_same, assert_traces_equal, mixed, run_case
 
-from shardspec.comm import LockstepGroup, LoopbackComm
+from shardspec.comm import LoopbackComm
 from shardspec.impl import ProductionSharder
-from shardspec.impl.captured import CapturedSteps
 from shardspec.reference import ReferenceSharder
-from shardspec.spec.builders import build_input_batch
 from shardspec.spec.case import Case, build_case_inputs
 from shardspec.spec.model import PROFILES, VLLM_033, VLLM_SEED
 
@@ -255,35 +253,3 @@ def test_an_unknown_profile_is_refused():
 
 def test_production_declares_the_spec_and_its_profiles():
     assert ProductionSharder.SPEC_VERSION == "0.4.0" and ProductionSharder.SPEC_PROFILES == PROFILES
-
-
-# -- the captured step ------------------------------------------------------------------------------
-
-
-def _captured(profile, tp=2, rank=0):
-    return CapturedSteps(16, 4, comm=LoopbackComm(rank, tp), vocab=8, device=DEVICE, graphs=False, profile=profile)
-
-
-def test_captured_step_refuses_admitted_counts_and_other_local_dtypes_in_vllm_033():
-    admitted = build_input_batch(SLOTS, SCHEDULED, admitted_drafts=[1, 0, 2, 0, 2, 1], device=DEVICE)
-    with pytest.raises(ValueError, match=r"vllm-0.33: admitted draft counts \(num_admitted_draft_tokens"):
-        _captured(VLLM_033).shard(admitted)
-    int64 = build_input_batch(SLOTS, SCHEDULED, dtypes={"seq_lens": "int64"}, device=DEVICE)
-    with pytest.raises(ValueError, match="CL-LOCAL-DTYPES.*seq_lens int64"):
-        _captured(VLLM_033).shard(int64)
-    # vllm-seed's local dtypes are fixed: the same batch is taken.
-    assert _captured(VLLM_SEED).shard(int64).local_batch.seq_lens.dtype == torch.int32
-
-
-def _eager_and_captured(comm, batch, profile):
-    sharder = ProductionSharder(16, 4, comm=comm, device=DEVICE, profile=profile)
-    eager = sharder.shard_sampler_inputs(batch, None).local_batch
-    plan = CapturedSteps(16, 4, comm=comm, vocab=8, device=DEVICE, graphs=False, profile=profile).shard(batch)
-    return eager, plan.local_batch
-
-
-@pytest.mark.parametrize("profile", PROFILES)
-def test_captured_local_batch_equals_the_eager_one_in_each_profile(profile):
-    batch = build_input_batch(SLOTS, SCHEDULED, seq_lens_upper_bound=True, device=DEVICE)
-    for rank, (eager, captured) in enumerate(LockstepGroup(2, timeout_s=60).run(_eager_and_captured, batch, profile)):
-        assert_same(eager, captured, f"{profile} rank {rank}")

@@ -1,4 +1,4 @@
-"""The shape buckets of the captured step (``captured.py``) and what its padded wire costs in bytes."""
+"""The shape buckets of the captured step (``shardspec_cuda_graph.py``) and what its padded wire costs in bytes."""
 
 from __future__ import annotations
 

@@ -1,8 +1,9 @@
-"""impl/captured.py on the CPU: buckets, padded wire bytes, and the padded step run eagerly equals the eager step.
+"""examples/cuda_graph_step on the CPU: buckets, padded wire bytes, and the padded step run eagerly equals the
+eager step.
 
 Without CUDA, CapturedSteps runs the same padded procedure it records on a GPU (the Triton interpreter
 here), so equality with ProductionSharder in real in-process groups (LockstepGroup) checks the padded
-wire itself: the padded send layout, the padding requests, the trimmed views. tests/gpu/test_gpu_captured.py
+wire itself: the padded send layout, the padding requests, the trimmed views. test_gpu_cuda_graph_step.py
 checks the replays.
 """
 
@@ -12,10 +13,10 @@ import numpy as np
 import pytest
 import torch
 from impl_steps import DEVICE, assert_same
+from shardspec_cuda_graph import PAD_TOKEN_INDEX, Bucket, CapturedSteps, bucket_for, wire_bytes
 
 from shardspec.comm import LockstepGroup, LoopbackComm
 from shardspec.impl import ProductionSharder
-from shardspec.impl.captured import PAD_TOKEN_INDEX, Bucket, CapturedSteps, bucket_for, wire_bytes
 from shardspec.spec.builders import build_input_batch
 from shardspec.spec.model import LogprobsTensors, SamplerOutput, num_logprob_columns
 

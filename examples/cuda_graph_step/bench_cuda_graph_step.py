@@ -1,4 +1,4 @@
-"""The captured step (impl/captured.py) beside production's eager step and vLLM's file, interleaved.
+"""The captured step (shardspec_cuda_graph.py) beside production's eager step and vLLM's file, interleaved.
 
 Rank 0 of a simulated group on one GPU (``LoopbackComm``; rank 0 the most loaded rank, as in
 ``scale_grid.py``). Per shape, in alternating bursts (A B C D, then D C B A, ...), wall time per
@@ -18,9 +18,9 @@ call of:
 Ratios are per round against ``upstream`` (median and quartiles of per-round ratios). Before
 timing, each shape's captured results are compared with production's eager ones (local logits
 rows, every gathered field). Also printed: the bucket and the bytes of the padded wire against the
-spec's unpadded one (``impl.captured.wire_bytes``).
+spec's unpadded one (``shardspec_cuda_graph.wire_bytes``).
 
-    python3 bench/captured_step.py --upstream FILE [--rounds 30] [--out results.json] [--quick]
+    python3 examples/cuda_graph_step/bench_cuda_graph_step.py --upstream FILE [--rounds 30] [--out R.json] [--quick]
 """
 
 from __future__ import annotations
@@ -31,7 +31,9 @@ import sys
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+HERE = os.path.dirname(os.path.abspath(__file__))
+# bench_step and scale_shapes live in bench/; this folder holds shardspec_cuda_graph.
+sys.path[:0] = [os.path.join(HERE, "..", "..", "bench"), HERE]
 from bench_step import (  # noqa: E402
     IMPLS,
     UPSTREAM,
@@ -43,9 +45,9 @@ from bench_step import (  # noqa: E402
     warm_up_device,
 )
 from scale_shapes import ScaleShape, interleave, ratio_spread, spread  # noqa: E402
+from shardspec_cuda_graph import CapturedSteps, wire_bytes  # noqa: E402
 
 from shardspec.comm import LoopbackComm  # noqa: E402
-from shardspec.impl.captured import CapturedSteps, wire_bytes  # noqa: E402
 
 # (tp, requests, rows per request, vocab, dtype, rounds): the host-bound shape first, then bucket padding.
 SHAPES = [

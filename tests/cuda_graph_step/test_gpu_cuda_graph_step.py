@@ -1,27 +1,31 @@
-"""On a CUDA device: impl/captured.py's replays equal production's eager step, batch after batch.
+"""On a CUDA device: examples/cuda_graph_step's replays equal production's eager step, batch after batch.
 
 Skipped without a GPU. Two groups: rank 1 of a simulated tp-4 group (LoopbackComm, as the other GPU
 tests), and a real NCCL group of one rank. Under LoopbackComm every peer sends what this rank sends,
 so a request of another owner whose index among its owner's requests is past this rank's own count
 reads a padding row of the captured wire but a zero row of the eager one: the simulated rank is made
-the most loaded one (as bench/scale_shapes.py does), where the simulation is faithful. The
-tests/impl twin checks the padded procedure in real multi-rank groups.
+the most loaded one (as bench/scale_shapes.py does), where the simulation is faithful.
+test_cuda_graph_step.py checks the padded procedure in real multi-rank groups.
 """
 
 import dataclasses
 import os
+import pathlib
 import subprocess
 import sys
 
 import numpy as np
 import pytest
 import torch
+from shardspec_cuda_graph import PAD_TOKEN_INDEX, CapturedSteps
 
 from shardspec.comm import LoopbackComm, TorchDistComm
 from shardspec.impl import ProductionSharder
-from shardspec.impl.captured import PAD_TOKEN_INDEX, CapturedSteps
 from shardspec.spec.builders import build_input_batch
 from shardspec.spec.model import LogprobsTensors, SamplerOutput, num_logprob_columns
+
+# The subprocess below has no conftest: it is given the example's folder itself.
+EXAMPLE = pathlib.Path(__file__).resolve().parents[2] / "examples" / "cuda_graph_step"
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
@@ -173,11 +177,10 @@ def _nccl_one_rank(store: str) -> None:
 
 def test_replays_equal_the_eager_step_in_a_one_rank_nccl_group(tmp_path):
     script = (
-        "import os, sys; sys.path.insert(0, sys.argv[1]); import test_gpu_captured as t; "
+        "import os, sys; sys.path[:0] = [sys.argv[1], sys.argv[3]]; import test_gpu_cuda_graph_step as t; "
         "t._nccl_one_rank(sys.argv[2]); os._exit(0)"
     )
     here = os.path.dirname(os.path.abspath(__file__))
-    done = subprocess.run(
-        [sys.executable, "-c", script, here, str(tmp_path / "store")], capture_output=True, text=True, timeout=180
-    )
+    command = [sys.executable, "-c", script, here, str(tmp_path / "store"), str(EXAMPLE)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=180)
     assert done.returncode == 0 and "replays equal eager" in done.stdout, done.stdout + done.stderr

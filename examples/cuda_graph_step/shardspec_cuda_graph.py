@@ -9,11 +9,11 @@ between replays, so this module pads the wire instead: in a bucket of ``P`` requ
 module therefore cannot share a group with ranks running the conforming eager step (or vLLM's
 file): every rank of a group must use it, with the same bucket. It is an option for engines that
 replay their step from graphs, offered beside :class:`~shardspec.impl.ProductionSharder`, not a
-replacement for it; the conformance suite does not run it. What it costs in bytes is
-:func:`wire_bytes`.
+replacement for it; the conformance suite does not run it, which is why it lives here and not in
+``shardspec.impl`` (spec/README.md, "Decisions"). What it costs in bytes is :func:`wire_bytes`.
 
-What it returns equals the eager step's results for the same batch (``tests/impl`` and
-``tests/gpu`` check it): the local batch, the local logits rows and the gathered outputs, as
+What it returns equals the eager step's results for the same batch (``tests/cuda_graph_step``
+checks it): the local batch, the local logits rows and the gathered outputs, as
 views trimmed to the real batch. How:
 
 * **Bucket.** ``P`` = the most requests any rank owns, ``W`` = the most rows of any request,
@@ -57,7 +57,7 @@ others int32): the graphs' static buffers have one dtype. Adaptive verification 
 
 Seen on an H200 with torch 2.11: in a one-rank NCCL group, ``destroy_process_group`` did not return
 once NCCL collectives had been captured in these graphs (pytorch/pytorch issue 115388, open since
-2023; ``tests/gpu`` runs that case in a subprocess that exits without it).
+2023; ``tests/cuda_graph_step`` runs that case in a subprocess that exits without it).
 
 Without CUDA (or with ``graphs=False``) the same padded procedure runs eagerly, with the same
 API and results: that is what the CPU tests check, with the Triton interpreter.
@@ -69,10 +69,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import torch
+from shardspec_cuda_graph_buckets import Bucket, bucket_for, wire_bytes
 
 from shardspec.comm import Communicator
 from shardspec.impl import checks, output_checks
-from shardspec.impl.buckets import Bucket, bucket_for, wire_bytes
 from shardspec.impl.kernels import next_power_of_2
 from shardspec.impl.local_batch import local_input_batch
 from shardspec.impl.profiles import local_dtypes

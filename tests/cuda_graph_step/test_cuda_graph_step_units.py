@@ -1,15 +1,15 @@
-"""impl/captured.py piece by piece: wire bytes, buckets and their entries, static buffers, device choice,
-checks, cached views. test_impl_captured.py compares whole steps with the eager step."""
+"""examples/cuda_graph_step piece by piece: wire bytes, buckets and their entries, static buffers, device choice,
+checks, cached views. test_cuda_graph_step.py compares whole steps with the eager step."""
 
 import numpy as np
 import pytest
+import shardspec_cuda_graph as captured
 import torch
 from impl_steps import DEVICE, assert_same
+from shardspec_cuda_graph import Bucket, CapturedSteps, wire_bytes
 
-import shardspec.impl.captured as captured
 from shardspec.comm import LoopbackComm
 from shardspec.impl import ProductionSharder
-from shardspec.impl.captured import Bucket, CapturedSteps, wire_bytes
 from shardspec.spec.builders import build_input_batch
 from shardspec.spec.errors import PreconditionError
 from shardspec.spec.layouts import BATCH_TENSORS
