@@ -5,7 +5,8 @@
 # implementation (tp 1 on NCCL through torchrun; tp 1-8 in-process on the one GPU with compiled
 # kernels, in the lockstep and the torch-threads group; tp 2 on gloo with the Triton interpreter).
 # Each part has its own time limit; the exit status is the worst part's. With SHARDSPEC_UPSTREAM_FILE
-# set (vLLM's batch_shard.py), the benchmark times and counts it too and the part upstream-tp1-nccl runs the suite over it, its known failures (examples/upstream_vllm) as xfails.
+# set (vLLM's batch_shard.py), the benchmark times and counts it too and the part upstream-tp1-nccl
+# runs the suite over it, its known failures (examples/upstream_vllm) as xfails.
 #   bash bench/gpu_check.sh [PART ...]     (default: every part)
 set -u
 OUT=${OUT:-gpu-check}
