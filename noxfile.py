@@ -117,9 +117,8 @@ def mutants(session: nox.Session) -> None:
     """Mutation testing of reference/ and impl/'s Python with mutmut, judged by a fast test profile per folder.
 
     Prints killed / survived / timed out per folder and writes the mutants not caught to reports/mutants.md;
-    fails if a survivor of a folder it ran has no reason in docs/mutation-survivors.md. Every survivor of
-    reference/ and impl/ has one (impl/captured.py's too, measured on its own after the rest of impl/:
-    `-- impl --mutants 'shardspec.impl.captured.*'`).
+    fails if a survivor of a folder it ran has no reason in docs/mutation-survivors.md, which gives the
+    scores and which modules were measured.
     Arguments after -- go to mutation/run.py (e.g. `-- reference`, `-- impl --sample 2`, `-- --worktree`,
     `-- --reuse`). One mutant at a time (`-- --max-children N` for more); docs/mutation-survivors.md gives
     the run times.
