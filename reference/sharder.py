@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from shardspec.comm import Communicator
-from shardspec.reference import preconditions, profile_rules
+from shardspec.reference import output_preconditions, preconditions, profile_rules
 from shardspec.reference.plan import ShardPlan, build_plan
 from shardspec.spec.model import (
     DEFAULT_PROFILE,
@@ -161,7 +161,7 @@ class ReferenceSharder:
     def all_to_all_logits(self, logits_shard: torch.Tensor, metadata: BatchShardMetadata) -> torch.Tensor:
         """[L, V/tp] owner-sorted rows of this rank's vocab shard -> [L_local, V]."""
         if self.check_preconditions:
-            preconditions.check_logits_shard(logits_shard, metadata, rank=self.rank)
+            output_preconditions.check_logits_shard(logits_shard, metadata, rank=self.rank)
         tp, num_local = metadata.tp_size, metadata.num_local_logits
         shard_width = logits_shard.shape[-1]
         received = logits_shard.new_empty(tp * num_local, shard_width)
@@ -183,15 +183,15 @@ class ReferenceSharder:
     ) -> SamplerOutput:
         if self.check_preconditions:
             # The declarations are replicated: checked first, so every rank rejects them alike.
-            preconditions.check_extension_declarations(extension_fields, rank=self.rank)
-            preconditions.check_local_output(
+            output_preconditions.check_extension_declarations(extension_fields, rank=self.rank)
+            output_preconditions.check_local_output(
                 local_output,
                 local_batch,
                 gather_num_nans=gather_num_nans,
                 logprobs_dims=logprobs_dims,
                 rank=self.rank,
             )
-            preconditions.check_local_extensions(local_output, local_batch, extension_fields, rank=self.rank)
+            output_preconditions.check_local_extensions(local_output, local_batch, extension_fields, rank=self.rank)
         packed = self._pack_sampled(local_output, metadata, local_batch, gather_num_nans)
         gathered = self._all_gather(packed)
         logprobs_tensors = None

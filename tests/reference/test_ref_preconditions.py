@@ -223,7 +223,9 @@ def test_declared_extension_field_with_matching_tensor_is_accepted():
 
 def _precondition_ids_in_reference() -> set[str]:
     folder = pathlib.Path(preconditions_module.__file__).parent
-    source = "".join((folder / name).read_text() for name in ("preconditions.py", "profile_rules.py"))
+    source = "".join(
+        (folder / name).read_text() for name in ("preconditions.py", "output_preconditions.py", "profile_rules.py")
+    )
     return set(re.findall(r'"(PRE-[A-Z0-9-]+)"', source))
 
 

@@ -130,7 +130,10 @@ def test_an_id_shared_by_two_entries_names_disjoint_profiles(spec):
 
 
 def _precondition_ids_in_code() -> set[str]:
-    source = "".join((ROOT / "reference" / name).read_text() for name in ("preconditions.py", "profile_rules.py"))
+    source = "".join(
+        (ROOT / "reference" / name).read_text()
+        for name in ("preconditions.py", "output_preconditions.py", "profile_rules.py")
+    )
     return set(re.findall(r"[\"'](PRE-[A-Z0-9-]+)[\"']", source))
 
 
