@@ -13,7 +13,8 @@ import numpy as np
 import torch
 
 from shardspec.impl import profiles
-from shardspec.impl.kernels import next_power_of_2, pack_kernel, unpack_kernel
+from shardspec.impl.gather_kernels import pack_kernel, unpack_kernel
+from shardspec.impl.kernels import next_power_of_2
 from shardspec.impl.launch import Launcher
 from shardspec.impl.workspace import carve, logprobs_layout
 from shardspec.spec.model import LogprobsTensors, SamplerOutput

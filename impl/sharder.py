@@ -31,9 +31,10 @@ from shardspec.comm import Communicator
 from shardspec.impl import checks, extensions, output_checks, profiles
 from shardspec.impl.gather import WireLaunches
 from shardspec.impl.grammar import local_grammar_output
-from shardspec.impl.kernels import next_power_of_2, shard_plan_kernel
+from shardspec.impl.kernels import next_power_of_2
 from shardspec.impl.launch import Launcher
 from shardspec.impl.local_batch import SEED_DTYPES, convert_views, local_input_batch, local_regions
+from shardspec.impl.shard_kernel import shard_plan_kernel
 from shardspec.impl.workspace import REGION_DTYPES, carve, local_region, plan_layout
 from shardspec.spec.model import (
     DEFAULT_PROFILE,

@@ -3,7 +3,8 @@
 from types import SimpleNamespace
 
 from shardspec.impl import launch
-from shardspec.impl.kernels import pack_kernel, shard_plan_kernel
+from shardspec.impl.gather_kernels import pack_kernel
+from shardspec.impl.shard_kernel import shard_plan_kernel
 
 
 class Chain:
