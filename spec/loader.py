@@ -270,8 +270,15 @@ def _build_spec(index: dict, raw: dict[str, Any]) -> Spec:
     )
 
 
+# Keys of the input space (conformance/cases/input_space.py reads them from the raw documents): not
+# part of the loaded entries.
+INPUT_SPACE_FIELD_KEYS = ("values", "dtypes")
+INPUT_SPACE_PRECONDITION_KEYS = ("boundaries",)
+
+
 def _precondition(entry: dict) -> Precondition:
-    return Precondition(**{**_tupled(entry), "on_violation": OnViolation(**entry["on_violation"])})
+    kept = {k: v for k, v in entry.items() if k not in INPUT_SPACE_PRECONDITION_KEYS}
+    return Precondition(**{**_tupled(kept), "on_violation": OnViolation(**entry["on_violation"])})
 
 
 def _tupled(entry: dict) -> dict:
@@ -281,7 +288,7 @@ def _tupled(entry: dict) -> dict:
 def _fields(entries: list[dict]) -> tuple[FieldSpec, ...]:
     built = []
     for entry in entries:
-        values = _tupled({k: v for k, v in entry.items() if k not in ("local", "fields")})
+        values = _tupled({k: v for k, v in entry.items() if k not in ("local", "fields", *INPUT_SPACE_FIELD_KEYS)})
         local = entry.get("local")
         built.append(
             FieldSpec(
