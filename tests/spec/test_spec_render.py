@@ -6,6 +6,7 @@ import pytest
 
 from shardspec.spec import render
 from shardspec.spec.loader import load_spec
+from shardspec.spec.markdown import anchor
 
 
 @pytest.fixture(scope="module")
@@ -51,7 +52,7 @@ def test_check_of_a_missing_file_fails(tmp_path, text):
 
 def test_every_id_has_an_anchor_and_every_link_resolves(spec, text):
     anchors = set(re.findall(r'<a id="([^"]+)"></a>', text))
-    assert {render.anchor(i) for i in spec.ids} <= anchors
+    assert {anchor(i) for i in spec.ids} <= anchors
     links = set(re.findall(r"\]\(#([^)]+)\)", text))
     assert links <= anchors, links - anchors
 
