@@ -1,20 +1,31 @@
-"""The run's options, from the command line or the environment, validated before anything starts.
+"""The run's options: one table (:data:`OPTIONS`), from which the command line, the pytest plugin and
+the documentation's list are made, and :func:`resolve`, which validates them once per run.
 
-Every value is checked here and a bad one is a :class:`UsageError` naming
-the option (or the environment variable it came from) and what is wrong.
-A variable is read only where its option was not given.
+Each option is declared once: its flag (``--tp``; the plugin's is ``--shardspec-tp``), the
+environment variable it reads where the flag is not given (``SHARDSPEC_TP``), its kind, how its text
+is parsed and checked, its default and its help. A bad value is a :class:`UsageError` naming the
+option (or the variable it came from) and what is wrong. A variable is read only where its option
+was not given, and an empty one counts as unset.
 """
 
 from __future__ import annotations
 
+import argparse
 import math
 import os
 import pathlib
 import tempfile
-from collections.abc import Callable, Mapping
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
 
 from shardspec.spec.profiles import DEFAULT_PROFILE, PROFILES
+
+if TYPE_CHECKING:
+    from shardspec.conformance.runner import CaseSet, RunConfig
+
+# Light imports only: the pytest plugin imports this module in every pytest session of an environment
+# where shardspec is installed; the runner (and torch) load when a run is resolved.
 
 QUICK_TP_SIZES = [2, 4]
 QUICK_MAX_EXAMPLES = 10
@@ -25,19 +36,13 @@ DEFAULT_TP_SIZES = [1, 2, 3, 4, 8]
 MAX_TP = 64  # the suite runs every rank on this machine
 # Groups whose ranks are threads of one process (harness/inprocess.py, harness/threaded.py).
 THREAD_GROUPS = ("lockstep", "torch-threads")
+DEVICES = ("auto", "cpu", "cuda")
+LAUNCHERS = ("auto", "torchrun", "fork", "external")
+PLUGIN_PREFIX = "--shardspec-"
 
 
 class UsageError(ValueError):
     """A bad option or environment variable; the message names it."""
-
-
-def _source(option: str, env: str, args, environ: Mapping[str, str]) -> tuple[str | None, str]:
-    """The raw value and where it came from (``--option`` or ``$ENV``)."""
-    value = getattr(args, option.lstrip("-").replace("-", "_"), None)
-    if value is not None:
-        return value, option
-    value = environ.get(env)
-    return (value if value not in (None, "") else None), f"${env}"
 
 
 def _int(text: str, where: str, minimum: int, maximum: int | None = None) -> int:
@@ -118,59 +123,391 @@ def _profile(text: str, where: str) -> str:
     return name
 
 
-def _one(args, environ, option: str, env: str, parse: Callable[[str, str], Any], default: Any) -> Any:
-    raw, where = _source(option, env, args, environ)
-    return default if raw is None else parse(raw, where)
+def _impl(text: str, where: str) -> list[str]:
+    from shardspec.conformance.api import ImplementationError, implementation_names
+
+    if not str(text).replace(",", "").strip():
+        raise UsageError(f"{where}: {text!r} names no implementation")
+    try:
+        return implementation_names(str(text))
+    except ImplementationError as exc:
+        raise UsageError(f"{where}: {exc}") from None
 
 
-def resolve(args, environ: Mapping[str, str] = os.environ) -> dict[str, Any]:
-    """Every option's value: command line, else environment, else default; validated."""
-    quick = _flag(*_source("--quick", "SHARDSPEC_QUICK", args, environ))
-    values = {
-        "tp": _one(args, environ, "--tp", "SHARDSPEC_TP", _tp_sizes, QUICK_TP_SIZES if quick else DEFAULT_TP_SIZES),
-        "max_examples": _one(
-            args,
-            environ,
-            "--max-examples",
-            "SHARDSPEC_MAX_EXAMPLES",
-            lambda t, w: _int(t, w, 0, MAX_EXAMPLES),
-            QUICK_MAX_EXAMPLES if quick else 100,
-        ),
-        "seed": _one(args, environ, "--seed", "SHARDSPEC_SEED", lambda t, w: _int(t, w, 0), 0),
-        "timeout": _one(args, environ, "--timeout", "SHARDSPEC_TIMEOUT", _seconds, 60.0),
-        "xfails_file": _one(args, environ, "--xfails-file", "SHARDSPEC_XFAILS", _xfails, None),
-        "json": None if args.json is None else _writable_file(args.json, "--json"),
-        "profile": _one(args, environ, "--profile", "SHARDSPEC_PROFILE", _profile, DEFAULT_PROFILE),
-    }
-    mixed = _one(
-        args,
-        environ,
+def _impl_odd(text: str, where: str) -> str:
+    from shardspec.conformance.api import ImplChoice, ImplementationError
+
+    name = str(text).strip()
+    try:
+        if not name or ImplChoice.parse(name).mixed:
+            raise ImplementationError(f"{text!r} is not one implementation")
+    except ImplementationError as exc:
+        raise UsageError(f"{where}: {exc}") from None
+    return name
+
+
+def _run_dir(text: str, where: str) -> pathlib.Path:
+    """A run never reads files an earlier run left: its folder must be new or empty."""
+    run_dir = pathlib.Path(text)
+    if run_dir.exists() and (not run_dir.is_dir() or any(run_dir.iterdir())):
+        raise UsageError(f"{where}: {run_dir} is not an empty folder (a run never reuses an earlier run's files)")
+    return run_dir
+
+
+def _text(text: str, where: str) -> str:
+    return str(text)
+
+
+@dataclass(frozen=True)
+class Option:
+    """One option of a run, declared once; the command line, the plugin and the docs are made from it."""
+
+    name: str  # the key of its value (argparse's dest; the plugin's dest is shardspec_<name>)
+    flag: str  # the command line's long flag; the plugin's is --shardspec-<flag without the dashes>
+    help: str
+    kind: str = "value"  # "value": one text; "switch": given or not; "repeat": each use adds one text
+    parse: Callable[[Any, str], Any] = _text  # (text, where) -> value, or a UsageError naming `where`
+    # The value where neither the flag nor the variable is given; a callable computes it from the values
+    # resolved so far (default_text then says what it is).
+    default: Any = None
+    env: str | None = None
+    metavar: str | None = None
+    choices: tuple[str, ...] = ()
+    short: str | None = None  # an extra command-line spelling (-v)
+    default_text: str | None = None
+
+    @property
+    def plugin_flag(self) -> str:
+        return PLUGIN_PREFIX + self.flag.removeprefix("--")
+
+    @property
+    def plugin_dest(self) -> str:
+        return f"shardspec_{self.name}"
+
+    @property
+    def shown_default(self) -> str | None:
+        if self.default_text is not None:
+            return self.default_text
+        if self.kind != "value" or self.default is None or callable(self.default):
+            return None
+        if isinstance(self.default, list):
+            return ",".join(map(str, self.default))
+        return f"{self.default:g}" if isinstance(self.default, float) else str(self.default)
+
+    @property
+    def full_help(self) -> str:
+        """The help both parsers show: the text, the default and the variable."""
+        text = self.help
+        if self.shown_default is not None:
+            text += f" (default {self.shown_default})"
+        return text + (f" [env {self.env}]" if self.env else "")
+
+    def parser_kwargs(self) -> dict[str, Any]:
+        """argparse's keywords (pytest's addoption takes the same). Nothing is parsed or defaulted there:
+        an option not given is None, so that its variable is read, and resolve() checks every value."""
+        kwargs: dict[str, Any] = {"help": self.full_help.replace("%", "%%"), "default": None}
+        if self.kind == "switch":
+            kwargs["action"] = "store_true"
+        else:
+            kwargs["action"] = "append" if self.kind == "repeat" else "store"
+            kwargs["metavar"] = "{" + ",".join(self.choices) + "}" if self.choices else self.metavar
+        return kwargs
+
+    def read(self, raw: Any, where: str) -> Any:
+        if self.kind == "switch":
+            return _flag(raw, where)
+        if self.kind == "repeat":
+            return [self.parse(item, where) for item in raw]
+        if self.choices:
+            value = str(raw).strip()
+            if value not in self.choices:
+                raise UsageError(f"{where}: {raw!r} is not one of {', '.join(self.choices)}")
+            return value
+        return self.parse(raw, where)
+
+
+def _bounded_examples(text: str, where: str) -> int:
+    return _int(text, where, 0, MAX_EXAMPLES)
+
+
+OPTIONS: tuple[Option, ...] = (
+    Option(
+        "impl",
+        "--impl",
+        "entries, comma-separated; each an implementation (reference, production, or package.module:attr) "
+        "or A/B: even ranks run A, odd ranks B",
+        parse=_impl,
+        default=["reference"],
+        default_text="reference",
+        env="SHARDSPEC_IMPL",
+        metavar="ENTRIES",
+    ),
+    Option(
+        "impl_odd",
+        "--impl-odd",
+        "shorthand: every entry A of --impl becomes the mixed entry A/B",
+        parse=_impl_odd,
+        env="SHARDSPEC_IMPL_ODD",
+        metavar="B",
+    ),
+    Option(
+        "quick",
+        "--quick",
+        "tp 2,4 and 10 generated cases per size (about half a minute on 2 CPU cores for the three default entries)",
+        kind="switch",
+        default=False,
+        env="SHARDSPEC_QUICK",
+    ),
+    Option(
+        "tp",
+        "--tp",
+        "group sizes",
+        parse=_tp_sizes,
+        default=lambda values: list(QUICK_TP_SIZES if values["quick"] else DEFAULT_TP_SIZES),
+        default_text=",".join(map(str, DEFAULT_TP_SIZES)) + "; with --quick " + ",".join(map(str, QUICK_TP_SIZES)),
+        env="SHARDSPEC_TP",
+        metavar="LIST",
+    ),
+    Option(
+        "profile",
+        "--profile",
+        f"the spec profile every case is judged under: {' or '.join(PROFILES)}; see spec/SPEC.md, Profiles",
+        parse=_profile,
+        default=DEFAULT_PROFILE,
+        env="SHARDSPEC_PROFILE",
+        metavar="NAME",
+    ),
+    Option(
+        "max_examples",
+        "--max-examples",
+        f"generated cases per group size, at most {MAX_EXAMPLES}",
+        parse=_bounded_examples,
+        default=lambda values: QUICK_MAX_EXAMPLES if values["quick"] else 100,
+        default_text=f"100; with --quick {QUICK_MAX_EXAMPLES}",
+        env="SHARDSPEC_MAX_EXAMPLES",
+        metavar="N",
+    ),
+    Option(
+        "mixed_max_examples",
         "--mixed-max-examples",
-        "SHARDSPEC_MIXED_MAX_EXAMPLES",
-        lambda t, w: _int(t, w, 0, MAX_EXAMPLES),
-        MIXED_MAX_EXAMPLES,
-    )
-    values["mixed_max_examples"] = min(values["max_examples"], mixed)
-    values["pg_timeout"] = (
-        _seconds(args.pg_timeout, "--pg-timeout") if args.pg_timeout is not None else values["timeout"]
-    )
-    impl, where = _source("--impl", "SHARDSPEC_IMPL", args, environ)
-    if impl is not None and not impl.replace(",", "").strip():
-        raise UsageError(f"{where}: {impl!r} names no implementation")
-    values["impl"] = impl
-    values["impl_odd"] = _source("--impl-odd", "SHARDSPEC_IMPL_ODD", args, environ)[0]
-    _check_run_dir(args.run_dir)
-    if getattr(args, "launcher", None) == "external":
+        "generated cases per group size of a mixed entry A/B, never more than --max-examples",
+        parse=_bounded_examples,
+        default=MIXED_MAX_EXAMPLES,
+        env="SHARDSPEC_MIXED_MAX_EXAMPLES",
+        metavar="N",
+    ),
+    Option(
+        "seed",
+        "--seed",
+        "seed of the generated cases; same seed, same cases",
+        parse=lambda text, where: _int(text, where, 0),
+        default=0,
+        env="SHARDSPEC_SEED",
+        metavar="S",
+    ),
+    Option(
+        "fixtures_only", "--fixtures-only", "only the golden fixtures, no generated case", kind="switch", default=False
+    ),
+    Option(
+        "case",
+        "--case",
+        "run this fixture case; with --case or --case-file the run is exactly the cases named (repeatable)",
+        kind="repeat",
+        default=[],
+        metavar="ID",
+    ),
+    Option(
+        "case_file", "--case-file", "run the case in this file (repeatable)", kind="repeat", default=[], metavar="PATH"
+    ),
+    Option("json", "--json", "write the JSON report here", parse=_writable_file, metavar="PATH"),
+    Option(
+        "xfails_file",
+        "--xfails-file",
+        "invariant IDs or case ids expected to fail (YAML list or mapping, or one per line)",
+        parse=_xfails,
+        env="SHARDSPEC_XFAILS",
+        metavar="PATH",
+    ),
+    Option(
+        "timeout",
+        "--timeout",
+        "seconds a case may make no progress on a rank before it counts as hung",
+        parse=_seconds,
+        default=60.0,
+        env="SHARDSPEC_TIMEOUT",
+        metavar="S",
+    ),
+    Option(
+        "pg_timeout",
+        "--pg-timeout",
+        "the process-group timeout in seconds",
+        parse=_seconds,
+        default=lambda values: values["timeout"],
+        default_text="--timeout",
+        metavar="S",
+    ),
+    Option(
+        "in_process",
+        "--in-process",
+        "every rank as a thread of this process, taking turns (see --in-process-group); the checks then run "
+        "in the implementation's process",
+        kind="switch",
+        default=False,
+    ),
+    Option(
+        "in_process_group",
+        "--in-process-group",
+        "implies --in-process. lockstep: shardspec's own group, for implementations that use only the comm "
+        "they are given; torch-threads: a torch.distributed group of torch's threaded backend, also for "
+        "implementations that call torch.distributed",
+        choices=THREAD_GROUPS,
+        default_text=THREAD_GROUPS[0],
+    ),
+    Option(
+        "in_process_device",
+        "--in-process-device",
+        "where in-process runs (and the shrinking of failures) put the ranks: cuda (one GPU, ranks take "
+        "turns, compiled kernels), cpu, or auto: cuda where there is a GPU",
+        choices=DEVICES,
+        default="auto",
+    ),
+    Option(
+        "launcher",
+        "--launcher",
+        "how rank processes start: torchrun, fork of one preloaded process (CPU only), auto: fork on the "
+        "CPU, torchrun on GPUs, or external: your own launcher (torchrun across nodes, srun) starts them "
+        "with the printed command; needs one --tp and a --run-dir every node can read and write",
+        choices=LAUNCHERS,
+        default="auto",
+        env="SHARDSPEC_LAUNCHER",
+    ),
+    Option(
+        "run_dir",
+        "--run-dir",
+        "keep the run's files (per-rank frame streams, launch logs) in this new or empty folder",
+        parse=_run_dir,
+        metavar="DIR",
+    ),
+    Option("no_shrink", "--no-shrink", "do not shrink failing generated cases", kind="switch", default=False),
+    Option("verbose", "--verbose", "one line per case", kind="switch", default=False, short="-v"),
+)
+BY_NAME: dict[str, Option] = {option.name: option for option in OPTIONS}
+
+
+def option(name: str) -> Option:
+    return BY_NAME[name]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The command line's options, one per entry of the table."""
+    for entry in OPTIONS:
+        flags = [entry.short, entry.flag] if entry.short else [entry.flag]
+        parser.add_argument(*flags, dest=entry.name, **entry.parser_kwargs())
+
+
+def add_plugin_options(group) -> None:
+    """The plugin's options (``--shardspec-<flag>``) on a pytest option group, one per entry of the table."""
+    for entry in OPTIONS:
+        group.addoption(entry.plugin_flag, dest=entry.plugin_dest, **entry.parser_kwargs())
+
+
+def given_any(given: Mapping[str, Any]) -> bool:
+    """Whether any option of the table was given (a switch or a repeat not given is None)."""
+    return any(given.get(entry.name) is not None for entry in OPTIONS)
+
+
+def resolve(given: Mapping[str, Any], environ: Mapping[str, str] = os.environ) -> dict[str, Any]:
+    """Every option's value by name: the option as given (None: not given), else its variable, else its
+    default; each checked, then the rules between options."""
+    values: dict[str, Any] = {}
+    for entry in OPTIONS:
+        raw, where = given.get(entry.name), entry.flag
+        if raw is None and entry.env is not None:
+            raw, where = environ.get(entry.env) or None, f"${entry.env}"
+        if raw is not None:
+            values[entry.name] = entry.read(raw, where)
+    for entry in sorted((e for e in OPTIONS if e.name not in values), key=lambda e: callable(e.default)):
+        default = entry.default(values) if callable(entry.default) else entry.default
+        values[entry.name] = list(default) if isinstance(default, list) else default
+    values["mixed_max_examples"] = min(values["max_examples"], values["mixed_max_examples"])
+    if values["impl_odd"]:
+        from shardspec.conformance.api import implementation_names
+
+        values["impl"] = implementation_names(",".join(values["impl"]), values["impl_odd"])
+    values["in_process"] = values["in_process"] or values["in_process_group"] is not None
+    values["in_process_group"] = values["in_process_group"] or THREAD_GROUPS[0]
+    if values["launcher"] == "external":
         if len(values["tp"]) != 1:
             raise UsageError(f"--launcher external: one group size (the launch's world size), not {values['tp']}")
-        if args.run_dir is None:
+        if values["run_dir"] is None:
             raise UsageError("--launcher external: give a --run-dir that every node can read and write")
     return values
 
 
-def _check_run_dir(run_dir: pathlib.Path | None) -> None:
-    """A run never reads files an earlier run left: its folder must be new or empty."""
-    if run_dir is None:
-        return
-    if run_dir.exists() and (not run_dir.is_dir() or any(run_dir.iterdir())):
-        raise UsageError(f"--run-dir: {run_dir} is not an empty folder (a run never reuses an earlier run's files)")
+@dataclass(frozen=True)
+class Resolved:
+    """A run's options, checked, and the cases they name, loaded: both once per run."""
+
+    config: RunConfig
+    cases: CaseSet | None  # None where no case is named: the session collects fixtures and generated cases
+
+    def with_verbose(self) -> Resolved:
+        return self if self.config.verbose else replace(self, config=replace(self.config, verbose=True))
+
+
+def resolve_run(given: Mapping[str, Any], environ: Mapping[str, str] = os.environ) -> Resolved:
+    """The run's configuration and its named cases; a UsageError (naming the option, variable or case
+    file) on a bad value, before anything is launched."""
+    from shardspec.conformance.runner import RunConfig, collect_cases
+
+    values = resolve(given, environ)
+    config = RunConfig(
+        impls=values["impl"],
+        tp_sizes=values["tp"],
+        seed=values["seed"],
+        max_examples=values["max_examples"],
+        mixed_max_examples=values["mixed_max_examples"],
+        fixtures_only=values["fixtures_only"],
+        case_ids=values["case"],
+        case_files=values["case_file"],
+        case_timeout_s=values["timeout"],
+        pg_timeout_s=values["pg_timeout"],
+        in_process=values["in_process"],
+        in_process_group=values["in_process_group"],
+        launcher=values["launcher"],
+        run_dir=values["run_dir"],
+        shrink=not values["no_shrink"],
+        verbose=values["verbose"],
+        in_process_device=values["in_process_device"],
+        xfails_file=values["xfails_file"],
+        json_path=values["json"],
+        profile=values["profile"],
+    )
+    if config.in_process_device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise UsageError("--in-process-device cuda: no CUDA device is available")
+    return Resolved(config, collect_cases(config) if config.selected else None)
+
+
+def markdown_table(options: Sequence[Option] = OPTIONS) -> str:
+    """The options as the guide lists them (docs/validate-your-implementation.md)."""
+    lines = ["| option | environment | meaning |", "| --- | --- | --- |"]
+    for entry in options:
+        spelling = entry.flag
+        if entry.choices:
+            spelling += " " + "\\|".join(entry.choices)
+        elif entry.kind != "switch":
+            spelling += f" {entry.metavar}"
+        if entry.short:
+            spelling = f"{entry.short}`, `{spelling}"
+        meaning = entry.help + (f" (default {entry.shown_default})" if entry.shown_default is not None else "")
+        env = f"`{entry.env}`" if entry.env else ""
+        meaning = meaning.replace("|", "\\|")
+        lines.append(f"| `{spelling}` | {env} | {meaning} |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":  # the guide's list: python -m shardspec.conformance.options
+    print(markdown_table())

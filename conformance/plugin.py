@@ -3,7 +3,8 @@
     pytest --pyargs shardspec.conformance --shardspec-impl reference,production --shardspec-tp 2,4
 
 Options are those of ``python -m shardspec.conformance`` with a ``--shardspec-``
-prefix; the ``SHARDSPEC_*`` variables are read where an option is not given.
+prefix (both made from the table of :mod:`shardspec.conformance.options`); the
+``SHARDSPEC_*`` variables are read where an option is not given.
 Nothing happens unless the suite's test module is collected: the run is
 created on first use and kept on the pytest config (no module state), and
 the per-invariant table is printed at the end. ``-k INV-OWNER``, ``-x``,
@@ -12,62 +13,57 @@ the per-invariant table is printed at the end. ``-k INV-OWNER``, ``-x``,
 
 from __future__ import annotations
 
-import argparse
 import signal
 import threading
 import warnings
 
 import pytest
 
-from shardspec.conformance.cli import build_parser
+from shardspec.conformance.options import OPTIONS, Resolved, UsageError, add_plugin_options, given_any
 
+_RESOLVED = pytest.StashKey()  # the run's options, checked, and its named cases, loaded: once per session
 _RUN = pytest.StashKey()
 _SIGNAL = pytest.StashKey()  # the signal that ended the run, and the SIGTERM handler it replaced
 _DESELECTED = pytest.StashKey()  # whether -k/-m left some of the suite's tests out
 
 
-def _cli_actions():
-    return [a for a in build_parser()._actions if a.dest != "help" and a.option_strings]
+class Handover:
+    """The run ``python -m shardspec.conformance`` resolved from its own options, handed to this plugin
+    (``pytest.main(..., plugins=[Handover(resolved)])``) so that nothing is checked or loaded twice."""
+
+    def __init__(self, resolved: Resolved):
+        self.resolved = resolved
 
 
 def pytest_addoption(parser):
-    group = parser.getgroup("shardspec", "shardspec conformance suite")
-    for action in _cli_actions():
-        name = "--shardspec-" + action.option_strings[-1].lstrip("-")
-        kwargs = {"dest": f"shardspec_{action.dest}", "help": action.help}
-        if isinstance(action, (argparse._StoreTrueAction,)):
-            kwargs.update(action="store_true", default=action.default)
-        elif isinstance(action, argparse._AppendAction):
-            kwargs.update(action="append", default=[], metavar=action.metavar)
-        else:
-            kwargs.update(default=action.default, choices=action.choices, metavar=action.metavar)
-            if action.type is not None:
-                kwargs["type"] = action.type
-        group.addoption(name, **kwargs)
+    add_plugin_options(parser.getgroup("shardspec", "shardspec conformance suite"))
 
 
 def pytest_configure(config):
     """Options given on the command line are checked before collection: a bad one is pytest's usage error
-    (one line, exit 4). Nothing is done when no ``--shardspec-*`` option was given."""
-    given = [
-        a
-        for a in _cli_actions()
-        if config.getoption(f"shardspec_{a.dest}") != ([] if isinstance(a, argparse._AppendAction) else a.default)
-    ]
-    if given:
-        from shardspec.conformance.cli import config_from_args
-        from shardspec.conformance.options import UsageError
+    (one line, exit 4). Nothing is read when no ``--shardspec-*`` option was given (the run is resolved
+    when the suite's tests are collected), nor when the command line handed over its run."""
+    handed = [plugin.resolved for plugin in config.pluginmanager.get_plugins() if isinstance(plugin, Handover)]
+    if handed:
+        config.stash[_RESOLVED] = handed[0]
+    elif given_any(_given(config)):
+        _resolved(config)
+
+
+def _given(config) -> dict:
+    return {o.name: config.getoption(o.plugin_dest) for o in OPTIONS}
+
+
+def _resolved(config) -> Resolved:
+    """The run's options and named cases, resolved on first use and kept on the config."""
+    if _RESOLVED not in config.stash:
+        from shardspec.conformance.options import resolve_run
 
         try:
-            config_from_args(_namespace(config))
+            config.stash[_RESOLVED] = resolve_run(_given(config))
         except UsageError as exc:
             raise pytest.UsageError(f"shardspec: {exc}") from None
-
-
-def _namespace(config) -> argparse.Namespace:
-    values = {a.dest: config.getoption(f"shardspec_{a.dest}") for a in _cli_actions()}
-    values["verbose"] = values["verbose"] or config.getoption("verbose", 0) > 1
-    return argparse.Namespace(**values)
+    return config.stash[_RESOLVED]
 
 
 def conformance_run(config):
@@ -77,17 +73,14 @@ def conformance_run(config):
 
         import torch
 
-        from shardspec.conformance.cli import config_from_args
-        from shardspec.conformance.options import UsageError
         from shardspec.conformance.session import ConformanceSession
 
-        try:
-            run_config = config_from_args(_namespace(config))
-        except UsageError as exc:
-            raise pytest.UsageError(f"shardspec: {exc}") from None
+        resolved = _resolved(config)
+        if config.getoption("verbose", 0) > 1:
+            resolved = resolved.with_verbose()
         if not torch.cuda.is_available():
             os.environ.setdefault("TRITON_INTERPRET", "1")
-        run = ConformanceSession(run_config, log=print)
+        run = ConformanceSession(resolved.config, log=print, case_set=resolved.cases)
         print(run.header())
         config.stash[_RUN] = run
         _end_on_sigterm(config)

@@ -17,6 +17,7 @@ from shardspec.conformance.harness.group import group_for
 from shardspec.conformance.judge.results import NOT_RUN, PASS, CaseResult, not_run
 from shardspec.conformance.report import summary as report
 from shardspec.conformance.runner import (
+    CaseSet,
     Log,
     RunConfig,
     cases_of_entry,
@@ -29,14 +30,16 @@ from shardspec.conformance.runner import (
 
 
 class ConformanceSession:
-    def __init__(self, config: RunConfig, log: Log = print):
+    def __init__(self, config: RunConfig, log: Log = print, case_set: CaseSet | None = None):
+        """``case_set``: the cases, where the caller loaded them already (the named ones, when the options
+        were checked); else they are collected here."""
         import shardspec.conformance.judge.checks  # noqa: F401  registers every checker
 
         self.config = config
         self.log = log
         self.start = time.perf_counter()
         self.run_dir, self.temporary_dir = make_run_dir(config)
-        self.case_set = collect_cases(config)
+        self.case_set = case_set if case_set is not None else collect_cases(config)
         for note in self.case_set.notes:
             log(f"note: {note}")
         self.tp_sizes = tp_sizes_of(config, self.case_set.cases)

@@ -41,6 +41,11 @@ from shardspec.conformance.cli import main
         (["--case", "../../etc/passwd"], "--case '../../etc/passwd': not a fixture id"),
         (["--case", "no-such-case"], "--case no-such-case: "),
         (["--case-file", "/no/such/case.yaml"], "--case-file /no/such/case.yaml: no such file"),
+        (["--launcher", "slurm"], "--launcher: 'slurm' is not one of auto, torchrun, fork, external"),
+        (["--in-process-group", "gloo"], "--in-process-group: 'gloo' is not one of lockstep, torch-threads"),
+        (["--in-process-device", "tpu"], "--in-process-device: 'tpu' is not one of auto, cpu, cuda"),
+        (["--impl-odd", "x"], "--impl-odd: unknown implementation 'x'"),
+        (["--impl-odd", "reference/production"], "--impl-odd: 'reference/production' is not one implementation"),
     ],
 )
 def test_bad_option_is_one_line_and_exit_2(args, message, capsys, monkeypatch):
@@ -59,6 +64,8 @@ def test_bad_option_is_one_line_and_exit_2(args, message, capsys, monkeypatch):
         ("SHARDSPEC_QUICK", "maybe", "$SHARDSPEC_QUICK: 'maybe' is not a boolean"),
         ("SHARDSPEC_IMPL", ",", "$SHARDSPEC_IMPL: ',' names no implementation"),
         ("SHARDSPEC_PROFILE", "seed", "$SHARDSPEC_PROFILE: unknown profile 'seed'"),
+        ("SHARDSPEC_LAUNCHER", "slurm", "$SHARDSPEC_LAUNCHER: 'slurm' is not one of auto, torchrun, fork, external"),
+        ("SHARDSPEC_IMPL_ODD", "x", "$SHARDSPEC_IMPL_ODD: unknown implementation 'x'"),
     ],
 )
 def test_bad_environment_variable_is_named(name, value, message, capsys, monkeypatch):

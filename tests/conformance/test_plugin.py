@@ -28,6 +28,14 @@ def test_a_bad_option_is_a_usage_error_without_traceback(tmp_path):
     assert "Traceback" not in proc.stdout + proc.stderr
 
 
+def test_a_bad_variable_is_named_once_an_option_is_given(tmp_path, monkeypatch):
+    monkeypatch.setenv("SHARDSPEC_LAUNCHER", "slurm")
+    proc = _pytest(tmp_path, "--shardspec-tp", "2", "--shardspec-in-process-device", "cpu")
+    assert proc.returncode == 4, proc.stdout[-2000:]
+    assert "shardspec: $SHARDSPEC_LAUNCHER: 'slurm' is not one of auto" in proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stdout + proc.stderr
+
+
 def test_items_are_invariants_and_k_selects_one(tmp_path):
     proc = _pytest(
         tmp_path,
