@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import textwrap
 
 from shardspec.conformance.options import OPTIONS, Resolved, UsageError, resolve_run
 
@@ -26,11 +27,14 @@ def build_parser() -> argparse.ArgumentParser:
     from shardspec.conformance.options import add_arguments
 
     variables = ", ".join(f"{o.env} ({o.flag})" for o in OPTIONS if o.env)
+    epilog = (
+        f"Options may also come from the environment: {variables}; a command-line option wins, and a "
+        "variable that an option overrides is not read."
+    )
     parser = argparse.ArgumentParser(
         prog="python -m shardspec.conformance",
         description=__doc__,
-        epilog=f"Options may also come from the environment: {variables}; a command-line option wins, and a "
-        "variable that an option overrides is not read.",
+        epilog=textwrap.fill(epilog, width=100, break_on_hyphens=False),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_arguments(parser)

@@ -149,6 +149,15 @@ def test_defaults_come_from_the_table():
     assert resolve({"in_process_group": "torch-threads"}, {})["in_process"] is True
 
 
+def test_cuda_in_process_without_a_gpu_is_a_usage_error(capsys):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is available")
+    assert main(["--in-process-device", "cuda", "--fixtures-only"]) == 2
+    assert "--in-process-device cuda: no CUDA device is available" in capsys.readouterr().err
+
+
 def test_a_plugin_option_after_double_dash_is_refused(capsys):
     assert main(["--", "--shardspec-tp", "2"]) == 2
     err = capsys.readouterr().err.strip()
