@@ -176,6 +176,14 @@ class Option:
     short: str | None = None  # an extra command-line spelling (-v)
     default_text: str | None = None
 
+    def __post_init__(self) -> None:
+        if self.kind not in ("value", "switch", "repeat"):
+            raise ValueError(f"{self.flag}: unknown kind {self.kind!r}")
+        if self.kind == "repeat" and self.env is not None:
+            raise ValueError(f"{self.flag}: a repeated option has no variable (one text cannot say where it splits)")
+        if self.choices and self.kind != "value":
+            raise ValueError(f"{self.flag}: only a value has choices")
+
     @property
     def plugin_flag(self) -> str:
         return PLUGIN_PREFIX + self.flag.removeprefix("--")
