@@ -30,9 +30,10 @@ from hypothesis import HealthCheck, Phase, Verbosity, given, settings
 from hypothesis import seed as hypothesis_seed
 from hypothesis import strategies as st
 
+from shardspec.conformance.cases import input_space as space
 from shardspec.conformance.cases.profile_inputs import with_vllm_033_inputs
 from shardspec.spec.case import Case, ExplicitLocalOutput
-from shardspec.spec.layouts import BATCH_ARRAYS, BATCH_TENSORS, LOCAL_OUTPUT, LOGITS_DTYPES, OFFSET, STRIDED
+from shardspec.spec.layouts import BATCH_ARRAYS, BATCH_TENSORS, LAYOUTS, LOCAL_OUTPUT
 from shardspec.spec.model import DEFAULT_PROFILE, VLLM_033
 
 MAX_REQS_IN_BATCH = 12
@@ -45,8 +46,31 @@ LARGE_CAPACITIES = (128, 256, 512)
 MIN_LARGE_BATCH = 65
 INT32_MAX, INT64_MAX, INT64_MIN = 2**31 - 1, 2**63 - 1, -(2**63)
 FLOAT32_LOWEST = -3.4028234663852886e38
+# Token ids: the dtype's limits, and the first values past the vocabulary and past int32.
 TOKEN_EXTREMES = (INT64_MAX, INT64_MIN, -1, INT32_MAX + 1)
-LOGPROB_EXTREMES = (float("-inf"), FLOAT32_LOWEST, -1e-45)
+# Logprob values: every float limit the input space gives the field (+-inf, NaN, the largest and
+# lowest finite values, the smallest subnormal), and a logprob just below 0.
+LOGPROB_FIELD = "local_output.logprobs_tensors.logprobs"
+FLOAT_LIMIT_VALUES = {
+    "+inf": float("inf"),
+    "-inf": float("-inf"),
+    "nan": float("nan"),
+    "largest": space.FLOAT32_MAX,
+    "lowest": FLOAT32_LOWEST,
+    "subnormal": space.FLOAT32_SUBNORMAL,
+}
+
+
+def _field_values(path: str, axis: str, profile: str = DEFAULT_PROFILE) -> list[str]:
+    """The values of one axis the input space gives one field, in the data model's order."""
+    return [v.value for v in space.input_space(profile) if v.field == path and v.axis == axis]
+
+
+LOGPROB_EXTREMES = tuple(FLOAT_LIMIT_VALUES[v] for v in _field_values(LOGPROB_FIELD, space.VALUE)) + (-1e-45,)
+# The logits dtypes and the views the spec allows, from the input space (views the case format cannot
+# make yet, spec/layouts.py, are left to the coverage report as not covered).
+LOGITS_DTYPE_CHOICES = _field_values("logits_shard", space.DTYPE)
+VIEW_CHOICES = [v for v in _field_values("batch.idx_mapping", space.LAYOUT) if v in LAYOUTS and v != "contiguous"]
 # Per-row NaN count whose sum over a request's rows still fits the gathered int32.
 NAN_COUNT_EXTREME = INT32_MAX // MAX_LOGITS_PER_REQ
 
@@ -97,7 +121,7 @@ def with_kind(case: Case, candidate, kind: np.random.Generator) -> Case:
         )
     return replace(
         case,
-        logits_dtype=str(kind.choice(list(LOGITS_DTYPES))),
+        logits_dtype=str(kind.choice(LOGITS_DTYPE_CHOICES)),
         layouts=_layouts(case, kind),
         logprobs_dims=_logprobs_dims(case.vocab_size, kind),
     )
@@ -172,10 +196,10 @@ def _layouts(case: Case, kind: np.random.Generator) -> dict[str, str]:
     if style == 0:
         return {}
     if style == 1:
-        layout = str(kind.choice([STRIDED, OFFSET]))
+        layout = str(kind.choice(VIEW_CHOICES))
         return {name: layout for name in fields}
     chosen = kind.choice(fields, size=int(kind.integers(1, 5)), replace=False)
-    return {str(name): str(kind.choice([STRIDED, OFFSET])) for name in chosen}
+    return {str(name): str(kind.choice(VIEW_CHOICES)) for name in chosen}
 
 
 def _grammar_positions(num_reqs: int):
@@ -252,10 +276,13 @@ class _Enough(Exception):
     drawn and thrown away (most of the cost of generating)."""
 
 
-def generate_cases(tp_size: int, count: int, seed: int, profile: str = DEFAULT_PROFILE) -> list[Case]:
+def generate_cases(
+    tp_size: int, count: int, seed: int, profile: str = DEFAULT_PROFILE, fill_gaps: bool = True
+) -> list[Case]:
     """``count`` distinct cases for ``tp_size`` (fewer only if hypothesis runs dry), the same for the same seed,
     under ``profile``: vllm-0.33's cases are the seed profile's, a share of them with vLLM 0.33's inputs
-    (cases/profile_inputs.py)."""
+    (cases/profile_inputs.py). With ``fill_gaps``, the variations of the input space the random draw
+    missed are then made to appear (input_space.fill_gaps)."""
     drawn: dict[str, Case] = {}
 
     # The budget stays count * 3 even though drawing stops early: hypothesis
@@ -290,4 +317,6 @@ def generate_cases(tp_size: int, count: int, seed: int, profile: str = DEFAULT_P
             with_vllm_033_inputs(case, np.random.default_rng([seed, tp_size, number, 33]))
             for number, case in enumerate(unique)
         ]
-    return unique
+    # Then every variation of the input space that the random draw missed and a case can be made to
+    # draw (conformance/cases/input_space.py), each in one case.
+    return space.fill_gaps(unique, profile, np.random.default_rng([seed, tp_size, 23])) if fill_gaps else unique

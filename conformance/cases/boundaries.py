@@ -1,0 +1,287 @@
+"""Cases that violate each precondition at each boundary it states, at every tp size.
+
+spec/preconditions.yaml gives every precondition ``boundaries``: the fields changed together, the side
+of their range (``below``, ``above``, ``other``) and the value. :func:`boundary_cases` turns each
+boundary of each precondition whose violation MUST be rejected into one case per tp size, from a
+seeded valid batch; where the precondition is raised on every rank (replicated inputs), the batch
+leaves ranks that own nothing, which must reject it too. A precondition raised only on the faulty
+rank gets a batch in which every rank owns a request, so every rank is faulty and none is left in a
+collective.
+
+How a boundary becomes a case is :data:`REALIZERS`, keyed by the boundary's first field, side and
+value: the change of a valid batch that puts that field at that value. A boundary without a
+realizer (one the case format cannot express yet, such as a host copy one entry short) yields no
+case and is listed by :func:`missing`, so tests/meta sees every gap.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from shardspec.spec.case import Case, ExplicitLocalOutput
+from shardspec.spec.model import DEFAULT_PROFILE, VLLM_033
+
+TP_SIZES = (1, 2, 3, 4, 8)
+
+
+@dataclass(frozen=True)
+class Boundary:
+    pre: str
+    fields: tuple[str, ...]
+    side: str
+    value: str
+    raised_on: str
+    profiles: tuple[str, ...]
+
+    @property
+    def key(self) -> str:
+        return f"{self.fields[0]}:{self.side}={self.value}"
+
+    @property
+    def slug(self) -> str:
+        text = f"{self.fields[0].split('.')[-1]}-{self.side}-{self.value}".lower()
+        return "".join(c if c.isalnum() else "-" for c in text).strip("-").replace("--", "-")
+
+
+def boundaries(profile: str = DEFAULT_PROFILE) -> list[Boundary]:
+    """Every boundary of every must-reject precondition under ``profile``, from the raw YAML."""
+    from shardspec.spec.loader import _package_root, document_schema, load_yaml_document
+
+    raw = load_yaml_document(_package_root().joinpath("preconditions.yaml"), document_schema("preconditions"))
+    out = []
+    for entry in raw["preconditions"]:
+        if entry.get("retired") or entry["on_violation"]["outcome"] != "reject":
+            continue
+        if entry.get("profiles") and profile not in entry["profiles"]:
+            continue
+        for b in entry.get("boundaries", []):
+            out.append(
+                Boundary(
+                    entry["id"],
+                    tuple(b["fields"]),
+                    b["side"],
+                    str(b["value"]),
+                    entry["on_violation"]["raised_on"],
+                    tuple(entry.get("profiles", ())),
+                )
+            )
+    return out
+
+
+# ------------------------------------------------------------------ the valid batch
+
+
+def _base(pre: str, tp: int, rng: np.random.Generator, every_rank_owns: bool, profile: str) -> Case:
+    """A small valid batch: every rank owns a request, or (tp > 1) some ranks own none."""
+    capacity = 64
+    if every_rank_owns or tp == 1:
+        slots = [int(r + tp * k) for r, k in zip(range(tp), rng.integers(0, capacity // tp, size=tp), strict=True)]
+        slots += [int(s) for s in rng.choice([s for s in range(capacity) if s not in slots], size=1, replace=False)]
+    else:
+        owners = sorted(int(r) for r in rng.choice(tp, size=max(1, tp // 2), replace=False))
+        slots = [o + tp * int(rng.integers(0, capacity // tp)) for o in owners]
+        slots = list(dict.fromkeys(slots))
+    order = rng.permutation(len(slots))
+    slots = [slots[int(i)] for i in order]
+    return Case(
+        case_id="boundary",
+        tp_size=tp,
+        slots=slots,
+        num_logits_per_req=[1] * len(slots),
+        max_num_reqs=capacity,
+        max_num_logits_per_req=4,
+        logprobs_dims=None,
+        seed=int(rng.integers(0, 2**16)),
+        profile=profile,
+        expect_error=pre,
+    )
+
+
+def _counts(case: Case, counts: list[int]) -> Case:
+    return replace(case, num_logits_per_req=counts)
+
+
+def _one_at(case: Case, value: int, rng) -> list[int]:
+    counts = list(case.num_logits_per_req)
+    counts[int(rng.integers(len(counts)))] = value
+    return counts
+
+
+def _slot_at(value_of: Callable) -> Callable:
+    def realize(case, rng):
+        slots = list(case.slots)
+        slots[int(rng.integers(len(slots)))] = value_of(case)
+        return replace(case, slots=slots)
+
+    return realize
+
+
+def _capacity_below_batch(case, rng):
+    n = len(case.slots)
+    return replace(case, slots=list(range(n)), max_num_reqs=n - 1)
+
+
+def _capacity_at_largest_slot(case, rng):
+    largest = max(max(case.slots), len(case.slots))
+    slots = list(case.slots)
+    if largest not in slots:
+        slots[0] = largest
+    return replace(case, slots=slots, max_num_reqs=largest)
+
+
+def _too_many_requests(case, rng):
+    n = len(case.slots)
+    return replace(case, slots=list(range(n)), num_logits_per_req=[1] * n, max_num_reqs=n - 1)
+
+
+def _repeat_slot(case, rng):
+    return replace(
+        case,
+        slots=[*case.slots, case.slots[int(rng.integers(len(case.slots)))]],
+        num_logits_per_req=[*case.num_logits_per_req, 1],
+    )
+
+
+def _grammar(case: Case, **fields) -> Case:
+    return replace(case, grammar_positions=list(range(len(case.slots))), **fields)
+
+
+def _explicit_outputs(case: Case, shorten: str | None = None, drop_rank: bool = False) -> Case:
+    """Valid explicit outputs for every owning rank, one of them with ``shorten`` one entry short (or,
+    with ``drop_rank``, one owning rank passing None)."""
+    outputs = {}
+    for rank in range(case.tp_size):
+        owned = [i for i, s in enumerate(case.slots) if s % case.tp_size == rank]
+        if not owned:
+            continue
+        rows = sum(case.num_logits_per_req[i] for i in owned)
+        out = ExplicitLocalOutput(
+            sampled_token_ids=[[1] for _ in owned],
+            num_sampled=[1] * len(owned),
+            num_rejected=[0] * len(owned),
+            num_nans=[0] * rows,
+            logprob_token_ids=[[1, 2, 3] for _ in range(rows)],
+            logprobs=[[-0.5, -1.0, -2.0] for _ in range(rows)],
+            selected_token_ranks=[0] * rows,
+        )
+        if shorten == "logprobs_tensors":
+            out = replace(
+                out,
+                logprob_token_ids=out.logprob_token_ids[:-1],
+                logprobs=out.logprobs[:-1],
+                selected_token_ranks=out.selected_token_ranks[:-1],
+            )
+        elif shorten is not None:
+            out = replace(out, **{shorten: getattr(out, shorten)[:-1]})
+        outputs[rank] = out
+    if drop_rank:
+        outputs = {}  # every owning rank passes None
+    return replace(case, local_outputs=outputs, logprobs_dims=(2, 0), gather_num_nans=True)
+
+
+REALIZERS: dict[str, Callable] = {
+    "batch.req_ids:below=num_reqs - 1": lambda c, r: replace(c, edits=["req-ids-short"]),
+    "batch.num_reqs:above=max_num_reqs + 1": _too_many_requests,
+    "sharder.max_num_reqs:below=num_reqs - 1": _capacity_below_batch,
+    "batch.idx_mapping:other=float32": lambda c, r: replace(c, batch_dtypes={"idx_mapping": "float32"}),
+    "batch.idx_mapping:other=int16": lambda c, r: replace(c, batch_dtypes={"idx_mapping": "int16"}),
+    "batch.cu_num_logits:other=float32": lambda c, r: replace(c, batch_dtypes={"cu_num_logits": "float32"}),
+    "batch.cu_num_logits:other=int16": lambda c, r: replace(c, batch_dtypes={"cu_num_logits": "int16"}),
+    "batch.idx_mapping:below=-1": _slot_at(lambda c: -1),
+    "batch.idx_mapping:above=max_num_reqs": _slot_at(lambda c: c.max_num_reqs),
+    "sharder.max_num_reqs:below=largest slot": _capacity_at_largest_slot,
+    "batch.idx_mapping:other=repeat": _repeat_slot,
+    "batch.cu_num_logits_np:above=cu_num_logits_np[0] = 1": lambda c, r: replace(c, edits=["cu-logits-from-one"]),
+    "batch.cu_num_logits:below=0": lambda c, r: _counts(c, _one_at(c, 0, r)),
+    "batch.cu_num_logits:above=max_num_logits_per_req + 1": lambda c, r: _counts(
+        c, _one_at(c, c.max_num_logits_per_req + 1, r)
+    ),
+    "sharder.max_num_logits_per_req:below=largest n_i - 1": lambda c, r: replace(
+        _counts(c, _one_at(c, 3, r)), max_num_logits_per_req=2
+    ),
+    "batch.seq_lens:below=N - 1": lambda c, r: replace(c, edits=["seq-lens-short"]),
+    "batch.seq_lens_cpu_upper_bound:below=N - 1": lambda c, r: replace(c, edits=["seq-lens-upper-bound-short"]),
+    "batch.num_draft_tokens:above=sum + 1": lambda c, r: replace(
+        _counts(c, _one_at(c, 2, r)), edits=["draft-total-plus-one"]
+    ),
+    "batch.num_draft_tokens_per_req:other=None": lambda c, r: replace(_counts(c, _one_at(c, 2, r)), spec_decode=False),
+    "batch.num_admitted_draft_tokens:above=num_draft_tokens_per_req + 1": lambda c, r: replace(
+        _counts(c, [2] * len(c.slots)),
+        adaptive_verification=True,
+        admitted_drafts=_one_at(_counts(c, [0] * len(c.slots)), 2, r),
+    ),
+    "batch.num_admitted_draft_tokens:below=-1": lambda c, r: replace(
+        _counts(c, [2] * len(c.slots)),
+        adaptive_verification=True,
+        admitted_drafts=_one_at(_counts(c, [0] * len(c.slots)), -1, r),
+    ),
+    "grammar.structured_output_request_ids:other=repeat": lambda c, r: replace(
+        c, grammar_positions=[*range(len(c.slots)), 0]
+    ),
+    "grammar.grammar_bitmask:below=G * S - 1": lambda c, r: _grammar(
+        c, max_num_logits_per_req=1, edits=["grammar-bitmask-short"]
+    ),
+    "grammar.grammar_bitmask:below=R - 1": lambda c, r: _grammar(c, edits=["grammar-bitmask-short"]),
+    "grammar.grammar_bitmask:below=S = largest listed n_i - 1": lambda c, r: _grammar(
+        _counts(c, _one_at(c, 3, r)), grammar_block_rows=2
+    ),
+    "grammar.num_acceptable_drafts:below=G - 1": lambda c, r: _grammar(
+        c, num_acceptable_drafts=[0] * (len(c.slots) - 1)
+    ),
+    "grammar.num_acceptable_drafts:above=G + 1": lambda c, r: _grammar(
+        c, num_acceptable_drafts=[0] * len(c.slots), edits=["acceptable-drafts-extra"]
+    ),
+    "local_output:other=None": lambda c, r: _explicit_outputs(c, drop_rank=True),
+    "local_output.sampled_token_ids:above=n + 1": lambda c, r: replace(c, edits=["local-output-extra-row"]),
+    "local_output.num_sampled:below=n - 1": lambda c, r: _explicit_outputs(c, "num_sampled"),
+    "local_output.num_rejected:below=n - 1": lambda c, r: _explicit_outputs(c, "num_rejected"),
+    "local_output.num_nans:below=L_local - 1": lambda c, r: _explicit_outputs(c, "num_nans"),
+    "local_output.logprobs_tensors:below=L_local - 1": lambda c, r: _explicit_outputs(c, "logprobs_tensors"),
+    "logprobs_dims:below=k = -1": lambda c, r: replace(c, logprobs_dims=(-1, int(r.integers(0, 3)))),
+    "logprobs_dims:below=t = -1": lambda c, r: replace(c, logprobs_dims=(int(r.integers(0, 3)), -1)),
+    "logits_shard:above=L + 1": lambda c, r: replace(c, edits=["logits-shard-extra-row"]),
+    "local_output.extensions:other=undeclared": lambda c, r: replace(c, edits=["extension-undeclared"]),
+    "extension_fields:other=int16": lambda c, r: replace(
+        c, extensions={"counts": {"per": "request", "dtype": "int16", "shape": []}}
+    ),
+}
+
+
+def _case_for(boundary: Boundary, tp: int, profile: str, seed: int) -> Case | None:
+    realizer = REALIZERS.get(boundary.key)
+    if realizer is None:
+        return None
+    rng = np.random.default_rng([seed, tp, sum(map(ord, boundary.pre + boundary.key))])
+    every_rank_owns = boundary.raised_on != "every rank"
+    base = _base(boundary.pre, tp, rng, every_rank_owns, profile)
+    case = realizer(base, rng)
+    idle = sorted(set(range(tp)) - {s % tp for s in case.slots})
+    where = f"ranks {idle} own nothing" if idle else "every rank owns a request"
+    return replace(
+        case,
+        case_id=f"tp{tp}-reject-{boundary.pre.removeprefix('PRE-').lower()}-at-{boundary.slug}",
+        description=f"Violates {boundary.pre} at {', '.join(boundary.fields)} ({boundary.side}: {boundary.value}); "
+        f"{where}.",
+        spec_refs=[boundary.pre, "INV-REJECT-INVALID", "CL-REJECTION-RANKS"],
+    )
+
+
+def boundary_cases(profile: str = DEFAULT_PROFILE, tp_sizes=TP_SIZES, seed: int = 0) -> list[Case]:
+    """One case per (boundary, tp size) of every must-reject precondition that has a realizer."""
+    out = []
+    for boundary in boundaries(profile):
+        for tp in tp_sizes:
+            case = _case_for(boundary, tp, profile, seed)
+            if case is not None:
+                if case.profile != VLLM_033:
+                    case = replace(case, adaptive_verification=False)
+                out.append(case)
+    return out
+
+
+def missing(profile: str = DEFAULT_PROFILE) -> list[Boundary]:
+    """The boundaries no case can be made for yet."""
+    return [b for b in boundaries(profile) if b.key not in REALIZERS]
