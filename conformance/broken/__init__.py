@@ -129,6 +129,8 @@ CORPUS += [
     _entry("extra-all-reduce", "collectives", "ExtraAllReduce", "decode", groups=TORCH_GROUPS),
     _entry("barrier-before-gather", "collectives", "BarrierBeforeGather", "decode", groups=TORCH_GROUPS),
     _entry("barrier-on-the-group-object", "collectives", "BarrierThroughTheGroupObject", "decode", groups=TORCH_GROUPS),
+    _entry("extra-functional-all-reduce", "collectives", "ExtraFunctionalAllReduce", "decode", groups=TORCH_GROUPS),
+    _entry("barrier-on-the-default-group", "collectives", "BarrierOnTheDefaultGroup", "decode", groups=TORCH_GROUPS),
     _entry("width-agreed-on-the-wire", "collectives", "WidthAgreedOnTheWire", "decode", "spec"),
     # views read as if contiguous
     _entry("seq-lens-unit-stride", "views", "SeqLensReadWithUnitStride", "strided-inputs"),
@@ -163,5 +165,26 @@ CORPUS += [
     _entry("empty-batch-pads-to-two", "vllm033", "EmptyBatchPadsToTwo", "empty"),
     _entry("logprob-rows-admitted-only", "vllm033", "LogprobRowsAdmittedOnly", "adaptive-admitted"),
 ]
+
+CORPUS += [
+    # inputs of the input space that the generators did not draw before (conformance/cases/input_space.py)
+    _entry("negative-slots-accepted", "input_space", "NegativeSlotsAccepted", "negative-slot"),
+    _entry("idle-ranks-check-nothing", "input_space", "IdleRanksCheckNothing", "idle-rank-reject"),
+    _entry("logprobs-clamped-at-zero", "input_space", "LogprobsClampedAtZero", "logprob-plus-inf", "logprob-largest"),
+    _entry("logprob-nans-as-minus-inf", "input_space", "LogprobNansAsMinusInf", "logprob-nan"),
+    _entry("logprobs-dims-of-first-step", "input_space", "LogprobsDimsOfFirstStep", "multi-step-options"),
+]
+
+
+def _register_input_space_cases() -> None:
+    """The cases of broken/input_space.py join the targeted cases by id (not cases.ALL: the checks that run
+    every entry on every targeted case stay the size they were; tests/meta/test_input_space.py runs the
+    reference on these)."""
+    from shardspec.conformance.broken import cases, input_space
+
+    cases.BY_ID.update({case.case_id: case for case in input_space.CASES})
+
+
+_register_input_space_cases()
 
 BY_NAME = {entry.name: entry for entry in CORPUS}

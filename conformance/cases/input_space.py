@@ -237,6 +237,11 @@ def _owners(case) -> set[int]:
 
 
 @cache
+def _declared_dtypes(profile: str) -> dict[str, tuple[str, ...]]:
+    return {f.path: f.dtypes for f in input_fields(raw_data_model(), profile)}
+
+
+@cache
 def _declared_values(profile: str) -> dict[str, dict]:
     return {f.path: dict(f.values) for f in input_fields(raw_data_model(), profile)}
 
@@ -493,8 +498,8 @@ def _with_layout(layout: str, names: list[str]) -> Callable:
 
 def _batch_dtype(name: str, dtype: str) -> Callable:
     def realize(case, rng):
-        if case.profile != VLLM_033:
-            return None  # vllm-seed's local batch has fixed dtypes
+        if dtype not in _declared_dtypes(case.profile).get(f"batch.{name}", ()):
+            return None
         return replace(case, batch_dtypes={**case.batch_dtypes, name: dtype})
 
     return realize
@@ -514,12 +519,34 @@ def _slot(value: str) -> Callable:
     return realize
 
 
+_LOGPROB_NAMES = ("logprob_token_ids", "logprobs", "selected_token_ranks")
+
+
+def _with_logprobs(case, rank: int, out):
+    """``out`` with logprobs of the agreed width for its rows where it has none."""
+    if out.logprob_token_ids is not None:
+        return out
+    owned = [i for i, s in enumerate(case.slots) if s % case.tp_size == rank]
+    rows = sum(case.num_logits_per_req[i] for i in owned)
+    cols = 1 + max(case.logprobs_dims)
+    return replace(
+        out,
+        logprob_token_ids=[[0] * cols for _ in range(rows)],
+        logprobs=[[-1.0] * cols for _ in range(rows)],
+        selected_token_ranks=[0] * rows,
+    )
+
+
 def _explicit_value(name: str, value) -> Callable:
     def realize(case, rng):
         if not isinstance(case.local_outputs, dict) or not case.local_outputs:
             return None
+        if name in _LOGPROB_NAMES and case.logprobs_dims is None:
+            case = replace(case, logprobs_dims=(1, 0))
         outputs = {}
         for rank, out in case.local_outputs.items():
+            if name in _LOGPROB_NAMES:
+                out = _with_logprobs(case, rank, out)
             values = getattr(out, name)
             if values is None or not values:
                 outputs[rank] = out
@@ -567,10 +594,10 @@ def _without_nan_counts(case, rng):
 
 
 def _realizers() -> dict[str, Callable]:
-    from shardspec.spec.layouts import BATCH_ARRAYS, BATCH_TENSORS
+    from shardspec.spec.layouts import BATCH_ARRAYS, BATCH_TENSORS, LAYOUTS
 
     out: dict[str, Callable] = {}
-    for layout in LAYOUTS_2D:
+    for layout in (layout for layout in LAYOUTS_2D if layout in LAYOUTS):  # the views the case format makes
         for name in BATCH_TENSORS + BATCH_ARRAYS + ("grammar_bitmask", "logits_shard"):
             for path in _path_of_layout_name(name):
                 out[f"{path}:{LAYOUT}={layout}"] = _with_layout(layout, [name])
@@ -637,18 +664,22 @@ def realizable(profile: str = DEFAULT_PROFILE) -> list[Variation]:
 def fill_gaps(cases: list, profile: str, rng) -> list:
     """``cases`` with every realizable variation that none of them draws made to appear in one of
     them: a covering selection on top of the random draw. Each change is kept only where the changed
-    case then draws the variation (measured, not assumed); a case may take several."""
+    case then draws the variation and those made to appear in it before (measured, not assumed); a
+    case may take several."""
     cases = list(cases)
     if not cases:
         return cases
     drawn = set().union(*(exercised(c) for c in cases))
+    forced: dict[int, set[Variation]] = {}
     for variation in realizable(profile):
         if variation in drawn:
             continue
-        for index in rng.permutation(len(cases)):
-            changed = realize(cases[int(index)], variation, rng)
-            if changed is not None and variation in exercised(changed):
-                cases[int(index)] = changed
+        for index in (int(i) for i in rng.permutation(len(cases))):
+            changed = realize(cases[index], variation, rng)
+            # Kept only if the case then draws it, and still draws what was made to appear in it before.
+            if changed is not None and exercised(changed) >= forced.get(index, set()) | {variation}:
+                cases[index] = changed
+                forced.setdefault(index, set()).add(variation)
                 drawn |= exercised(changed)
                 break
     return cases

@@ -1,0 +1,136 @@
+"""Defects that only the input space's new inputs show (conformance/cases/input_space.py, boundaries.py).
+
+Each passed every case of the generators before them: the reject fixtures violate a slot range from
+above only and give every rank a request, explicit logprobs were never above 0 and never NaN, and the
+steps of a multi-step case all asked for the same logprobs. :data:`CASES` are the cases that expose
+them, drawn by the new generators.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import torch
+
+from shardspec.conformance.cases.boundaries import boundary_cases
+from shardspec.reference import ReferenceSharder
+from shardspec.spec.case import Case, ExplicitLocalOutput
+
+
+class NegativeSlotsAccepted(ReferenceSharder):
+    """INV-REJECT-INVALID: checks the slot range from above only: a negative slot is sharded by Python's modulo."""
+
+    def shard_sampler_inputs(self, batch, grammar):
+        slots = np.asarray(batch.idx_mapping_np)
+        negative = slots.size > 0 and int(slots.min()) < 0 and int(slots.max()) < self.max_num_reqs
+        if not negative:
+            return super().shard_sampler_inputs(batch, grammar)
+        self.check_preconditions = False
+        try:
+            return super().shard_sampler_inputs(batch, grammar)
+        finally:
+            self.check_preconditions = True
+
+
+class IdleRanksCheckNothing(ReferenceSharder):
+    """INV-REJECT-INVALID: a rank that owns no request checks the slots (to know that it owns none) and nothing else."""
+
+    def shard_sampler_inputs(self, batch, grammar):
+        slots = np.asarray(batch.idx_mapping_np, dtype=np.int64)
+        in_range = slots.size == 0 or (int(slots.min()) >= 0 and int(slots.max()) < self.max_num_reqs)
+        valid_slots = in_range and len(set(slots.tolist())) == slots.size
+        if not valid_slots or (slots % self.tp_size == self.rank).any():
+            return super().shard_sampler_inputs(batch, grammar)
+        self.check_preconditions = False
+        try:
+            return super().shard_sampler_inputs(batch, grammar)
+        finally:
+            self.check_preconditions = True
+
+
+class LogprobsClampedAtZero(ReferenceSharder):
+    """INV-LOGPROBS-VALUES: clamps gathered logprobs to at most 0 (a log-probability never exceeds 0).
+
+    +inf and the largest float32 come back as 0."""
+
+    def gather_sampler_output(self, local_output, metadata, global_batch, local_batch, **kwargs):
+        out = super().gather_sampler_output(local_output, metadata, global_batch, local_batch, **kwargs)
+        lp = out.logprobs_tensors
+        if lp is None:
+            return out
+        return replace(out, logprobs_tensors=lp._replace(logprobs=lp.logprobs.clamp(max=0.0)))
+
+
+class LogprobNansAsMinusInf(ReferenceSharder):
+    """INV-LOGPROBS-VALUES: gathered NaN logprobs come back as -inf (torch.nan_to_num)."""
+
+    def gather_sampler_output(self, local_output, metadata, global_batch, local_batch, **kwargs):
+        out = super().gather_sampler_output(local_output, metadata, global_batch, local_batch, **kwargs)
+        lp = out.logprobs_tensors
+        if lp is None:
+            return out
+        values = torch.nan_to_num(lp.logprobs, nan=float("-inf"), posinf=float("inf"), neginf=float("-inf"))
+        return replace(out, logprobs_tensors=lp._replace(logprobs=values))
+
+
+class LogprobsDimsOfFirstStep(ReferenceSharder):
+    """INV-LOGPROBS-SHAPES: a step without logprobs_dims gathers logprobs at the dims of the sharder's first step."""
+
+    def gather_sampler_output(self, local_output, metadata, global_batch, local_batch, **kwargs):
+        if not hasattr(self, "_first_dims"):
+            self._first_dims = kwargs.get("logprobs_dims")
+        if kwargs.get("logprobs_dims") is None and self._first_dims is not None:
+            kwargs = {**kwargs, "logprobs_dims": self._first_dims}
+        return super().gather_sampler_output(local_output, metadata, global_batch, local_batch, **kwargs)
+
+
+def _boundary(case_id: str, profile: str = "vllm-0.33") -> Case:
+    return next(c for c in boundary_cases(profile) if c.case_id == case_id)
+
+
+def _explicit_logprobs(case_id: str, value: float) -> Case:
+    """Two ranks with explicit outputs; one logprob of rank 1 is ``value`` (a limit of float32)."""
+
+    def out(first: int, rows: int, special: bool) -> ExplicitLocalOutput:
+        logprobs = [[-0.5, -1.0, -2.0] for _ in range(rows)]
+        if special:
+            logprobs[0][1] = value
+        return ExplicitLocalOutput(
+            sampled_token_ids=[[first + r] for r in range(rows)],
+            num_sampled=[1] * rows,
+            num_rejected=[0] * rows,
+            num_nans=[0] * rows,
+            logprob_token_ids=[[first + r, 3, 4] for r in range(rows)],
+            logprobs=logprobs,
+            selected_token_ranks=[0] * rows,
+        )
+
+    return Case(
+        case_id=case_id,
+        tp_size=2,
+        slots=[0, 1, 2, 3],
+        num_logits_per_req=[1, 1, 1, 1],
+        description=f"explicit outputs, one logprob {value}",
+        logprobs_dims=(2, 0),
+        local_outputs={0: out(10, 2, False), 1: out(20, 2, True)},
+    )
+
+
+def _multi_step() -> Case:
+    from shardspec.conformance.cases.multistep import multi_step_cases
+
+    return next(c for c in multi_step_cases(2, 4, 0) if c.logprobs_dims is not None)
+
+
+CASES = [
+    replace(_boundary("tp2-reject-slot-range-at-idx-mapping-below-1"), case_id="negative-slot"),
+    replace(
+        _boundary("tp4-reject-capacity-logits-at-cu-num-logits-above-max-num-logits-per-req-1"),
+        case_id="idle-rank-reject",
+    ),
+    _explicit_logprobs("logprob-plus-inf", float("inf")),
+    _explicit_logprobs("logprob-largest", 3.4028234663852886e38),
+    _explicit_logprobs("logprob-nan", float("nan")),
+    replace(_multi_step(), case_id="multi-step-options"),
+]

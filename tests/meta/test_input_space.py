@@ -1,0 +1,141 @@
+"""The input space is derived from the spec, generated cases draw it, every precondition is violated at
+every boundary it states, and the new inputs catch defects the old generators let pass."""
+
+import copy
+
+import pytest
+
+from shardspec.conformance.api import ImplChoice
+from shardspec.conformance.broken import BY_NAME
+from shardspec.conformance.broken import cases as targeted
+from shardspec.conformance.cases import boundaries as bounds
+from shardspec.conformance.cases import input_space as space
+from shardspec.conformance.cases.strategies import generate_cases
+from shardspec.conformance.replay import run_case_in_process
+from shardspec.fixtures import load_cases
+from shardspec.spec.loader import load_spec
+from shardspec.spec.profiles import PROFILES
+
+NEW_FIELD = {
+    "name": "engine_temperatures",
+    "type": "tensor",
+    "dtype": "float32",
+    "shape": ["N"],
+    "placement": "device",
+    "optional": True,
+    "meaning": "A field a later spec might add.",
+    "values": {"min": 0, "limits": True},
+    "dtypes": ["float32", "bfloat16"],
+}
+
+
+def test_a_field_added_to_the_data_model_gets_its_variations():
+    model = copy.deepcopy(space.raw_data_model())
+    before = {v.key for v in space.derive(model)}
+    next(t for t in model["types"] if t["name"] == "InputBatch")["fields"].append(NEW_FIELD)
+    added = {v.key for v in space.derive(model)} - before
+    path = "batch.engine_temperatures"
+    want = {f"{path}:value={v}" for v in ("min", *space.FLOAT_LIMITS)}
+    want |= {f"{path}:dtype=float32", f"{path}:dtype=bfloat16", f"{path}:presence=present", f"{path}:presence=absent"}
+    want |= {f"{path}:layout={layout}" for layout in space.LAYOUTS_1D} | {f"{path}:dims=empty"}
+    assert added == want
+
+
+def test_the_spec_s_fields_get_their_variations():
+    keys = {v.key for v in space.input_space("vllm-0.33")}
+    assert {"batch.idx_mapping:value=min", "batch.idx_mapping:value=max", "batch.idx_mapping:dtype=int32"} <= keys
+    assert {"logits_shard:value=+inf", "logits_shard:value=nan", "logits_shard:layout=row-padded"} <= keys
+    assert {"grammar:presence=absent", "logprobs_dims:step=changed", "batch.num_reqs:value=min"} <= keys
+    # The sharder's construction parameters never change between steps; what shard returned is no input.
+    assert not [k for k in keys if k.startswith(("sharder:", "metadata", "local_batch", "global_batch"))]
+    assert "batch.seq_lens_cpu_upper_bound:presence=absent" not in {v.key for v in space.input_space("vllm-seed")}
+
+
+@pytest.mark.parametrize("tp", [1, 2, 3, 4, 8])
+def test_default_generated_cases_draw_every_realizable_variation(tp):
+    cases = generate_cases(tp, 100, 0)
+    cov = space.coverage(cases)
+    missed = {v.key for v in cov.not_covered} & {v.key for v in space.realizable()}
+    assert not missed
+    for case in cases:  # still valid inputs
+        assert case.expect_error is None and len(set(case.slots)) == len(case.slots)
+        assert all(0 <= s < case.max_num_reqs for s in case.slots)
+
+
+# Boundaries the case format cannot express yet (each needs a named edit in spec/case_edits.py, a
+# layout in spec/layouts.py or a builder option): listed so that the test fails when one appears or goes.
+KNOWN_GAPS = {
+    ("PRE-BATCH-SIZE", "batch.num_reqs:above=len(req_ids) + 1"),
+    ("PRE-BATCH-SIZE", "batch.idx_mapping_np:below=num_reqs - 1"),
+    ("PRE-DTYPES", "batch.idx_mapping_np:other=float64"),
+    ("PRE-DTYPES", "batch.num_draft_tokens_per_req:other=float32"),
+    ("PRE-CU-LOGITS", "batch.cu_num_logits_np:below=N entries"),
+    ("PRE-FIELD-SHAPES", "batch.logits_indices:below=L - 1"),
+    ("PRE-FIELD-SHAPES", "batch.expanded_idx_mapping:below=L - 1"),
+    ("PRE-FIELD-SHAPES", "batch.expanded_local_pos:below=L - 1"),
+    ("PRE-GRAMMAR-IDS", "grammar.structured_output_request_ids:other=unknown"),
+    ("PRE-LOGITS-SHARD", "logits_shard:below=L - 1"),
+    ("PRE-LOGITS-SHARD", "logits_shard:other=int32"),
+    ("PRE-EXTENSION-FIELDS", "extension_fields:other=missing"),
+}
+
+
+@pytest.mark.parametrize("profile", PROFILES)
+def test_every_precondition_is_violated_at_every_boundary_and_tp(profile):
+    found = bounds.boundaries(profile)
+    for pre in load_spec(profile=profile).preconditions:
+        if not pre.must_reject:
+            continue
+        named = {f for b in found if b.pre == pre.id for f in b.fields}
+        assert set(pre.fields) <= named, f"{pre.id}: fields without a boundary: {sorted(set(pre.fields) - named)}"
+    assert {(b.pre, b.key) for b in bounds.missing(profile)} == KNOWN_GAPS - _not_in(profile)
+    made = {}
+    for case in bounds.boundary_cases(profile):
+        made.setdefault(case.case_id, case)
+    assert len(made) == len(bounds.boundary_cases(profile)), "case ids are unique"
+    for b in found:
+        if b.key not in bounds.REALIZERS:
+            continue
+        for tp in bounds.TP_SIZES:
+            case = made.get(f"tp{tp}-reject-{b.pre.removeprefix('PRE-').lower()}-at-{b.slug}")
+            assert case is not None and case.expect_error == b.pre, (b, tp)
+            idle = set(range(tp)) - {s % tp for s in case.slots}
+            if b.raised_on == "every rank" and tp > 1:
+                assert idle, f"{case.case_id}: a replicated precondition is also rejected by ranks that own nothing"
+            elif b.raised_on != "every rank":
+                assert not idle, f"{case.case_id}: every rank is faulty"
+
+
+def _not_in(profile):
+    return {(pre, key) for pre, key in KNOWN_GAPS if pre not in {b.pre for b in bounds.boundaries(profile)}}
+
+
+@pytest.mark.parametrize("profile", PROFILES)
+def test_the_reference_rejects_every_boundary_case(profile):
+    for case in bounds.boundary_cases(profile, tp_sizes=(3,)):
+        result = run_case_in_process(case, ImplChoice("reference"))
+        assert result.status == "pass", (case.case_id, result.violations[:2], result.errors)
+
+
+# Each new entry, the inputs of the old generators it passed (the reject fixtures, the targeted cases).
+OLD_INPUTS = {
+    "negative-slots-accepted": ["tp2-error-slot-range", "tp4-reject-slot-range", "tp8-reject-slot-range"],
+    "idle-ranks-check-nothing": ["tp4-reject-capacity-logits", "tp8-reject-slot-range", "tp3-reject-logprobs-dims"],
+    "logprobs-clamped-at-zero": ["explicit-widths", "explicit-narrow-logprobs", "decode"],
+    "logprob-nans-as-minus-inf": ["explicit-widths", "explicit-narrow-logprobs", "decode"],
+    "logprobs-dims-of-first-step": ["multi-step", "decode"],
+}
+
+
+@pytest.mark.parametrize("name", sorted(OLD_INPUTS))
+def test_new_inputs_catch_what_the_old_ones_let_pass(name):
+    entry = BY_NAME[name]
+    fixtures = {c.case_id: c for c in load_cases()}
+    for case_id in OLD_INPUTS[name]:
+        case = targeted.BY_ID.get(case_id) or fixtures[case_id]
+        result = run_case_in_process(case, ImplChoice(entry.target))
+        assert (result.errors, result.violations) == ([], []), f"{name} on {case_id}"
+    for case_id in entry.cases:
+        result = run_case_in_process(targeted.BY_ID[case_id], ImplChoice(entry.target))
+        assert entry.invariant_id in {v["invariant_id"] for v in result.violations}, (name, case_id)
+        assert run_case_in_process(targeted.BY_ID[case_id], ImplChoice("reference")).status == "pass"
