@@ -346,6 +346,16 @@ OPTIONS: tuple[Option, ...] = (
         metavar="S",
     ),
     Option(
+        "max_crashes",
+        "--max-crashes",
+        "after this many cases of one entry at one group size end alike (a rank died, or hung, in the same "
+        "step), its other cases there are not run, with that reason; 0 runs every case",
+        parse=lambda text, where: _int(text, where, 0),
+        default=3,
+        env="SHARDSPEC_MAX_CRASHES",
+        metavar="N",
+    ),
+    Option(
         "pg_timeout",
         "--pg-timeout",
         "the process-group timeout in seconds",
@@ -480,6 +490,7 @@ def resolve_run(given: Mapping[str, Any], environ: Mapping[str, str] = os.enviro
         case_files=values["case_file"],
         case_timeout_s=values["timeout"],
         pg_timeout_s=values["pg_timeout"],
+        max_crashes=values["max_crashes"],
         in_process=values["in_process"],
         in_process_group=values["in_process_group"],
         launcher=values["launcher"],

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, replace
 
 from shardspec.conformance.api import ImplChoice
 from shardspec.conformance.harness.group import Group, Job
-from shardspec.conformance.judge.results import ERROR, FAIL, NOT_RUN, CaseResult, not_run
+from shardspec.conformance.record import ERROR, FAIL, NOT_RUN, CaseResult, not_run
 from shardspec.spec.case import Case
 from shardspec.spec.model import DEFAULT_PROFILE
 
@@ -35,6 +35,9 @@ class RunConfig:
     case_files: list[str] = field(default_factory=list)
     case_timeout_s: float = 60.0
     pg_timeout_s: float = 60.0
+    # Cases of one entry at one group size that end alike (a rank died or hung in the same step) before its
+    # other cases there are not run (harness/crashes.py); 0: every case runs.
+    max_crashes: int = 3
     in_process: bool = False
     # Which in-process group: "lockstep" (shardspec's own) or "torch-threads" (torch's threaded backend).
     in_process_group: str = "lockstep"
@@ -268,7 +271,9 @@ def _run_jobs(config, group: Group, tp, jobs, log, deliver) -> list[CaseResult]:
         if config.verbose or result.status in (FAIL, ERROR):
             log(f"    {result.status:7s} {result.case_id} (tp {tp}, {result.impl})")
 
-    results = group.run(jobs, tp, on_result)
+    from shardspec.conformance.replay import suite_judge
+
+    results = group.run(jobs, tp, suite_judge(config.pg_timeout_s), on_result)
     for label in dict.fromkeys(job.choice.label for job in jobs):
         mine = [r for r in results if r.impl == label]
         counts = {s: sum(r.status == s for r in mine) for s in ("pass", FAIL, ERROR, NOT_RUN)}
@@ -279,7 +284,8 @@ def _run_jobs(config, group: Group, tp, jobs, log, deliver) -> list[CaseResult]:
 
 
 def _shrink_failures(config, choice, results, generated, run_dir, log) -> None:
-    from shardspec.conformance.cases.shrink import shrink_in_child, shrinkable, signature
+    from shardspec.conformance.cases.shrink import shrinkable, signature
+    from shardspec.conformance.replay import shrink_in_child
 
     failing = [r for r in results if r.case_id in generated and r.status in (FAIL, ERROR)]
     done: set[frozenset] = set()  # one minimal case per kind of failure

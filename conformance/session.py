@@ -12,9 +12,9 @@ import pathlib
 import time
 
 from shardspec.conformance.api import ImplChoice
-from shardspec.conformance.cases.expectations import expectation_device
+from shardspec.conformance.harness.expectations import expectation_device
 from shardspec.conformance.harness.group import group_for
-from shardspec.conformance.judge.results import NOT_RUN, PASS, CaseResult, not_run
+from shardspec.conformance.record import NOT_RUN, PASS, CaseResult, not_run
 from shardspec.conformance.report import summary as report
 from shardspec.conformance.runner import (
     CaseSet,

@@ -190,3 +190,12 @@ def gather_options(declared: dict) -> dict:
     """Extra keyword arguments of gather_sampler_output: only a case that declares fields passes any."""
     fields = extension_fields(declared)
     return {} if fields is None else {"extension_fields": fields}
+
+
+def gather_kwargs(case) -> dict:
+    """The keyword arguments of a case's gather_sampler_output call."""
+    return {
+        "gather_num_nans": case.gather_num_nans,
+        "logprobs_dims": case.logprobs_dims,
+        **gather_options(case.extensions),
+    }

@@ -38,3 +38,17 @@ class SpecFileError(ValueError):
         self.path = path
         self.place = place
         super().__init__(f"{path}: at {place}: {message}")
+
+
+def names_precondition(error: BaseException | None, precondition_id: str) -> bool:
+    """Whether ``error`` names ``precondition_id``: as its attribute (PreconditionError) or in its message
+    (an implementation's own exception type)."""
+    return error is not None and (
+        getattr(error, "precondition_id", None) == precondition_id or precondition_id in str(error)
+    )
+
+
+def declines_extensions(extensions, error: BaseException | None) -> bool:
+    """Whether ``error`` refuses a case's extension fields with PRE-EXTENSION-SUPPORTED, which the spec
+    allows (INV-GATHER-EXTENSIONS judges where and how): a verdict, not a run error."""
+    return bool(extensions) and names_precondition(error, "PRE-EXTENSION-SUPPORTED")

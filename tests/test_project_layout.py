@@ -66,3 +66,31 @@ def test_the_package_version_is_the_distributions():
 
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     assert shardspec.__version__ == project["version"]
+
+
+def test_the_judge_imports_only_the_record_the_spec_and_the_reference():
+    """What a rank hands the judge crosses as conformance/record.py's data; the judge never reaches into how
+    ranks run (the harness) or into the runner that wires the two."""
+    allowed = ("shardspec.conformance.judge", "shardspec.conformance.record", "shardspec.spec", "shardspec.reference")
+    offenders = [
+        f"{path.relative_to(ROOT)} imports {module}"
+        for path in (ROOT / "conformance" / "judge").rglob("*.py")
+        for module in _imported_modules(path)
+        if module.startswith("shardspec") and not module.startswith(allowed)
+    ]
+    assert not offenders, offenders
+
+
+def test_the_harness_never_imports_the_judge():
+    """Groups receive the judge as an object (Group.run(jobs, tp, judge, on_result)): how ranks run stays apart
+    from what is checked."""
+    offenders = _forbidden_imports("conformance/harness", ("shardspec.conformance.judge",))
+    assert not offenders, offenders
+
+
+def test_fixtures_and_cases_never_import_the_harness():
+    """The goldens run the reference through the engine's step, and cases are generation and bounds: neither
+    reaches into how the suite runs ranks."""
+    offenders = _forbidden_imports("fixtures", ("shardspec.conformance",))
+    offenders += _forbidden_imports("conformance/cases", ("shardspec.conformance.harness",))
+    assert not offenders, offenders

@@ -1,7 +1,7 @@
 """Shrink a failing case to a small one that fails the same way: exactly the same invariant IDs.
 
 Shrinking runs the implementation, so the suite does it in a child process
-(:func:`shrink_in_child`): a crash there loses the minimal case, not the run.
+(:func:`shardspec.conformance.replay.shrink_in_child`): a crash there loses the minimal case, not the run.
 
 Greedy: try simpler variants of the case (fewer requests, fewer rows, no
 grammar, no NaNs, no logprobs, toy outputs, float32 logits, contiguous inputs,
@@ -15,15 +15,11 @@ reported. When no variant keeps it, the outcome says so and why.
 
 from __future__ import annotations
 
-import json
-import pathlib
-import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 
-from shardspec.conformance.judge.results import ERROR, CaseResult
+from shardspec.conformance.record import ERROR, CaseResult
 from shardspec.spec.case import Case
 
 RunCase = Callable[[Case], CaseResult]
@@ -194,88 +190,3 @@ def _clean(case: Case) -> Case:
     """Drop NaN tokens beyond the (possibly smaller) token count."""
     num_tokens = sum(c + s % 3 for c, s in zip(case.num_logits_per_req, case.slots, strict=False))
     return replace(case, nan_tokens=[t for t in case.nan_tokens if t < num_tokens])
-
-
-def shrink_in_child(
-    case: Case, target: set[str], entry: str, group: str, device: str, folder: pathlib.Path, budget_s: float = 30.0
-) -> Shrunk:
-    """:func:`shrink_keeping` in a child process running ``entry`` in-process; raises RuntimeError when it fails."""
-    from shardspec.fixtures import case_to_yaml, load_case_file
-
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "in").mkdir(parents=True, exist_ok=True)  # case files are named by their case id
-    source, result = folder / "in" / f"{case.case_id}.yaml", folder / f"{case.case_id}-min.yaml"
-    source.write_text(case_to_yaml(case))
-    result.unlink(missing_ok=True)
-    command = [
-        sys.executable,
-        "-m",
-        __name__,
-        str(source),
-        entry,
-        group,
-        device,
-        json.dumps(sorted(target)),
-        str(result),
-        str(budget_s),
-    ]
-    try:
-        proc = subprocess.run(command, capture_output=True, text=True, timeout=budget_s + 60, stdin=subprocess.DEVNULL)
-    except subprocess.TimeoutExpired as exc:
-        raise RuntimeError(f"the shrinking process did not finish within {budget_s + 60:.0f}s") from exc
-    finally:
-        source.unlink(missing_ok=True)
-    if proc.returncode != 0 or not result.exists():
-        from shardspec.conformance.harness.spawn import describe_exit
-
-        tail = "\n".join(proc.stderr.strip().splitlines()[-3:])
-        raise RuntimeError(f"the shrinking process {describe_exit(proc.returncode)}: {tail}")
-    found = json.loads(_facts(result).read_text())
-    outcome = Shrunk(load_case_file(str(result)), found["simplifications"], found["tried"])
-    outcome.replayed = None if found["replayed"] is None else frozenset(found["replayed"])
-    outcome.others = {frozenset(ids): n for ids, n in found["others"]}
-    result.unlink()
-    _facts(result).unlink()
-    return outcome
-
-
-def _facts(case_file: pathlib.Path) -> pathlib.Path:
-    """Where the child writes what the shrink found besides the case."""
-    return case_file.with_suffix(".json")
-
-
-def main(argv: list[str]) -> int:
-    """``python -m shardspec.conformance.cases.shrink CASE_FILE ENTRY GROUP DEVICE TARGET_JSON OUT_FILE BUDGET_S``."""
-    import os
-
-    import torch
-
-    if not torch.cuda.is_available():
-        os.environ.setdefault("TRITON_INTERPRET", "1")  # before any Triton kernel is defined
-    from shardspec.conformance.api import ImplChoice
-    from shardspec.conformance.harness.inprocess import run_case_in_process
-    from shardspec.fixtures import case_to_yaml, load_case_file
-
-    source, entry, group, device, target, out, budget = argv
-    import shardspec.conformance.judge.checks  # noqa: F401  registers every checker
-
-    choice = ImplChoice.parse(entry)
-    outcome = shrink_keeping(
-        load_case_file(source),
-        set(json.loads(target)),
-        lambda c: run_case_in_process(c, choice, timeout_s=10.0, group=group, device=device),
-        float(budget),
-    )
-    facts = {
-        "simplifications": outcome.simplifications,
-        "tried": outcome.tried,
-        "replayed": None if outcome.replayed is None else sorted(outcome.replayed),
-        "others": [[sorted(ids), n] for ids, n in outcome.others.items()],
-    }
-    _facts(pathlib.Path(out)).write_text(json.dumps(facts))
-    pathlib.Path(out).write_text(case_to_yaml(outcome.case))  # last: the parent waits for this file
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))

@@ -1,7 +1,7 @@
 """The one protocol every way of running ranks implements, and the choice of one for a run.
 
 A :class:`Group` runs jobs (one case run by one entry, ``A`` or ``A/B``) at one
-group size and returns one :class:`~shardspec.conformance.judge.results.CaseResult`
+group size and returns one :class:`~shardspec.conformance.record.CaseResult`
 per job, in job order, handing each to ``on_result`` as soon as it is judged (an
 interrupted run keeps what was judged). The runner drives every group through
 this protocol alone; what differs between groups is only where the ranks run:
@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from shardspec.conformance.api import ImplChoice
-from shardspec.conformance.judge.results import CaseResult
+from shardspec.conformance.record import CaseResult
 from shardspec.spec.case import Case
 
 OnResult = Callable[[CaseResult], None]
@@ -39,8 +39,9 @@ class Group(Protocol):
     def describe(self) -> str:
         """Where the ranks run, for the run's header."""
 
-    def run(self, jobs: list[Job], tp: int, on_result: OnResult) -> list[CaseResult]:
-        """``jobs`` (all of group size ``tp``): one result per job, in job order."""
+    def run(self, jobs: list[Job], tp: int, judge, on_result: OnResult) -> list[CaseResult]:
+        """``jobs`` (all of group size ``tp``): one result per job, in job order, each given by ``judge`` (a
+        :class:`~shardspec.conformance.judge.verdicts.Judge`, moved to the device the ranks run on)."""
 
     def close(self) -> None:
         """Let go of what the group keeps between group sizes (no process is left behind)."""
@@ -53,18 +54,23 @@ class ProcessGroup:
     pg_timeout_s: float
     launcher: str = "auto"  # fork | torchrun | external | auto (fork on the CPU, torchrun on GPUs)
     log: Callable[[str], None] = print
+    max_crashes: int = 3  # see harness/crashes.py
     servers: dict = field(default_factory=dict)  # the preloaded rank server, kept while its environment holds
 
     def describe(self) -> str:
         return "one process per rank (gloo or NCCL)"
 
-    def run(self, jobs: list[Job], tp: int, on_result: OnResult) -> list[CaseResult]:
+    def run(self, jobs: list[Job], tp: int, judge, on_result: OnResult) -> list[CaseResult]:
         from shardspec.conformance.harness.multiprocess import LaunchOptions, run_jobs_multiprocess
 
         options = LaunchOptions(
-            self.run_dir / f"tp{tp}", self.case_timeout_s, self.pg_timeout_s, launcher=self.launcher
+            self.run_dir / f"tp{tp}",
+            self.case_timeout_s,
+            self.pg_timeout_s,
+            launcher=self.launcher,
+            max_crashes=self.max_crashes,
         )
-        return run_jobs_multiprocess(jobs, tp, options, on_result, self.log, self.servers)
+        return run_jobs_multiprocess(jobs, tp, options, judge, on_result, self.log, self.servers)
 
     def close(self) -> None:
         for server in self.servers.values():
@@ -79,14 +85,14 @@ class ThreadGroup:
     pg_timeout_s: float = 60.0
 
     def describe(self) -> str:
-        from shardspec.conformance.cases.expectations import expectation_device
+        from shardspec.conformance.harness.expectations import expectation_device
 
         return f"in-process ({self.kind} group, ranks as threads on {expectation_device(self.device)})"
 
-    def run(self, jobs: list[Job], tp: int, on_result: OnResult) -> list[CaseResult]:
+    def run(self, jobs: list[Job], tp: int, judge, on_result: OnResult) -> list[CaseResult]:
         from shardspec.conformance.harness.inprocess import run_jobs_in_process
 
-        return run_jobs_in_process(jobs, self.pg_timeout_s, on_result, group=self.kind, device=self.device)
+        return run_jobs_in_process(jobs, judge, self.pg_timeout_s, on_result, group=self.kind, device=self.device)
 
     def close(self) -> None:
         pass
@@ -96,4 +102,6 @@ def group_for(config, run_dir: pathlib.Path, log: Callable[[str], None]) -> Grou
     """The group a run's configuration (:class:`shardspec.conformance.runner.RunConfig`) asks for."""
     if config.in_process:
         return ThreadGroup(config.in_process_group, config.in_process_device, config.pg_timeout_s)
-    return ProcessGroup(run_dir, config.case_timeout_s, config.pg_timeout_s, config.launcher, log)
+    return ProcessGroup(
+        run_dir, config.case_timeout_s, config.pg_timeout_s, config.launcher, log, max_crashes=config.max_crashes
+    )

@@ -17,26 +17,21 @@ from collections.abc import Callable, Iterable
 
 from shardspec.comm import LockstepGroup
 from shardspec.conformance.api import ImplChoice, load_implementation
-from shardspec.conformance.cases.expectations import Expectation, compute_expectation, expectation_device, single_thread
-from shardspec.conformance.harness.recording import run_lockstep
+from shardspec.conformance.harness.expectations import expectation_device, single_thread
+from shardspec.conformance.harness.rank_step import run_case_on_rank
 from shardspec.conformance.harness.threaded import run_torch_threads
-from shardspec.conformance.judge.results import ERROR, FAIL, NOT_RUN, PASS, CaseResult, combine
-from shardspec.conformance.step import check_case_on_rank
+from shardspec.conformance.record import ERROR, FAIL, NOT_RUN, PASS, CaseResult
 from shardspec.spec.case import Case, expand_steps
 
 
 def run_case_in_process(
-    case: Case,
-    choice: ImplChoice,
-    expectation: Expectation | None = None,
-    timeout_s: float = 60.0,
-    group: str = "lockstep",
-    device: str = "auto",
+    case: Case, choice: ImplChoice, judge, timeout_s: float = 60.0, group: str = "lockstep", device: str = "auto"
 ) -> CaseResult:
-    """One case; the steps of a multi-step case make one result whose violations and errors name their step."""
+    """One case; the steps of a multi-step case make one result whose violations and errors name their step.
+    ``judge``: a :class:`~shardspec.conformance.judge.verdicts.Judge` (any device: this group moves it)."""
     if case.then:
-        return merged_steps(case, run_steps_in_process(expand_steps(case), choice, None, timeout_s, group, device))
-    return run_steps_in_process([case], choice, [expectation] if expectation else None, timeout_s, group, device)[0]
+        return merged_steps(case, run_steps_in_process(expand_steps(case), choice, judge, timeout_s, group, device))
+    return run_steps_in_process([case], choice, judge, timeout_s, group, device)[0]
 
 
 def merged_steps(case: Case, results: list[CaseResult]) -> CaseResult:
@@ -50,24 +45,22 @@ def merged_steps(case: Case, results: list[CaseResult]) -> CaseResult:
 
 
 def run_steps_in_process(
-    cases: list[Case],
-    choice: ImplChoice,
-    expectations: list[Expectation] | None = None,
-    timeout_s: float = 60.0,
-    group: str = "lockstep",
-    device: str = "auto",
+    cases: list[Case], choice: ImplChoice, judge, timeout_s: float = 60.0, group: str = "lockstep", device: str = "auto"
 ) -> list[CaseResult]:
     """``cases`` in one group, each rank calling one sharder for all of them (the steps of a multi-step
-    case; a single case is one step); a result per case. ``device``: ``--in-process-device``."""
+    case; a single case is one step); a result per case. ``device``: ``--in-process-device``. Each rank's
+    record is judged in its own thread as soon as its case ends (the judge runs in this process)."""
     device = expectation_device(device)
-    expectations = expectations or [compute_expectation(c, timeout_s, device) for c in cases]
+    judge = judge.at(device)
+    expectations = [judge.expectation(c) for c in cases]
     impls = {name: load_implementation(name) for name in {choice.impl, choice.impl_odd} if name}
 
     def one_rank(comm):
         impl, kept, records = impls[choice.for_rank(comm.rank)], None, []
         for case, expectation in zip(cases, expectations, strict=False):
             try:
-                record, kept = check_case_on_rank(case, comm, impl.name, impl.factory, expectation, device, kept=kept)
+                record, kept = run_case_on_rank(case, comm, impl.name, impl.factory, expectation, device, kept=kept)
+                record = judge.rank(case, record)
             except Exception:  # outside the implementation's calls (e.g. a device error surfacing in a checker)
                 records.append({"harness_error": traceback.format_exc()})
                 break
@@ -81,11 +74,11 @@ def run_steps_in_process(
             if group == "torch-threads":
                 per_rank = run_torch_threads(cases[0].tp_size, one_rank, timeout_s)
             else:
-                per_rank = run_lockstep(LockstepGroup(cases[0].tp_size, timeout_s=timeout_s), one_rank)
+                per_rank = LockstepGroup(cases[0].tp_size, timeout_s=timeout_s).run(one_rank, partial=True)
     except TimeoutError as exc:
-        return [combine(case, choice.label, {}, ended=f"in-process run failed: {exc}") for case in cases]
+        return [judge.case(case, choice.label, {}, ended=f"in-process run failed: {exc}") for case in cases]
     return [
-        combine(
+        judge.case(
             case,
             choice.label,
             {rank: records[k] for rank, records in enumerate(per_rank) if records and k < len(records)},
@@ -96,6 +89,7 @@ def run_steps_in_process(
 
 def run_jobs_in_process(
     jobs: Iterable,
+    judge,
     timeout_s: float = 60.0,
     on_result: Callable[[CaseResult], None] | None = None,
     group: str = "lockstep",
@@ -105,9 +99,8 @@ def run_jobs_in_process(
     case (consecutive jobs, each continuing the one before) share one group and one sharder per rank."""
     results = []
     for chain in _chains(list(jobs)):
-        for result in run_steps_in_process(
-            [job.case for job in chain], chain[0].choice, timeout_s=timeout_s, group=group, device=device
-        ):
+        cases = [job.case for job in chain]
+        for result in run_steps_in_process(cases, chain[0].choice, judge, timeout_s, group, device):
             results.append(result)
             if on_result:
                 on_result(result)
@@ -123,28 +116,3 @@ def _chains(jobs: list) -> list[list]:
         else:
             chains.append([job])
     return chains
-
-
-def step_records(case: Case, factory, device: str | None = None) -> list:
-    """Every rank of a one-step ``case`` run by ``factory`` in one lockstep group, as the checkers see it
-    (a :class:`~shardspec.conformance.judge.checks.base.StepRecord` per rank, with the reference's
-    expectation), unjudged: for tests of the checkers."""
-    from shardspec.conformance.judge.checks.base import StepRecord
-    from shardspec.conformance.step import run_step
-    from shardspec.spec.case import build_case_inputs
-
-    device = device or expectation_device()  # ranks run where the expectation was computed
-    expectation = compute_expectation(case, device=device)
-
-    def one_rank(comm):
-        inputs = build_case_inputs(case, device)
-        return StepRecord(
-            case=case,
-            rank=comm.rank,
-            inputs=inputs,
-            actual=run_step(factory, case, inputs, comm, device).outputs,
-            expected=expectation.expected[comm.rank],
-            replicated=expectation.replicated,
-        )
-
-    return LockstepGroup(case.tp_size, timeout_s=30).run(one_rank)

@@ -13,6 +13,7 @@ or died) for the jobs not yet run.
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import json
 import os
 import pathlib
@@ -26,13 +27,14 @@ from typing import Any
 
 import torch
 
-from shardspec.conformance.cases.expectations import compute_expectation, rank_device_kind, save_expectations
+from shardspec.conformance.harness.crashes import CrashBudget
+from shardspec.conformance.harness.expectations import rank_device_kind, save_expectations
 from shardspec.conformance.harness.external import JOIN_S, ExternalGroup, rank_command
+from shardspec.conformance.harness.frames import FrameLog, decode_frames
 from shardspec.conformance.harness.group import Job
 from shardspec.conformance.harness.spawn import RankServer
 from shardspec.conformance.harness.transcript import cut_frame, read_frames
-from shardspec.conformance.judge.results import ERROR, CaseResult, not_run
-from shardspec.conformance.judge.verdicts import Judge, RankTranscript
+from shardspec.conformance.record import ERROR, FAIL, NOT_RUN, CaseResult, not_run
 
 STARTUP_S = 90.0  # torch import and rendezvous, generous for 8 ranks on 2 cores
 WORKER = "shardspec.conformance.harness.worker"
@@ -46,12 +48,17 @@ class LaunchOptions:
     max_relaunches: int = 5  # besides one launch per job known to end a launch
     poll_s: float = 0.3
     launcher: str = "auto"  # "torchrun" | "fork" | "auto" (see RunConfig.launcher)
+    max_crashes: int = 3  # cases of one entry ending alike before its others are not run (0: never)
+    # TP groups in the world of each launch the suite starts (blocks of tp consecutive ranks, each running
+    # every job, each judged); an external launch holds as many as the ranks that join make (WORLD_SIZE / tp).
+    tp_groups: int = 1
 
 
 def run_jobs_multiprocess(
     jobs: list[Job],
     tp: int,
     options: LaunchOptions,
+    judge,
     on_result: Callable[[CaseResult], None] | None = None,
     log: Callable[[str], None] = print,
     servers: dict | None = None,
@@ -61,10 +68,13 @@ def run_jobs_multiprocess(
     run_dir = options.run_dir
     run_dir.mkdir(parents=True, exist_ok=True)
     device_kind = (
-        rank_device_kind(tp) if options.launcher != "external" else ("cuda" if torch.cuda.is_available() else "cpu")
+        rank_device_kind(tp * options.tp_groups)
+        if options.launcher != "external"
+        else ("cuda" if torch.cuda.is_available() else "cpu")
     )  # one GPU per rank on each node
     cases = list({job.case.case_id: job.case for job in jobs}.values())
-    expectations = {case.case_id: compute_expectation(case, options.pg_timeout_s, device_kind) for case in cases}
+    judge = judge.at(device_kind)  # the judge decodes and rebuilds on the ranks' device kind
+    expectations = {case.case_id: judge.expectation(case) for case in cases}
     save_expectations(run_dir / "expectations.pt", expectations)
     torch.save(cases, run_dir / "cases.pt")
     position = {case.case_id: i for i, case in enumerate(cases)}
@@ -82,14 +92,21 @@ def run_jobs_multiprocess(
     breaking = {i for i, job in enumerate(jobs) if _breaks_group(expectations[job.case.case_id])}
     remaining = [i for i in range(len(jobs)) if i not in breaking] + sorted(breaking)
     starter = _GroupStarter(run_dir, device_kind, options.launcher, log, {} if servers is None else servers)
-    judge = Judge(expectations, device_kind)
     launch_number, idle_launches = 0, 0
+    crashes = CrashBudget(options.max_crashes)
     # A launch that judged at least one job may be followed by another (each ends at most one job early);
     # launches that judge nothing are allowed max_relaunches times.
     while remaining and idle_launches <= options.max_relaunches:
         log(f"  launch {launch_number + 1}: tp {tp}, {len(remaining)} job(s), {_labels(jobs, remaining)}")
         outcome = _launch(jobs, remaining, tp, options, f"launch{launch_number}", results, on_result, starter, judge)
         launch_number += 1
+        for index in remaining:
+            if index in results:
+                crashes.note(results[index])
+        for index in remaining:
+            reason = None if index in results else crashes.spent(jobs[index].choice.label, tp)
+            if reason is not None:
+                results[index] = not_run(jobs[index].case, jobs[index].choice.label, reason)
         still = [i for i in remaining if i not in results]
         idle_launches += len(still) == len(remaining)
         remaining = still
@@ -141,7 +158,9 @@ class _GroupStarter:
         self.external = launcher == "external"
         self.use_torchrun = launcher == "torchrun" or (launcher == "auto" and device_kind != "cpu")
 
-    def start(self, tp: int, name: str, log_path: pathlib.Path):
+    def start(self, tp: int, name: str, log_path: pathlib.Path, world: int | None = None):
+        """``world`` ranks (default ``tp``), in TP groups of ``tp``."""
+        world = tp if world is None else world
         args = [str(self.run_dir), str(self.run_dir / f"{name}.json")]
         env = _worker_env(self.device_kind)
         if self.external:
@@ -158,16 +177,16 @@ class _GroupStarter:
                 "--max-restarts",
                 "0",
                 "--nproc-per-node",
-                str(tp),
+                str(world),
                 "-m",
                 WORKER,
                 *args,
             ]
         elif self.device_kind != "cpu":
-            command = [sys.executable, "-m", "shardspec.conformance.harness.spawn", str(tp), WORKER, *args]
+            command = [sys.executable, "-m", "shardspec.conformance.harness.spawn", str(world), WORKER, *args]
         else:
             log_path.write_text("")
-            return _rank_server(self.servers, env, self.run_dir, name).start(tp, args, log_path)
+            return _rank_server(self.servers, env, self.run_dir, name).start(world, args, log_path)
         with open(log_path, "w") as log_file:
             return subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True, env=env)
 
@@ -177,6 +196,7 @@ def _launch(jobs, indices, tp, options, name, results, on_result, starter, judge
     run_dir = options.run_dir
     spec = {
         "job_indices": indices,
+        "tp": tp,  # a world of more ranks holds several TP groups of tp
         "device": starter.device_kind,
         "case_timeout_s": options.case_timeout_s,
         "pg_timeout_s": options.pg_timeout_s,
@@ -185,8 +205,8 @@ def _launch(jobs, indices, tp, options, name, results, on_result, starter, judge
     log_path = run_dir / f"{name}.log"
     startup = JOIN_S if starter.external else STARTUP_S
     limit = startup + len(indices) * (options.case_timeout_s + 5.0)
-    follower = _Follower(run_dir, name, tp)
-    proc = starter.start(tp, name, log_path)
+    follower = _Follower(run_dir, name, tp, 1 if starter.external else options.tp_groups)
+    proc = starter.start(tp, name, log_path, tp * options.tp_groups)
     settle = _Settler(jobs, results, follower, judge, on_result)
     try:
         ended = _follow(proc, limit, follower, indices, settle, options)
@@ -255,29 +275,74 @@ class _Settler:
         for index in indices:
             if index in self.results:
                 continue
-            transcripts = self.follower.transcripts.get(index, {})
-            if sum(t.ended for t in transcripts.values()) < self.jobs[index].case.tp_size:
+            groups = self.follower.group_transcripts(index)
+            if any(sum(t.ended for t in ranks.values()) < self.jobs[index].case.tp_size for ranks in groups):
                 return  # jobs finish in order: nothing later is complete either
-            self.settle(index, transcripts)
+            self.settle(index, groups)
 
-    def settle(self, index, transcripts, ended: str | None = None, culprit=None) -> None:
+    def settle(self, index, groups, ended: str | None = None, culprit=None) -> None:
+        """``groups``: each TP group's transcripts by rank in the group; ``culprit``: its rank is a world rank."""
         job = self.jobs[index]
-        try:
-            self.results[index] = self.judge.case_result(job.case, job.choice.label, transcripts, ended, culprit)
-        except Exception as exc:  # a defect of the judge: this case, not the run, ends with it
-            self.results[index] = judge_failed(job, exc)
+        tp = job.case.tp_size
+        results = [
+            self._judged(job, ranks, ended, _in_group(culprit, number, tp)) for number, ranks in enumerate(groups)
+        ]
+        self.results[index] = results[0] if len(results) == 1 else across_groups(results, tp)
         if self.on_result:
             self.on_result(self.results[index])
+
+    def _judged(self, job, transcripts, ended, culprit) -> CaseResult:
+        try:
+            decoded = {rank: decode_frames(log, self.judge.device) for rank, log in transcripts.items()}
+            return self.judge.transcripts(job.case, job.choice.label, decoded, ended, culprit)
+        except Exception as exc:  # a defect of the judge: this case, not the run, ends with it
+            return judge_failed(job, exc)
 
     def broken_job(self, indices, ended, culprit) -> None:
         """The first unfinished job fails with what is known, unless a rank left on purpose before it."""
         for index in indices:
             if index in self.results:
                 continue
-            transcripts = self.follower.transcripts.get(index, {})
-            if transcripts or not self.follower.left_on_purpose:
-                self.settle(index, transcripts, ended, culprit)
+            groups = self.follower.group_transcripts(index)
+            if any(groups) or not self.follower.left_on_purpose:
+                self.settle(index, groups, ended, culprit)
             return
+
+
+def _in_group(culprit: dict | None, group: int, tp: int) -> dict | None:
+    """The launcher's culprit (a world rank) as seen by TP group ``group``: its rank there, or None."""
+    if culprit is None or not isinstance(culprit.get("rank"), int):
+        return culprit
+    if culprit["rank"] // tp != group:
+        return None
+    return {**culprit, "rank": culprit["rank"] % tp}
+
+
+def across_groups(results: list[CaseResult], tp: int) -> CaseResult:
+    """One job's result in a world of several TP groups, each of which ran it: every group's violations and
+    errors, each message naming its group; the worst status; a pass only where every group passed."""
+
+    def named(entries: list[dict], group: int) -> list[dict]:
+        where = f"TP group {group} (world ranks {group * tp}-{group * tp + tp - 1})"
+        return [{**entry, "message": f"{where}: {entry.get('message', '')}"} for entry in entries]
+
+    violations = [v for number, result in enumerate(results) for v in named(result.violations, number)]
+    errors = [e for number, result in enumerate(results) for e in named(result.errors, number)]
+    statuses = [result.status for result in results]
+    status = next((s for s in (ERROR, FAIL, NOT_RUN) if s in statuses), statuses[0])
+    judged = set.intersection(*(set(result.judged) for result in results)) | {v["invariant_id"] for v in violations}
+    keys = {key for result in results for key in result.timings}
+    timings = {key: max(result.timings.get(key, 0.0) for result in results) for key in keys}
+    reason = "; ".join(dict.fromkeys(result.reason for result in results if result.reason))
+    return dataclasses.replace(
+        results[0],
+        status=status,
+        violations=violations,
+        errors=errors,
+        judged=sorted(judged),
+        timings=timings,
+        reason=reason,
+    )
 
 
 def judge_failed(job: Job, exc: Exception) -> CaseResult:
@@ -314,12 +379,15 @@ def _tail(path: pathlib.Path, lines: int = 30) -> str:
 
 
 class _Follower:
-    """Reads the ranks' frame files incrementally (the last frame may be half-written)."""
+    """Reads the ranks' frame files incrementally (the last frame may be half-written); ranks are world ranks,
+    in TP groups of ``tp`` consecutive ones."""
 
-    def __init__(self, run_dir: pathlib.Path, name: str, tp: int):
-        self.paths = [run_dir / f"{name}-rank{rank}.frames" for rank in range(tp)]
-        self.offsets = [0] * tp
-        self.transcripts: dict[int, dict[int, RankTranscript]] = {}  # job index -> rank -> frames
+    def __init__(self, run_dir: pathlib.Path, name: str, tp: int, groups: int = 1):
+        self.run_dir, self.name, self.tp = run_dir, name, tp
+        self.paths: list[pathlib.Path] = []  # by world rank
+        self.offsets: list[int] = []
+        self._grow(tp * groups)
+        self.transcripts: dict[int, dict[int, FrameLog]] = {}  # job index -> rank -> frames
         self.ready: set[int] = set()
         self.pids: dict[int, int] = {}
         self.last_frame = time.monotonic()
@@ -351,13 +419,33 @@ class _Follower:
         elif frame.get("event") == "ready":
             self.ready.add(rank)
             self.pids[rank] = frame.get("pid")
+            world = frame.get("world_size")
+            if isinstance(world, int) and world > len(self.paths) and world % self.tp == 0:
+                self._grow(world)  # ranks started by another launcher: a world of several TP groups
         elif frame.get("job") is not None:
-            transcript = self.transcripts.setdefault(frame["job"], {}).setdefault(rank, RankTranscript())
+            transcript = self.transcripts.setdefault(frame["job"], {}).setdefault(rank, FrameLog())
             for why in self.pending.pop(rank, []):  # the unreadable frame began this job
                 transcript.add({"undecodable": why})
             transcript.add(frame)
             if frame.get("timeout") or frame.get("harness_error") or frame.get("aligned") is False:
                 self.left_on_purpose = True
+
+    def _grow(self, world: int) -> None:
+        for rank in range(len(self.paths), world):
+            self.paths.append(self.run_dir / f"{self.name}-rank{rank}.frames")
+            self.offsets.append(0)
+
+    @property
+    def groups(self) -> int:
+        return len(self.paths) // self.tp
+
+    def group_transcripts(self, job: int) -> list[dict]:
+        """Per TP group (blocks of tp world ranks), its transcripts of ``job`` by rank in the group."""
+        ranks = self.transcripts.get(job, {})
+        groups: list[dict] = [{} for _ in range(self.groups)]
+        for rank, transcript in ranks.items():
+            groups[rank // self.tp][rank % self.tp] = transcript
+        return groups
 
     def _note(self, rank: int, why: str) -> None:
         """A frame of ``rank`` that cannot be read: for the job it is in, or (after that job's last frame)
@@ -376,7 +464,7 @@ class _Follower:
             notes = self.pending.pop(rank, []) + [f"rank {rank}'s transcript is cut: {cut_frame(rest)}"] * bool(rest)
             job = next((i for i in indices if not self._ended(i, rank)), None)
             for why in notes if job is not None else ():
-                self.transcripts.setdefault(job, {}).setdefault(rank, RankTranscript()).add({"undecodable": why})
+                self.transcripts.setdefault(job, {}).setdefault(rank, FrameLog()).add({"undecodable": why})
 
     def _ended(self, job: int, rank: int) -> bool:
         transcript = self.transcripts.get(job, {}).get(rank)

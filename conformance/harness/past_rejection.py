@@ -67,9 +67,10 @@ class RejectionPoint:
 def rejection_point(case: Case, expected) -> RejectionPoint:
     """Where the reference rejects ``case`` on the rank whose outputs are ``expected``; one that never stops
     the rank where the reference does not reject there or the precondition's violation is undefined."""
-    from shardspec.conformance.judge.checks.rejection import ALWAYS_REJECTED, names
+    from shardspec.spec.errors import names_precondition
+    from shardspec.spec.loader import must_reject_ids
 
     precondition = case.expect_error
-    if precondition not in ALWAYS_REJECTED or not names(expected.error, precondition):
+    if precondition not in must_reject_ids() or not names_precondition(expected.error, precondition):
         return RejectionPoint(None)
     return RejectionPoint(precondition, expected.failed_step, len(expected.wire))

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from shardspec.conformance.judge.checks.base import WireCall
+from shardspec.conformance.record import WireCall
 
 
 class Progress:
@@ -425,31 +425,3 @@ def same_tensor(a: torch.Tensor, b: torch.Tensor) -> bool:
     if a.is_floating_point():
         return bool(((a == b) | (a.isnan() & b.isnan())).all())
     return torch.equal(a, b.to(a.device))
-
-
-def run_lockstep(group, fn) -> list:
-    """``fn(comm)`` on every rank of a LockstepGroup; per-rank results even if the group broke.
-
-    ``fn`` records its own errors; a rank that leaves while peers wait makes
-    them fail inside their collective, which ``fn`` records too.
-    """
-    results: list = [None] * group.world_size
-
-    def body(rank: int) -> None:
-        try:
-            group.start(rank)
-        except Exception:  # the group broke before this rank's turn
-            pass
-        try:
-            results[rank] = fn(group.comm(rank))
-        finally:
-            group.finish(rank)
-
-    threads = [threading.Thread(target=body, args=(rank,), daemon=True) for rank in range(group.world_size)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(group.timeout_s * 2)
-    if any(thread.is_alive() for thread in threads):
-        raise TimeoutError(f"a rank did not finish within {group.timeout_s * 2:.0f}s")
-    return results

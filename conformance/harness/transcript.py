@@ -30,8 +30,9 @@ from typing import Any, BinaryIO
 import numpy as np
 import torch
 
+from shardspec.conformance.record import NUMPY_CARRIER
+
 # Dtypes numpy cannot hold: sent as same-size integers, rebuilt by a view.
-NUMPY_CARRIER = {torch.bfloat16: torch.int16, torch.float8_e4m3fn: torch.uint8, torch.float8_e5m2: torch.uint8}
 _DTYPES = {
     str(dtype).removeprefix("torch."): dtype
     for dtype in (
@@ -52,17 +53,7 @@ _DTYPES = {
 }
 # Classes the judge rebuilds as themselves (everything else becomes a stand-in): the data model, and the
 # spec's own types an input may carry (e.g. an engine's InputBatch subclass built by a case).
-# What a rank's last frame of a job carries beside the streamed step parts: StepOutputs fields.
-FINAL_FIELDS = (
-    "failed_step",
-    "error",
-    "error_traceback",
-    "not_rejected",
-    "inputs_modified",
-    "held_results_modified",
-    "results_sharing_inputs",
-)
-_OWN_PACKAGES = ("shardspec.spec.", "shardspec.conformance.judge.checks.base")
+_OWN_PACKAGES = ("shardspec.spec.", "shardspec.conformance.record")
 
 
 @dataclass

@@ -90,6 +90,7 @@ class Watchdog:
                         "case_id": case_id,
                         "rank": self.rank,
                         "in_collective": self.progress.collective is not None,
+                        "step": self.progress.step,
                         "timeout": f"rank {self.rank} made no progress for {self.timeout_s:.0f}s in {where}",
                     }
                 )
@@ -110,13 +111,14 @@ class Streamer:
 
     def on_step(self, step: str, run) -> None:
         from shardspec.conformance.harness.transcript import encode
-        from shardspec.conformance.step import STEP_OUTPUT
+        from shardspec.conformance.record import STEP_OUTPUT
 
         part = getattr(run.outputs, STEP_OUTPUT[step]) if step in STEP_OUTPUT else None
         self.writer.write({"job": self.job, "rank": self.rank, "step": step, "part": encode(part)})
 
     def final(self, outputs) -> dict:
-        from shardspec.conformance.harness.transcript import FINAL_FIELDS, encode
+        from shardspec.conformance.harness.transcript import encode
+        from shardspec.conformance.record import FINAL_FIELDS
 
         return encode({name: getattr(outputs, name) for name in FINAL_FIELDS})
 
@@ -152,8 +154,8 @@ def preload(argv: list[str]) -> None:
     """Import what the ranks need (for every job of RUN_DIR), before :mod:`.spawn` forks them:
     once instead of once per rank."""
     run_dir = pathlib.Path(argv[0])
-    import shardspec.conformance.cases.expectations  # noqa: F401
-    import shardspec.conformance.step  # noqa: F401
+    import shardspec.conformance.harness.expectations  # noqa: F401
+    import shardspec.conformance.harness.rank_step  # noqa: F401
     from shardspec.conformance.api import ImplChoice, load_implementation
 
     jobs = json.loads((run_dir / "jobs.json").read_text())
@@ -170,9 +172,9 @@ def main(argv: list[str]) -> int:
 
     from shardspec.comm import TorchDistComm
     from shardspec.conformance.api import ImplChoice, load_implementation
-    from shardspec.conformance.cases.expectations import load_expectations
+    from shardspec.conformance.harness.expectations import load_expectations
+    from shardspec.conformance.harness.rank_step import run_case_on_rank
     from shardspec.conformance.harness.recording import Progress
-    from shardspec.conformance.step import run_case_on_rank
 
     jobs = json.loads((run_dir / "jobs.json").read_text())
     cases = torch.load(run_dir / "cases.pt", weights_only=False)

@@ -29,8 +29,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from shardspec.conformance.harness.transcript import NUMPY_CARRIER
-from shardspec.conformance.judge.checks.base import StepOutputs
+from shardspec.conformance.record import NUMPY_CARRIER, StepOutputs
 
 GATHERED_FIELDS = ("sampled_token_ids", "num_sampled", "num_rejected", "num_nans")
 LOGPROBS_FIELDS = (

@@ -2,58 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any
 
-from shardspec.conformance.step import run_group_checks, violation_dict
+from shardspec.conformance.judge.rank import group_checks, violation_dict
+from shardspec.conformance.record import ERROR, FAIL, NOT_RUN, PASS, CaseResult, not_run  # noqa: F401
 from shardspec.spec.case import Case
-
-PASS, FAIL, ERROR, NOT_RUN = "pass", "fail", "error", "not-run"
-
-
-@dataclass
-class CaseResult:
-    case: Case
-    impl: str
-    status: str  # pass | fail | error | not-run
-    violations: list[dict[str, Any]] = field(default_factory=list)
-    # Per-rank failures of the run itself: raised, hung, or no result.
-    errors: list[dict[str, Any]] = field(default_factory=list)
-    timings: dict[str, float] = field(default_factory=dict)
-    reason: str = ""  # for not-run
-    generated: bool = False
-    reproduce: str = ""
-    shrunk: str = ""  # what shrinking the case found (see cases/shrink.py), where it was tried
-    # Invariants this case judged on every rank (group checkers judge every complete case).
-    judged: list[str] = field(default_factory=list)
-
-    @property
-    def case_id(self) -> str:
-        return self.case.case_id
-
-    @property
-    def tp(self) -> int:
-        return self.case.tp_size
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "case_id": self.case_id,
-            "tp": self.tp,
-            "impl": self.impl,
-            "status": self.status,
-            "violations": self.violations,
-            "errors": self.errors,
-            "timings": self.timings,
-            "reason": self.reason,
-            "generated": self.generated,
-            "reproduce": self.reproduce,
-            "shrunk": self.shrunk,
-            "judged": self.judged,
-        }
-
-
-def not_run(case: Case, impl: str, reason: str) -> CaseResult:
-    return CaseResult(case=case, impl=impl, status=NOT_RUN, reason=reason)
 
 
 def combine(case: Case, impl: str, records: dict[int, dict[str, Any]], ended: str | None = None) -> CaseResult:
@@ -69,7 +22,7 @@ def combine(case: Case, impl: str, records: dict[int, dict[str, Any]], ended: st
         from shardspec.conformance.judge.checks.base import GROUP_CHECKERS, checkers_for
 
         digests = {rank: records[rank]["digest"] for rank in sorted(records)}
-        violations += [violation_dict(v) for v in run_group_checks(case, digests)]
+        violations += [violation_dict(v) for v in group_checks(case, digests)]
         per_rank = [set(records[rank].get("judged", ())) for rank in sorted(records)]
         group = set(checkers_for(GROUP_CHECKERS, case.profile))
         judged = sorted(set.union(*per_rank) | group) if per_rank else []
@@ -132,7 +85,7 @@ def _rank_errors(case: Case, records: dict[int, dict[str, Any]], ended: str | No
             )
         elif record.get("timeout"):
             kind = "peer-timeout" if record.get("in_collective") else "timeout"
-            errors.append({"rank": rank, "kind": kind, "message": record["timeout"]})
+            errors.append({"rank": rank, "kind": kind, "step": record.get("step"), "message": record["timeout"]})
         elif record.get("error"):
             error = record["error"]
             kind = "peer" if error.get("in_collective") else "raised"

@@ -1,68 +1,56 @@
-"""The judge of a multi-process run: it turns the ranks' transcripts into verdicts.
+"""The judge: verdicts from what the ranks handed over, for every way of running them.
 
-It runs in the parent, which never imports the implementation under test:
-the ranks only run steps and stream what the implementation returned
-(:mod:`.transcript`); the checkers run here, on data rebuilt from those
-frames. A rank that died in step k still gets verdicts for the steps before
-k: the invariants of the steps it finished are judged on what it sent.
+A group (the harness) runs the ranks and hands the judge what each rank
+returned: the in-process groups a rank record with its outputs
+(:meth:`Judge.rank`, then :meth:`Judge.case`); a multi-process run the
+ranks' transcripts, decoded from their frames by the harness
+(:meth:`Judge.transcripts`). In a multi-process run the judge is the parent,
+which never imports the implementation under test. A rank that died in step
+k still gets verdicts for the steps before k: the invariants of the steps it
+finished are judged on what it sent.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from typing import Any
 
-from shardspec.conformance.harness.transcript import FINAL_FIELDS, DecodeError, decode
-from shardspec.conformance.judge.checks.base import StepOutputs
-from shardspec.conformance.judge.results import CaseResult, combine
-from shardspec.conformance.step import STEP_OUTPUT, judge_rank
+from shardspec.conformance.judge.rank import judge_rank
+from shardspec.conformance.judge.results import combine
+from shardspec.conformance.record import CaseResult, Expectation, RankTranscript
 from shardspec.spec.case import Case, build_case_inputs
-
-STEP_ORDER = ("construct", "shard", "all_to_all", "sample", "gather")
-
-
-@dataclass
-class RankTranscript:
-    """The frames one rank sent for one job."""
-
-    parts: dict[str, Any] = field(default_factory=dict)  # step -> what it returned (encoded)
-    wire: list = field(default_factory=list)  # encoded WireCalls, in issue order
-    steps: list[str] = field(default_factory=list)  # steps that returned, in order
-    final: dict[str, Any] | None = None  # the job's last frame: its record, a timeout or a harness error
-    undecodable: list[str] = field(default_factory=list)  # frames that could not be read, and why
-
-    @property
-    def ended(self) -> bool:
-        """Nothing more of this job is needed from the rank: its last frame came, or one that cannot be read."""
-        return self.final is not None or bool(self.undecodable)
-
-    def add(self, frame: dict[str, Any]) -> None:
-        if "undecodable" in frame:
-            self.undecodable.append(frame["undecodable"])
-        elif "call" in frame:
-            self.wire.append(frame["call"])
-        elif "step" in frame and "part" in frame:
-            self.steps.append(frame["step"])
-            self.parts[frame["step"]] = frame["part"]
-        else:
-            self.final = frame
-
-    def next_step(self) -> str:
-        """The step the rank was in after the last one it finished."""
-        done = [STEP_ORDER.index(s) for s in self.steps if s in STEP_ORDER]
-        position = max(done, default=-1) + 1
-        return STEP_ORDER[position] if position < len(STEP_ORDER) else "after the gather"
 
 
 class Judge:
-    """Verdicts for the jobs of one group size, from transcripts."""
+    """Verdicts for the cases of one run.
 
-    def __init__(self, expectations: dict[str, Any], device_kind: str):
-        self.expectations = expectations
-        self.device = "cuda" if device_kind == "cuda" else "cpu"
+    ``expect(case, device)`` is the reference's expectation of a case on a
+    device (the harness computes it: it runs the reference); ``device`` is
+    where this judge rebuilds a case's inputs and the ranks' outputs, the
+    device the ranks ran on (``at`` gives the judge of another).
+    """
+
+    def __init__(self, expect: Callable[[Case, str], Expectation], device: str = "cpu"):
+        self.expect = expect
+        self.device = device
         self._inputs: dict[str, Any] = {}
 
-    def case_result(
+    def at(self, device: str) -> Judge:
+        """This judge for ranks on ``device`` (float results differ in the last bits between devices)."""
+        return self if device == self.device else Judge(self.expect, device)
+
+    def expectation(self, case: Case) -> Expectation:
+        return self.expect(case, self.device)
+
+    def rank(self, case: Case, record: dict[str, Any], completed: set[str] | None = None) -> dict[str, Any]:
+        """One rank's record of ``case`` (with its ``outputs``), judged."""
+        return judge_rank(case, record, self.expectation(case), self.inputs(case), completed)
+
+    def case(self, case: Case, label: str, records: dict[int, dict[str, Any]], ended: str | None = None) -> CaseResult:
+        """The judged records of every rank of ``case`` combined; ``ended``: why missing ranks stopped."""
+        return combine(case, label, records, ended=ended)
+
+    def transcripts(
         self,
         case: Case,
         label: str,
@@ -81,19 +69,15 @@ class Judge:
         if any("digest" not in r or r.get("error") for r in records.values()) or len(records) < case.tp_size:
             for rank, message in self.mismatches(case, transcripts).items():
                 records.setdefault(rank, {"rank": rank, "case_id": case.case_id})["mismatch"] = message
-        return combine(case, label, records, ended=ended)
+        return self.case(case, label, records, ended)
 
     def mismatches(self, case: Case, transcripts: dict[int, RankTranscript]) -> dict[int, str]:
         """Ranks whose collectives left the plan the spec gives them (what breaks a group's collective)."""
-        expected = self.expectations[case.case_id].expected
+        expected = self.expectation(case).expected
         found = {}
         for rank, transcript in sorted(transcripts.items()):
             want = expected[rank].wire
-            for position, encoded in enumerate(transcript.wire):
-                try:
-                    call = decode(encoded, self.device)
-                except DecodeError:
-                    break  # the rank's record says why
+            for position, call in enumerate(transcript.wire):
                 difference = (
                     "is one more than the plan has" if position >= len(want) else call_difference(call, want[position])
                 )
@@ -107,67 +91,45 @@ class Judge:
     ) -> dict[str, Any] | None:
         final = transcript.final
         culprit_here = culprit is not None and culprit.get("rank") == rank
-        if transcript.undecodable and not culprit_here and (final is None or "outputs" in final):
-            return _undecodable(case, rank, transcript.next_step(), "; ".join(transcript.undecodable))
-        if final is not None and "outputs" in final:
-            record = dict(final)
-            try:
-                record["outputs"] = self.outputs(transcript, final["outputs"])
-            except DecodeError as exc:
-                where = exc.path.lstrip(".")
-                why = f"rank {rank}'s {where} could not be decoded: {exc.why}"
-                return _undecodable(case, rank, _STEP_OF.get(where.split(".")[0].split("[")[0]), why)
-            return judge_rank(case, record, self.expectations[case.case_id], self.inputs(case))
+        if transcript.undecodable and not culprit_here and (final is None or transcript.complete):
+            return _undecodable(case, rank, transcript.next_step, "; ".join(transcript.undecodable))
+        if transcript.complete:
+            if transcript.decode_error is not None:
+                step, where, why = transcript.decode_error
+                return _undecodable(case, rank, step, f"rank {rank}'s {where} could not be decoded: {why}")
+            return self.rank(case, {**final, "outputs": transcript.outputs})
         partial = self.partial_violations(case, rank, transcript)
         if final is not None:  # the rank reported a hang or a failure of the suite itself
             return {**final, "violations": partial}
-        if culprit is not None and culprit.get("rank") == rank:
+        if culprit_here:
             return {**_died(case, rank, transcript, ended, culprit), "violations": partial}
+        if culprit is None and ended is not None and (transcript.steps or transcript.wire):
+            return {**_unfinished(case, rank, transcript, ended), "violations": partial}
         if partial:
             return {
                 "rank": rank,
                 "case_id": case.case_id,
                 "violations": partial,
-                "stopped": f"in step {transcript.next_step()}",
+                "stopped": f"in step {transcript.next_step}",
             }
         return None
 
     def partial_violations(self, case: Case, rank: int, transcript: RankTranscript) -> list[dict[str, Any]]:
-        if not transcript.steps:
+        if not transcript.steps or transcript.outputs is None:  # nothing of it can be judged
             return []
-        try:
-            record = {"rank": rank, "impl": "", "outputs": self.outputs(transcript, None)}
-        except DecodeError:  # nothing of it can be judged
-            return []
-        judged = judge_rank(
-            case, record, self.expectations[case.case_id], self.inputs(case), completed=set(transcript.steps)
-        )
-        return judged["violations"]
-
-    def outputs(self, transcript: RankTranscript, final: dict[str, Any] | None) -> StepOutputs:
-        """What the rank's frames hold; raises DecodeError, its path naming the output (``gathered.num_nans``)."""
-        out = StepOutputs()
-        for step, part in transcript.parts.items():
-            if step in STEP_OUTPUT:
-                setattr(out, STEP_OUTPUT[step], self._decoded(STEP_OUTPUT[step], part))
-        out.wire = self._decoded("wire", list(transcript.wire))
-        for name in FINAL_FIELDS if final else ():
-            setattr(out, name, self._decoded(name, final[name]))
-        return out
-
-    def _decoded(self, name: str, value: Any) -> Any:
-        try:
-            return decode(value, self.device)
-        except DecodeError as exc:
-            raise exc.within(name) from None
+        record = {"rank": rank, "impl": "", "outputs": transcript.outputs}
+        return self.rank(case, record, completed=set(transcript.steps))["violations"]
 
     def inputs(self, case: Case):
         if case.case_id not in self._inputs:
+            if len(self._inputs) >= _INPUTS_KEPT:
+                del self._inputs[next(iter(self._inputs))]
             self._inputs[case.case_id] = build_case_inputs(case, self.device)
         return self._inputs[case.case_id]
 
 
-_STEP_OF = {output: step for step, output in STEP_OUTPUT.items()}
+# Ranks hand over one case after another (threads a few apart): the inputs of the last few are kept.
+_INPUTS_KEPT = 16
 
 
 def _undecodable(case: Case, rank: int, step: str | None, why: str) -> dict[str, Any]:
@@ -180,9 +142,23 @@ def _died(
     return {
         "rank": rank,
         "case_id": case.case_id,
-        "step": transcript.next_step(),
-        "died": f"rank {rank} {culprit['how']} in step {transcript.next_step()} of case {case.case_id}"
+        "step": transcript.next_step,
+        "died": f"rank {rank} {culprit['how']} in step {transcript.next_step} of case {case.case_id}"
         + (f" ({ended})" if ended else ""),
+    }
+
+
+def _unfinished(case: Case, rank: int, transcript: RankTranscript, ended: str) -> dict[str, Any]:
+    """A rank the parent stopped with no culprit known (e.g. every rank silent, one holding the GIL): where it
+    was. One outside any collective did not return from its step; one in a collective waited for it."""
+    step = transcript.next_step
+    where = f"waited in {transcript.waiting_in}" if transcript.waiting_in else "did not return"
+    return {
+        "rank": rank,
+        "case_id": case.case_id,
+        "step": step,
+        "in_collective": transcript.waiting_in is not None,
+        "timeout": f"rank {rank} {where} in step {step} of case {case.case_id} ({ended})",
     }
 
 

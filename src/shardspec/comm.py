@@ -210,10 +210,13 @@ class LockstepGroup:
             # Resume only when it is this rank's turn again.
             self._wait(lambda: self._turn == rank, rank, kind)
 
-    def run(self, fn, *args) -> list:
+    def run(self, fn, *args, partial: bool = False) -> list:
         """Run ``fn(comm, *args)`` on every rank; return per-rank results.
 
-        A rank that raises re-raises here, with its rank named.
+        A rank that raises re-raises here, with its rank named. ``partial``:
+        return what every rank returned (None for one that raised) even when
+        the group broke, for callers whose ``fn`` records its own errors; a
+        rank still running after twice the timeout raises all the same.
         """
         results: list = [None] * self.world_size
         errors: dict[int, BaseException] = {}
@@ -221,7 +224,13 @@ class LockstepGroup:
         def body(rank: int) -> None:
             comm = self.comm(rank)
             try:
-                self.start(rank)
+                try:
+                    self.start(rank)
+                except Exception:
+                    if not partial:
+                        raise
+                    # The group broke before this rank's turn: ``fn`` meets that in its first collective
+                    # and records it, as for every other failure.
                 results[rank] = fn(comm, *args)
                 self.finish(rank)
             except BaseException as exc:  # reported below, per rank
@@ -233,13 +242,19 @@ class LockstepGroup:
             thread.start()
         for thread in threads:
             thread.join(self.timeout_s * 2)
+        hung = any(t.is_alive() for t in threads)
+        timeout = TimeoutError(f"lockstep group did not finish within {self.timeout_s * 2:.0f}s")
+        if partial:
+            if hung:
+                raise timeout
+            return results
         if errors:
             culprit = self.error_rank if self.error_rank in errors else min(errors)
             raise RankError(culprit, errors[culprit]) from errors[culprit]
         if self.error_rank is not None:
             raise RankError(self.error_rank, self.error) from self.error
-        if any(t.is_alive() for t in threads):
-            raise TimeoutError(f"lockstep group did not finish within {self.timeout_s * 2:.0f}s")
+        if hung:
+            raise timeout
         return results
 
 

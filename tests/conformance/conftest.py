@@ -36,9 +36,10 @@ def throwaway_checkers(monkeypatch):
             yield Violation("INV-TEST-WIRE", f"ranks disagree: {kinds}")
 
     # Imported first: a module imported while the registries are replaced would keep the replacement.
-    import shardspec.conformance.step as execute
+    import shardspec.conformance.judge.rank as judging
 
     monkeypatch.setattr(base, "RANK_CHECKERS", {"INV-TEST-COUNTS": counts})
     monkeypatch.setattr(base, "GROUP_CHECKERS", {"INV-TEST-WIRE": wire_agreement})
-    monkeypatch.setattr(execute, "RANK_CHECKERS", base.RANK_CHECKERS)
+    monkeypatch.setattr(judging, "RANK_CHECKERS", base.RANK_CHECKERS)
+    monkeypatch.setattr(judging, "GROUP_CHECKERS", base.GROUP_CHECKERS)
     return seen_digests

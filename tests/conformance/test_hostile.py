@@ -96,6 +96,12 @@ def test_a_rank_out_of_reach_of_its_own_watchdog_is_stopped_by_the_parent(run, n
     assert "no rank sent anything for" in messages, case["errors"]
     if name == "StopInGather":
         assert "rank(s) 1 stopped by a signal" in messages
+    # The rank that never came back is named first, with its step; its peer waited for it in a collective.
+    first = case["errors"][0]
+    assert (first["rank"], first["kind"], first["step"]) == (1, "timeout", "gather"), case["errors"]
+    assert "rank 1 did not return in step gather of case small-tp2-3" in first["message"]
+    peer = next(e for e in case["errors"] if e["rank"] == 0)
+    assert peer["kind"] == "peer-timeout" and "rank 0 waited in all_gather_into_tensor" in peer["message"], peer
 
 
 @pytest.mark.parametrize("name", ENTRIES[:-1])
@@ -152,8 +158,8 @@ def test_an_import_failure_fails_only_its_entry(run, module, reason):
 def test_a_crash_while_shrinking_ends_the_child_not_the_run(tmp_path, monkeypatch, plugins_on_path):
     """Shrinking replays the implementation in one child process; a segfault there is an error to report."""
     from shardspec.conformance.api import ImplChoice
-    from shardspec.conformance.cases.shrink import shrink_in_child, signature
-    from shardspec.conformance.harness.inprocess import run_case_in_process
+    from shardspec.conformance.cases.shrink import signature
+    from shardspec.conformance.replay import run_case_in_process, shrink_in_child
 
     entry = "faulty_sharders:WrongIdsThenCrashWhenSmall"
     case = small_cases(2)[1]  # 3 requests: ids reversed; every smaller variant segfaults

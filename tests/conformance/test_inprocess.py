@@ -6,9 +6,9 @@ import pytest
 from harness_cases import small_cases
 
 from shardspec.conformance.api import ImplChoice
-from shardspec.conformance.harness.inprocess import run_case_in_process
 from shardspec.conformance.judge.checks import base
-from shardspec.conformance.judge.results import ERROR, FAIL, PASS
+from shardspec.conformance.record import ERROR, FAIL, PASS
+from shardspec.conformance.replay import run_case_in_process
 
 
 @pytest.mark.parametrize("tp", [1, 2, 3])
@@ -75,14 +75,14 @@ def test_error_outside_the_implementation_is_a_harness_error_not_a_crash(monkeyp
     """E.g. a device error that surfaces in a checker: the case is an ERROR naming the rank."""
     from shardspec.conformance.harness import inprocess
 
-    original = inprocess.check_case_on_rank
+    original = inprocess.run_case_on_rank
 
     def broken_harness(case, comm, *args, **kwargs):
         if comm.rank == 1:
             raise RuntimeError("device-side assert surfaced in a checker")
         return original(case, comm, *args, **kwargs)
 
-    monkeypatch.setattr(inprocess, "check_case_on_rank", broken_harness)
+    monkeypatch.setattr(inprocess, "run_case_on_rank", broken_harness)
     result = run_case_in_process(small_cases(2)[0], ImplChoice("reference"), timeout_s=10.0)
     assert result.status == ERROR
     harness = [e for e in result.errors if e["kind"] == "harness"]

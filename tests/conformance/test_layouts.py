@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from shardspec.conformance.api import ImplChoice
-from shardspec.conformance.harness.inprocess import run_case_in_process
+from shardspec.conformance.replay import run_case_in_process
 from shardspec.fixtures import case_from_yaml, case_to_yaml
 from shardspec.spec.case import Case, ExplicitLocalOutput, build_case_inputs, local_logits_shard
 from shardspec.spec.layouts import (

@@ -6,8 +6,8 @@ from shardspec.conformance.api import ImplChoice
 from shardspec.conformance.broken import cases
 from shardspec.conformance.cases.shrink import shrink, shrink_keeping, signature
 from shardspec.conformance.cases.strategies import generate_cases
-from shardspec.conformance.harness.inprocess import run_case_in_process
-from shardspec.conformance.judge.results import FAIL, CaseResult
+from shardspec.conformance.record import FAIL, CaseResult
+from shardspec.conformance.replay import run_case_in_process
 from shardspec.fixtures import case_from_yaml, case_to_yaml
 from shardspec.spec.case import Case
 

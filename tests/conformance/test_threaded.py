@@ -9,8 +9,8 @@ from harness_cases import small_cases
 
 from shardspec.conformance.api import ImplChoice
 from shardspec.conformance.harness import threaded
-from shardspec.conformance.harness.inprocess import run_case_in_process
-from shardspec.conformance.judge.results import ERROR, FAIL, PASS
+from shardspec.conformance.record import ERROR, FAIL, PASS
+from shardspec.conformance.replay import run_case_in_process
 
 GROUP = "torch-threads"
 

@@ -13,8 +13,8 @@ import pytest
 from harness_cases import PLUGINS, small_cases
 
 from shardspec.conformance.api import ImplChoice
-from shardspec.conformance.harness.inprocess import run_case_in_process
-from shardspec.conformance.judge.results import PASS
+from shardspec.conformance.record import PASS
+from shardspec.conformance.replay import run_case_in_process
 
 ADAPTER = pathlib.Path(__file__).resolve().parents[2] / "examples" / "upstream_vllm"
 STAND_IN = PLUGINS / "vllm_style_batch_shard.py"

@@ -5,12 +5,12 @@ from dataclasses import replace
 import pytest
 
 from shardspec.conformance.broken import cases
-from shardspec.conformance.cases.expectations import reference_factory
-from shardspec.conformance.harness.inprocess import step_records
+from shardspec.conformance.harness.expectations import reference_factory
 from shardspec.conformance.judge.checks.all_to_all import check_a2a_splits
 from shardspec.conformance.judge.checks.base import StepRecord
 from shardspec.conformance.judge.checks.wire import check_wire_logprobs, check_wire_sampled, sequence_difference
-from shardspec.conformance.step import run_rank_checks
+from shardspec.conformance.judge.rank import rank_checks
+from shardspec.conformance.replay import step_records
 from shardspec.spec.case import Case
 
 A2A, GATHER = "all_to_all_single", "all_gather_into_tensor"
@@ -32,7 +32,7 @@ def _with_call(record: StepRecord, index: int, **changes) -> StepRecord:
 
 
 def test_reference_records_pass(spec_record):
-    assert run_rank_checks(spec_record) == []
+    assert rank_checks(spec_record)[0] == []
 
 
 def test_a2a_send_buffer_must_be_the_callers_logits_shard(spec_record):

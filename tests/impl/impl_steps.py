@@ -8,7 +8,6 @@ each rank returned and sent is kept so two runs can be compared field by field.
 from __future__ import annotations
 
 import dataclasses
-import functools
 from collections.abc import Callable
 
 import numpy as np
@@ -38,7 +37,7 @@ def mixed(rank: int) -> str:
 
 def _rank_step(comm, case: Case, inputs: CaseInputs, impl_of: Callable[[int], str]) -> RankTrace:
     impl = IMPLS[impl_of(comm.rank)]
-    return run_rank_step(comm, case, inputs, functools.partial(impl, device=DEVICE))
+    return run_rank_step(comm, case, inputs, impl)
 
 
 def run_case(case: Case, impl_of: Callable[[int], str], inputs: CaseInputs | None = None) -> list[RankTrace]:

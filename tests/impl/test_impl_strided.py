@@ -15,9 +15,9 @@ import torch
 from impl_steps import DEVICE, assert_same
 
 from shardspec.comm import LoopbackComm
-from shardspec.fixtures.run import local_sampler_output
 from shardspec.impl import ProductionSharder
 from shardspec.reference import ReferenceSharder
+from shardspec.reference.local_sampler import local_sampler_output
 from shardspec.spec.builders import build_input_batch
 from shardspec.spec.case import Case, build_case_inputs, local_logits_shard
 from shardspec.spec.layouts import BATCH_ARRAYS, BATCH_TENSORS, OFFSET, STRIDED, lay_out_tensor

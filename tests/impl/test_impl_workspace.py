@@ -6,9 +6,9 @@ import torch
 from impl_steps import DEVICE, assert_same, random_case
 
 from shardspec.comm import LoopbackComm
-from shardspec.fixtures.run import local_sampler_output
 from shardspec.impl import ProductionSharder
 from shardspec.reference import ReferenceSharder
+from shardspec.reference.local_sampler import local_sampler_output
 from shardspec.spec.case import build_case_inputs, local_logits_shard
 
 ALIGNED_FIELDS = (

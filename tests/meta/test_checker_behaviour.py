@@ -6,12 +6,12 @@ import pytest
 
 from shardspec.conformance.api import ImplChoice
 from shardspec.conformance.broken import BY_NAME, cases
-from shardspec.conformance.harness.inprocess import run_case_in_process, step_records
 from shardspec.conformance.judge.checks import GROUP_CHECKERS
 from shardspec.conformance.judge.checks.base import StepRecord
 from shardspec.conformance.judge.checks.common import STEP_REPORTER
 from shardspec.conformance.judge.checks.digest import rank_digest
-from shardspec.conformance.step import run_rank_checks
+from shardspec.conformance.judge.rank import rank_checks
+from shardspec.conformance.replay import run_case_in_process, step_records
 from shardspec.reference import ReferenceSharder
 from shardspec.spec.case import Case
 
@@ -39,14 +39,14 @@ def _records(case: Case, factory) -> list[StepRecord]:
 )
 def test_unexpected_exception_is_reported_once_under_its_step(method, step):
     (record,) = _records(TP1, _raising_in(method))
-    violations = run_rank_checks(record)
+    violations = rank_checks(record)[0]
     assert [v.invariant_id for v in violations] == [STEP_REPORTER[step]]
     assert "deliberate failure" in violations[0].message
 
 
 def test_reference_records_have_no_violations_and_digests_are_json():
     records = _records(cases.SPEC, ReferenceSharder)
-    assert all(run_rank_checks(record) == [] for record in records)
+    assert all(rank_checks(record)[0] == [] for record in records)
     digests = {record.rank: rank_digest(record) for record in records}
     json.dumps(digests)
     for checker in GROUP_CHECKERS.values():
@@ -113,7 +113,7 @@ class _GatherReturnsNothing(ReferenceSharder):
 
 def test_a_gather_that_returns_nothing_is_a_violation():
     (record,) = _records(TP1, _GatherReturnsNothing)
-    assert [v.invariant_id for v in run_rank_checks(record)] == ["INV-GATHER-SAMPLED-IDS"]
+    assert [v.invariant_id for v in rank_checks(record)[0]] == ["INV-GATHER-SAMPLED-IDS"]
 
 
 def test_value_messages_summarise_the_differing_rows_not_whole_tensors():

@@ -10,8 +10,8 @@ import pytest
 
 from shardspec.conformance.broken import cases
 from shardspec.conformance.broken.extensions import DropsExtensionField
-from shardspec.conformance.harness.inprocess import step_records
 from shardspec.conformance.judge.checks.extensions import check_gather_extensions
+from shardspec.conformance.replay import step_records
 from shardspec.reference import ReferenceSharder
 from shardspec.spec.errors import PreconditionError
 

@@ -9,7 +9,7 @@ import pytest
 
 from shardspec.conformance.api import ImplChoice
 from shardspec.conformance.broken import CORPUS, cases
-from shardspec.conformance.harness.inprocess import run_case_in_process
+from shardspec.conformance.replay import run_case_in_process
 from shardspec.fixtures.catalogue import case_profiles, with_profile
 from shardspec.reference import ReferenceSharder
 from shardspec.spec.loader import load_spec

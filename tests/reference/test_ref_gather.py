@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from shardspec.conformance.cases.expectations import replicated_of
+from shardspec.conformance.harness.expectations import replicated_of
 from shardspec.fixtures import load_cases
 from shardspec.fixtures.run import run_reference_case
 from shardspec.spec.case import Case, ExplicitLocalOutput, build_case_inputs

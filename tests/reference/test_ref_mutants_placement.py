@@ -17,7 +17,7 @@ import torch
 from test_ref_preconditions import COUNTS, MASK, SLOTS, _output
 
 from shardspec.comm import LoopbackComm
-from shardspec.conformance.cases.expectations import replicated_of
+from shardspec.conformance.harness.expectations import replicated_of
 from shardspec.fixtures import load_cases
 from shardspec.fixtures.golden import encode_trace
 from shardspec.fixtures.run import run_rank_step, run_reference_case

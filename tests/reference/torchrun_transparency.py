@@ -14,9 +14,10 @@ import torch
 import torch.distributed as dist
 
 from shardspec.comm import TorchDistComm
-from shardspec.conformance.cases.expectations import replicated_of
+from shardspec.conformance.harness.expectations import replicated_of
 from shardspec.fixtures import load_cases
-from shardspec.fixtures.run import local_sampler_output, reference_sharder
+from shardspec.fixtures.run import reference_sharder
+from shardspec.reference.local_sampler import local_sampler_output
 from shardspec.spec.case import Case, build_case_inputs, local_logits_shard
 from shardspec.spec.case_edits import gather_options
 

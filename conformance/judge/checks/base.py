@@ -12,48 +12,12 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-import torch
-
+from shardspec.conformance.record import StepOutputs, WireCall  # noqa: F401  (WireCall: the checkers' type)
 from shardspec.spec.case import Case, CaseInputs
-from shardspec.spec.model import SamplerOutput, ShardResult
-
-
-@dataclass
-class WireCall:
-    """One collective as the implementation issued it (send buffer cloned)."""
-
-    kind: str  # "all_to_all_single" | "all_gather_into_tensor"
-    send: torch.Tensor
-    output_shape: tuple
-    output_split_sizes: list[int] | None = None
-    input_split_sizes: list[int] | None = None
-
-
-@dataclass
-class StepOutputs:
-    shard: ShardResult | None = None
-    # all_to_all_logits output, trimmed to nothing: [L_local, tp * shard_width].
-    full_vocab_logits: torch.Tensor | None = None
-    # The local sampler output that was passed to gather_sampler_output.
-    local_output: SamplerOutput | None = None
-    gathered: SamplerOutput | None = None
-    wire: list[WireCall] = field(default_factory=list)
-    # Set when the implementation raised: the step name and the traceback.
-    failed_step: str | None = None
-    error: BaseException | None = None
-    error_traceback: str | None = None
-    # Set when the rank went on past the point where it must reject the case's inputs (the suite stopped it).
-    not_rejected: str | None = None
-    # Names of inputs whose contents changed during the step.
-    inputs_modified: list[str] = field(default_factory=list)
-    # Fields of earlier steps' gathered results (same sharder) whose contents changed during this step:
-    # {"field": "<case id>.gathered.<name>", "row": first changed row or None}.
-    held_results_modified: list[dict] = field(default_factory=list)
-    # Tensors of the gathered result in the storage of an input: {"field": "gathered.<name>", "input": ...}.
-    results_sharing_inputs: list[dict] = field(default_factory=list)
+from shardspec.spec.model import SamplerOutput
 
 
 @dataclass

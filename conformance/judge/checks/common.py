@@ -23,6 +23,7 @@ import torch
 from shardspec.conformance.judge.checks.base import StepRecord, Violation
 from shardspec.reference.plan import ShardPlan, build_plan
 from shardspec.reference.profile_rules import device_cu_num_logits
+from shardspec.spec.errors import declines_extensions
 from shardspec.spec.profiles import VLLM_033
 
 # The invariant whose checker reports an unexpected exception of each step:
@@ -54,17 +55,8 @@ def shards(record: StepRecord):
 
 
 def declined_extensions(case, outputs) -> bool:
-    """The implementation refused the case's extension fields with PRE-EXTENSION-SUPPORTED, which the spec
-    allows (INV-GATHER-EXTENSIONS judges where and how): a verdict, not a run error."""
-    error = outputs.error
-    return (
-        bool(case.extensions)
-        and error is not None
-        and (
-            getattr(error, "precondition_id", None) == "PRE-EXTENSION-SUPPORTED"
-            or "PRE-EXTENSION-SUPPORTED" in str(error)
-        )
-    )
+    """The implementation refused the case's extension fields (spec/errors.py, declines_extensions)."""
+    return declines_extensions(case.extensions, outputs.error)
 
 
 def unexpected_error(record: StepRecord, invariant_id: str) -> list[Violation]:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -43,158 +45,81 @@ def _by_prefix_entry(record: StepRecord):
     return lambda k: int(local[max(k - 1, 0)]) if local.size and k <= local.size else None
 
 
-@rank_check("INV-LOCAL-REQS")
-def check_local_reqs(record: StepRecord) -> Iterable[Violation]:
-    pair = _local_batches(record)
-    if pair is None:
-        return
-    actual, expected = pair
-    violation = check_str_list(
-        "INV-LOCAL-REQS", record, "local_batch.req_ids", actual.req_ids, expected.req_ids, _by_local_request(record)
-    )
-    if violation:
-        yield violation
-        return
-    yield from found(check_int("INV-LOCAL-REQS", record, "local_batch.num_reqs", actual.num_reqs, expected.num_reqs))
+@dataclass(frozen=True)
+class LocalField:
+    """One field of the local batch compared with the reference's: how its entries map to requests, and for
+    host arrays the dtype. ``optional``: None exactly when the reference's is None (the batch's is)."""
+
+    name: str
+    kind: str  # "tensor" | "array" | "int" | "str_list"
+    rows: Callable[[StepRecord], Callable[[int], int | None]] | None = None
+    dtype: Any = None
+    optional: bool = False
 
 
-@rank_check("INV-LOCAL-IDX-MAPPING")
-def check_local_idx_mapping(record: StepRecord) -> Iterable[Violation]:
-    pair = _local_batches(record)
-    if pair is None:
-        return
-    actual, expected = pair
-    by_request = _by_local_request(record)
-    yield from found(
-        check_tensor(
-            "INV-LOCAL-IDX-MAPPING",
-            record,
-            "local_batch.idx_mapping",
-            actual.idx_mapping,
-            expected.idx_mapping,
-            by_request,
-        ),
-        check_array(
-            "INV-LOCAL-IDX-MAPPING",
-            record,
-            "local_batch.idx_mapping_np",
-            actual.idx_mapping_np,
-            expected.idx_mapping_np,
-            np.intp,
-            by_request,
-        ),
-    )
+# Each invariant's fields, in the order they are judged; one ID, written once.
+LOCAL_FIELDS: dict[str, tuple[LocalField, ...]] = {
+    "INV-LOCAL-REQS": (LocalField("req_ids", "str_list", _by_local_request), LocalField("num_reqs", "int")),
+    "INV-LOCAL-IDX-MAPPING": (
+        LocalField("idx_mapping", "tensor", _by_local_request),
+        LocalField("idx_mapping_np", "array", _by_local_request, np.intp),
+    ),
+    "INV-LOCAL-CU-NUM-LOGITS": (
+        LocalField("cu_num_logits", "tensor", _by_prefix_entry),
+        LocalField("cu_num_logits_np", "array", _by_prefix_entry, np.int32),
+    ),
+    "INV-LOCAL-LOGITS-INDICES": (LocalField("logits_indices", "tensor", _by_local_row),),
+    "INV-LOCAL-EXPANDED": (
+        LocalField("expanded_idx_mapping", "tensor", _by_local_row),
+        LocalField("expanded_local_pos", "tensor", _by_local_row),
+    ),
+    "INV-LOCAL-SEQ-LENS": (LocalField("seq_lens", "tensor", _by_local_request),),
+    # vllm-0.33: the owned requests' host bounds, a CPU tensor.
+    "INV-LOCAL-SEQ-LENS-UPPER-BOUND": (
+        LocalField("seq_lens_cpu_upper_bound", "tensor", _by_local_request, optional=True),
+    ),
+    "INV-LOCAL-DRAFTS": (
+        LocalField("num_draft_tokens_per_req", "array", _by_local_request, np.int32, optional=True),
+        LocalField("num_draft_tokens", "int"),
+    ),
+}
 
 
-@rank_check("INV-LOCAL-CU-NUM-LOGITS")
-def check_local_cu_num_logits(record: StepRecord) -> Iterable[Violation]:
-    pair = _local_batches(record)
-    if pair is None:
-        return
-    actual, expected = pair
-    by_entry = _by_prefix_entry(record)
-    yield from found(
-        check_tensor(
-            "INV-LOCAL-CU-NUM-LOGITS",
-            record,
-            "local_batch.cu_num_logits",
-            actual.cu_num_logits,
-            expected.cu_num_logits,
-            by_entry,
-        ),
-        check_array(
-            "INV-LOCAL-CU-NUM-LOGITS",
-            record,
-            "local_batch.cu_num_logits_np",
-            actual.cu_num_logits_np,
-            expected.cu_num_logits_np,
-            np.int32,
-            by_entry,
-        ),
-    )
+def _compare(invariant_id: str, record: StepRecord, spec: LocalField, actual, expected) -> Violation | None:
+    field = f"local_batch.{spec.name}"
+    got, want = getattr(actual, spec.name, None), getattr(expected, spec.name)
+    if spec.optional and (got is None or want is None):
+        if got is want:
+            return None
+        message = f"{field} is {fmt(got)}, expected {fmt(want)} (None exactly when the batch's is None)"
+        return Violation(invariant_id, message, rank=record.rank, field=field)
+    rows = spec.rows(record) if spec.rows is not None else None
+    if spec.kind == "tensor":
+        return check_tensor(invariant_id, record, field, got, want, *([rows] if rows else []))
+    if spec.kind == "array":
+        return check_array(invariant_id, record, field, got, want, spec.dtype, *([rows] if rows else []))
+    if spec.kind == "str_list":
+        return check_str_list(invariant_id, record, field, got, want, rows)
+    return check_int(invariant_id, record, field, got, want)
 
 
-@rank_check("INV-LOCAL-LOGITS-INDICES")
-def check_local_logits_indices(record: StepRecord) -> Iterable[Violation]:
-    pair = _local_batches(record)
-    if pair is None:
-        return
-    yield from found(
-        check_tensor(
-            "INV-LOCAL-LOGITS-INDICES",
-            record,
-            "local_batch.logits_indices",
-            pair[0].logits_indices,
-            pair[1].logits_indices,
-            _by_local_row(record),
-        )
-    )
+def _local_fields_checker(invariant_id: str, fields: tuple[LocalField, ...]):
+    def check(record: StepRecord) -> Iterable[Violation]:
+        pair = _local_batches(record)
+        if pair is None:
+            return []
+        for spec in fields:  # the first field that differs: the later ones usually follow from it
+            violation = _compare(invariant_id, record, spec, *pair)
+            if violation is not None:
+                return [violation]
+        return []
+
+    check.__name__ = check.__qualname__ = "check_" + invariant_id.lower().replace("-", "_")
+    return check
 
 
-@rank_check("INV-LOCAL-EXPANDED")
-def check_local_expanded(record: StepRecord) -> Iterable[Violation]:
-    pair = _local_batches(record)
-    if pair is None:
-        return
-    actual, expected = pair
-    by_row = _by_local_row(record)
-    yield from found(
-        check_tensor(
-            "INV-LOCAL-EXPANDED",
-            record,
-            "local_batch.expanded_idx_mapping",
-            actual.expanded_idx_mapping,
-            expected.expanded_idx_mapping,
-            by_row,
-        ),
-        check_tensor(
-            "INV-LOCAL-EXPANDED",
-            record,
-            "local_batch.expanded_local_pos",
-            actual.expanded_local_pos,
-            expected.expanded_local_pos,
-            by_row,
-        ),
-    )
-
-
-@rank_check("INV-LOCAL-SEQ-LENS")
-def check_local_seq_lens(record: StepRecord) -> Iterable[Violation]:
-    pair = _local_batches(record)
-    if pair is None:
-        return
-    yield from found(
-        check_tensor(
-            "INV-LOCAL-SEQ-LENS",
-            record,
-            "local_batch.seq_lens",
-            pair[0].seq_lens,
-            pair[1].seq_lens,
-            _by_local_request(record),
-        )
-    )
-
-
-@rank_check("INV-LOCAL-SEQ-LENS-UPPER-BOUND")
-def check_local_seq_lens_upper_bound(record: StepRecord) -> Iterable[Violation]:
-    """vllm-0.33: the owned requests' host bounds, a CPU tensor; None stays None."""
-    pair = _local_batches(record)
-    if pair is None:
-        return
-    field = "local_batch.seq_lens_cpu_upper_bound"
-    got, want = getattr(pair[0], "seq_lens_cpu_upper_bound", None), pair[1].seq_lens_cpu_upper_bound
-    if got is None or want is None:
-        if got is not want:
-            yield Violation(
-                "INV-LOCAL-SEQ-LENS-UPPER-BOUND",
-                f"{field} is {fmt(got)}, expected {fmt(want)} (None exactly when the batch's is None)",
-                rank=record.rank,
-                field=field,
-            )
-        return
-    yield from found(
-        check_tensor("INV-LOCAL-SEQ-LENS-UPPER-BOUND", record, field, got, want, _by_local_request(record))
-    )
+for _invariant_id, _fields in LOCAL_FIELDS.items():
+    rank_check(_invariant_id)(_local_fields_checker(_invariant_id, _fields))
 
 
 @rank_check("INV-LOCAL-ADMITTED-DRAFTS")
@@ -217,36 +142,6 @@ def check_local_admitted_drafts(record: StepRecord) -> Iterable[Violation]:
             rank=record.rank,
             field=field,
         )
-
-
-@rank_check("INV-LOCAL-DRAFTS")
-def check_local_drafts(record: StepRecord) -> Iterable[Violation]:
-    pair = _local_batches(record)
-    if pair is None:
-        return
-    actual, expected = pair
-    field = "local_batch.num_draft_tokens_per_req"
-    got, want = actual.num_draft_tokens_per_req, expected.num_draft_tokens_per_req
-    if (got is None) != (want is None):
-        yield Violation(
-            "INV-LOCAL-DRAFTS",
-            f"{field} is {fmt(got)}, expected {fmt(want)} (None exactly when the batch's is None)",
-            rank=record.rank,
-            field=field,
-        )
-        return
-    yield from found(
-        None
-        if want is None
-        else check_array("INV-LOCAL-DRAFTS", record, field, got, want, np.int32, _by_local_request(record)),
-        check_int(
-            "INV-LOCAL-DRAFTS",
-            record,
-            "local_batch.num_draft_tokens",
-            actual.num_draft_tokens,
-            expected.num_draft_tokens,
-        ),
-    )
 
 
 @rank_check("INV-LOCAL-GLOBAL-FIELDS")

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from shardspec.conformance.judge.checks.base import StepRecord, Violation, rank_check
+from shardspec.spec.errors import names_precondition
 from shardspec.spec.loader import must_reject_ids
 
 # The preconditions whose violation must be rejected (never truncated, wrapped or passed on).
@@ -21,7 +22,7 @@ ALWAYS_REJECTED = must_reject_ids()
 def check_reject_invalid(record: StepRecord) -> Iterable[Violation]:
     expected_id = record.case.expect_error
     reference = record.expected
-    if expected_id not in ALWAYS_REJECTED or not names(reference.error, expected_id):
+    if expected_id not in ALWAYS_REJECTED or not names_precondition(reference.error, expected_id):
         return
     actual, step = record.actual, reference.failed_step
     if actual.not_rejected or actual.error is None:
@@ -41,7 +42,7 @@ def check_reject_invalid(record: StepRecord) -> Iterable[Violation]:
             rank=record.rank,
             field="errors",
         )
-    elif not names(actual.error, expected_id):
+    elif not names_precondition(actual.error, expected_id):
         yield Violation(
             "INV-REJECT-INVALID",
             f"the error does not name {expected_id}: {type(actual.error).__name__}: {actual.error}",
@@ -61,17 +62,11 @@ def check_reject_names_precondition(record: StepRecord) -> Iterable[Violation]:
         return  # nothing raised, nothing to name; INV-REJECT-INVALID judges the must-reject ones whole
     # Judged on the ranks where the reference itself detects the violation; on
     # the others an error may just follow a peer leaving a collective.
-    if not names(record.expected.error, expected_id) or names(error, expected_id):
+    if not names_precondition(record.expected.error, expected_id) or names_precondition(error, expected_id):
         return
     yield Violation(
         "INV-REJECT-NAMES-PRECONDITION",
         f"the error does not name {expected_id}: {type(error).__name__}: {error}",
         rank=record.rank,
         field="errors",
-    )
-
-
-def names(error, precondition_id: str) -> bool:
-    return error is not None and (
-        getattr(error, "precondition_id", None) == precondition_id or precondition_id in str(error)
     )

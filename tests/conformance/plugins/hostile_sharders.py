@@ -128,3 +128,12 @@ class ReversedIdsUnchecked(ReferenceSharder):
         out = super().gather_sampler_output(*args, **kwargs)
         out.sampled_token_ids = out.sampled_token_ids.flip(0)
         return out
+
+
+class ExitInEveryGather(ReferenceSharder):
+    """Rank 1 exits in gather whatever the batch: every case ends its launch the same way."""
+
+    def gather_sampler_output(self, local_output, metadata, global_batch, local_batch, **kwargs):
+        if self.rank == 1:
+            os._exit(5)
+        return super().gather_sampler_output(local_output, metadata, global_batch, local_batch, **kwargs)

@@ -8,27 +8,19 @@ recomputing it.
 
 from __future__ import annotations
 
+import collections
 import contextlib
-import importlib
-from dataclasses import dataclass, replace
-from typing import Any
 
 import torch
 
 from shardspec.comm import LockstepGroup
-from shardspec.conformance.harness.recording import run_lockstep
-from shardspec.conformance.judge.checks.base import StepOutputs
-from shardspec.conformance.step import run_step
+from shardspec.conformance.harness.rank_step import run_step
+from shardspec.conformance.harness.transcript import decode, encode, read_frames, write_frame
+from shardspec.conformance.record import Expectation
 from shardspec.reference import ReferenceSharder
 from shardspec.reference.sampler import replicated_output
 from shardspec.spec.case import Case, build_case_inputs
 from shardspec.spec.model import SamplerOutput
-
-
-@dataclass
-class Expectation:
-    expected: list[StepOutputs]  # per rank
-    replicated: SamplerOutput | None
 
 
 def reference_factory(max_num_reqs, max_num_logits_per_req, *, comm, device, profile, **profile_kwargs):
@@ -58,9 +50,6 @@ def single_thread():
         torch.set_num_threads(threads)
 
 
-_CACHE: dict[str, Expectation] = {}
-
-
 def expectation_device(choice: str = "auto") -> str:
     """Where in-process runs put every rank, and so the default device of :func:`compute_expectation`.
 
@@ -73,13 +62,32 @@ def expectation_device(choice: str = "auto") -> str:
     return choice
 
 
+class BoundedCache:
+    """The most recently used values, at most ``size`` of them: a run of thousands of cases keeps the few the
+    entries of one group size share, not every case's tensors."""
+
+    def __init__(self, size: int):
+        self.size = size
+        self._values: collections.OrderedDict = collections.OrderedDict()
+
+    def get(self, key, make):
+        if key in self._values:
+            self._values.move_to_end(key)
+        else:
+            self._values[key] = make()
+            while len(self._values) > self.size:
+                self._values.popitem(last=False)
+        return self._values[key]
+
+
+# Every entry of a run meets a case at one group size, in turn: the bound holds those of one size.
+_CACHE = BoundedCache(2048)
+
+
 def compute_expectation(case: Case, timeout_s: float = 60.0, device: str | None = None) -> Expectation:
     """The reference's run of ``case``; computed once per process (several implementations share it)."""
     device = device or expectation_device()
-    key = f"{device}:{case!r}"
-    if key not in _CACHE:
-        _CACHE[key] = _compute(case, timeout_s, device)
-    return _CACHE[key]
+    return _CACHE.get(f"{device}:{case!r}", lambda: _compute(case, timeout_s, device))
 
 
 def _compute(case: Case, timeout_s: float, device: str) -> Expectation:
@@ -90,7 +98,7 @@ def _compute(case: Case, timeout_s: float, device: str) -> Expectation:
         def one_rank(comm):
             return run_step(reference_factory, case, inputs, comm, device).outputs
 
-        expected = run_lockstep(group, one_rank)
+        expected = group.run(one_rank, partial=True)
         return Expectation(expected=expected, replicated=replicated_of(case, inputs))
 
 
@@ -111,47 +119,17 @@ def replicated_of(case: Case, inputs) -> SamplerOutput | None:
     )
 
 
-# -- saving: exceptions do not always survive pickling (keyword-only args) ---
-
-
-def _pack_error(exc: BaseException | None) -> dict[str, Any] | None:
-    if exc is None:
-        return None
-    cls = type(exc)
-    return {"module": cls.__module__, "name": cls.__qualname__, "args": exc.args, "attrs": dict(vars(exc))}
-
-
-def _unpack_error(packed: dict[str, Any] | None) -> BaseException | None:
-    if packed is None:
-        return None
-    try:
-        cls = getattr(importlib.import_module(packed["module"]), packed["name"])
-    except (ImportError, AttributeError):
-        cls = RuntimeError
-    exc = cls.__new__(cls)
-    exc.args = tuple(packed["args"])
-    vars(exc).update(packed["attrs"])
-    return exc
+# -- saving: the ranks of a multi-process run read them in the transcript's own encoding ------------------
 
 
 def save_expectations(path, expectations: dict[str, Expectation]) -> None:
-    packed = {
-        case_id: {
-            "expected": [replace(out, error=None) for out in exp.expected],
-            "errors": [_pack_error(out.error) for out in exp.expected],
-            "replicated": exp.replicated,
-        }
-        for case_id, exp in expectations.items()
-    }
-    torch.save(packed, path)
+    with open(path, "wb") as stream:
+        write_frame(stream, {case_id: encode(expectation) for case_id, expectation in expectations.items()})
 
 
 def load_expectations(path, device="cpu") -> dict[str, Expectation]:
-    packed = torch.load(path, map_location=device, weights_only=False)
-    loaded = {}
-    for case_id, item in packed.items():
-        expected = [
-            replace(out, error=_unpack_error(err)) for out, err in zip(item["expected"], item["errors"], strict=False)
-        ]
-        loaded[case_id] = Expectation(expected=expected, replicated=item["replicated"])
-    return loaded
+    with open(path, "rb") as stream:
+        frames, _ = read_frames(stream.read())
+    if len(frames) != 1 or "unreadable" in frames[0]:
+        raise ValueError(f"{path}: not one readable frame of expectations")
+    return {case_id: decode(encoded, device) for case_id, encoded in frames[0].items()}

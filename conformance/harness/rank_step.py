@@ -1,11 +1,12 @@
-"""One case on one rank: run the step, record everything, check it.
+"""One case on one rank, run and recorded, unjudged: what the rank hands the judge.
 
 The step is the one an engine runs (:func:`shardspec.engine.engine_step`):
 ``shard_sampler_inputs``; the rank's vocab shard of the owner-sorted logits
 rows; ``all_to_all_logits``; a local sampler on the implementation's own
-full-vocab rows and local batch (the toy sampler, or the case's explicit
-per-rank output); ``gather_sampler_output``.
-An exception is recorded with its step and traceback instead of propagating.
+full-vocab rows and local batch (:mod:`shardspec.reference.local_sampler`);
+``gather_sampler_output``. An exception is recorded with its step and
+traceback instead of propagating; judging is the judge's
+(:mod:`shardspec.conformance.judge.rank`).
 """
 
 from __future__ import annotations
@@ -22,17 +23,12 @@ from shardspec.conformance.api import construction_kwargs
 from shardspec.conformance.harness.held import HeldResults, shared_memory
 from shardspec.conformance.harness.past_rejection import NotRejected, rejection_point
 from shardspec.conformance.harness.recording import CollectiveError, Progress, RecordingComm, changed_fields, snapshot
-from shardspec.conformance.judge.checks.base import RANK_CHECKERS, StepOutputs, StepRecord, Violation, checkers_for
-from shardspec.conformance.judge.checks.common import declined_extensions
-from shardspec.conformance.judge.digest import step_digest
+from shardspec.conformance.record import STEP_OUTPUT, StepOutputs
 from shardspec.engine import engine_step
-from shardspec.reference.profile_rules import device_cu_num_logits
-from shardspec.reference.sampler import toy_sample
+from shardspec.reference.local_sampler import local_sampler_output
 from shardspec.spec.case import Case, CaseInputs, build_case_inputs, local_logits_shard
-from shardspec.spec.case_edits import finish_local_output, gather_options
-from shardspec.spec.layouts import lay_out_sampler_output
-
-STEPS = ("shard", "all_to_all", "sample", "gather")
+from shardspec.spec.case_edits import gather_kwargs
+from shardspec.spec.errors import declines_extensions
 
 
 @dataclass
@@ -58,24 +54,6 @@ class KeptSharder:
     held: HeldResults = field(default_factory=HeldResults)
 
 
-def local_sampler_output(case: Case, rank: int, full_vocab_logits, shard, device=None):
-    """The local sampler's result for ``rank``: toy sampler or the case's explicit output (a rank the case
-    does not list supplies None)."""
-    device = full_vocab_logits.device if device is None else device
-    if case.local_outputs == "toy":
-        num_logprobs = None if case.logprobs_dims is None else case.logprobs_dims[0]
-        logits = full_vocab_logits[:, : case.vocab_size]
-        out = toy_sample(logits, shard.local_batch, shard.local_grammar_output, num_logprobs, case.profile)
-    else:
-        explicit = case.local_outputs.get(rank)
-        out = None if explicit is None else explicit.to_sampler_output(device)
-    # The case's extension fields and local-output edits (spec/case_edits.py), then its memory layout.
-    out = finish_local_output(out, shard.local_batch, case.extensions, case.edits, device)
-    return lay_out_sampler_output(out, case.layouts)
-
-
-# What each step adds to the StepOutputs (the construct step adds nothing).
-STEP_OUTPUT = {"shard": "shard", "all_to_all": "full_vocab_logits", "sample": "local_output", "gather": "gathered"}
 StepCallback = Callable[[str, "RankRun"], None]
 
 
@@ -175,12 +153,7 @@ def _steps(make_sharder, case, inputs, recorder: RecordingComm, device, run: Ran
         before["local_output"], watched["local_output"] = snapshot(local_output), local_output
         return local_output
 
-    gather_kwargs = {
-        "gather_num_nans": case.gather_num_nans,
-        "logprobs_dims": case.logprobs_dims,
-        **gather_options(case.extensions),
-    }
-    engine_step(run.kept.sharder, inputs.batch, inputs.grammar, logits_shard_of, sample, gather_kwargs, timed)
+    engine_step(run.kept.sharder, inputs.batch, inputs.grammar, logits_shard_of, sample, gather_kwargs(case), timed)
 
 
 def _timed(run: RankRun, progress: Progress, step: str, fn, *args, **kwargs):
@@ -196,45 +169,6 @@ def _timed(run: RankRun, progress: Progress, step: str, fn, *args, **kwargs):
     if run.on_step is not None:
         run.on_step(step, run)
     return result
-
-
-def should_check(case: Case, outputs: StepOutputs) -> bool:
-    """Checkers judge complete steps, expected rejections and declined extension fields; other errors
-    fail the case as errors."""
-    return outputs.error is None or case.expect_error is not None or declined_extensions(case, outputs)
-
-
-def run_rank_checks(record: StepRecord) -> list[Violation]:
-    violations: list[Violation] = []
-    for invariant_id, checker in checkers_for(RANK_CHECKERS, record.case.profile).items():
-        violations.extend(_guarded(invariant_id, record.rank, functools.partial(checker, record)))
-    return violations
-
-
-def judged_invariants(record: StepRecord) -> list[str]:
-    """The rank checkers that could judge ``record`` (the others have nothing to look at in it)."""
-    from shardspec.conformance.judge.checks.base import judgeable
-
-    checkers = checkers_for(RANK_CHECKERS, record.case.profile)
-    return [invariant_id for invariant_id in checkers if judgeable(invariant_id, record)]
-
-
-def _guarded(invariant_id: str, rank: int | None, call) -> list[Violation]:
-    """Run a checker; a checker that crashes reports a violation instead of ending the run."""
-    try:
-        return list(call() or ())
-    except Exception as exc:
-        where = traceback.format_exc(limit=-2)
-        return [Violation(invariant_id, f"checker raised {type(exc).__name__}: {exc}\n{where}", rank=rank)]
-
-
-def run_group_checks(case: Case, digests: dict[int, dict[str, Any]]) -> list[Violation]:
-    from shardspec.conformance.judge.checks.base import GROUP_CHECKERS
-
-    violations: list[Violation] = []
-    for invariant_id, checker in checkers_for(GROUP_CHECKERS, case.profile).items():
-        violations.extend(_guarded(invariant_id, None, functools.partial(checker, case, digests)))
-    return violations
 
 
 def error_summary(run: RankRun) -> dict[str, Any] | None:
@@ -264,7 +198,7 @@ def continue_after(case: Case, run: RankRun, expected: list[StepOutputs]) -> boo
         return True
     if run.error_in_collective:
         return False
-    if declined_extensions(case, out):
+    if declines_extensions(case.extensions, out.error):
         return True  # the declaration is replicated: every rank declines at the same point
     if case.expect_error is None:
         return False
@@ -294,7 +228,7 @@ def run_case_on_rank(
     stop = rejection_point(case, expectation.expected[rank])  # stops the rank where it must raise
     run = run_step(make_sharder, case, inputs, comm, device, progress, stop.steps(on_step), kept, stop.calls(on_call))
     run.outputs.not_rejected = stop.stopped
-    expected_to_raise = case.expect_error is not None or declined_extensions(case, run.outputs)
+    expected_to_raise = case.expect_error is not None or declines_extensions(case.extensions, run.outputs.error)
     return {
         "case_id": case.case_id,
         "rank": rank,
@@ -306,105 +240,3 @@ def run_case_on_rank(
         "aligned": continue_after(case, run, expectation.expected),
         "outputs": run.outputs,
     }, run.kept
-
-
-def judge_rank(
-    case: Case, record: dict[str, Any], expectation, inputs: CaseInputs, completed: set[str] | None = None
-) -> dict[str, Any]:
-    """``record`` with its ``outputs`` judged: ``violations`` and the group checkers' ``digest`` instead.
-
-    ``completed``: the steps a rank that died mid-step finished; only
-    invariants of those steps are judged then (the rest cannot be).
-    """
-    record = dict(record)
-    outputs: StepOutputs = record.pop("outputs")
-    rank = record["rank"]
-    start = time.perf_counter()
-    violations: list[Violation] = []
-    judged: list[str] = []
-    if completed is not None:
-        violations = _judge_partial(case, rank, outputs, expectation, inputs, completed)
-    elif should_check(case, outputs):
-        step_record = StepRecord(
-            case=case,
-            rank=rank,
-            inputs=inputs,
-            actual=outputs,
-            expected=expectation.expected[rank],
-            replicated=expectation.replicated,
-        )
-        violations = run_rank_checks(step_record)
-        judged = judged_invariants(step_record)
-    elif outputs.error is not None:  # judge what the steps before the error returned
-        violations = _judge_partial(case, rank, outputs, expectation, inputs, returned_steps(outputs))
-    record["judged"] = judged
-    record["timings"] = {**record.get("timings", {}), "checks": round(time.perf_counter() - start, 6)}
-    record["violations"] = [violation_dict(v) for v in violations]
-    record["digest"] = step_digest(
-        outputs,
-        rank=rank,
-        impl=record["impl"],
-        error_in_collective=record.get("error_in_collective", False),
-        logprob_rows=int(device_cu_num_logits(inputs.batch, case.profile)[-1]),
-    )
-    return record
-
-
-def _judge_partial(case, rank, outputs, expectation, inputs, completed: set[str]) -> list[Violation]:
-    """The invariants of the steps a dead rank completed; a checker that needs more is not judged."""
-    steps = invariant_steps()
-    record = StepRecord(
-        case=case,
-        rank=rank,
-        inputs=inputs,
-        actual=outputs,
-        expected=expectation.expected[rank],
-        replicated=expectation.replicated,
-    )
-    violations = []
-    for invariant_id, checker in checkers_for(RANK_CHECKERS, case.profile).items():
-        if steps.get(invariant_id) not in completed:
-            continue
-        try:
-            violations.extend(checker(record) or ())
-        except Exception:  # needs outputs of a step the rank never finished
-            continue
-    return violations
-
-
-def returned_steps(outputs: StepOutputs) -> set[str]:
-    """The steps whose results ``outputs`` holds."""
-    held = {"shard": outputs.shard, "all_to_all": outputs.full_vocab_logits, "gather": outputs.gathered}
-    return {step for step, value in held.items() if value is not None}
-
-
-@functools.lru_cache(maxsize=1)
-def invariant_steps() -> dict[str, str]:
-    from shardspec.spec.loader import load_spec
-
-    return {inv.id: inv.step for inv in load_spec().invariants}
-
-
-def check_case_on_rank(
-    case: Case,
-    comm,
-    impl_name: str,
-    make_sharder,
-    expectation,
-    device,
-    progress: Progress | None = None,
-    kept: KeptSharder | None = None,
-) -> tuple[dict[str, Any], KeptSharder | None]:
-    """Run ``case`` on ``comm.rank`` and judge it in this process (the in-process groups)."""
-    record, kept = run_case_on_rank(case, comm, impl_name, make_sharder, expectation, device, progress, kept=kept)
-    return judge_rank(case, record, expectation, build_case_inputs(case, device)), kept
-
-
-def violation_dict(v: Violation) -> dict[str, Any]:
-    return {
-        "invariant_id": v.invariant_id,
-        "message": v.message,
-        "rank": v.rank,
-        "request": v.request,
-        "field": v.field,
-    }

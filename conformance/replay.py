@@ -1,0 +1,142 @@
+"""Cases run in this process with the suite's judge: fixture replay, shrinking, and tests of the checkers.
+
+The harness runs ranks and the judge judges; this module hands the one to
+the other for runs without a session (:func:`run_case_in_process`), runs the
+shrinker in a child process (:func:`shrink_in_child`: a crash there loses
+the minimal case, not the run), and gives tests of the checkers what the
+checkers see (:func:`step_records`).
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import subprocess
+import sys
+
+import shardspec.conformance.judge.checks  # noqa: F401  registers every checker
+from shardspec.comm import LockstepGroup
+from shardspec.conformance.api import ImplChoice
+from shardspec.conformance.cases.shrink import Shrunk, shrink_keeping
+from shardspec.conformance.harness import inprocess
+from shardspec.conformance.harness.expectations import compute_expectation, expectation_device
+from shardspec.conformance.harness.rank_step import run_step
+from shardspec.conformance.judge.checks.base import StepRecord
+from shardspec.conformance.judge.verdicts import Judge
+from shardspec.conformance.record import CaseResult
+from shardspec.spec.case import Case, build_case_inputs
+
+
+def suite_judge(timeout_s: float = 60.0) -> Judge:
+    """The judge of a run: the reference's expectations computed (once per case and device) with
+    ``timeout_s`` for its own group."""
+    return Judge(lambda case, device: compute_expectation(case, timeout_s, device))
+
+
+def run_case_in_process(
+    case: Case, choice: ImplChoice, timeout_s: float = 60.0, group: str = "lockstep", device: str = "auto"
+) -> CaseResult:
+    """One case (every step of a multi-step one) run by ``choice`` with every rank a thread of this process."""
+    return inprocess.run_case_in_process(case, choice, suite_judge(timeout_s), timeout_s, group, device)
+
+
+def step_records(case: Case, factory, device: str | None = None) -> list:
+    """Every rank of a one-step ``case`` run by ``factory`` in one lockstep group, as the checkers see it
+    (a :class:`~shardspec.conformance.judge.checks.base.StepRecord` per rank, with the reference's
+    expectation), unjudged: for tests of the checkers."""
+    device = device or expectation_device()  # ranks run where the expectation was computed
+    expectation = compute_expectation(case, device=device)
+
+    def one_rank(comm):
+        inputs = build_case_inputs(case, device)
+        return StepRecord(
+            case=case,
+            rank=comm.rank,
+            inputs=inputs,
+            actual=run_step(factory, case, inputs, comm, device).outputs,
+            expected=expectation.expected[comm.rank],
+            replicated=expectation.replicated,
+        )
+
+    return LockstepGroup(case.tp_size, timeout_s=30).run(one_rank)
+
+
+def shrink_in_child(
+    case: Case, target: set[str], entry: str, group: str, device: str, folder: pathlib.Path, budget_s: float = 30.0
+) -> Shrunk:
+    """:func:`shrink_keeping` in a child process running ``entry`` in-process; raises RuntimeError when it fails."""
+    from shardspec.fixtures import case_to_yaml, load_case_file
+
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "in").mkdir(parents=True, exist_ok=True)  # case files are named by their case id
+    source, result = folder / "in" / f"{case.case_id}.yaml", folder / f"{case.case_id}-min.yaml"
+    source.write_text(case_to_yaml(case))
+    result.unlink(missing_ok=True)
+    command = [
+        sys.executable,
+        "-m",
+        __name__,
+        str(source),
+        entry,
+        group,
+        device,
+        json.dumps(sorted(target)),
+        str(result),
+        str(budget_s),
+    ]
+    try:
+        proc = subprocess.run(command, capture_output=True, text=True, timeout=budget_s + 60, stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired as exc:
+        raise RuntimeError(f"the shrinking process did not finish within {budget_s + 60:.0f}s") from exc
+    finally:
+        source.unlink(missing_ok=True)
+    if proc.returncode != 0 or not result.exists():
+        from shardspec.conformance.harness.spawn import describe_exit
+
+        tail = "\n".join(proc.stderr.strip().splitlines()[-3:])
+        raise RuntimeError(f"the shrinking process {describe_exit(proc.returncode)}: {tail}")
+    found = json.loads(_facts(result).read_text())
+    outcome = Shrunk(load_case_file(str(result)), found["simplifications"], found["tried"])
+    outcome.replayed = None if found["replayed"] is None else frozenset(found["replayed"])
+    outcome.others = {frozenset(ids): n for ids, n in found["others"]}
+    result.unlink()
+    _facts(result).unlink()
+    return outcome
+
+
+def _facts(case_file: pathlib.Path) -> pathlib.Path:
+    """Where the child writes what the shrink found besides the case."""
+    return case_file.with_suffix(".json")
+
+
+def main(argv: list[str]) -> int:
+    """``python -m shardspec.conformance.replay CASE_FILE ENTRY GROUP DEVICE TARGET_JSON OUT_FILE BUDGET_S``."""
+    import os
+
+    import torch
+
+    if not torch.cuda.is_available():
+        os.environ.setdefault("TRITON_INTERPRET", "1")  # before any Triton kernel is defined
+    from shardspec.fixtures import case_to_yaml, load_case_file
+
+    source, entry, group, device, target, out, budget = argv
+    choice = ImplChoice.parse(entry)
+    outcome = shrink_keeping(
+        load_case_file(source),
+        set(json.loads(target)),
+        lambda c: run_case_in_process(c, choice, timeout_s=10.0, group=group, device=device),
+        float(budget),
+    )
+    facts = {
+        "simplifications": outcome.simplifications,
+        "tried": outcome.tried,
+        "replayed": None if outcome.replayed is None else sorted(outcome.replayed),
+        "others": [[sorted(ids), n] for ids, n in outcome.others.items()],
+    }
+    _facts(pathlib.Path(out)).write_text(json.dumps(facts))
+    pathlib.Path(out).write_text(case_to_yaml(outcome.case))  # last: the parent waits for this file
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
