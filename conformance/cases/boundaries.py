@@ -16,6 +16,7 @@ case and is listed by :func:`missing`, so tests/meta sees every gap.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
@@ -43,7 +44,7 @@ class Boundary:
     @property
     def slug(self) -> str:
         text = f"{self.fields[0].split('.')[-1]}-{self.side}-{self.value}".lower()
-        return "".join(c if c.isalnum() else "-" for c in text).strip("-").replace("--", "-")
+        return re.sub("-+", "-", "".join(c if c.isalnum() else "-" for c in text)).strip("-")
 
 
 def boundaries(profile: str = DEFAULT_PROFILE) -> list[Boundary]:
@@ -280,6 +281,19 @@ def boundary_cases(profile: str = DEFAULT_PROFILE, tp_sizes=TP_SIZES, seed: int 
                     case = replace(case, adaptive_verification=False)
                 out.append(case)
     return out
+
+
+def boundary_cases_for_run(tp: int, profile: str = DEFAULT_PROFILE, seed: int = 0) -> list[Case]:
+    """The boundary cases a run of one seed gives group size ``tp``: each boundary goes to one tp size,
+    rotating with the seed (boundary i to TP_SIZES[(i + seed) % 5]), so that one run checks every
+    boundary once within its time budget and five seeds check each at every tp. All of them at every
+    tp are :func:`boundary_cases`."""
+    if tp not in TP_SIZES:
+        return []
+    made = [b for b in boundaries(profile) if b.key in REALIZERS]
+    mine = [b for i, b in enumerate(made) if TP_SIZES[(i + seed) % len(TP_SIZES)] == tp]
+    cases = [_case_for(b, tp, profile, seed) for b in mine]
+    return [c if c.profile == VLLM_033 else replace(c, adaptive_verification=False) for c in cases]
 
 
 def missing(profile: str = DEFAULT_PROFILE) -> list[Boundary]:

@@ -19,6 +19,12 @@ outputs. In :func:`generate_cases` that generator is seeded by the run's seed,
 the tp size and the case's number, so the shares hold in every run: hypothesis
 favours small integers and values it drew before, which would leave them to
 chance.
+
+What may vary comes from the input space (cases/input_space.py, derived from
+spec/data_model.yaml): the logits dtypes, the views, the float limits of the
+logprob values. After the random draw, every variation of that space that no
+case drew and a case can be made to draw is put into one of them
+(input_space.fill_gaps), so the default run covers each at every tp size.
 """
 
 from __future__ import annotations

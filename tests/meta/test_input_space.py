@@ -106,6 +106,16 @@ def test_every_precondition_is_violated_at_every_boundary_and_tp(profile):
                 assert not idle, f"{case.case_id}: every rank is faulty"
 
 
+@pytest.mark.parametrize("seed", [0, 3])
+def test_a_run_checks_every_boundary_once(seed):
+    for profile in PROFILES:
+        per_tp = [bounds.boundary_cases_for_run(tp, profile, seed) for tp in bounds.TP_SIZES]
+        ids = [c.case_id.split("-reject-", 1)[1] for cases in per_tp for c in cases]
+        realizable = [b for b in bounds.boundaries(profile) if b.key in bounds.REALIZERS]
+        assert sorted(ids) == sorted(f"{b.pre.removeprefix('PRE-').lower()}-at-{b.slug}" for b in realizable)
+        assert all(c.tp_size == tp for tp, cases in zip(bounds.TP_SIZES, per_tp, strict=True) for c in cases)
+
+
 def _not_in(profile):
     return {(pre, key) for pre, key in KNOWN_GAPS if pre not in {b.pre for b in bounds.boundaries(profile)}}
 
