@@ -4,6 +4,10 @@ Engines add a collective "to be safe" (a barrier before the exchange, an
 all-reduce to agree on a size every rank already knows); mixed groups then
 deadlock or mix buffers. The first two call torch.distributed on the group
 of their Communicator, so they run only where it has one (``groups``).
+
+GatherOnADuplicateGroup creates a process group, which torch's threaded
+backend cannot do while ranks take turns: it is not in the in-process corpus
+and runs in real multi-process worlds (tests/conformance/test_multigroup.py).
 """
 
 from __future__ import annotations
@@ -50,4 +54,48 @@ class BarrierThroughTheGroupObject(ReferenceSharder):
 
     def gather_sampler_output(self, *args, **kwargs):
         self.comm.group.barrier().wait()
+        return super().gather_sampler_output(*args, **kwargs)
+
+
+class ExtraFunctionalAllReduce(ReferenceSharder):
+    """INV-WIRE-SEQUENCE: agrees on the logits row count with a functional all_reduce
+    (torch.distributed._functional_collectives) before the exchange."""
+
+    def all_to_all_logits(self, logits_shard, metadata):
+        import torch.distributed._functional_collectives as funcol
+
+        rows = torch.tensor([logits_shard.shape[0]], dtype=torch.int64, device=logits_shard.device)
+        funcol.wait_tensor(funcol.all_reduce(rows, "max", self.comm.group))
+        return super().all_to_all_logits(logits_shard, metadata)
+
+
+class GatherOnADuplicateGroup(ReferenceSharder):
+    """INV-WIRE-SEQUENCE: issues the spec's all-gathers on a group of its own, of the same ranks as the TP
+    group, instead of on the TP group (a peer gathering on the TP group never meets it)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        import torch.distributed as dist
+
+        ranks = dist.get_process_group_ranks(self.comm.group)
+        self._own = dist.new_group(ranks, use_local_synchronization=True)
+
+    def gather_sampler_output(self, *args, **kwargs):
+        from shardspec.comm import TorchDistComm
+
+        tp_comm, self.comm = self.comm, TorchDistComm(self._own)
+        try:
+            return super().gather_sampler_output(*args, **kwargs)
+        finally:
+            self.comm = tp_comm
+
+
+class BarrierOnTheDefaultGroup(ReferenceSharder):
+    """INV-WIRE-SEQUENCE: a torch.distributed.barrier() without a group before the gather: on the default
+    group, the whole world where an engine runs several TP groups."""
+
+    def gather_sampler_output(self, *args, **kwargs):
+        import torch.distributed as dist
+
+        dist.barrier()
         return super().gather_sampler_output(*args, **kwargs)

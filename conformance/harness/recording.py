@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from shardspec.conformance.judge.checks.wire import OFF_GROUP  # a call off the TP group: "<kind> on <group>"
 from shardspec.conformance.record import WireCall
 
 
@@ -128,8 +129,17 @@ class RecordingComm:
         the calling thread, so ranks that are threads of one process record
         their own calls. Calls made inside a recorded one (torch's own helpers,
         the Communicator's own use of torch.distributed) are not recorded again.
+
+        Below those functions, every collective operator the dispatcher runs on
+        this thread (:data:`OPERATOR_NAMESPACES`: functional collectives such
+        as ``torch.distributed._functional_collectives.all_reduce``, whatever
+        wraps them, and the ``c10d`` operators a process group issues, e.g.
+        through a torch.distributed function captured before recording began)
+        is recorded too, by a dispatch mode (:func:`_operator_calls`).
+
+        Each call keeps the group it ran on (:meth:`on_group`).
         """
-        with _DIRECT_CALLS.routed_to(self):
+        with _DIRECT_CALLS.routed_to(self), _operator_calls(self):
             yield
 
     def record_direct(self, name: str, original, args: tuple, kwargs: dict):
@@ -140,8 +150,26 @@ class RecordingComm:
             call = _spec_call(SPEC_COLLECTIVES[name], args, kwargs)
         else:
             call = generic_call(name, args, kwargs)
+        call.kind = self.on_group(call.kind, _group_argument(name, original, args, kwargs))
         self.calls.append(call)
         return self._run(call.kind, original, *args, **kwargs)
+
+    def record_op(self, func, args: tuple, kwargs: dict):
+        """One collective operator (``torch.ops._c10d_functional.*``, ``torch.ops.c10d.*``, ...) seen by
+        :func:`_operator_calls`, recorded unless it happens inside a recorded call."""
+        if getattr(self._inside, "active", False):
+            return func(*args, **kwargs)
+        call, group = _operator_call(func, args, kwargs)
+        call.kind = self.on_group(call.kind, group)
+        self.calls.append(call)
+        return self._run(call.kind, func, *args, **kwargs)
+
+    def on_group(self, kind: str, group) -> str:
+        """``kind`` for a call on the step's TP group (this Communicator's); ``"<kind> on <that group>"`` for
+        any other (the default group of a world holding several TP groups, a group of its own), which
+        INV-WIRE-SEQUENCE fails, naming the group. ``group`` None is the default group."""
+        label = group_label(group, self.group)
+        return kind if label is None else f"{kind}{OFF_GROUP}{label}"
 
 
 # The step's own collectives (INV-WIRE-SEQUENCE), by the names torch.distributed gives them.
@@ -342,6 +370,185 @@ class _DirectCalls:
 
 
 _DIRECT_CALLS = _DirectCalls()
+
+
+# -- the group a call ran on -------------------------------------------------
+
+_UNNAMED = object()  # a call whose group the recorder cannot tell
+_SIGNATURES: dict = {}
+
+
+def _group_argument(name: str, original, args: tuple, kwargs: dict):
+    """The group a torch.distributed function or process-group method was called on; None: the default one."""
+    if name.startswith("ProcessGroup."):
+        return args[0] if args else _UNNAMED
+    if name == "batch_isend_irecv":
+        ops = _argument(args, kwargs, 0, "p2p_op_list") or []
+        return getattr(ops[0], "group", None) if ops else None
+    if "group" in kwargs:
+        return kwargs["group"]
+    import inspect
+
+    try:
+        if original not in _SIGNATURES:
+            _SIGNATURES[original] = inspect.signature(original)
+        bound = _SIGNATURES[original].bind_partial(*args, **kwargs).arguments
+    except (TypeError, ValueError):  # a call torch itself will refuse; its group does not matter then
+        return None
+    return bound.get("group")
+
+
+def group_label(group, tp_group) -> str | None:
+    """None for the TP group (``tp_group``; also the default group where it is the TP group); otherwise the
+    group in words, by its world ranks: ``the default group (world ranks [0, 1, 2, 3])``, ``a group of world
+    ranks [2, 3]``. ``group`` is a ProcessGroup, a group name (as functional collectives pass it) or None
+    (the default group)."""
+    if tp_group is None:
+        return None  # no torch.distributed group to compare with (a Communicator of its own)
+    import torch.distributed.distributed_c10d as c10d
+
+    if group is _UNNAMED:
+        return "a group the recorder cannot name"
+    if isinstance(group, str):
+        try:
+            group = c10d._resolve_process_group(group)
+        except Exception:
+            return f"group {group!r}, which this process does not know"
+    default = c10d._get_default_group() if c10d.is_initialized() else None
+    group = default if group is None else group
+    if group is tp_group or (_group_name(group) is not None and _group_name(group) == _group_name(tp_group)):
+        return None
+    ranks = _world_ranks(group)
+    if group is default or (_group_name(group) is not None and _group_name(group) == _group_name(default)):
+        return f"the default group (world ranks {ranks})"
+    if ranks is not None and ranks == _world_ranks(tp_group):
+        return f"a group of world ranks {ranks} that is not the TP group (of the same ranks)"
+    return f"a group of world ranks {ranks}" if ranks is not None else f"group {_group_name(group)!r}"
+
+
+def _group_name(group) -> str | None:
+    try:
+        return str(group.group_name) or None
+    except Exception:
+        return None
+
+
+def _world_ranks(group) -> list[int] | None:
+    import torch.distributed as dist
+
+    try:
+        return [int(r) for r in dist.get_process_group_ranks(group)]
+    except Exception:
+        return None
+
+
+# -- collective operators (functional collectives and what process groups dispatch) -----
+
+# The operator namespaces of collectives: functional collectives (and their autograd variants), the
+# c10d operators every C++ process group's collectives dispatch to, DTensor's and symmetric memory's.
+OPERATOR_NAMESPACES = (
+    "_c10d_functional",
+    "_c10d_functional_autograd",
+    "c10d_functional",
+    "c10d",
+    "_dtensor",
+    "symm_mem",
+)
+# Operators of those namespaces that do not talk to peers.
+LOCAL_OPERATORS = ("wait_tensor", "_wrap_tensor_autograd", "check_for_nan", "memset32_", "stream_write_value32_")
+# Operators carrying the step's own collectives: recorded under the spec's names (a step may issue its
+# all-to-all or all-gather as a functional collective, or through the process group it holds).
+_OPERATOR_SPEC_CALLS = {
+    ("_c10d_functional", "all_to_all_single"): "all_to_all_single",
+    ("_c10d_functional_autograd", "all_to_all_single"): "all_to_all_single",
+    ("c10d", "alltoall_base_"): "all_to_all_single",
+    ("_c10d_functional", "all_gather_into_tensor"): "all_gather_into_tensor",
+    ("_c10d_functional", "all_gather_into_tensor_out"): "all_gather_into_tensor",
+    ("_c10d_functional_autograd", "all_gather_into_tensor"): "all_gather_into_tensor",
+    ("c10d", "_allgather_base_"): "all_gather_into_tensor",
+}
+_SENT_NAMES = ("input", "inputs", "input_tensor", "input_tensors", "input_list")
+_SENDS_ITS_TENSORS = ("allreduce_", "allreduce_coalesced_", "broadcast_", "reduce_", "send", "isend", "batch_p2p_ops")
+
+
+def _operator_name(func) -> tuple[str | None, str]:
+    schema = getattr(func, "_schema", None)
+    name = schema.name if schema is not None else str(func)
+    return getattr(func, "namespace", None), name.split("::")[-1]
+
+
+def _flat(value):
+    """A list of lists of tensors as one list (c10d's Tensor[][] arguments)."""
+    if isinstance(value, (list, tuple)) and value and all(isinstance(v, (list, tuple)) for v in value):
+        return [t for v in value for t in v]
+    return value
+
+
+def _operator_call(func, args: tuple, kwargs: dict) -> tuple[WireCall, Any]:
+    """(the call, the group it runs on) of one collective operator, from its schema's argument names."""
+    namespace, op = _operator_name(func)
+    names = [argument.name for argument in func._schema.arguments]
+    bound = {**dict(zip(names, args, strict=False)), **kwargs}
+    group = bound["group_name"] if "group_name" in bound else _UNNAMED
+    if "process_group" in bound:
+        group = _unboxed(bound["process_group"])
+    spec = _OPERATOR_SPEC_CALLS.get((namespace, op))
+    if spec == "all_to_all_single":
+        send = bound.get("input")
+        out_splits, in_splits = _int_list(bound.get("output_split_sizes")), _int_list(bound.get("input_split_sizes"))
+        output = bound.get("output")
+        if output is None:  # functional: allocated by the operator
+            rows = sum(out_splits) if out_splits else int(send.shape[0])
+            shape = (rows, *send.shape[1:])
+        else:
+            shape = _shape(output)
+        call = WireCall(spec, _clone(send), shape, output_split_sizes=out_splits, input_split_sizes=in_splits)
+        return call, group
+    if spec == "all_gather_into_tensor":
+        send = bound.get("input", bound.get("input_tensor"))
+        output = bound.get("out", bound.get("output_tensor"))
+        if output is None:
+            shape = (int(bound.get("group_size", 1)) * int(send.shape[0]), *send.shape[1:])
+        else:
+            shape = _shape(output)
+        return WireCall(spec, _clone(send), shape), group
+    sent = next((bound[name] for name in _SENT_NAMES if name in bound), None)
+    if sent is None and op in _SENDS_ITS_TENSORS:
+        sent = bound.get("tensors", bound.get("tensor"))
+    first = args[0] if args else None
+    return WireCall(f"{namespace}.{op}", _clone(_flat(sent)), _shape(first)), group
+
+
+def _unboxed(process_group):
+    """The ProcessGroup of a c10d operator's argument (a TorchScript object there)."""
+    import torch.distributed as dist
+
+    if isinstance(process_group, dist.ProcessGroup):
+        return process_group
+    try:
+        return dist.ProcessGroup.unbox(process_group)
+    except Exception:
+        return _UNNAMED
+
+
+def _operator_calls(recorder: RecordingComm):
+    """A dispatch mode recording, on this thread, every collective operator that runs under it.
+
+    Dispatch modes are per thread, so each rank of a threaded group records its own operators; an
+    operator issued inside a recorded call (a torch.distributed function's own c10d operator) is not
+    recorded again.
+    """
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class OperatorCalls(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            namespace, op = _operator_name(func)
+            if namespace in OPERATOR_NAMESPACES and op not in LOCAL_OPERATORS:
+                return recorder.record_op(func, args, kwargs)
+            return func(*args, **kwargs)
+
+    return OperatorCalls()
 
 
 def _int_list(sizes):

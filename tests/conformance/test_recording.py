@@ -1,5 +1,7 @@
 """Everything a rank does on the wire is recorded: torch.distributed's functions and the Communicator's."""
 
+import json
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -68,3 +70,78 @@ def test_communicator_methods_beyond_the_protocol_are_recorded():
     assert inner.barriers == 1 and recorder.world_size == 1  # plain attributes pass through unrecorded
     with pytest.raises(AttributeError):
         recorder.all_reduce  # noqa: B018 - a method the Communicator lacks stays missing
+
+
+def _functional_calls(comm):
+    """Functional collectives (torch.distributed._functional_collectives): the operators they dispatch to are
+    recorded, the step's own two under the spec's names, with what they send."""
+    import torch.distributed._functional_collectives as funcol
+
+    recorder = RecordingComm(comm)
+    rank, group = comm.rank, comm.group
+    with recorder.intercept_torch_distributed():
+        funcol.all_reduce(torch.tensor([float(rank + 1)]), "sum", group).wait()
+        all_gather = getattr(funcol, "all_gather_single", None) or funcol.all_gather_tensor
+        all_gather(torch.tensor([rank, 7]), 0, group).wait()
+        rows = torch.arange(4, dtype=torch.float32).reshape(2, 2) + 10 * rank
+        funcol.all_to_all_single(rows, [1, 1], [1, 1], group).wait()
+        funcol.all_reduce(torch.ones(1), "max", group.group_name).wait()  # the group by its name
+    return [(call.kind, call.send.tolist(), call.output_shape, call.input_split_sizes) for call in recorder.calls]
+
+
+def test_functional_collectives_are_recorded_once_with_what_they_sent():
+    results = run_torch_threads(2, _functional_calls)
+    assert not any(isinstance(r, dict) for r in results), results
+    for rank, calls in enumerate(results):
+        base = 10.0 * rank
+        assert calls == [
+            ("_c10d_functional.all_reduce", [float(rank + 1)], (1,), None),
+            ("all_gather_into_tensor", [rank, 7], (4,), None),
+            ("all_to_all_single", [[base, base + 1], [base + 2, base + 3]], (2, 2), [1, 1]),
+            ("_c10d_functional.all_reduce", [1.0], (1,), None),
+        ]
+
+
+def _calls_on_the_tp_group(comm):
+    recorder = RecordingComm(comm)
+    with recorder.intercept_torch_distributed():
+        dist.barrier()  # the default group, which is the TP group here
+        dist.barrier(group=comm.group)
+    return [call.kind for call in recorder.calls]
+
+
+def test_calls_on_the_tp_group_keep_their_plain_names():
+    assert run_torch_threads(2, _calls_on_the_tp_group) == [["barrier", "barrier"]] * 2
+
+
+@pytest.mark.slow
+def test_calls_off_the_tp_group_and_past_the_patched_functions_are_recorded(tmp_path):
+    """A gloo world of 2 processes whose TP groups are single ranks: every call keeps its group, and a
+    torch.distributed function or process-group method captured before recording is still seen, the method
+    as the c10d operator it dispatches."""
+    import os
+    import subprocess
+    import sys
+
+    from harness_cases import PLUGINS
+
+    from shardspec.conformance.harness.spawn import free_port, rank_env
+
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(PLUGINS), os.environ.get("PYTHONPATH")])))
+    port = free_port()
+    ranks = [
+        subprocess.Popen([sys.executable, "-m", "recording_world", str(tmp_path)], env={**env, **rank_env(r, 2, port)})
+        for r in range(2)
+    ]
+    assert [rank.wait(timeout=120) for rank in ranks] == [0, 0]
+    world = "the default group (world ranks [0, 1])"
+    for rank in range(2):
+        calls = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        assert calls == [
+            {"kind": "ProcessGroup.allreduce", "send": []},
+            {"kind": "c10d.allreduce_", "send": [1.0, 1.0, 1.0]},
+            {"kind": f"all_reduce on {world}", "send": [1.0]},
+            {"kind": f"_c10d_functional.all_reduce on {world}", "send": [1.0]},
+            {"kind": "barrier", "send": []},
+            {"kind": "all_gather_into_tensor", "send": [[rank, 3]]},
+        ], calls

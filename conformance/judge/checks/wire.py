@@ -28,6 +28,9 @@ from shardspec.spec.case import Case
 from shardspec.spec.model import num_logprob_columns
 
 ALL_GATHER = "all_gather_into_tensor"
+# The recorder names a call issued on any group but the step's TP group (the group of the Communicator it
+# was given) "<kind> on <group>", e.g. "all_reduce on the default group (world ranks [0, 1, 2, 3])".
+OFF_GROUP = " on "
 PAD_TOKEN_ID, PAD_LOGPROB, PAD_SELECTED_RANK = 0, float("-inf"), 0
 
 
@@ -228,14 +231,26 @@ def _agreement_key(call: dict[str, Any]) -> dict[str, Any]:
 
 @group_check("INV-WIRE-SEQUENCE")
 def check_wire_sequence(case: Case, digests: dict[int, dict[str, Any]]) -> Iterable[Violation]:
-    """Every recorded call counts: the Communicator's methods and torch.distributed's collectives and
-    point-to-point functions (conformance.recording), so an extra barrier or all_reduce fails here."""
+    """Every recorded call counts: the Communicator's methods, torch.distributed's collectives and
+    point-to-point functions, the process group's methods and every collective operator, functional
+    collectives included (conformance.harness.recording), so an extra barrier or all_reduce fails here;
+    so does any call on a group other than the TP group, which the recorder names with its group."""
     # Rejected inputs issue no collectives; a rank that raised is reported as an error.
     if case.expect_error is not None or any(d.get("failed_step") for d in digests.values()):
         return
     want = expected_kinds(case)
     for rank in sorted(digests):
         kinds = [call.get("kind") for call in digests[rank].get("wire", [])]
+        off_group = next((i for i, kind in enumerate(kinds) if OFF_GROUP in str(kind)), None)
+        if off_group is not None:
+            kind, _, group = str(kinds[off_group]).partition(OFF_GROUP)
+            yield Violation(
+                "INV-WIRE-SEQUENCE",
+                f"collective {off_group} ({kind}) was issued on {group}, not on the step's TP group",
+                rank=rank,
+                field="wire.sequence",
+            )
+            return
         if kinds != want:
             yield Violation(
                 "INV-WIRE-SEQUENCE",

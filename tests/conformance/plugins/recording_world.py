@@ -1,0 +1,37 @@
+"""One rank of a gloo world of 2 whose TP groups are single ranks (``[0]``, ``[1]``): the calls a rank issues
+while recording, written as JSON to ``OUT_DIR/rank<R>.json``. Run by tests/conformance/test_recording.py."""
+
+import json
+import pathlib
+import sys
+
+import torch
+import torch.distributed as dist
+import torch.distributed._functional_collectives as funcol
+
+from shardspec.comm import TorchDistComm
+from shardspec.conformance.harness.recording import RecordingComm
+
+CAPTURED_ALL_REDUCE = dist.all_reduce  # taken before recording replaces the function
+CAPTURED_METHOD = dist.ProcessGroup.allreduce  # and the process group's method it calls
+
+
+def main(out_dir: str) -> None:
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    groups = [dist.new_group([r]) for r in range(dist.get_world_size())]
+    recorder = RecordingComm(TorchDistComm(groups[rank]))
+    with recorder.intercept_torch_distributed():
+        CAPTURED_ALL_REDUCE(torch.ones(2), group=groups[rank])  # past the patched function: the group's method
+        CAPTURED_METHOD(groups[rank], [torch.ones(3)]).wait()  # past the patched method too: its c10d operator
+        dist.all_reduce(torch.ones(1))  # the default group: the world, not the TP group
+        funcol.all_reduce(torch.ones(1), "sum", dist.group.WORLD).wait()
+        dist.barrier(group=groups[rank])  # the TP group
+        recorder.all_gather_into_tensor(torch.zeros(1, 2, dtype=torch.int64), torch.tensor([[rank, 3]]))
+    calls = [{"kind": call.kind, "send": call.send.tolist()} for call in recorder.calls]
+    (pathlib.Path(out_dir) / f"rank{rank}.json").write_text(json.dumps(calls))
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
