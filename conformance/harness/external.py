@@ -20,6 +20,11 @@ a cluster). Two ways to start the ranks:
 
 The suite cannot restart such ranks: after a launch ends early, it writes the
 next launch file (the jobs not run yet) and waits for the ranks again.
+
+A world of a multiple of the group size (WORLD_SIZE 8 at ``--tp 2``) holds
+several TP groups, blocks of consecutive ranks, as an engine running TP inside
+data parallelism does: every group runs every job and is judged, and every
+collective on any group but a rank's own TP group fails INV-WIRE-SEQUENCE.
 """
 
 from __future__ import annotations
@@ -68,7 +73,10 @@ def rank_command(run_dir: pathlib.Path, launch_file: pathlib.Path, tp: int) -> s
         *args,
     ]
     srun = ["srun", "--ntasks", str(tp), sys.executable, *args]
-    return f"{shlex.join(torchrun)}\n    or: {shlex.join(srun)}"
+    return (
+        f"{shlex.join(torchrun)}\n    or: {shlex.join(srun)}\n"
+        f"    (a world of k * {tp} ranks holds k TP groups of {tp}, each judged)"
+    )
 
 
 def adopt_slurm_environment(environ=os.environ) -> None:

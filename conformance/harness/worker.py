@@ -6,7 +6,9 @@ from RUN_DIR, runs the jobs listed in LAUNCH_FILE in order, and streams to
 ``RUN_DIR/<launch>-rank<R>.frames`` (see :mod:`.transcript`) a frame after
 every step of a job, with what the implementation returned in it, and one
 when the job ends. This process judges nothing: the parent does, from the
-frames, in a process that never imports the implementation.
+frames, in a process that never imports the implementation. A world larger
+than the launch's ``tp`` holds several TP groups (blocks of ``tp``
+consecutive ranks, <R> the world rank), each running every job.
 
 After an unexpected error the group's collectives are misaligned, so the
 rank writes its record and leaves the launch (the launcher relaunches for
@@ -123,7 +125,8 @@ class Streamer:
         return encode({name: getattr(outputs, name) for name in FINAL_FIELDS})
 
 
-def _init_group(pg_timeout_s: float, device_kind: str):
+def _init_group(pg_timeout_s: float, device_kind: str, tp: int | None = None):
+    """(device, the group for status exchanges, the rank's TP group)."""
     from shardspec.conformance.harness.external import adopt_slurm_environment
 
     adopt_slurm_environment()
@@ -138,7 +141,24 @@ def _init_group(pg_timeout_s: float, device_kind: str):
     # Status exchanges between cases use their own group, so that they never
     # pair with a data collective of a rank that is still inside a step.
     control = dist.new_group(backend="gloo", timeout=timeout)
-    return device, control
+    return device, control, _tp_group(tp, timeout)
+
+
+def _tp_group(tp: int | None, timeout):
+    """The world, when it has ``tp`` ranks; in a larger world (several TP groups, as an engine runs TP
+    within data parallelism), the block of ``tp`` consecutive world ranks holding this rank. Every block
+    is created on every rank, in order, as ``new_group`` requires."""
+    world = dist.get_world_size()
+    if tp is None or world == tp:
+        return dist.group.WORLD
+    if world % tp:
+        raise RuntimeError(f"a world of {world} ranks cannot be split into TP groups of {tp}")
+    mine = None
+    for start in range(0, world, tp):
+        group = dist.new_group(list(range(start, start + tp)), timeout=timeout)
+        if start <= dist.get_rank() < start + tp:
+            mine = group
+    return mine
 
 
 def _all_aligned(aligned: bool, control) -> bool:
@@ -166,9 +186,9 @@ def preload(argv: list[str]) -> None:
 def main(argv: list[str]) -> int:
     run_dir, launch_file = pathlib.Path(argv[0]), pathlib.Path(argv[1])
     launch = json.loads(launch_file.read_text())
-    device, control = _init_group(launch["pg_timeout_s"], launch.get("device", "cpu"))
-    rank = dist.get_rank()
-    writer = FrameWriter(run_dir / f"{launch_file.stem}-rank{rank}.frames")
+    device, control, tp_group = _init_group(launch["pg_timeout_s"], launch.get("device", "cpu"), launch.get("tp"))
+    world_rank = dist.get_rank()
+    writer = FrameWriter(run_dir / f"{launch_file.stem}-rank{world_rank}.frames")
 
     from shardspec.comm import TorchDistComm
     from shardspec.conformance.api import ImplChoice, load_implementation
@@ -179,13 +199,22 @@ def main(argv: list[str]) -> int:
     jobs = json.loads((run_dir / "jobs.json").read_text())
     cases = torch.load(run_dir / "cases.pt", weights_only=False)
     expectations = load_expectations(run_dir / "expectations.pt", device)
-    comm = TorchDistComm(dist.group.WORLD)
+    comm = TorchDistComm(tp_group)
+    rank = comm.rank  # in the TP group: what the judge and the implementation see
     progress = Progress()
     watchdog = Watchdog(launch["case_timeout_s"], progress, writer, rank)
     implementations: dict[str, object] = {}  # loaded once per launch
     kept: dict[str, tuple] = {}  # implementation -> (case id, its sharder), for the next step of a multi-step case
     writer.write(
-        {"event": "ready", "rank": rank, "pid": os.getpid(), "device": str(device), "backend": dist.get_backend()}
+        {
+            "event": "ready",
+            "rank": rank,
+            "world_rank": world_rank,
+            "world_size": dist.get_world_size(),
+            "pid": os.getpid(),
+            "device": str(device),
+            "backend": dist.get_backend(),
+        }
     )
     for index in launch["job_indices"]:
         job = jobs[index]

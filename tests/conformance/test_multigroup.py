@@ -1,0 +1,72 @@
+"""Worlds of several TP groups: 4 processes as 2 TP groups of 2, started by torchrun and joined with
+``--launcher external --tp 2``. Every group runs every case and is judged; the reference passes, and a
+collective on any group but a rank's own TP group fails INV-WIRE-SEQUENCE, naming the group."""
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+from harness_cases import PLUGINS, small_cases, write_cases
+
+from shardspec.conformance.harness.spawn import free_port
+
+pytestmark = pytest.mark.slow
+BROKEN = "shardspec.conformance.broken.collectives"
+IMPLS = ["reference", f"{BROKEN}:GatherOnADuplicateGroup", f"{BROKEN}:BarrierOnTheDefaultGroup"]
+
+
+def _env():
+    return dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(PLUGINS), os.environ.get("PYTHONPATH")])))
+
+
+@pytest.fixture(scope="module")
+def world_of_two_groups(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("multigroup")
+    files = write_cases(small_cases(2)[:2], folder)
+    command = [sys.executable, "-m", "shardspec.conformance", "--impl", ",".join(IMPLS), "--tp", "2"]
+    command += ["--no-shrink", "--launcher", "external", "--run-dir", str(folder / "run")]
+    command += ["--json", str(folder / "r.json"), *[arg for path in files for arg in ("--case-file", path)]]
+    judge = subprocess.Popen(command, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    launch = folder / "run" / "tp2" / "launch0.json"
+    deadline = time.monotonic() + 120
+    while not launch.exists() and time.monotonic() < deadline:
+        time.sleep(0.3)
+    ranks = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", "4"]
+    ranks += ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}"]
+    ranks += ["-m", "shardspec.conformance.harness.worker", str(launch.parent), str(launch)]
+    world = subprocess.Popen(ranks, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    out, _ = judge.communicate(timeout=300)
+    world.wait(timeout=60)
+    report = json.loads((folder / "r.json").read_text())
+    return judge.returncode, out, {section["implementation"]: section["cases"] for section in report["sections"]}
+
+
+def test_the_reference_passes_in_every_tp_group(world_of_two_groups):
+    returncode, out, sections = world_of_two_groups
+    assert returncode == 1, out[-3000:]  # the broken entries fail
+    assert [c["status"] for c in sections["reference"]] == ["pass", "pass"], sections["reference"]
+    assert all(c["judged"] and "INV-WIRE-SEQUENCE" in c["judged"] for c in sections["reference"])
+
+
+def test_a_gather_on_a_group_of_its_own_fails_in_each_tp_group(world_of_two_groups):
+    _, out, sections = world_of_two_groups
+    for case in sections[IMPLS[1]]:
+        assert case["status"] == "fail", case
+        messages = [v["message"] for v in case["violations"] if v["invariant_id"] == "INV-WIRE-SEQUENCE"]
+        for group, ranks in ((0, "[0, 1]"), (1, "[2, 3]")):
+            assert any(
+                m.startswith(f"TP group {group} (world ranks")
+                and f"on a group of world ranks {ranks} that is not the TP group" in m
+                for m in messages
+            ), messages
+
+
+def test_a_barrier_on_the_default_group_names_the_world(world_of_two_groups):
+    _, out, sections = world_of_two_groups
+    for case in sections[IMPLS[2]]:
+        assert case["status"] == "fail", case
+        messages = [v["message"] for v in case["violations"] if v["invariant_id"] == "INV-WIRE-SEQUENCE"]
+        assert any("(barrier) was issued on the default group (world ranks [0, 1, 2, 3])" in m for m in messages)
