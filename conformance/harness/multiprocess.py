@@ -281,7 +281,9 @@ class _Settler:
             self.settle(index, groups)
 
     def settle(self, index, groups, ended: str | None = None, culprit=None) -> None:
-        """``groups``: each TP group's transcripts by rank in the group; ``culprit``: its rank is a world rank."""
+        """``groups``: each TP group's transcripts by rank in the group (one group's alone: that group's);
+        ``culprit``: its rank is a world rank."""
+        groups = [groups] if isinstance(groups, dict) else list(groups) or [{}]
         job = self.jobs[index]
         tp = job.case.tp_size
         results = [
