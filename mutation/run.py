@@ -11,8 +11,9 @@ mutmut's settings, including the test profile, are ``[tool.mutmut]`` in pyprojec
 
 Prints killed / survived / timed out per folder, writes every mutant that was not killed, with its
 diff and the reason it may survive (from docs/mutation-survivors.md), to reports/mutants.md, and
-exits 1 if a survivor of a folder it ran has no reason (for impl/, only a sample has been justified:
-see docs/mutation-survivors.md).
+exits 1 if a survivor of a folder it ran has no reason (docs/mutation-survivors.md says which modules
+were measured when). Every module of a folder is mutated; ``--mutants 'shardspec.impl.gather.*'`` runs
+one module's mutants only.
 """
 
 from __future__ import annotations
