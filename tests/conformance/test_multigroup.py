@@ -70,3 +70,34 @@ def test_a_barrier_on_the_default_group_names_the_world(world_of_two_groups):
         assert case["status"] == "fail", case
         messages = [v["message"] for v in case["violations"] if v["invariant_id"] == "INV-WIRE-SEQUENCE"]
         assert any("(barrier) was issued on the default group (world ranks [0, 1, 2, 3])" in m for m in messages)
+
+
+def test_the_suites_own_launch_runs_two_tp_groups_and_names_the_failing_one(tmp_path, monkeypatch):
+    """LaunchOptions.tp_groups: the fork launcher starts 4 ranks as 2 TP groups of 2; the reference passes in
+    both, an extra functional all_reduce fails INV-WIRE-SEQUENCE in each, each message naming its group, and
+    one issued in TP group 1 alone fails there alone."""
+    monkeypatch.setenv("PYTHONPATH", _env()["PYTHONPATH"])
+    from shardspec.conformance.api import ImplChoice
+    from shardspec.conformance.harness.group import Job
+    from shardspec.conformance.harness.multiprocess import LaunchOptions, run_jobs_multiprocess
+    from shardspec.conformance.replay import suite_judge
+
+    cases = small_cases(2)[:2]
+    impls = ("reference", f"{BROKEN}:ExtraFunctionalAllReduce", "recording_world:ExtraAllReduceInTheLastTpGroup")
+    jobs = [Job(ImplChoice(impl), case) for impl in impls for case in cases]
+    options = LaunchOptions(tmp_path / "run", case_timeout_s=60, pg_timeout_s=60, launcher="fork", tp_groups=2)
+    servers: dict = {}
+    try:
+        results = run_jobs_multiprocess(jobs, 2, options, suite_judge(), log=lambda line: None, servers=servers)
+    finally:
+        for server in servers.values():
+            server.close()
+    assert [r.status for r in results] == ["pass", "pass"] + ["fail"] * 4, [(r.status, r.errors) for r in results]
+
+    def groups_failing_the_sequence(result):
+        return {v["message"].split(":")[0] for v in result.violations if v["invariant_id"] == "INV-WIRE-SEQUENCE"}
+
+    for result in results[2:4]:
+        assert groups_failing_the_sequence(result) == {"TP group 0 (world ranks 0-1)", "TP group 1 (world ranks 2-3)"}
+    for result in results[4:]:
+        assert groups_failing_the_sequence(result) == {"TP group 1 (world ranks 2-3)"}, result.violations

@@ -1,5 +1,6 @@
 """One rank of a gloo world of 2 whose TP groups are single ranks (``[0]``, ``[1]``): the calls a rank issues
-while recording, written as JSON to ``OUT_DIR/rank<R>.json``. Run by tests/conformance/test_recording.py."""
+while recording, written as JSON to ``OUT_DIR/rank<R>.json``. Run by tests/conformance/test_recording.py.
+Also a sharder that misbehaves in the last TP group of a world only (tests/conformance/test_multigroup.py)."""
 
 import json
 import pathlib
@@ -35,3 +36,19 @@ def main(out_dir: str) -> None:
 
 if __name__ == "__main__":
     main(sys.argv[1])
+
+
+def _reference():
+    from shardspec.reference import ReferenceSharder
+
+    return ReferenceSharder
+
+
+class ExtraAllReduceInTheLastTpGroup(_reference()):
+    """An extra functional all_reduce on the TP group, issued only by the ranks of the world's last TP group
+    (a defect that a run judging only the first group would pass)."""
+
+    def all_to_all_logits(self, logits_shard, metadata):
+        if dist.get_rank() >= dist.get_world_size() - self.comm.world_size:
+            funcol.all_reduce(torch.ones(1), "sum", self.comm.group).wait()
+        return super().all_to_all_logits(logits_shard, metadata)
