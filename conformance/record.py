@@ -23,6 +23,9 @@ STEPS = ("shard", "all_to_all", "sample", "gather")
 STEP_ORDER = ("construct", *STEPS)
 # What each step adds to the StepOutputs (the construct step adds nothing).
 STEP_OUTPUT = {"shard": "shard", "all_to_all": "full_vocab_logits", "sample": "local_output", "gather": "gathered"}
+# A collective issued on any group but the step's TP group (the group of the Communicator the sharder was
+# given) is recorded as "<kind> on <group>", e.g. "all_reduce on the default group (world ranks [0, 1, 2, 3])".
+OFF_GROUP = " on "
 # Float dtypes numpy cannot hold travel (and are hashed) as same-size integers.
 NUMPY_CARRIER = {torch.bfloat16: torch.int16, torch.float8_e4m3fn: torch.uint8, torch.float8_e5m2: torch.uint8}
 

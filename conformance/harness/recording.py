@@ -12,8 +12,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from shardspec.conformance.judge.checks.wire import OFF_GROUP  # a call off the TP group: "<kind> on <group>"
-from shardspec.conformance.record import WireCall
+from shardspec.conformance.record import OFF_GROUP, WireCall
 
 
 class Progress:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from shardspec.conformance.judge.rank import group_checks, violation_dict
-from shardspec.conformance.record import ERROR, FAIL, NOT_RUN, PASS, CaseResult, not_run  # noqa: F401
+from shardspec.conformance.record import ERROR, FAIL, PASS, CaseResult
 from shardspec.spec.case import Case
 
 

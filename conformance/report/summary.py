@@ -21,7 +21,7 @@ from typing import Any
 
 import yaml
 
-from shardspec.conformance.judge.results import ERROR, NOT_RUN, CaseResult
+from shardspec.conformance.record import ERROR, NOT_RUN, CaseResult
 
 ERRORS_ROW = "(run errors)"
 NOT_RUN_ROW = "(cases not run)"

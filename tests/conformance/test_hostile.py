@@ -100,8 +100,11 @@ def test_a_rank_out_of_reach_of_its_own_watchdog_is_stopped_by_the_parent(run, n
     first = case["errors"][0]
     assert (first["rank"], first["kind"], first["step"]) == (1, "timeout", "gather"), case["errors"]
     assert "rank 1 did not return in step gather of case small-tp2-3" in first["message"]
+    # Whichever comes first ends the peer: the parent stops it while it waits (peer-timeout), or its own
+    # collective times out and raises (peer). Either way it is not the culprit, and its step is named.
     peer = next(e for e in case["errors"] if e["rank"] == 0)
-    assert peer["kind"] == "peer-timeout" and "rank 0 waited in all_gather_into_tensor" in peer["message"], peer
+    assert (peer["kind"], peer["step"]) in {("peer-timeout", "gather"), ("peer", "gather")}, peer
+    assert "all_gather_into_tensor" in peer["message"], peer
 
 
 @pytest.mark.parametrize("name", ENTRIES[:-1])

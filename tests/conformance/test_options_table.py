@@ -30,6 +30,7 @@ BAD_VALUES = {
     "SHARDSPEC_XFAILS": "/no/such/xfails.txt",
     "SHARDSPEC_TIMEOUT": "nan",
     "SHARDSPEC_LAUNCHER": "slurm",
+    "SHARDSPEC_MAX_CRASHES": "-1",
 }
 
 

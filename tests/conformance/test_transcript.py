@@ -69,7 +69,9 @@ def test_a_judge_that_fails_on_a_case_fails_that_case_only():
     from shardspec.conformance.harness.multiprocess import _Settler
 
     class FailingJudge:
-        def case_result(self, *args):
+        device = "cpu"
+
+        def transcripts(self, *args):
             raise KeyError("deliberate")
 
     results = {}

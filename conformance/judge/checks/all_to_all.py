@@ -14,7 +14,7 @@ from collections.abc import Iterable
 import numpy as np
 import torch
 
-from shardspec.conformance.judge.checks.base import StepRecord, Violation, WireCall, rank_check
+from shardspec.conformance.judge.checks.base import StepRecord, Violation, rank_check
 from shardspec.conformance.judge.checks.common import (
     check_tensor,
     first_bad_row,
@@ -27,6 +27,7 @@ from shardspec.conformance.judge.checks.common import (
     unexpected_error,
     values_equal,
 )
+from shardspec.conformance.record import WireCall
 from shardspec.spec.case import local_logits_shard
 from shardspec.spec.layouts import logits_dtype_of
 

@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from shardspec.conformance.record import StepOutputs, WireCall  # noqa: F401  (WireCall: the checkers' type)
+from shardspec.conformance.record import StepOutputs
 from shardspec.spec.case import Case, CaseInputs
 from shardspec.spec.model import SamplerOutput
 

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from shardspec.conformance.judge.checks.base import StepRecord, Violation, WireCall, group_check, rank_check
+from shardspec.conformance.judge.checks.base import StepRecord, Violation, group_check, rank_check
 from shardspec.conformance.judge.checks.common import (
     first_bad_row,
     fmt,
@@ -24,13 +24,11 @@ from shardspec.conformance.judge.checks.common import (
     values_equal,
     wire_metadata,
 )
+from shardspec.conformance.record import OFF_GROUP, WireCall
 from shardspec.spec.case import Case
 from shardspec.spec.model import num_logprob_columns
 
 ALL_GATHER = "all_gather_into_tensor"
-# The recorder names a call issued on any group but the step's TP group (the group of the Communicator it
-# was given) "<kind> on <group>", e.g. "all_reduce on the default group (world ranks [0, 1, 2, 3])".
-OFF_GROUP = " on "
 PAD_TOKEN_ID, PAD_LOGPROB, PAD_SELECTED_RANK = 0, float("-inf"), 0
 
 
