@@ -19,7 +19,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from shardspec.conformance.cases.input_space import EXTENSION
+from shardspec.conformance.cases.realizers import EXTENSION
 from shardspec.spec.case import Case
 from shardspec.spec.model import VLLM_SEED
 

@@ -24,7 +24,7 @@ What may vary comes from the input space (cases/input_space.py, derived from
 spec/data_model.yaml): the logits dtypes, the views, the float limits of the
 logprob values. After the random draw, every variation of that space that no
 case drew and a case can be made to draw is put into one of them
-(input_space.fill_gaps), so the default run covers each at every tp size.
+(realizers.fill_gaps), so the default run covers each at every tp size.
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ from hypothesis import seed as hypothesis_seed
 from hypothesis import strategies as st
 
 from shardspec.conformance.cases import input_space as space
+from shardspec.conformance.cases import realizers
 from shardspec.conformance.cases.profile_inputs import with_vllm_033_inputs
 from shardspec.spec.case import Case, ExplicitLocalOutput
 from shardspec.spec.layouts import BATCH_ARRAYS, BATCH_TENSORS, LAYOUTS, LOCAL_OUTPUT
@@ -288,7 +289,7 @@ def generate_cases(
     """``count`` distinct cases for ``tp_size`` (fewer only if hypothesis runs dry), the same for the same seed,
     under ``profile``: vllm-0.33's cases are the seed profile's, a share of them with vLLM 0.33's inputs
     (cases/profile_inputs.py). With ``fill_gaps``, the variations of the input space the random draw
-    missed are then made to appear (input_space.fill_gaps)."""
+    missed are then made to appear (realizers.fill_gaps)."""
     drawn: dict[str, Case] = {}
 
     # The budget stays count * 3 even though drawing stops early: hypothesis
@@ -325,4 +326,4 @@ def generate_cases(
         ]
     # Then every variation of the input space that the random draw missed and a case can be made to
     # draw (conformance/cases/input_space.py), each in one case.
-    return space.fill_gaps(unique, profile, np.random.default_rng([seed, tp_size, 23])) if fill_gaps else unique
+    return realizers.fill_gaps(unique, profile, np.random.default_rng([seed, tp_size, 23])) if fill_gaps else unique

@@ -9,6 +9,7 @@ from shardspec.conformance.api import ImplChoice
 from shardspec.conformance.broken import BY_NAME
 from shardspec.conformance.broken import cases as targeted
 from shardspec.conformance.cases import boundaries as bounds
+from shardspec.conformance.cases import coverage, realizers
 from shardspec.conformance.cases import input_space as space
 from shardspec.conformance.cases.strategies import generate_cases
 from shardspec.conformance.replay import run_case_in_process
@@ -54,8 +55,8 @@ def test_the_spec_s_fields_get_their_variations():
 @pytest.mark.parametrize("tp", [1, 2, 3, 4, 8])
 def test_default_generated_cases_draw_every_realizable_variation(tp):
     cases = generate_cases(tp, 100, 0)
-    cov = space.coverage(cases)
-    missed = {v.key for v in cov.not_covered} & {v.key for v in space.realizable()}
+    cov = coverage.coverage(cases)
+    missed = {v.key for v in cov.not_covered} & {v.key for v in realizers.realizable()}
     assert not missed
     for case in cases:  # still valid inputs
         assert case.expect_error is None and len(set(case.slots)) == len(case.slots)

@@ -1,0 +1,241 @@
+"""Making a case draw a variation of the input space on purpose (cases/input_space.py says what the
+space is and how what a case draws is measured).
+
+:data:`REALIZERS` maps a variation's key to a change of a case that makes it draw that variation (None
+where this case cannot: no requests, no explicit outputs). A variation without one can only be drawn
+by chance or not at all, and stays listed as not covered. :func:`fill_gaps` puts every realizable
+variation the random draw missed into some case of a run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
+
+from shardspec.conformance.cases.coverage import (
+    EXPLICIT_OUTPUTS,
+    LOCAL_TENSORS,
+    declared_dtypes,
+    exercised,
+    path_of_layout_name,
+)
+from shardspec.conformance.cases.input_space import (
+    DTYPE,
+    FLOAT32_MAX,
+    FLOAT32_SUBNORMAL,
+    INT32,
+    INT64,
+    LAYOUT,
+    LAYOUTS_2D,
+    VALUE,
+    Variation,
+    input_space,
+)
+from shardspec.spec.model import DEFAULT_PROFILE
+
+
+def _with_layout(layout: str, names: list[str]) -> Callable:
+    def realize(case, rng):
+        from shardspec.spec.layouts import LAYOUTS
+
+        if layout not in LAYOUTS:
+            return None  # a view the case format cannot make yet (spec/layouts.py)
+        return replace(case, layouts={**case.layouts, **{name: layout for name in names}})
+
+    return realize
+
+
+def _batch_dtype(name: str, dtype: str) -> Callable:
+    def realize(case, rng):
+        if dtype not in declared_dtypes(case.profile).get(f"batch.{name}", ()):
+            return None
+        return replace(case, batch_dtypes={**case.batch_dtypes, name: dtype})
+
+    return realize
+
+
+def _slot(value: str) -> Callable:
+    def realize(case, rng):
+        if not case.slots:
+            return None
+        target = 0 if value == "min" else case.max_num_reqs - 1
+        if target in case.slots:
+            return case
+        slots = list(case.slots)
+        slots[int(rng.integers(len(slots)))] = target
+        return replace(case, slots=slots)
+
+    return realize
+
+
+_LOGPROB_NAMES = ("logprob_token_ids", "logprobs", "selected_token_ranks")
+
+
+def _with_logprobs(case, rank: int, out):
+    """``out`` with logprobs of the agreed width for its rows where it has none."""
+    if out.logprob_token_ids is not None:
+        return out
+    owned = [i for i, s in enumerate(case.slots) if s % case.tp_size == rank]
+    rows = sum(case.num_logits_per_req[i] for i in owned)
+    cols = 1 + max(case.logprobs_dims)
+    return replace(
+        out,
+        logprob_token_ids=[[0] * cols for _ in range(rows)],
+        logprobs=[[-1.0] * cols for _ in range(rows)],
+        selected_token_ranks=[0] * rows,
+    )
+
+
+def _explicit_value(name: str, value) -> Callable:
+    def realize(case, rng):
+        if not isinstance(case.local_outputs, dict) or not case.local_outputs:
+            return None
+        if name in _LOGPROB_NAMES and case.logprobs_dims is None:
+            case = replace(case, logprobs_dims=(1, 0))
+        outputs = {}
+        for rank, out in case.local_outputs.items():
+            if name in _LOGPROB_NAMES:
+                out = _with_logprobs(case, rank, out)
+            values = getattr(out, name)
+            if values is None or not values:
+                outputs[rank] = out
+                continue
+            copied = [list(row) for row in values] if isinstance(values[0], list) else list(values)
+            if isinstance(copied[0], list):
+                copied[int(rng.integers(len(copied)))][0] = value
+            else:
+                copied[int(rng.integers(len(copied)))] = value
+            outputs[rank] = replace(out, **{name: copied})
+        return replace(case, local_outputs=outputs)
+
+    return realize
+
+
+# One extension field of each kind (CL-EXTENSION-FIELDS), as the sampling-mask example declares them.
+EXTENSION = {"num_kept": {"per": "logits_row", "dtype": "int32", "shape": []}}
+
+
+def _with_extension(case, rng):
+    return replace(case, extensions={**case.extensions, **EXTENSION})
+
+
+def _capacity_one(case, rng):
+    """A sharder of capacity 1: the batch is slot 0 or empty."""
+    slots = [0] if case.slots else []
+    return replace(
+        case,
+        max_num_reqs=1,
+        slots=slots,
+        num_logits_per_req=case.num_logits_per_req[:1],
+        grammar_positions=[0] if case.grammar_positions and slots else None,
+        num_acceptable_drafts=None,
+        admitted_drafts=None if case.admitted_drafts is None else case.admitted_drafts[:1],
+        nan_tokens=[],
+        local_outputs="toy",
+    )
+
+
+def _without_nan_counts(case, rng):
+    if not isinstance(case.local_outputs, dict) or not case.local_outputs:
+        return None
+    outputs = {rank: replace(out, num_nans=None) for rank, out in case.local_outputs.items()}
+    return replace(case, gather_num_nans=False, local_outputs=outputs)
+
+
+def _realizers() -> dict[str, Callable]:
+    from shardspec.spec.layouts import BATCH_ARRAYS, BATCH_TENSORS, LAYOUTS
+
+    out: dict[str, Callable] = {}
+    for layout in (layout for layout in LAYOUTS_2D if layout in LAYOUTS):  # the views the case format makes
+        for name in BATCH_TENSORS + BATCH_ARRAYS + ("grammar_bitmask", "logits_shard"):
+            for path in path_of_layout_name(name):
+                out[f"{path}:{LAYOUT}={layout}"] = _with_layout(layout, [name])
+        for path in LOCAL_TENSORS:
+            out[f"{path}:{LAYOUT}={layout}"] = _with_layout(layout, ["local_output"])
+    for name, dtypes in (
+        ("idx_mapping", ("int32", "int64")),
+        ("expanded_idx_mapping", ("int32", "int64")),
+        ("expanded_local_pos", ("int32", "int64")),
+        ("seq_lens", ("int32", "int64")),
+        ("cu_num_logits", ("int32", "int64")),
+    ):
+        for dtype in dtypes:
+            out[f"batch.{name}:{DTYPE}={dtype}"] = _batch_dtype(name, dtype)
+    out["batch.idx_mapping_np:dtype=int32"] = lambda c, r: replace(c, edits=[*c.edits, "idx-mapping-np-int32"])
+    out["batch.num_draft_tokens_per_req:dtype=int64"] = lambda c, r: (
+        replace(c, spec_decode=True, edits=[*c.edits, "draft-counts-int64"]) if c.slots else None
+    )
+    for dtype in ("float32", "bfloat16", "float16"):
+        out[f"logits_shard:{DTYPE}={dtype}"] = lambda c, r, d=dtype: replace(c, logits_dtype=d)
+    for name in ("idx_mapping", "idx_mapping_np", "expanded_idx_mapping"):
+        for value in ("min", "max"):
+            out[f"batch.{name}:{VALUE}={value}"] = _slot(value)
+    out["batch.num_draft_tokens_per_req:presence=present"] = lambda c, r: (
+        replace(c, spec_decode=True) if c.slots else None
+    )
+    out["logprobs_dims:value=min"] = lambda c, r: replace(c, logprobs_dims=(0, int(r.integers(0, 4))))
+    out["gather_num_nans:value=true"] = lambda c, r: replace(c, gather_num_nans=True)
+    out["gather_num_nans:value=false"] = lambda c, r: replace(c, gather_num_nans=False)
+    out["extension_fields:presence=present"] = _with_extension
+    out["local_output.extensions:presence=present"] = _with_extension
+    out["sharder.max_num_reqs:value=min"] = _capacity_one
+    out["local_output.num_nans:presence=absent"] = _without_nan_counts
+    limits = {
+        "+inf": float("inf"),
+        "-inf": float("-inf"),
+        "nan": float("nan"),
+        "largest": FLOAT32_MAX,
+        "lowest": -FLOAT32_MAX,
+        "subnormal": FLOAT32_SUBNORMAL,
+    }
+    for limit, value in limits.items():
+        out[f"local_output.logprobs_tensors.logprobs:{VALUE}={limit}"] = _explicit_value("logprobs", value)
+    for name, path in EXPLICIT_OUTPUTS.items():
+        if name == "logprobs":
+            continue
+        bounds = INT64 if name in ("sampled_token_ids", "logprob_token_ids", "selected_token_ranks") else INT32
+        out[f"{path}:{VALUE}=dtype-max"] = _explicit_value(name, bounds[1])
+        if name in ("sampled_token_ids", "logprob_token_ids"):
+            out[f"{path}:{VALUE}=dtype-min"] = _explicit_value(name, bounds[0])
+        if name in ("num_sampled", "num_rejected", "selected_token_ranks"):
+            out[f"{path}:{VALUE}=min"] = _explicit_value(name, 0)
+    return out
+
+
+REALIZERS: dict[str, Callable] = _realizers()
+
+
+def realizable(profile: str = DEFAULT_PROFILE) -> list[Variation]:
+    """The variations of the space that a case can be made to draw on purpose."""
+    return [v for v in input_space(profile) if v.key in REALIZERS]
+
+
+def fill_gaps(cases: list, profile: str, rng) -> list:
+    """``cases`` with every realizable variation that none of them draws made to appear in one of
+    them: a covering selection on top of the random draw. Each change is kept only where the changed
+    case then draws the variation and those made to appear in it before (measured, not assumed); a
+    case may take several."""
+    cases = list(cases)
+    if not cases:
+        return cases
+    drawn = set().union(*(exercised(c) for c in cases))
+    forced: dict[int, set[Variation]] = {}
+    for variation in realizable(profile):
+        if variation in drawn:
+            continue
+        for index in (int(i) for i in rng.permutation(len(cases))):
+            changed = realize(cases[index], variation, rng)
+            # Kept only if the case then draws it, and still draws what was made to appear in it before.
+            if changed is not None and exercised(changed) >= forced.get(index, set()) | {variation}:
+                cases[index] = changed
+                forced.setdefault(index, set()).add(variation)
+                drawn |= exercised(changed)
+                break
+    return cases
+
+
+def realize(case, variation: Variation, rng):
+    """``case`` changed so that it draws ``variation``, or None where this case cannot (no requests,
+    no explicit outputs, a view the case format cannot make)."""
+    realizer = REALIZERS.get(variation.key)
+    return None if realizer is None else realizer(case, rng)
