@@ -20,6 +20,7 @@ ENTRIES = [
     "SegfaultInGather",
     "AbortInGather",
     "ExitInGather",
+    "ExitOnRankZeroInGather",
     "StopInGather",
     "GilHangInGather",
     "FloodAndLeakInGather",
@@ -86,6 +87,17 @@ def test_a_dying_rank_is_named_with_its_signal_and_step(run, name, how):
     error = _culprit(run[2], name)
     assert (error["rank"], error["kind"], error["step"]) == (1, "died", "gather"), error
     assert f"rank 1 {how} in step gather of case small-tp2-3" in error["message"]
+
+
+def test_when_rank_0_exits_it_is_the_culprit_and_its_peer_fails_no_invariant(run):
+    """Rank 0's sys.exit: rank 0 is named (died, step gather), and rank 1, whose collective broke, gets no
+    invariant failure (it was reported as INV-REJECT-INVALID of rank 1)."""
+    case = run[2][f"{MODULE}:ExitOnRankZeroInGather"]["small-tp2-3"]
+    assert case["status"] == "error" and not case["violations"], case
+    first = case["errors"][0]
+    assert (first["rank"], first["kind"], first["step"]) == (0, "died", "gather"), case["errors"]
+    assert "rank 0 exited with status 3 in step gather of case small-tp2-3" in first["message"]
+    assert all(e["kind"] in ("stopped", "peer", "peer-timeout") for e in case["errors"] if e["rank"] == 1), case
 
 
 @pytest.mark.parametrize("name", ["StopInGather", "GilHangInGather"])

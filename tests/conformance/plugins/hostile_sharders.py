@@ -47,6 +47,15 @@ class ExitInGather(_OnGather):
         sys.exit(3)
 
 
+class ExitOnRankZeroInGather(ReferenceSharder):
+    """Rank 0 (not the usual rank 1) exits: its peer's broken collective must not be blamed on the peer."""
+
+    def gather_sampler_output(self, local_output, metadata, global_batch, local_batch, **kwargs):
+        if global_batch.num_reqs == 3 and self.rank == 0:
+            sys.exit(3)
+        return super().gather_sampler_output(local_output, metadata, global_batch, local_batch, **kwargs)
+
+
 class StopInGather(_OnGather):
     """SIGSTOP: no thread of the rank runs again, its own watchdog included."""
 
