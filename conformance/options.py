@@ -34,6 +34,7 @@ MAX_EXAMPLES = 10_000
 MIXED_MAX_EXAMPLES = 25
 DEFAULT_TP_SIZES = [1, 2, 3, 4, 8]
 MAX_TP = 64  # the suite runs every rank on this machine
+MAX_TP_GROUPS = 8
 # Groups whose ranks are threads of one process (harness/inprocess.py, harness/threaded.py).
 THREAD_GROUPS = ("lockstep", "torch-threads")
 DEVICES = ("auto", "cpu", "cuda")
@@ -356,6 +357,17 @@ OPTIONS: tuple[Option, ...] = (
         metavar="N",
     ),
     Option(
+        "tp_groups",
+        "--tp-groups",
+        f"run each group size as this many TP groups of one world (tp x N rank processes, blocks of tp "
+        f"consecutive ranks), as an engine runs TP inside data parallelism; each group runs every case and is "
+        f"judged on its own, and a collective on any group but its TP group fails; at most {MAX_TP_GROUPS}",
+        parse=lambda text, where: _int(text, where, 1, MAX_TP_GROUPS),
+        default=1,
+        env="SHARDSPEC_TP_GROUPS",
+        metavar="N",
+    ),
+    Option(
         "pg_timeout",
         "--pg-timeout",
         "the process-group timeout in seconds",
@@ -454,7 +466,19 @@ def resolve(given: Mapping[str, Any], environ: Mapping[str, str] = os.environ) -
         values["impl"] = implementation_names(",".join(values["impl"]), values["impl_odd"])
     values["in_process"] = values["in_process"] or values["in_process_group"] is not None
     values["in_process_group"] = values["in_process_group"] or THREAD_GROUPS[0]
+    if values["tp_groups"] > 1 and values["in_process"]:
+        raise UsageError("--tp-groups: several TP groups run only as rank processes, not --in-process")
+    if max(values["tp"]) * values["tp_groups"] > MAX_TP:
+        raise UsageError(
+            f"--tp-groups {values['tp_groups']}: a world of {max(values['tp'])} x {values['tp_groups']} "
+            f"ranks is above {MAX_TP}"
+        )
     if values["launcher"] == "external":
+        if values["tp_groups"] > 1:
+            raise UsageError(
+                "--tp-groups with --launcher external: your launcher's world size says how many TP "
+                "groups run (the suite splits a larger world into blocks of --tp ranks)"
+            )
         if len(values["tp"]) != 1:
             raise UsageError(f"--launcher external: one group size (the launch's world size), not {values['tp']}")
         if values["run_dir"] is None:
@@ -491,6 +515,7 @@ def resolve_run(given: Mapping[str, Any], environ: Mapping[str, str] = os.enviro
         case_timeout_s=values["timeout"],
         pg_timeout_s=values["pg_timeout"],
         max_crashes=values["max_crashes"],
+        tp_groups=values["tp_groups"],
         in_process=values["in_process"],
         in_process_group=values["in_process_group"],
         launcher=values["launcher"],

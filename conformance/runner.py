@@ -38,6 +38,8 @@ class RunConfig:
     # Cases of one entry at one group size that end alike (a rank died or hung in the same step) before its
     # other cases there are not run (harness/crashes.py); 0: every case runs.
     max_crashes: int = 3
+    # TP groups in each launched world (blocks of tp consecutive ranks, each running and judged on every case).
+    tp_groups: int = 1
     in_process: bool = False
     # Which in-process group: "lockstep" (shardspec's own) or "torch-threads" (torch's threaded backend).
     in_process_group: str = "lockstep"

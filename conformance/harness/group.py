@@ -55,10 +55,12 @@ class ProcessGroup:
     launcher: str = "auto"  # fork | torchrun | external | auto (fork on the CPU, torchrun on GPUs)
     log: Callable[[str], None] = print
     max_crashes: int = 3  # see harness/crashes.py
+    tp_groups: int = 1  # TP groups of one launched world
     servers: dict = field(default_factory=dict)  # the preloaded rank server, kept while its environment holds
 
     def describe(self) -> str:
-        return "one process per rank (gloo or NCCL)"
+        groups = f", {self.tp_groups} TP groups per world" if self.tp_groups > 1 else ""
+        return f"one process per rank (gloo or NCCL){groups}"
 
     def run(self, jobs: list[Job], tp: int, judge, on_result: OnResult) -> list[CaseResult]:
         from shardspec.conformance.harness.multiprocess import LaunchOptions, run_jobs_multiprocess
@@ -69,6 +71,7 @@ class ProcessGroup:
             self.pg_timeout_s,
             launcher=self.launcher,
             max_crashes=self.max_crashes,
+            tp_groups=self.tp_groups,
         )
         return run_jobs_multiprocess(jobs, tp, options, judge, on_result, self.log, self.servers)
 
@@ -103,5 +106,11 @@ def group_for(config, run_dir: pathlib.Path, log: Callable[[str], None]) -> Grou
     if config.in_process:
         return ThreadGroup(config.in_process_group, config.in_process_device, config.pg_timeout_s)
     return ProcessGroup(
-        run_dir, config.case_timeout_s, config.pg_timeout_s, config.launcher, log, max_crashes=config.max_crashes
+        run_dir,
+        config.case_timeout_s,
+        config.pg_timeout_s,
+        config.launcher,
+        log,
+        max_crashes=config.max_crashes,
+        tp_groups=config.tp_groups,
     )

@@ -101,3 +101,37 @@ def test_the_suites_own_launch_runs_two_tp_groups_and_names_the_failing_one(tmp_
         assert groups_failing_the_sequence(result) == {"TP group 0 (world ranks 0-1)", "TP group 1 (world ranks 2-3)"}
     for result in results[4:]:
         assert groups_failing_the_sequence(result) == {"TP group 1 (world ranks 2-3)"}, result.violations
+
+
+def test_tp_groups_runs_each_case_in_two_tp_groups_from_the_command_line(tmp_path):
+    """--tp-groups 2 --tp 2: each case runs in both TP groups of one launched world of 4 ranks; an extra
+    all_reduce in TP group 1 alone fails there alone, and the reference passes."""
+    files = write_cases(small_cases(2)[:1], tmp_path)
+    impls = ["reference", "recording_world:ExtraAllReduceInTheLastTpGroup"]
+    command = [sys.executable, "-m", "shardspec.conformance", "--impl", ",".join(impls), "--tp", "2"]
+    command += ["--tp-groups", "2", "--no-shrink", "--json", str(tmp_path / "r.json"), "--case-file", files[0]]
+    run = subprocess.run(command, env=_env(), capture_output=True, text=True, timeout=300)
+    assert run.returncode == 1, run.stdout[-3000:] + run.stderr[-3000:]
+    assert "2 TP groups per world" in run.stdout
+    report = json.loads((tmp_path / "r.json").read_text())
+    sections = {section["implementation"]: section["cases"] for section in report["sections"]}
+    assert [c["status"] for c in sections["reference"]] == ["pass"]
+    [case] = sections[impls[1]]
+    messages = [v["message"] for v in case["violations"] if v["invariant_id"] == "INV-WIRE-SEQUENCE"]
+    assert messages and all(m.startswith("TP group 1 (world ranks 2-3)") for m in messages), messages
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--tp-groups", "2", "--in-process"], "not --in-process"),
+        (["--tp-groups", "2", "--launcher", "external", "--tp", "2", "--run-dir", "RUN"], "your launcher's world"),
+        (["--tp-groups", "8", "--tp", "16"], "above 64"),
+        (["--tp-groups", "9"], "above 8"),
+    ],
+)
+def test_tp_groups_refuses_what_it_cannot_run(tmp_path, args, message):
+    args = [str(tmp_path / "run") if arg == "RUN" else arg for arg in args]
+    run = subprocess.run([sys.executable, "-m", "shardspec.conformance", *args], capture_output=True, text=True)
+    assert run.returncode == 2 and message in run.stderr and "--tp-groups" in run.stderr, run.stderr
+    assert "Traceback" not in run.stderr

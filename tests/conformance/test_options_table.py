@@ -31,6 +31,7 @@ BAD_VALUES = {
     "SHARDSPEC_TIMEOUT": "nan",
     "SHARDSPEC_LAUNCHER": "slurm",
     "SHARDSPEC_MAX_CRASHES": "-1",
+    "SHARDSPEC_TP_GROUPS": "0",
 }
 
 
