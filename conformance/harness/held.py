@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from shardspec.conformance.harness.recording import leaves, same_value, snapshot, tensors
+from shardspec.conformance.harness.snapshots import leaves, same_value, snapshot, tensors
 
 
 class HeldResults:

@@ -22,7 +22,9 @@ from typing import Any
 from shardspec.conformance.api import construction_kwargs
 from shardspec.conformance.harness.held import HeldResults, shared_memory
 from shardspec.conformance.harness.past_rejection import NotRejected, rejection_point
-from shardspec.conformance.harness.recording import CollectiveError, Progress, RecordingComm, changed_fields, snapshot
+from shardspec.conformance.harness.progress import Progress
+from shardspec.conformance.harness.recording import CollectiveError, RecordingComm
+from shardspec.conformance.harness.snapshots import changed_fields, snapshot
 from shardspec.conformance.record import STEP_OUTPUT, StepOutputs
 from shardspec.engine import engine_step
 from shardspec.reference.local_sampler import local_sampler_output

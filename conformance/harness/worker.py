@@ -193,8 +193,8 @@ def main(argv: list[str]) -> int:
     from shardspec.comm import TorchDistComm
     from shardspec.conformance.api import ImplChoice, load_implementation
     from shardspec.conformance.harness.expectations import load_expectations
+    from shardspec.conformance.harness.progress import Progress
     from shardspec.conformance.harness.rank_step import run_case_on_rank
-    from shardspec.conformance.harness.recording import Progress
 
     jobs = json.loads((run_dir / "jobs.json").read_text())
     cases = torch.load(run_dir / "cases.pt", weights_only=False)

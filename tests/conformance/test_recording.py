@@ -8,8 +8,9 @@ import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
 from shardspec.comm import LoopbackComm
-from shardspec.conformance.harness.recording import DIRECT_FUNCTIONS, RecordingComm
+from shardspec.conformance.harness.recording import RecordingComm
 from shardspec.conformance.harness.threaded import run_torch_threads
+from shardspec.conformance.harness.wire_calls import DIRECT_FUNCTIONS
 
 
 def _direct_calls(comm):

@@ -231,7 +231,7 @@ def _agreement_key(call: dict[str, Any]) -> dict[str, Any]:
 def check_wire_sequence(case: Case, digests: dict[int, dict[str, Any]]) -> Iterable[Violation]:
     """Every recorded call counts: the Communicator's methods, torch.distributed's collectives and
     point-to-point functions, the process group's methods and every collective operator, functional
-    collectives included (conformance.harness.recording), so an extra barrier or all_reduce fails here;
+    collectives included (all recorded by the harness), so an extra barrier or all_reduce fails here;
     so does any call on a group other than the TP group, which the recorder names with its group."""
     # Rejected inputs issue no collectives; a rank that raised is reported as an error.
     if case.expect_error is not None or any(d.get("failed_step") for d in digests.values()):
