@@ -17,7 +17,8 @@ import os
 import sys
 import textwrap
 
-from shardspec.conformance.options import OPTIONS, Resolved, UsageError, resolve_run
+from shardspec.conformance.options import OPTIONS, Resolved, resolve_run
+from shardspec.conformance.usage import UsageError
 
 # Light imports only: the pytest plugin imports this module in every pytest session of an environment
 # where shardspec is installed; torch and the suite load when a run starts.

@@ -3,9 +3,9 @@ the documentation's list are made, and :func:`resolve`, which validates them onc
 
 Each option is declared once: its flag (``--tp``; the plugin's is ``--shardspec-tp``), the
 environment variable it reads where the flag is not given (``SHARDSPEC_TP``), its kind, how its text
-is parsed and checked, its default and its help. A bad value is a :class:`UsageError` naming the
-option (or the variable it came from) and what is wrong. A variable is read only where its option
-was not given, and an empty one counts as unset.
+is parsed and checked, its default and its help. A bad value is a
+:class:`~shardspec.conformance.usage.UsageError` naming the option (or the variable it came from) and
+what is wrong. A variable is read only where its option was not given, and an empty one counts as unset.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
+from shardspec.conformance.usage import MAX_EXAMPLES, MAX_TP, MAX_TP_GROUPS, UsageError
 from shardspec.spec.profiles import DEFAULT_PROFILE, PROFILES
 
 if TYPE_CHECKING:
@@ -29,21 +30,13 @@ if TYPE_CHECKING:
 
 QUICK_TP_SIZES = [2, 4]
 QUICK_MAX_EXAMPLES = 10
-# The most generated cases per group size a run draws (hypothesis is asked for three times as many).
-MAX_EXAMPLES = 10_000
 MIXED_MAX_EXAMPLES = 25
 DEFAULT_TP_SIZES = [1, 2, 3, 4, 8]
-MAX_TP = 64  # the suite runs every rank on this machine
-MAX_TP_GROUPS = 8
 # Groups whose ranks are threads of one process (harness/inprocess.py, harness/threaded.py).
 THREAD_GROUPS = ("lockstep", "torch-threads")
 DEVICES = ("auto", "cpu", "cuda")
 LAUNCHERS = ("auto", "torchrun", "fork", "external")
 PLUGIN_PREFIX = "--shardspec-"
-
-
-class UsageError(ValueError):
-    """A bad option or environment variable; the message names it."""
 
 
 def _int(text: str, where: str, minimum: int, maximum: int | None = None) -> int:

@@ -19,7 +19,8 @@ import warnings
 
 import pytest
 
-from shardspec.conformance.options import OPTIONS, Resolved, UsageError, add_plugin_options, given_any
+from shardspec.conformance.options import OPTIONS, Resolved, add_plugin_options, given_any
+from shardspec.conformance.usage import UsageError
 
 _RESOLVED = pytest.StashKey()  # the run's options, checked, and its named cases, loaded: once per session
 _RUN = pytest.StashKey()

@@ -94,3 +94,22 @@ def test_fixtures_and_cases_never_import_the_harness():
     offenders = _forbidden_imports("fixtures", ("shardspec.conformance",))
     offenders += _forbidden_imports("conformance/cases", ("shardspec.conformance.harness",))
     assert not offenders, offenders
+
+
+def test_cases_never_import_the_command_line():
+    """Cases are generation and bounds; a case named on the command line is checked against usage.py's
+    bounds and error, so that the options table, the command line and the plugin sit above the cases."""
+    offenders = _forbidden_imports(
+        "conformance/cases",
+        ("shardspec.conformance.options", "shardspec.conformance.cli", "shardspec.conformance.plugin"),
+    )
+    assert not offenders, offenders
+
+
+def test_usage_is_a_leaf():
+    """usage.py holds what the options and the cases both need; importing anything of shardspec there would
+    bring back the arrow it exists to remove."""
+    offenders = [
+        module for module in _imported_modules(ROOT / "conformance" / "usage.py") if module.startswith("shardspec")
+    ]
+    assert not offenders, offenders

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pathlib
 import re
 
-from shardspec.conformance.options import MAX_TP, UsageError
+from shardspec.conformance.usage import MAX_TP, UsageError
 
 MAX_FILE_BYTES = 1 << 20
 MAX_REQS = 1 << 16  # requests in a batch, and the sharder's capacity

@@ -12,8 +12,9 @@ from harness_cases import small_cases, write_cases
 
 from shardspec.conformance import options
 from shardspec.conformance.cli import build_parser, main
-from shardspec.conformance.options import OPTIONS, UsageError, markdown_table, resolve
+from shardspec.conformance.options import OPTIONS, markdown_table, resolve
 from shardspec.conformance.plugin import pytest_addoption
+from shardspec.conformance.usage import UsageError
 
 GUIDE = pathlib.Path(__file__).resolve().parents[2] / "docs" / "validate-your-implementation.md"
 

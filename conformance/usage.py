@@ -1,0 +1,18 @@
+"""What a user may ask of a run, and the error that says they asked for too much or for nonsense.
+
+A leaf: it imports nothing of shardspec, so that the options table, the command line and the checks of
+a case named on the command line (cases/limits.py) share one error and one set of bounds without the
+cases reaching up to the command line.
+"""
+
+from __future__ import annotations
+
+# The suite starts every rank on this machine; a world larger than this is a mistake, not a test.
+MAX_TP = 64
+MAX_TP_GROUPS = 8
+# The most generated cases per group size a run draws (hypothesis is asked for three times as many).
+MAX_EXAMPLES = 10_000
+
+
+class UsageError(ValueError):
+    """A bad option, environment variable or named case; the message names it."""
