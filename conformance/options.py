@@ -1,9 +1,10 @@
 """The run's options: one table (:data:`OPTIONS`), from which the command line, the pytest plugin and
 the documentation's list are made, and :func:`resolve`, which validates them once per run.
 
-Each option is declared once: its flag (``--tp``; the plugin's is ``--shardspec-tp``), the
-environment variable it reads where the flag is not given (``SHARDSPEC_TP``), its kind, how its text
-is parsed and checked, its default and its help. A bad value is a
+Each option is declared once, as an :class:`Option` (option_type.py): its flag (``--tp``; the plugin's
+is ``--shardspec-tp``), the environment variable it reads where the flag is not given
+(``SHARDSPEC_TP``), its kind, how its text is parsed and checked (a reader of option_values.py), its
+default and its help. A bad value is a
 :class:`~shardspec.conformance.usage.UsageError` naming the option (or the variable it came from) and
 what is wrong. A variable is read only where its option was not given, and an empty one counts as unset.
 """
@@ -11,14 +12,13 @@ what is wrong. A variable is read only where its option was not given, and an em
 from __future__ import annotations
 
 import argparse
-import math
 import os
-import pathlib
-import tempfile
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
+from shardspec.conformance import option_values as read
+from shardspec.conformance.option_type import Option
 from shardspec.conformance.usage import MAX_EXAMPLES, MAX_TP, MAX_TP_GROUPS, UsageError
 from shardspec.spec.profiles import DEFAULT_PROFILE, PROFILES
 
@@ -36,200 +36,6 @@ DEFAULT_TP_SIZES = [1, 2, 3, 4, 8]
 THREAD_GROUPS = ("lockstep", "torch-threads")
 DEVICES = ("auto", "cpu", "cuda")
 LAUNCHERS = ("auto", "torchrun", "fork", "external")
-PLUGIN_PREFIX = "--shardspec-"
-
-
-def _int(text: str, where: str, minimum: int, maximum: int | None = None) -> int:
-    try:
-        value = int(str(text).strip())
-    except ValueError:
-        raise UsageError(f"{where}: {text!r} is not an integer") from None
-    if value < minimum:
-        raise UsageError(f"{where}: {value} is below {minimum}")
-    if maximum is not None and value > maximum:
-        raise UsageError(f"{where}: {value} is above {maximum}")
-    return value
-
-
-def _seconds(text: str, where: str) -> float:
-    try:
-        value = float(str(text).strip())
-    except ValueError:
-        raise UsageError(f"{where}: {text!r} is not a number of seconds") from None
-    if not math.isfinite(value) or value <= 0:
-        raise UsageError(f"{where}: {text!r} must be a finite number of seconds above 0")
-    return value
-
-
-def _tp_sizes(text: str, where: str) -> list[int]:
-    parts = [part.strip() for part in str(text).split(",")]
-    if not any(parts) or not all(parts):
-        raise UsageError(f"{where}: {text!r} is not a list of group sizes (e.g. 1,2,4)")
-    sizes = sorted({_int(part, where, 1) for part in parts})
-    if sizes[-1] > MAX_TP:
-        raise UsageError(f"{where}: group size {sizes[-1]} is above {MAX_TP}")
-    return sizes
-
-
-def _flag(text: str | None, where: str) -> bool:
-    if text is None or text is False:
-        return False
-    if text is True:
-        return True
-    lowered = str(text).strip().lower()
-    if lowered in ("1", "true", "yes", "on"):
-        return True
-    if lowered in ("0", "false", "no", "off", ""):
-        return False
-    raise UsageError(f"{where}: {text!r} is not a boolean (1/0, true/false)")
-
-
-def _writable_file(path: str, where: str) -> str:
-    folder = pathlib.Path(path).expanduser().resolve().parent
-    if pathlib.Path(path).is_dir():
-        raise UsageError(f"{where}: {path} is a folder, not a file")
-    if not folder.is_dir():
-        raise UsageError(f"{where}: the folder {folder} does not exist")
-    try:
-        with tempfile.NamedTemporaryFile(dir=folder, prefix=".shardspec-probe-"):
-            pass
-    except OSError as exc:
-        raise UsageError(f"{where}: cannot write into {folder}: {exc.strerror}") from None
-    return path
-
-
-def _xfails(path: str, where: str) -> str:
-    from shardspec.conformance.report.summary import load_xfails
-
-    try:
-        load_xfails(path)
-    except OSError as exc:
-        raise UsageError(f"{where}: cannot read {path}: {exc.strerror}") from None
-    except ValueError as exc:
-        raise UsageError(f"{where}: {path}: {exc}") from None
-    return path
-
-
-def _profile(text: str, where: str) -> str:
-    name = str(text).strip()
-    if name not in PROFILES:
-        raise UsageError(f"{where}: unknown profile {name!r}; this spec defines {', '.join(PROFILES)}")
-    return name
-
-
-def _impl(text: str, where: str) -> list[str]:
-    from shardspec.conformance.api import ImplementationError, implementation_names
-
-    if not str(text).replace(",", "").strip():
-        raise UsageError(f"{where}: {text!r} names no implementation")
-    try:
-        return implementation_names(str(text))
-    except ImplementationError as exc:
-        raise UsageError(f"{where}: {exc}") from None
-
-
-def _impl_odd(text: str, where: str) -> str:
-    from shardspec.conformance.api import ImplChoice, ImplementationError
-
-    name = str(text).strip()
-    try:
-        if not name or ImplChoice.parse(name).mixed:
-            raise ImplementationError(f"{text!r} is not one implementation")
-    except ImplementationError as exc:
-        raise UsageError(f"{where}: {exc}") from None
-    return name
-
-
-def _run_dir(text: str, where: str) -> pathlib.Path:
-    """A run never reads files an earlier run left: its folder must be new or empty."""
-    run_dir = pathlib.Path(text)
-    if run_dir.exists() and (not run_dir.is_dir() or any(run_dir.iterdir())):
-        raise UsageError(f"{where}: {run_dir} is not an empty folder (a run never reuses an earlier run's files)")
-    return run_dir
-
-
-def _text(text: str, where: str) -> str:
-    return str(text)
-
-
-@dataclass(frozen=True)
-class Option:
-    """One option of a run, declared once; the command line, the plugin and the docs are made from it."""
-
-    name: str  # the key of its value (argparse's dest; the plugin's dest is shardspec_<name>)
-    flag: str  # the command line's long flag; the plugin's is --shardspec-<flag without the dashes>
-    help: str
-    kind: str = "value"  # "value": one text; "switch": given or not; "repeat": each use adds one text
-    parse: Callable[[Any, str], Any] = _text  # (text, where) -> value, or a UsageError naming `where`
-    # The value where neither the flag nor the variable is given; a callable computes it from the values
-    # resolved so far (default_text then says what it is).
-    default: Any = None
-    env: str | None = None
-    metavar: str | None = None
-    choices: tuple[str, ...] = ()
-    short: str | None = None  # an extra command-line spelling (-v)
-    default_text: str | None = None
-
-    def __post_init__(self) -> None:
-        if self.kind not in ("value", "switch", "repeat"):
-            raise ValueError(f"{self.flag}: unknown kind {self.kind!r}")
-        if self.kind == "repeat" and self.env is not None:
-            raise ValueError(f"{self.flag}: a repeated option has no variable (one text cannot say where it splits)")
-        if self.choices and self.kind != "value":
-            raise ValueError(f"{self.flag}: only a value has choices")
-
-    @property
-    def plugin_flag(self) -> str:
-        return PLUGIN_PREFIX + self.flag.removeprefix("--")
-
-    @property
-    def plugin_dest(self) -> str:
-        return f"shardspec_{self.name}"
-
-    @property
-    def shown_default(self) -> str | None:
-        if self.default_text is not None:
-            return self.default_text
-        if self.kind != "value" or self.default is None or callable(self.default):
-            return None
-        if isinstance(self.default, list):
-            return ",".join(map(str, self.default))
-        return f"{self.default:g}" if isinstance(self.default, float) else str(self.default)
-
-    @property
-    def full_help(self) -> str:
-        """The help both parsers show: the text, the default and the variable."""
-        text = self.help
-        if self.shown_default is not None:
-            text += f" (default {self.shown_default})"
-        return text + (f" [env {self.env}]" if self.env else "")
-
-    def parser_kwargs(self) -> dict[str, Any]:
-        """argparse's keywords (pytest's addoption takes the same). Nothing is parsed or defaulted there:
-        an option not given is None, so that its variable is read, and resolve() checks every value."""
-        kwargs: dict[str, Any] = {"help": self.full_help.replace("%", "%%"), "default": None}
-        if self.kind == "switch":
-            kwargs["action"] = "store_true"
-        else:
-            kwargs["action"] = "append" if self.kind == "repeat" else "store"
-            kwargs["metavar"] = "{" + ",".join(self.choices) + "}" if self.choices else self.metavar
-        return kwargs
-
-    def read(self, raw: Any, where: str) -> Any:
-        if self.kind == "switch":
-            return _flag(raw, where)
-        if self.kind == "repeat":
-            return [self.parse(item, where) for item in raw]
-        if self.choices:
-            value = str(raw).strip()
-            if value not in self.choices:
-                raise UsageError(f"{where}: {raw!r} is not one of {', '.join(self.choices)}")
-            return value
-        return self.parse(raw, where)
-
-
-def _bounded_examples(text: str, where: str) -> int:
-    return _int(text, where, 0, MAX_EXAMPLES)
 
 
 OPTIONS: tuple[Option, ...] = (
@@ -238,7 +44,7 @@ OPTIONS: tuple[Option, ...] = (
         "--impl",
         "entries, comma-separated; each an implementation (reference, production, or package.module:attr) "
         "or A/B: even ranks run A, odd ranks B",
-        parse=_impl,
+        parse=read.impl,
         default=["reference"],
         default_text="reference",
         env="SHARDSPEC_IMPL",
@@ -248,7 +54,7 @@ OPTIONS: tuple[Option, ...] = (
         "impl_odd",
         "--impl-odd",
         "shorthand: every entry A of --impl becomes the mixed entry A/B",
-        parse=_impl_odd,
+        parse=read.impl_odd,
         env="SHARDSPEC_IMPL_ODD",
         metavar="B",
     ),
@@ -264,7 +70,7 @@ OPTIONS: tuple[Option, ...] = (
         "tp",
         "--tp",
         "group sizes",
-        parse=_tp_sizes,
+        parse=read.tp_sizes,
         default=lambda values: list(QUICK_TP_SIZES if values["quick"] else DEFAULT_TP_SIZES),
         default_text=",".join(map(str, DEFAULT_TP_SIZES)) + "; with --quick " + ",".join(map(str, QUICK_TP_SIZES)),
         env="SHARDSPEC_TP",
@@ -274,7 +80,7 @@ OPTIONS: tuple[Option, ...] = (
         "profile",
         "--profile",
         f"the spec profile every case is judged under: {' or '.join(PROFILES)}; see spec/SPEC.md, Profiles",
-        parse=_profile,
+        parse=read.profile,
         default=DEFAULT_PROFILE,
         env="SHARDSPEC_PROFILE",
         metavar="NAME",
@@ -283,7 +89,7 @@ OPTIONS: tuple[Option, ...] = (
         "max_examples",
         "--max-examples",
         f"generated cases per group size, at most {MAX_EXAMPLES}",
-        parse=_bounded_examples,
+        parse=read.bounded_examples,
         default=lambda values: QUICK_MAX_EXAMPLES if values["quick"] else 100,
         default_text=f"100; with --quick {QUICK_MAX_EXAMPLES}",
         env="SHARDSPEC_MAX_EXAMPLES",
@@ -293,7 +99,7 @@ OPTIONS: tuple[Option, ...] = (
         "mixed_max_examples",
         "--mixed-max-examples",
         "generated cases per group size of a mixed entry A/B, never more than --max-examples",
-        parse=_bounded_examples,
+        parse=read.bounded_examples,
         default=MIXED_MAX_EXAMPLES,
         env="SHARDSPEC_MIXED_MAX_EXAMPLES",
         metavar="N",
@@ -302,7 +108,7 @@ OPTIONS: tuple[Option, ...] = (
         "seed",
         "--seed",
         "seed of the generated cases; same seed, same cases",
-        parse=lambda text, where: _int(text, where, 0),
+        parse=lambda text, where: read.integer(text, where, 0),
         default=0,
         env="SHARDSPEC_SEED",
         metavar="S",
@@ -321,12 +127,12 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "case_file", "--case-file", "run the case in this file (repeatable)", kind="repeat", default=[], metavar="PATH"
     ),
-    Option("json", "--json", "write the JSON report here", parse=_writable_file, metavar="PATH"),
+    Option("json", "--json", "write the JSON report here", parse=read.writable_file, metavar="PATH"),
     Option(
         "xfails_file",
         "--xfails-file",
         "invariant IDs or case ids expected to fail (YAML list or mapping, or one per line)",
-        parse=_xfails,
+        parse=read.xfails,
         env="SHARDSPEC_XFAILS",
         metavar="PATH",
     ),
@@ -334,7 +140,7 @@ OPTIONS: tuple[Option, ...] = (
         "timeout",
         "--timeout",
         "seconds a case may make no progress on a rank before it counts as hung",
-        parse=_seconds,
+        parse=read.seconds,
         default=60.0,
         env="SHARDSPEC_TIMEOUT",
         metavar="S",
@@ -344,7 +150,7 @@ OPTIONS: tuple[Option, ...] = (
         "--max-crashes",
         "after this many cases of one entry at one group size end alike (a rank died, or hung, in the same "
         "step), its other cases there are not run, with that reason; 0 runs every case",
-        parse=lambda text, where: _int(text, where, 0),
+        parse=lambda text, where: read.integer(text, where, 0),
         default=3,
         env="SHARDSPEC_MAX_CRASHES",
         metavar="N",
@@ -355,7 +161,7 @@ OPTIONS: tuple[Option, ...] = (
         f"run each group size as this many TP groups of one world (tp x N rank processes, blocks of tp "
         f"consecutive ranks), as an engine runs TP inside data parallelism; each group runs every case and is "
         f"judged on its own, and a collective on any group but its TP group fails; at most {MAX_TP_GROUPS}",
-        parse=lambda text, where: _int(text, where, 1, MAX_TP_GROUPS),
+        parse=lambda text, where: read.integer(text, where, 1, MAX_TP_GROUPS),
         default=1,
         env="SHARDSPEC_TP_GROUPS",
         metavar="N",
@@ -364,7 +170,7 @@ OPTIONS: tuple[Option, ...] = (
         "pg_timeout",
         "--pg-timeout",
         "the process-group timeout in seconds",
-        parse=_seconds,
+        parse=read.seconds,
         default=lambda values: values["timeout"],
         default_text="--timeout",
         metavar="S",
@@ -408,7 +214,7 @@ OPTIONS: tuple[Option, ...] = (
         "run_dir",
         "--run-dir",
         "keep the run's files (per-rank frame streams, launch logs) in this new or empty folder",
-        parse=_run_dir,
+        parse=read.run_dir,
         metavar="DIR",
     ),
     Option("no_shrink", "--no-shrink", "do not shrink failing generated cases", kind="switch", default=False),

@@ -1,0 +1,133 @@
+"""How an option's text becomes its value: each reader takes the text and where it came from (the
+flag, or ``$VARIABLE``) and returns the value, or raises a UsageError naming that place and what is
+wrong.
+
+Light imports only, as for the table (options.py): what a reader needs of the suite (the
+implementations, the xfails file's format) loads when an option that names one is read.
+"""
+
+from __future__ import annotations
+
+import math
+import pathlib
+import tempfile
+
+from shardspec.conformance.usage import MAX_EXAMPLES, MAX_TP, UsageError
+from shardspec.spec.profiles import PROFILES
+
+
+def integer(text: str, where: str, minimum: int, maximum: int | None = None) -> int:
+    try:
+        value = int(str(text).strip())
+    except ValueError:
+        raise UsageError(f"{where}: {text!r} is not an integer") from None
+    if value < minimum:
+        raise UsageError(f"{where}: {value} is below {minimum}")
+    if maximum is not None and value > maximum:
+        raise UsageError(f"{where}: {value} is above {maximum}")
+    return value
+
+
+def seconds(text: str, where: str) -> float:
+    try:
+        value = float(str(text).strip())
+    except ValueError:
+        raise UsageError(f"{where}: {text!r} is not a number of seconds") from None
+    if not math.isfinite(value) or value <= 0:
+        raise UsageError(f"{where}: {text!r} must be a finite number of seconds above 0")
+    return value
+
+
+def tp_sizes(text: str, where: str) -> list[int]:
+    parts = [part.strip() for part in str(text).split(",")]
+    if not any(parts) or not all(parts):
+        raise UsageError(f"{where}: {text!r} is not a list of group sizes (e.g. 1,2,4)")
+    sizes = sorted({integer(part, where, 1) for part in parts})
+    if sizes[-1] > MAX_TP:
+        raise UsageError(f"{where}: group size {sizes[-1]} is above {MAX_TP}")
+    return sizes
+
+
+def flag(text: str | None, where: str) -> bool:
+    if text is None or text is False:
+        return False
+    if text is True:
+        return True
+    lowered = str(text).strip().lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off", ""):
+        return False
+    raise UsageError(f"{where}: {text!r} is not a boolean (1/0, true/false)")
+
+
+def writable_file(path: str, where: str) -> str:
+    folder = pathlib.Path(path).expanduser().resolve().parent
+    if pathlib.Path(path).is_dir():
+        raise UsageError(f"{where}: {path} is a folder, not a file")
+    if not folder.is_dir():
+        raise UsageError(f"{where}: the folder {folder} does not exist")
+    try:
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".shardspec-probe-"):
+            pass
+    except OSError as exc:
+        raise UsageError(f"{where}: cannot write into {folder}: {exc.strerror}") from None
+    return path
+
+
+def xfails(path: str, where: str) -> str:
+    from shardspec.conformance.report.summary import load_xfails
+
+    try:
+        load_xfails(path)
+    except OSError as exc:
+        raise UsageError(f"{where}: cannot read {path}: {exc.strerror}") from None
+    except ValueError as exc:
+        raise UsageError(f"{where}: {path}: {exc}") from None
+    return path
+
+
+def profile(text: str, where: str) -> str:
+    name = str(text).strip()
+    if name not in PROFILES:
+        raise UsageError(f"{where}: unknown profile {name!r}; this spec defines {', '.join(PROFILES)}")
+    return name
+
+
+def impl(text: str, where: str) -> list[str]:
+    from shardspec.conformance.api import ImplementationError, implementation_names
+
+    if not str(text).replace(",", "").strip():
+        raise UsageError(f"{where}: {text!r} names no implementation")
+    try:
+        return implementation_names(str(text))
+    except ImplementationError as exc:
+        raise UsageError(f"{where}: {exc}") from None
+
+
+def impl_odd(text: str, where: str) -> str:
+    from shardspec.conformance.api import ImplChoice, ImplementationError
+
+    name = str(text).strip()
+    try:
+        if not name or ImplChoice.parse(name).mixed:
+            raise ImplementationError(f"{text!r} is not one implementation")
+    except ImplementationError as exc:
+        raise UsageError(f"{where}: {exc}") from None
+    return name
+
+
+def run_dir(text: str, where: str) -> pathlib.Path:
+    """A run never reads files an earlier run left: its folder must be new or empty."""
+    run_dir = pathlib.Path(text)
+    if run_dir.exists() and (not run_dir.is_dir() or any(run_dir.iterdir())):
+        raise UsageError(f"{where}: {run_dir} is not an empty folder (a run never reuses an earlier run's files)")
+    return run_dir
+
+
+def text(value: str, where: str) -> str:
+    return str(value)
+
+
+def bounded_examples(text: str, where: str) -> int:
+    return integer(text, where, 0, MAX_EXAMPLES)
