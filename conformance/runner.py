@@ -70,6 +70,9 @@ class CaseSet:
     files: dict[str, str] = field(default_factory=dict)  # case id -> the --case-file it came from
     # The steps of multi-step cases, run as cases of their own: step id -> the whole case.
     parents: dict[str, Case] = field(default_factory=dict)
+    # Cases made from the preconditions' boundaries (cases/boundaries.py): made in the run like generated
+    # cases, so reproduced from a written file, but not shrunk (each is already one violation).
+    boundary: set[str] = field(default_factory=set)
 
 
 def collect_cases(config: RunConfig) -> CaseSet:
@@ -98,7 +101,9 @@ def collect_cases(config: RunConfig) -> CaseSet:
         return CaseSet(steps, set(), notes, files, parents)
     cases = [c for c in _fixture_cases(notes, config.profile) if c.tp_size in config.tp_sizes]
     generated: list[Case] = []
+    at_boundaries: list[Case] = []
     if not config.fixtures_only and config.max_examples > 0:
+        from shardspec.conformance.cases.boundaries import boundary_cases_for_run
         from shardspec.conformance.cases.multistep import multi_step_cases
         from shardspec.conformance.cases.strategies import generate_cases
         from shardspec.fixtures.catalogue import with_profile
@@ -107,8 +112,12 @@ def collect_cases(config: RunConfig) -> CaseSet:
             generated += generate_cases(tp, config.max_examples, config.seed, config.profile)
             multi = multi_step_cases(tp, max(1, config.max_examples // MULTI_STEP_SHARE), config.seed)
             cases += [with_profile(case, config.profile) for case in multi]
-    steps, parents = _expanded(_unique_ids(cases + generated))
-    return CaseSet(steps, {c.case_id for c in generated}, notes, parents=parents)
+            at_boundaries += boundary_cases_for_run(tp, config.profile, config.seed, config.tp_sizes)
+    steps, parents = _expanded(_unique_ids(cases + at_boundaries + generated))
+    made = {c.case_id for c in steps}
+    generated_ids = {c.case_id for c in generated} & made
+    boundary_ids = {c.case_id for c in at_boundaries} & made
+    return CaseSet(steps, generated_ids, notes, parents=parents, boundary=boundary_ids)
 
 
 # One multi-step case (five steps on one sharder) per this many generated single-step cases.
@@ -176,9 +185,10 @@ def tp_sizes_of(config: RunConfig, cases: list[Case]) -> list[int]:
 def cases_of_entry(config: RunConfig, choice: ImplChoice, case_set: CaseSet, tp: int) -> list[Case]:
     """The cases ``choice`` runs at group size ``tp``: none where it does not apply; a mixed
     entry runs the fixtures but only the first ``mixed_max_examples`` generated cases and the
-    first multi-step case, and no case whose inputs break a precondition with undefined
-    behaviour: two implementations may answer those differently, even leave each other in a
-    collective, and both be right."""
+    first multi-step case, no case made at a precondition's boundary (each single entry checks its own
+    rejection), and no case whose inputs break a precondition with undefined behaviour: two
+    implementations may answer those differently, even leave each other in a collective, and both be
+    right."""
     if not choice.applies_to(tp):
         return []
     cases = [c for c in case_set.cases if c.tp_size == tp]
@@ -187,6 +197,7 @@ def cases_of_entry(config: RunConfig, choice: ImplChoice, case_set: CaseSet, tp:
     generated = [c for c in cases if c.case_id in case_set.generated][config.mixed_max_examples :]
     first_multi_step = next((parent.case_id for c in cases if (parent := case_set.parents.get(c.case_id))), None)
     dropped = {c.case_id for c in generated} | {c.case_id for c in cases if undefined_behaviour(c)}
+    dropped |= case_set.boundary  # each implementation's own rejection: its single entry checks it
     dropped |= {
         c.case_id
         for c in cases
@@ -262,7 +273,8 @@ def _finish_results(config, choice, results, case_set, run_dir, log) -> None:
             result.reproduce = _command(choice, f"--case-file {path} --tp {parent.tp_size}", mode)
         if not result.reproduce and result.case_id in case_set.files:
             result.reproduce = _command(choice, f"--case-file {case_set.files[result.case_id]}", mode)
-        result.reproduce = result.reproduce or reproduce_command(choice, result.case, result.generated, run_dir, mode)
+        made_here = result.generated or result.case_id in case_set.boundary
+        result.reproduce = result.reproduce or reproduce_command(choice, result.case, made_here, run_dir, mode)
 
 
 def _run_jobs(config, group: Group, tp, jobs, log, deliver) -> list[CaseResult]:
@@ -331,8 +343,9 @@ def write_case_file(case: Case, run_dir: pathlib.Path) -> pathlib.Path:
     return path
 
 
-def reproduce_command(choice: ImplChoice, case: Case, generated: bool, run_dir: pathlib.Path, mode: tuple = ()) -> str:
-    if not generated:
+def reproduce_command(choice: ImplChoice, case: Case, made_here: bool, run_dir: pathlib.Path, mode: tuple = ()) -> str:
+    """A fixture is named by its id; a case made by this run (generated, or at a boundary) by its written file."""
+    if not made_here:
         return _command(choice, f"--case {case.case_id}", mode)
     path = run_dir / "failing" / f"{case.case_id}.yaml"
     if not path.exists():

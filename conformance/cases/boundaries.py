@@ -283,15 +283,17 @@ def boundary_cases(profile: str = DEFAULT_PROFILE, tp_sizes=TP_SIZES, seed: int 
     return out
 
 
-def boundary_cases_for_run(tp: int, profile: str = DEFAULT_PROFILE, seed: int = 0) -> list[Case]:
-    """The boundary cases a run of one seed gives group size ``tp``: each boundary goes to one tp size,
-    rotating with the seed (boundary i to TP_SIZES[(i + seed) % 5]), so that one run checks every
-    boundary once within its time budget and five seeds check each at every tp. All of them at every
-    tp are :func:`boundary_cases`."""
-    if tp not in TP_SIZES:
+def boundary_cases_for_run(tp: int, profile: str = DEFAULT_PROFILE, seed: int = 0, run_tp_sizes=TP_SIZES) -> list[Case]:
+    """The boundary cases a run of one seed over group sizes ``run_tp_sizes`` gives size ``tp``: each
+    boundary goes to one of the run's sizes, rotating with the seed (boundary i to
+    sizes[(i + seed) % len(sizes)]), so that one run checks every boundary once within its time budget
+    and as many seeds as sizes check each at every size. All of them at every tp are
+    :func:`boundary_cases`."""
+    sizes = sorted(set(run_tp_sizes))
+    if tp not in sizes:
         return []
     made = [b for b in boundaries(profile) if b.key in REALIZERS]
-    mine = [b for i, b in enumerate(made) if TP_SIZES[(i + seed) % len(TP_SIZES)] == tp]
+    mine = [b for i, b in enumerate(made) if sizes[(i + seed) % len(sizes)] == tp]
     cases = [_case_for(b, tp, profile, seed) for b in mine]
     return [c if c.profile == VLLM_033 else replace(c, adaptive_verification=False) for c in cases]
 
