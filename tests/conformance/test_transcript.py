@@ -66,7 +66,7 @@ def test_a_judge_that_fails_on_a_case_fails_that_case_only():
     from shardspec.conformance.api import ImplChoice
     from shardspec.conformance.broken import cases
     from shardspec.conformance.harness.group import Job
-    from shardspec.conformance.harness.multiprocess import _Settler
+    from shardspec.conformance.harness.settle import Settler
 
     class FailingJudge:
         device = "cpu"
@@ -75,7 +75,7 @@ def test_a_judge_that_fails_on_a_case_fails_that_case_only():
             raise KeyError("deliberate")
 
     results = {}
-    _Settler([Job(ImplChoice("reference"), cases.DECODE)], results, None, FailingJudge(), None).settle(0, {})
+    Settler([Job(ImplChoice("reference"), cases.DECODE)], results, None, FailingJudge(), None).settle(0, {})
     (error,) = results[0].errors
     assert (results[0].status, error["rank"], error["kind"]) == ("error", None, "harness")
     assert error["message"] == "the judge failed on this case's transcripts: KeyError: 'deliberate'"

@@ -1,0 +1,115 @@
+"""Following a launch: the frames each rank appends to its file, read as they arrive, by job and rank."""
+
+from __future__ import annotations
+
+import pathlib
+import time
+from typing import Any
+
+from shardspec.conformance.harness.frames import FrameLog
+from shardspec.conformance.harness.transcript import cut_frame, read_frames
+
+
+class Follower:
+    """Reads the ranks' frame files incrementally (the last frame may be half-written); ranks are world ranks,
+    in TP groups of ``tp`` consecutive ones."""
+
+    def __init__(self, run_dir: pathlib.Path, name: str, tp: int, groups: int = 1):
+        self.run_dir, self.name, self.tp = run_dir, name, tp
+        self.paths: list[pathlib.Path] = []  # by world rank
+        self.offsets: list[int] = []
+        self._grow(tp * groups)
+        self.transcripts: dict[int, dict[int, FrameLog]] = {}  # job index -> rank -> frames
+        self.ready: set[int] = set()
+        self.pids: dict[int, int] = {}
+        self.last_frame = time.monotonic()
+        # A rank recorded why it left the launch (error, hang, suite failure).
+        self.left_on_purpose = False
+        self.pending: dict[int, list[str]] = {}  # rank -> unreadable frames not yet given to a job
+
+    def read(self) -> bool:
+        """Whether any new frame arrived."""
+        new = False
+        for rank, path in enumerate(self.paths):
+            if not path.exists():
+                continue
+            with open(path, "rb") as f:
+                f.seek(self.offsets[rank])
+                chunk = f.read()
+            frames, used = read_frames(chunk)
+            self.offsets[rank] += used
+            for frame in frames:
+                self._add(rank, frame)
+            new |= bool(frames)
+        if new:
+            self.last_frame = time.monotonic()
+        return new
+
+    def _add(self, rank: int, frame: dict[str, Any]) -> None:
+        if "unreadable" in frame:
+            self._note(rank, f"rank {rank} sent a frame the judge cannot read: {frame['unreadable']}")
+        elif frame.get("event") == "ready":
+            self.ready.add(rank)
+            self.pids[rank] = frame.get("pid")
+            world = frame.get("world_size")
+            if isinstance(world, int) and world > len(self.paths) and world % self.tp == 0:
+                self._grow(world)  # ranks started by another launcher: a world of several TP groups
+        elif frame.get("job") is not None:
+            transcript = self.transcripts.setdefault(frame["job"], {}).setdefault(rank, FrameLog())
+            for why in self.pending.pop(rank, []):  # the unreadable frame began this job
+                transcript.add({"undecodable": why})
+            transcript.add(frame)
+            if frame.get("timeout") or frame.get("harness_error") or frame.get("aligned") is False:
+                self.left_on_purpose = True
+
+    def _grow(self, world: int) -> None:
+        for rank in range(len(self.paths), world):
+            self.paths.append(self.run_dir / f"{self.name}-rank{rank}.frames")
+            self.offsets.append(0)
+
+    @property
+    def groups(self) -> int:
+        return len(self.paths) // self.tp
+
+    def group_transcripts(self, job: int) -> list[dict]:
+        """Per TP group (blocks of tp world ranks), its transcripts of ``job`` by rank in the group."""
+        ranks = self.transcripts.get(job, {})
+        groups: list[dict] = [{} for _ in range(self.groups)]
+        for rank, transcript in ranks.items():
+            groups[rank // self.tp][rank % self.tp] = transcript
+        return groups
+
+    def _note(self, rank: int, why: str) -> None:
+        """A frame of ``rank`` that cannot be read: for the job it is in, or (after that job's last frame)
+        for the next job it sends a frame of."""
+        open_jobs = [job for job, ranks in self.transcripts.items() if rank in ranks and not ranks[rank].ended]
+        if open_jobs:
+            self.transcripts[max(open_jobs)][rank].add({"undecodable": why})
+        else:
+            self.pending.setdefault(rank, []).append(why)
+
+    def note_cut(self, indices: list[int]) -> None:
+        """After the launch: a rank's transcript that ends inside a frame, or an unreadable frame no later
+        frame placed, belongs to the first of ``indices`` whose last frame that rank never sent."""
+        for rank, path in enumerate(self.paths):
+            rest = path.read_bytes()[self.offsets[rank] :] if path.exists() else b""
+            notes = self.pending.pop(rank, []) + [f"rank {rank}'s transcript is cut: {cut_frame(rest)}"] * bool(rest)
+            job = next((i for i in indices if not self._ended(i, rank)), None)
+            for why in notes if job is not None else ():
+                self.transcripts.setdefault(job, {}).setdefault(rank, FrameLog()).add({"undecodable": why})
+
+    def _ended(self, job: int, rank: int) -> bool:
+        transcript = self.transcripts.get(job, {}).get(rank)
+        return transcript is not None and transcript.ended
+
+    def stopped_ranks(self) -> list[int]:
+        """Ranks whose process is stopped (``T`` in /proc, e.g. after SIGSTOP)."""
+        stopped = []
+        for rank, pid in sorted(self.pids.items()):
+            try:
+                state = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+            except (OSError, IndexError, TypeError):
+                continue
+            if state in ("T", "t"):
+                stopped.append(rank)
+        return stopped

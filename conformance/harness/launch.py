@@ -1,0 +1,108 @@
+"""Starting and ending the group of ranks of one launch: torchrun, forks of a preloaded rank server, or
+ranks an external launcher starts."""
+
+from __future__ import annotations
+
+import atexit
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+
+from shardspec.conformance.harness.external import ExternalGroup, rank_command
+from shardspec.conformance.harness.spawn import RankServer
+
+WORKER = "shardspec.conformance.harness.worker"
+
+
+def _rank_server(servers: dict, env: dict[str, str], run_dir: pathlib.Path, name: str) -> RankServer:
+    """The preloaded server in ``servers``, or a new one after it died or the environment changed."""
+    server = servers.get("cpu")
+    if server is None or not server.alive or server.env != env:
+        if server is not None:
+            server.close()
+        server = servers["cpu"] = RankServer(WORKER, [str(run_dir)], env, run_dir / f"server-{name}.log")
+        atexit.register(server.close)  # also when the run ends without closing its group
+    return server
+
+
+class GroupStarter:
+    """Starts the group of each launch: ``torchrun --standalone``, or forks of one preloaded rank
+    server on the CPU (a new server after one was killed). CUDA does not survive a fork, so ranks
+    on GPUs always get fresh processes."""
+
+    def __init__(self, run_dir: pathlib.Path, device_kind: str, launcher: str = "auto", log=print, servers=None):
+        if launcher not in ("auto", "torchrun", "fork", "external"):
+            raise ValueError(f"launcher {launcher!r}: expected auto, torchrun, fork or external")
+        self.run_dir, self.device_kind, self.log = run_dir, device_kind, log
+        self.servers = {} if servers is None else servers
+        self.external = launcher == "external"
+        self.use_torchrun = launcher == "torchrun" or (launcher == "auto" and device_kind != "cpu")
+
+    def start(self, tp: int, name: str, log_path: pathlib.Path, world: int | None = None):
+        """``world`` ranks (default ``tp``), in TP groups of ``tp``."""
+        world = tp if world is None else world
+        args = [str(self.run_dir), str(self.run_dir / f"{name}.json")]
+        env = _worker_env(self.device_kind)
+        if self.external:
+            command = rank_command(self.run_dir, self.run_dir / f"{name}.json", tp)
+            (self.run_dir / f"{name}.command").write_text(command + "\n")
+            self.log(f"  waiting for {tp} ranks started by your launcher; on every node run:\n    {command}")
+            return ExternalGroup(command)
+        if self.use_torchrun:
+            command = [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--standalone",
+                "--max-restarts",
+                "0",
+                "--nproc-per-node",
+                str(world),
+                "-m",
+                WORKER,
+                *args,
+            ]
+        elif self.device_kind != "cpu":
+            command = [sys.executable, "-m", "shardspec.conformance.harness.spawn", str(world), WORKER, *args]
+        else:
+            log_path.write_text("")
+            return _rank_server(self.servers, env, self.run_dir, name).start(world, args, log_path)
+        with open(log_path, "w") as log_file:
+            return subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True, env=env)
+
+
+def _worker_env(device_kind: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env["OMP_NUM_THREADS"] = "1"  # the expectations are computed with one thread too
+    if device_kind == "cpu":
+        # Ranks on the CPU (no GPU, or fewer GPUs than ranks): Triton kernels
+        # can only run in its interpreter there.
+        env["TRITON_INTERPRET"] = "1"
+    return env
+
+
+def let_finish(proc, grace_s: float) -> None:
+    try:
+        proc.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        kill_group(proc)
+
+
+def kill_group(proc) -> None:
+    if isinstance(proc, ExternalGroup):
+        proc.stop()
+        return
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()
+
+
+def tail(path: pathlib.Path, lines: int = 30) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return ""
