@@ -25,6 +25,7 @@ from shardspec.conformance.cases.input_space import (
     input_space,
     raw_data_model,
 )
+from shardspec.spec.layouts import BATCH_ARRAYS, BATCH_TENSORS
 from shardspec.spec.model import DEFAULT_PROFILE, VLLM_033
 
 # Case.layouts names -> argument paths (local_output: every tensor of the local sampler output).
@@ -206,25 +207,15 @@ def exercised(case, previous=None) -> set[Variation]:
         add(path, DTYPE, dtype)
     add("logits_shard", DTYPE, case.logits_dtype)
     # layout
+    # Every batch field a case may lay out (spec/layouts.py); the draft counts exist only with drafts.
     tensors = [
         "logits_shard",
         *(
-            f"batch.{n}"
-            for n in (
-                "idx_mapping",
-                "idx_mapping_np",
-                "expanded_idx_mapping",
-                "expanded_local_pos",
-                "query_start_loc",
-                "seq_lens",
-                "logits_indices",
-                "cu_num_logits",
-                "cu_num_logits_np",
-            )
+            f"batch.{name}"
+            for name in BATCH_TENSORS + BATCH_ARRAYS
+            if spec_decode or name != "num_draft_tokens_per_req"
         ),
     ]
-    if spec_decode:
-        tensors.append("batch.num_draft_tokens_per_req")
     if case.grammar_positions:
         tensors.append("grammar.grammar_bitmask")
     tensors += list(LOCAL_TENSORS)
