@@ -22,7 +22,10 @@ class Follower:
         self.transcripts: dict[int, dict[int, FrameLog]] = {}  # job index -> rank -> frames
         self.ready: set[int] = set()
         self.pids: dict[int, int] = {}
-        self.last_frame = time.monotonic()
+        self.started = self.last_frame = time.monotonic()
+        self.heard: dict[int, float] = {}  # rank -> when its last frame arrived
+        # (rank, job, when) of each job a rank ended with an error raised inside a collective.
+        self.collective_failures: list[tuple[int, int, float]] = []
         # A rank recorded why it left the launch (error, hang, suite failure).
         self.left_on_purpose = False
         self.pending: dict[int, list[str]] = {}  # rank -> unreadable frames not yet given to a job
@@ -40,6 +43,8 @@ class Follower:
             self.offsets[rank] += used
             for frame in frames:
                 self._add(rank, frame)
+            if frames:
+                self.heard[rank] = time.monotonic()
             new |= bool(frames)
         if new:
             self.last_frame = time.monotonic()
@@ -59,6 +64,8 @@ class Follower:
             for why in self.pending.pop(rank, []):  # the unreadable frame began this job
                 transcript.add({"undecodable": why})
             transcript.add(frame)
+            if frame.get("error_in_collective"):
+                self.collective_failures.append((rank, frame["job"], time.monotonic()))
             if frame.get("timeout") or frame.get("harness_error") or frame.get("aligned") is False:
                 self.left_on_purpose = True
 
@@ -101,6 +108,39 @@ class Follower:
     def _ended(self, job: int, rank: int) -> bool:
         transcript = self.transcripts.get(job, {}).get(rank)
         return transcript is not None and transcript.ended
+
+    def unanswered_collective(self, silent_s: float, grace_s: float) -> tuple[int, list[int]] | None:
+        """(a rank whose collective failed, the peers it waited for) where a rank ended a job with an error
+        raised in a collective more than ``grace_s`` ago, and peers of its TP group had then sent nothing for
+        ``silent_s`` or more, have sent nothing since and are not in that job's collectives themselves.
+
+        Such a peer cannot be reached by its own watchdog (it holds the GIL, or was stopped): otherwise it
+        would have reported by now. A peer silent for less than ``silent_s`` may only be late; one whose
+        last frame entered as many collectives as the failed rank's may wait in the same one, and its own
+        process-group timeout will report it.
+        """
+        now = time.monotonic()
+        for rank, job, when in self.collective_failures:
+            if now - when < grace_s:
+                continue
+            failed = self.transcripts[job][rank]
+            first = rank - rank % self.tp
+            silent = [
+                peer
+                for peer in range(first, first + self.tp)
+                if peer != rank
+                and when - self.heard.get(peer, self.started) >= silent_s
+                and not self._ended(job, peer)
+                and not self._waits_with(self.transcripts[job].get(peer), failed)
+            ]
+            if silent:
+                return rank, silent
+        return None
+
+    @staticmethod
+    def _waits_with(peer: FrameLog | None, failed: FrameLog) -> bool:
+        """Whether ``peer`` may be waiting in the collective ``failed`` gave up on."""
+        return peer is not None and peer.last_was_call and len(peer.wire) >= len(failed.wire)
 
     def stopped_ranks(self) -> list[int]:
         """Ranks whose process is stopped (``T`` in /proc, e.g. after SIGSTOP)."""

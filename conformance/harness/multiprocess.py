@@ -30,6 +30,9 @@ from shardspec.conformance.harness.settle import Settler
 from shardspec.conformance.record import CaseResult, not_run
 
 STARTUP_S = 90.0  # torch import and rendezvous, generous for 8 ranks on 2 cores
+# After a rank gave up waiting in a collective for a silent peer: time for what that peer sent last (its own
+# watchdog's frame, say) to arrive before it is taken as out of reach. Short, as a GIL hang costs it per case.
+PEER_GRACE_S = 2.0
 
 
 @dataclass
@@ -161,7 +164,10 @@ def _follow(proc, limit, follower, indices, settle, options) -> str:
 
     Besides the launch's limit, a watchdog here ends a launch in which no rank
     sent a frame for longer than a case may take: it needs nothing of the
-    ranks, so a rank that holds the GIL or was stopped cannot escape it.
+    ranks, so a rank that holds the GIL or was stopped cannot escape it. It
+    ends it sooner where a rank's collective timed out (its process-group
+    timeout) waiting for a peer that stays silent: that peer's watchdog cannot
+    run either, and the failed rank's last frame would restart the silence.
     """
     deadline = time.monotonic() + limit
     quiet_limit = options.case_timeout_s + max(2.0, options.case_timeout_s / 2) + 5.0
@@ -176,15 +182,27 @@ def _follow(proc, limit, follower, indices, settle, options) -> str:
             return "the launch finished"
         quiet = time.monotonic() - follower.last_frame
         if follower.ready and quiet > quiet_limit:
-            stopped = follower.stopped_ranks()
+            how = _out_of_reach(follower.stopped_ranks())
             kill_group(proc)
-            how = (
-                f"rank(s) {', '.join(map(str, stopped))} stopped by a signal (state T)"
-                if stopped
-                else "a rank hung where its own watchdog could not run (e.g. holding the GIL)"
-            )
             return f"no rank sent anything for {quiet:.0f}s: {how}; the group was killed"
+        unanswered = follower.unanswered_collective(options.pg_timeout_s / 2, PEER_GRACE_S)
+        if unanswered is not None:
+            failed, silent = unanswered
+            how = _out_of_reach(follower.stopped_ranks())
+            kill_group(proc)
+            since = time.monotonic() - max(follower.heard.get(rank, follower.started) for rank in silent)
+            return (
+                f"rank(s) {', '.join(map(str, silent))} sent nothing for {since:.0f}s, and rank {failed} gave up "
+                f"waiting for them in a collective: {how}; the group was killed"
+            )
         if time.monotonic() > deadline:
             kill_group(proc)
             return f"the launch exceeded its {limit:.0f}s limit and was killed"
         time.sleep(options.poll_s)
+
+
+def _out_of_reach(stopped: list[int]) -> str:
+    """Why ranks that sent nothing could not report themselves."""
+    if stopped:
+        return f"rank(s) {', '.join(map(str, stopped))} stopped by a signal (state T)"
+    return "a rank hung where its own watchdog could not run (e.g. holding the GIL)"

@@ -1,0 +1,109 @@
+"""A rank whose collective timed out waiting for a peer that stays silent ends its launch soon after.
+
+The peer (holding the GIL, or stopped) cannot report itself, and the failed rank's last frame would
+otherwise restart the parent's silence clock; these tests follow frame files written here, on a clock
+of their own.
+"""
+
+import pytest
+
+import shardspec.conformance.harness.follower as follower_module
+from shardspec.conformance.harness.follower import Follower
+from shardspec.conformance.harness.transcript import write_frame
+
+PG_TIMEOUT_S = 60.0
+GRACE_S = 2.0
+
+
+class Clock:
+    def __init__(self):
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def clock(monkeypatch):
+    clock = Clock()
+    monkeypatch.setattr(follower_module.time, "monotonic", clock)
+    return clock
+
+
+def _send(tmp_path, rank: int, *frames: dict) -> None:
+    with open(tmp_path / f"launch0-rank{rank}.frames", "ab") as stream:
+        for frame in frames:
+            write_frame(stream, {"rank": rank, **frame})
+
+
+def _step(name: str) -> dict:
+    return {"job": 0, "step": name, "part": None}
+
+
+CALL = {"job": 0, "call": "all_gather_into_tensor"}
+FAILED_IN_COLLECTIVE = {"job": 0, "error_in_collective": True, "aligned": False}
+
+
+def _both_in_gather(tmp_path, follower, clock, rank_1_entered_it: bool) -> None:
+    """Both ranks return from prepare; rank 0 enters the gather's collective, rank 1 too or not, and only
+    rank 0 is heard of again, when that collective times out."""
+    for rank in (0, 1):
+        _send(tmp_path, rank, {"event": "ready", "pid": None, "world_size": 2}, _step("prepare"))
+    _send(tmp_path, 0, CALL)
+    if rank_1_entered_it:
+        _send(tmp_path, 1, CALL)
+    follower.read()
+    clock.now += PG_TIMEOUT_S
+    _send(tmp_path, 0, FAILED_IN_COLLECTIVE)
+    follower.read()
+
+
+def test_a_peer_silent_through_the_timeout_is_out_of_reach_once_the_grace_is_over(tmp_path, clock):
+    follower = Follower(tmp_path, "launch0", 2)
+    _both_in_gather(tmp_path, follower, clock, rank_1_entered_it=False)
+    assert follower.unanswered_collective(PG_TIMEOUT_S / 2, GRACE_S) is None  # within the grace
+    clock.now += GRACE_S + 0.1
+    assert follower.unanswered_collective(PG_TIMEOUT_S / 2, GRACE_S) == (0, [1])
+
+
+def test_a_peer_waiting_in_the_same_collective_is_left_to_its_own_timeout(tmp_path, clock):
+    follower = Follower(tmp_path, "launch0", 2)
+    _both_in_gather(tmp_path, follower, clock, rank_1_entered_it=True)
+    clock.now += GRACE_S + 0.1
+    assert follower.unanswered_collective(PG_TIMEOUT_S / 2, GRACE_S) is None
+
+
+def test_a_peer_heard_of_after_the_failure_is_not_out_of_reach(tmp_path, clock):
+    follower = Follower(tmp_path, "launch0", 2)
+    _both_in_gather(tmp_path, follower, clock, rank_1_entered_it=False)
+    clock.now += 1.0
+    _send(tmp_path, 1, {"job": 0, "timeout": "rank 1 made no progress", "in_collective": False, "step": "gather"})
+    follower.read()
+    clock.now += GRACE_S
+    assert follower.unanswered_collective(PG_TIMEOUT_S / 2, GRACE_S) is None
+
+
+def test_a_collective_that_failed_at_once_leaves_a_busy_peer_alone(tmp_path, clock):
+    """A collective refusing its arguments fails before the peer could have been waited for."""
+    follower = Follower(tmp_path, "launch0", 2)
+    for rank in (0, 1):
+        _send(tmp_path, rank, {"event": "ready", "pid": None, "world_size": 2}, _step("prepare"))
+    _send(tmp_path, 0, CALL, FAILED_IN_COLLECTIVE)
+    follower.read()
+    clock.now += GRACE_S + 0.1
+    assert follower.unanswered_collective(PG_TIMEOUT_S / 2, GRACE_S) is None
+
+
+def test_only_the_failed_rank_s_tp_group_is_waited_for(tmp_path, clock):
+    """World ranks 2 and 3 are another TP group: rank 3's silence is not rank 0's concern."""
+    follower = Follower(tmp_path, "launch0", 2, groups=2)
+    for rank in range(4):
+        _send(tmp_path, rank, {"event": "ready", "pid": None, "world_size": 4}, _step("prepare"))
+    _send(tmp_path, 0, CALL)
+    _send(tmp_path, 1, CALL)
+    follower.read()
+    clock.now += PG_TIMEOUT_S
+    _send(tmp_path, 0, FAILED_IN_COLLECTIVE)
+    follower.read()
+    clock.now += GRACE_S + 0.1
+    assert follower.unanswered_collective(PG_TIMEOUT_S / 2, GRACE_S) is None
