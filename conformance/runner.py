@@ -73,6 +73,9 @@ class CaseSet:
     # Cases made from the preconditions' boundaries (cases/boundaries.py): made in the run like generated
     # cases, so reproduced from a written file, but not shrunk (each is already one violation).
     boundary: set[str] = field(default_factory=set)
+    # The generated cases and the multi-step case (its steps) a mixed entry runs at each size: those that
+    # draw the most of the input space beyond the fixtures (cases/spread.py).
+    for_mixed: set[str] = field(default_factory=set)
 
 
 def collect_cases(config: RunConfig) -> CaseSet:
@@ -117,7 +120,9 @@ def collect_cases(config: RunConfig) -> CaseSet:
     made = {c.case_id for c in steps}
     generated_ids = {c.case_id for c in generated} & made
     boundary_ids = {c.case_id for c in at_boundaries} & made
-    return CaseSet(steps, generated_ids, notes, parents=parents, boundary=boundary_ids)
+    case_set = CaseSet(steps, generated_ids, notes, parents=parents, boundary=boundary_ids)
+    case_set.for_mixed = _chosen_for_mixed(case_set, config)
+    return case_set
 
 
 # One multi-step case (five steps on one sharder) per this many generated single-step cases.
@@ -138,7 +143,7 @@ def _expanded(cases: list[Case]) -> tuple[list[Case], dict[str, Case]]:
 
 
 def _loaded(load, name: str, option: str) -> Case:
-    from shardspec.conformance.options import UsageError
+    from shardspec.conformance.usage import UsageError
 
     try:
         return load(name)
@@ -157,7 +162,7 @@ def _fixture_cases(notes: list[str], profile: str) -> list[Case]:
 
 def _under_profile(case: Case, profile: str, path: str) -> Case:
     """A case file's case under the run's profile; a UsageError if it does not hold for it."""
-    from shardspec.conformance.options import UsageError
+    from shardspec.conformance.usage import UsageError
     from shardspec.fixtures.catalogue import case_profiles, with_profile
 
     if profile not in case_profiles(case):
@@ -183,28 +188,45 @@ def tp_sizes_of(config: RunConfig, cases: list[Case]) -> list[int]:
 
 
 def cases_of_entry(config: RunConfig, choice: ImplChoice, case_set: CaseSet, tp: int) -> list[Case]:
-    """The cases ``choice`` runs at group size ``tp``: none where it does not apply; a mixed
-    entry runs the fixtures but only the first ``mixed_max_examples`` generated cases and the
-    first multi-step case, no case made at a precondition's boundary (each single entry checks its own
-    rejection), and no case whose inputs break a precondition with undefined behaviour: two
-    implementations may answer those differently, even leave each other in a collective, and both be
-    right."""
+    """The cases ``choice`` runs at group size ``tp``: none where it does not apply. A mixed entry
+    runs the fixtures, but only ``mixed_max_examples`` generated cases and one multi-step case (those
+    that draw the most of the input space beyond the fixtures: cases/spread.py), no case made at a
+    precondition's boundary (each single entry checks its own rejection), and no case whose inputs
+    break a precondition with undefined behaviour: two implementations may answer those differently,
+    even leave each other in a collective, and both be right."""
     if not choice.applies_to(tp):
         return []
     cases = [c for c in case_set.cases if c.tp_size == tp]
     if not choice.mixed or config.selected:
         return cases
-    generated = [c for c in cases if c.case_id in case_set.generated][config.mixed_max_examples :]
-    first_multi_step = next((parent.case_id for c in cases if (parent := case_set.parents.get(c.case_id))), None)
-    dropped = {c.case_id for c in generated} | {c.case_id for c in cases if undefined_behaviour(c)}
+    made = case_set.generated | set(case_set.parents)
+    dropped = {c.case_id for c in cases if c.case_id in made and c.case_id not in case_set.for_mixed}
+    dropped |= {c.case_id for c in cases if undefined_behaviour(c)}
     dropped |= case_set.boundary  # each implementation's own rejection: its single entry checks it
-    dropped |= {
-        c.case_id
-        for c in cases
-        if c.case_id in case_set.parents  # one multi-step case
-        and case_set.parents[c.case_id].case_id != first_multi_step
-    }
     return [c for c in cases if c.case_id not in dropped]
+
+
+def _chosen_for_mixed(case_set: CaseSet, config: RunConfig) -> set[str]:
+    """Per size, the ``mixed_max_examples`` generated cases and the one multi-step case that draw the most
+    beyond the fixtures a mixed entry runs (:data:`CaseSet.for_mixed`)."""
+    from shardspec.conformance.cases.spread import best_spread, drawn
+
+    chosen: set[str] = set()
+    for tp in sorted({c.tp_size for c in case_set.cases}):
+        cases = [c for c in case_set.cases if c.tp_size == tp and not undefined_behaviour(c)]
+        made = case_set.generated | set(case_set.parents) | case_set.boundary
+        covered = drawn(c for c in cases if c.case_id not in made)
+        multi: dict[str, list[Case]] = {}
+        for case in cases:
+            if case.case_id in case_set.parents:
+                multi.setdefault(case_set.parents[case.case_id].case_id, []).append(case)
+        for picked in best_spread(list(multi.values()), 1, covered):
+            steps = list(multi.values())[picked]
+            chosen |= {c.case_id for c in steps}
+            covered |= drawn(steps)
+        generated = [[c] for c in cases if c.case_id in case_set.generated]
+        chosen |= {generated[i][0].case_id for i in best_spread(generated, config.mixed_max_examples, covered)}
+    return chosen
 
 
 def undefined_behaviour(case: Case) -> bool:

@@ -16,6 +16,7 @@ from shardspec.conformance.harness.expectations import expectation_device
 from shardspec.conformance.harness.group import group_for
 from shardspec.conformance.record import NOT_RUN, PASS, CaseResult, not_run
 from shardspec.conformance.report import summary as report
+from shardspec.conformance.report.input_coverage import input_coverage, summary_lines
 from shardspec.conformance.runner import (
     CaseSet,
     Log,
@@ -124,13 +125,17 @@ class ConformanceSession:
             self.run_size(tp)
 
     def sections(self) -> list[report.Section]:
-        return [
-            report.Section(
-                self.label(impl), sorted(results, key=lambda r: r.tp), self.tp_sizes, self.not_applicable(impl)
+        sections = []
+        for impl, results in self.results.items():
+            if not results:
+                continue
+            na = self.not_applicable(impl)
+            sizes = [tp for tp in self.tp_sizes if tp not in na]
+            drawn = input_coverage(results, sizes, self.config.profile)
+            sections.append(
+                report.Section(self.label(impl), sorted(results, key=lambda r: r.tp), self.tp_sizes, na, drawn)
             )
-            for impl, results in self.results.items()
-            if results
-        ]
+        return sections
 
     def render(self, xfails: report.Xfails) -> tuple[str, list[list[list[str]]], list[str], int]:
         """The text report, the tables, warnings and the exit code."""
@@ -139,7 +144,8 @@ class ConformanceSession:
         extra = sorted(checked - set(levels))
         invariants = self.invariants + [report.InvariantInfo(i, "MUST") for i in extra]
         parts, tables, failed = [], [], False
-        for section in self.sections():
+        sections = self.sections()
+        for section in sections:
             rows = report.table_rows(section, invariants, checked, xfails)
             tables.append(rows)
             parts.append(f"\n== {section.label}\n{report.render_table(section, rows)}")
@@ -147,6 +153,7 @@ class ConformanceSession:
             if failures:
                 parts.append("\nfailures:\n" + "\n".join(failures))
             failed |= bool(report.failing_invariants(rows))
+        parts += ["", *(line for section in sections for line in summary_lines(section.label, section.input_coverage))]
         known_cases = {r.case_id for rs in self.results.values() for r in rs}
         warnings = xfails.warnings(set(levels) | checked, known_cases) + list(self.version_warnings)
         if not checked:

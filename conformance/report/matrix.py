@@ -77,6 +77,16 @@ class Cell:
         return f"{self.verdict} {self.judged}"
 
 
+@dataclass(frozen=True)
+class CoverageCell:
+    """The input space one column's cases drew: ``drawn/all``, and what no case drew."""
+
+    column: Column
+    text: str
+    not_covered: tuple[str, ...] = ()
+    detail_id: str | None = None
+
+
 @dataclass
 class Row:
     invariant_id: str
@@ -98,6 +108,7 @@ class Matrix:
     spec_version: str
     notes: list[str]
     profile: str = ""
+    coverage: list[CoverageCell] = field(default_factory=list)  # one per column
 
     @property
     def rows(self) -> list[Row]:
@@ -136,7 +147,22 @@ def build_matrix(reports: list[Report], spec) -> Matrix:
         )
     )
     notes = _version_notes(reports, spec.version) + _profile_notes(reports, spec.profile)
-    return Matrix(columns, groups, spec.version, notes, spec.profile or "")
+    return Matrix(columns, groups, spec.version, notes, spec.profile or "", _coverage_cells(columns, sections))
+
+
+def _coverage_cells(columns: list[Column], sections: dict) -> list[CoverageCell]:
+    cells = []
+    for k, column in enumerate(columns):
+        section = sections[(column.report, column.implementation)]
+        drawn = section.input_coverage.get(column.tp)
+        if column.tp in section.not_applicable:
+            cells.append(CoverageCell(column, NA))
+        elif drawn is None:
+            cells.append(CoverageCell(column, "not in this report"))
+        else:
+            detail = f"c{k}" if drawn.not_covered else None
+            cells.append(CoverageCell(column, f"{drawn.covered}/{drawn.variations}", drawn.not_covered, detail))
+    return cells
 
 
 def report_profile(reports: list[Report]) -> str:

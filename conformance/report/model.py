@@ -10,7 +10,8 @@ are used when present and derived when absent:
 - a case may carry ``"case_yaml"``, its (minimal) case as YAML (else the file
   its reproduce command names, when that file still exists), and ``"judged"``,
   the invariants it judged;
-- cells may read ``"n/a"``; sections may list ``"not_applicable"`` sizes.
+- cells may read ``"n/a"``; sections may list ``"not_applicable"`` sizes and, per size, the
+  ``"input_coverage"`` their cases drew.
 
 Anything that is not a conformance report raises :class:`ReportError` with one
 line naming the file and what is wrong.
@@ -56,6 +57,15 @@ class CaseRecord:
     judged: tuple[str, ...] | None = None  # the invariants this case judged, where the report says
 
 
+@dataclass(frozen=True)
+class DrawnInputs:
+    """The input space one entry's cases drew at one size (report/input_coverage.py)."""
+
+    variations: int
+    covered: int
+    not_covered: tuple[str, ...]
+
+
 @dataclass
 class Section:
     """One implementation entry of one report."""
@@ -66,6 +76,7 @@ class Section:
     table: dict[str, dict[int, TableCell]]  # invariant id -> tp -> cell
     levels: dict[str, str]  # invariant id -> level, as the table says
     cases: list[CaseRecord]
+    input_coverage: dict[int, DrawnInputs] = field(default_factory=dict)  # absent from reports before it
 
     def cases_at(self, tp: int) -> list[CaseRecord]:
         return [c for c in self.cases if c.tp == tp]
@@ -177,9 +188,23 @@ def _parse_section(raw: Any, path: str, place: str) -> Section:
         f"{place}.not_applicable",
         "is not a mapping of tp sizes",
     )
-    return Section(
-        label, [int(t) for t in tp_sizes], {int(t): str(w) for t, w in not_applicable.items()}, table, levels, cases
-    )
+    na = {int(t): str(w) for t, w in not_applicable.items()}
+    drawn = _parse_input_coverage(raw.get("input_coverage") or {}, path, f"{place}.input_coverage")
+    return Section(label, [int(t) for t in tp_sizes], na, table, levels, cases, drawn)
+
+
+def _parse_input_coverage(raw: Any, path: str, place: str) -> dict[int, DrawnInputs]:
+    _require(isinstance(raw, dict), path, place, "is not a mapping of tp sizes")
+    drawn = {}
+    for tp, entry in raw.items():
+        where = f"{place}[{tp!r}]"
+        _require(_is_int(tp) and isinstance(entry, dict), path, where, "is not a tp size with a mapping")
+        numbers = [entry.get("variations"), entry.get("covered")]
+        _require(all(_is_int(n) for n in numbers), path, where, "has no integer 'variations' and 'covered'")
+        missing = entry.get("not_covered", [])
+        _require(isinstance(missing, list), path, f"{where}.not_covered", "is not a list")
+        drawn[int(tp)] = DrawnInputs(int(numbers[0]), int(numbers[1]), tuple(map(str, missing)))
+    return drawn
 
 
 def _parse_case(raw: Any, path: str, place: str) -> CaseRecord:

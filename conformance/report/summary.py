@@ -129,6 +129,8 @@ class Section:
     results: list[CaseResult]
     tp_sizes: list[int]
     not_applicable: dict[int, str] = field(default_factory=dict)  # tp -> why the entry does not apply
+    # tp -> the input space its cases drew (report/input_coverage.py); empty where not computed.
+    input_coverage: dict[int, dict] = field(default_factory=dict)
 
 
 NOT_APPLICABLE = "n/a"
@@ -350,6 +352,7 @@ def json_report(
                     for row in rows
                 ],
                 "cases": [_case_json(r, levels) for r in section.results],
+                "input_coverage": {str(tp): drawn for tp, drawn in section.input_coverage.items()},
             }
             for section, rows in zip(sections, tables, strict=False)
         ],

@@ -1,0 +1,43 @@
+"""What a run's PASS rests on: the variations of the spec's input space (cases/input_space.py) that the
+cases which ran drew, per entry and group size, and those none drew.
+
+Computed from the cases of the results that were run (a case not run draws nothing), so an entry that
+runs fewer cases (a mixed entry) or a run cut short shows less. Reported on the terminal (one line per
+entry, then what no size drew), in the JSON (``sections[].input_coverage``) and in the HTML matrix.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from shardspec.conformance.record import NOT_RUN, CaseResult
+
+SHOWN = 8  # variations named on the terminal per line; the JSON lists them all
+
+
+def input_coverage(results: Iterable[CaseResult], tp_sizes: Iterable[int], profile: str) -> dict[int, dict]:
+    """Per group size, :meth:`Coverage.as_dict` of the cases in ``results`` that ran at that size."""
+    from shardspec.conformance.cases.coverage import coverage
+
+    ran = [r for r in results if r.status != NOT_RUN]
+    return {tp: coverage([r.case for r in ran if r.tp == tp], profile).as_dict() for tp in tp_sizes}
+
+
+def summary_lines(label: str, per_tp: dict[int, dict]) -> list[str]:
+    """The terminal's lines for one entry: drawn/all per size, then each variation left undrawn with the
+    sizes that left it (grouped by those sizes)."""
+    if not per_tp:
+        return []
+    cells = ", ".join(f"tp {tp} {c['covered']}/{c['variations']}" for tp, c in per_tp.items())
+    lines = [f"input coverage, {label}: {cells} variations of the input space drawn by the cases that ran"]
+    where: dict[str, list[int]] = {}
+    for tp, entry in per_tp.items():
+        for key in entry["not_covered"]:
+            where.setdefault(key, []).append(tp)
+    by_sizes: dict[tuple[int, ...], list[str]] = {}
+    for key, sizes in where.items():
+        by_sizes.setdefault(tuple(sizes), []).append(key)
+    for sizes, keys in by_sizes.items():
+        shown = ", ".join(keys[:SHOWN]) + (f" and {len(keys) - SHOWN} more (JSON report)" if len(keys) > SHOWN else "")
+        lines.append(f"  not drawn at tp {','.join(map(str, sizes))} ({len(keys)}): {shown}")
+    return lines
