@@ -121,6 +121,8 @@ INPUT_EDITS: dict[str, Callable] = {
     "grammar-bitmask-short": lambda b, g: (b, replace(g, grammar_bitmask=g.grammar_bitmask[:-1])),
     # vllm-0.33's fields.
     "seq-lens-upper-bound-short": _batch(seq_lens_cpu_upper_bound=lambda b: b.seq_lens_cpu_upper_bound[:-1]),
+    # Valid: the bound is optional (an engine that has none passes None).
+    "seq-lens-upper-bound-absent": _batch(seq_lens_cpu_upper_bound=lambda b: None),
     "acceptable-drafts-extra": lambda b, g: (b, replace(g, num_acceptable_drafts=[*g.num_acceptable_drafts, 0])),
     # Valid inputs in forms the builders do not produce.
     "idx-mapping-np-int32": _batch(idx_mapping_np=lambda b: np.asarray(b.idx_mapping_np, dtype=np.int32)),

@@ -35,9 +35,12 @@ BATCH_TENSORS = (
     "cu_num_logits",
 )
 BATCH_ARRAYS = ("idx_mapping_np", "cu_num_logits_np", "num_draft_tokens_per_req")
+# vLLM 0.33's batch fields (None in the other profiles): a CPU tensor and a host array. Kept apart from the
+# two tuples above, which also say what the goldens encode.
+PROFILE_BATCH_FIELDS = ("seq_lens_cpu_upper_bound", "num_admitted_draft_tokens")
 # Every tensor of the local sampler output handed to gather_sampler_output.
 LOCAL_OUTPUT = "local_output"
-LAYOUT_FIELDS = BATCH_TENSORS + BATCH_ARRAYS + ("grammar_bitmask", "logits_shard", LOCAL_OUTPUT)
+LAYOUT_FIELDS = BATCH_TENSORS + BATCH_ARRAYS + PROFILE_BATCH_FIELDS + ("grammar_bitmask", "logits_shard", LOCAL_OUTPUT)
 
 
 def check_case_layout(layouts: dict, logits_dtype: str) -> None:
@@ -99,6 +102,13 @@ def lay_out_batch(batch, layouts: dict):
     changes.update(
         {name: lay_out_array(getattr(batch, name), layouts[name]) for name in BATCH_ARRAYS if name in layouts}
     )
+    for name in (name for name in PROFILE_BATCH_FIELDS if name in layouts):
+        value = getattr(batch, name)
+        changes[name] = (
+            lay_out_array(value, layouts[name])
+            if isinstance(value, np.ndarray)
+            else lay_out_tensor(value, layouts[name])
+        )
     return replace(batch, **changes) if changes else batch
 
 

@@ -173,6 +173,15 @@ CORPUS += [
     _entry("logprobs-clamped-at-zero", "input_space", "LogprobsClampedAtZero", "logprob-plus-inf", "logprob-largest"),
     _entry("logprob-nans-as-minus-inf", "input_space", "LogprobNansAsMinusInf", "logprob-nan"),
     _entry("logprobs-dims-of-first-step", "input_space", "LogprobsDimsOfFirstStep", "multi-step-options"),
+    _entry("upper-bound-unit-stride", "views", "UpperBoundReadWithUnitStride", "seq-lens-cpu-upper-bound-strided"),
+    _entry(
+        "admitted-from-buffer-start",
+        "views",
+        "AdmittedDraftsFromBufferStart",
+        "num-admitted-draft-tokens-strided",
+        "num-admitted-draft-tokens-offset",
+    ),
+    _entry("upper-bound-made-up", "input_space", "UpperBoundMadeUpWhenAbsent", "seq-lens-cpu-upper-bound-absent"),
 ]
 
 

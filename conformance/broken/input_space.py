@@ -123,6 +123,29 @@ def _multi_step() -> Case:
     return next(c for c in multi_step_cases(2, 4, 0) if c.logprobs_dims is not None)
 
 
+def _profile_field_views() -> list[Case]:
+    """vllm-0.33's seq_lens_cpu_upper_bound and num_admitted_draft_tokens as views, and the bound left out.
+
+    Admitted counts 0, 1, 2, 0 of 2, 1, 2, 0 scheduled drafts: each view's neighbours (the counts rotated
+    by one) give rank 0 other sums."""
+    admitted = Case(
+        case_id="admitted-drafts",
+        tp_size=2,
+        slots=[0, 1, 2, 3],
+        num_logits_per_req=[3, 2, 3, 1],
+        description="adaptive verification, admitted 0, 1, 2, 0",
+        adaptive_verification=True,
+        admitted_drafts=[0, 1, 2, 0],
+    )
+    views = [
+        replace(admitted, case_id=f"{name.replace('_', '-')}-{layout}", layouts={name: layout})
+        for name in ("seq_lens_cpu_upper_bound", "num_admitted_draft_tokens")
+        for layout in ("strided", "offset")
+    ]
+    absent = replace(admitted, case_id="seq-lens-cpu-upper-bound-absent", edits=["seq-lens-upper-bound-absent"])
+    return [admitted, *views, absent]
+
+
 CASES = [
     replace(_boundary("tp2-reject-slot-range-at-idx-mapping-below-1"), case_id="negative-slot"),
     replace(
@@ -133,4 +156,16 @@ CASES = [
     _explicit_logprobs("logprob-largest", 3.4028234663852886e38),
     _explicit_logprobs("logprob-nan", float("nan")),
     replace(_multi_step(), case_id="multi-step-options"),
+    *_profile_field_views(),
 ]
+
+
+class UpperBoundMadeUpWhenAbsent(ReferenceSharder):
+    """INV-LOCAL-SEQ-LENS-UPPER-BOUND: a batch without seq_lens_cpu_upper_bound gets one made from seq_lens.
+
+    The local batch then carries a bound where the spec says None."""
+
+    def shard_sampler_inputs(self, batch, grammar):
+        if batch.seq_lens_cpu_upper_bound is None and self.profile == "vllm-0.33":
+            batch = replace(batch, seq_lens_cpu_upper_bound=batch.seq_lens.cpu())
+        return super().shard_sampler_inputs(batch, grammar)

@@ -10,8 +10,11 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import numpy as np
 import torch
+from numpy.lib.stride_tricks import as_strided
 
+from shardspec.conformance.broken.support import MisreportingSharder
 from shardspec.reference import ReferenceSharder
 
 
@@ -42,3 +45,35 @@ class LocalCountsReadWithUnitStride(ReferenceSharder):
             counts = local_output.num_sampled
             local_output = replace(local_output, num_sampled=torch.as_strided(counts, counts.shape, (1,)))
         return super().gather_sampler_output(local_output, metadata, global_batch, local_batch, **kwargs)
+
+
+class UpperBoundReadWithUnitStride(ReferenceSharder):
+    """INV-LOCAL-SEQ-LENS-UPPER-BOUND: reads vllm-0.33's seq_lens_cpu_upper_bound as if contiguous.
+
+    torch.as_strided(t, t.shape, (1,))."""
+
+    def shard_sampler_inputs(self, batch, grammar):
+        bound = batch.seq_lens_cpu_upper_bound
+        if bound is not None:
+            batch = replace(batch, seq_lens_cpu_upper_bound=torch.as_strided(bound, bound.shape, (1,)))
+        return super().shard_sampler_inputs(batch, grammar)
+
+
+class AdmittedDraftsFromBufferStart(MisreportingSharder):
+    """INV-LOCAL-DRAFTS: the local num_draft_tokens sums num_admitted_draft_tokens read from its buffer's start.
+
+    vllm-0.33's admitted counts read with unit strides from the first element of the buffer the array
+    views (as a kernel handed that buffer's address would), clamped to each request's scheduled drafts;
+    the plan itself reads them right."""
+
+    def corrupt(self, batch, result):
+        admitted = batch.num_admitted_draft_tokens
+        local = result.local_batch
+        if admitted is None or not local.req_ids:
+            return result
+        base = admitted.base
+        buffer = base if isinstance(base, np.ndarray) and base.dtype == admitted.dtype and base.ndim == 1 else admitted
+        misread = as_strided(buffer, shape=admitted.shape, strides=(admitted.itemsize,))
+        misread = np.minimum(misread, batch.num_draft_tokens_per_req)
+        owned = [batch.req_ids.index(req_id) for req_id in local.req_ids]
+        return self.corrupt_local_batch(result, num_draft_tokens=int(misread[owned].sum()))

@@ -57,13 +57,17 @@ _DTYPE_EDITS = {
 }
 
 
+# The edit that leaves vllm-0.33's optional seq_lens_cpu_upper_bound out (spec/case_edits.py).
+UPPER_BOUND_ABSENT = "seq-lens-upper-bound-absent"
+
+
 def path_of_layout_name(name: str) -> list[str]:
     if name == "local_output":
         return list(LOCAL_TENSORS)
     return [_LAYOUT_PATHS.get(name, f"batch.{name}")]
 
 
-def _float_limit(value: float) -> str | None:
+def float_limit(value: float) -> str | None:
     if math.isnan(value):
         return "nan"
     if math.isinf(value):
@@ -176,7 +180,7 @@ def exercised(case, previous=None) -> set[Variation]:
                     if isinstance(low, int) and v == low:
                         add(path, VALUE, "min")
                     if name == "logprobs":
-                        limit = _float_limit(float(v))
+                        limit = float_limit(float(v))
                     else:
                         limit = _int_limit(
                             int(v),
@@ -219,8 +223,9 @@ def exercised(case, previous=None) -> set[Variation]:
     if case.grammar_positions:
         tensors.append("grammar.grammar_bitmask")
     tensors += list(LOCAL_TENSORS)
-    if case.profile == VLLM_033:
-        tensors.append("batch.seq_lens_cpu_upper_bound")  # a CPU tensor the case format lays out contiguously
+    upper_bound = case.profile == VLLM_033 and UPPER_BOUND_ABSENT not in case.edits
+    if upper_bound:
+        tensors.append("batch.seq_lens_cpu_upper_bound")
     if case.admitted_drafts is not None:
         tensors.append("batch.num_admitted_draft_tokens")
     viewed = {path: layout for name, layout in case.layouts.items() for path in path_of_layout_name(name)}
@@ -229,7 +234,7 @@ def exercised(case, previous=None) -> set[Variation]:
     # presence
     add("batch.num_draft_tokens_per_req", PRESENCE, "present" if spec_decode else "absent")
     if case.profile == VLLM_033:
-        add("batch.seq_lens_cpu_upper_bound", PRESENCE, "present")
+        add("batch.seq_lens_cpu_upper_bound", PRESENCE, "present" if upper_bound else "absent")
     add("batch.num_admitted_draft_tokens", PRESENCE, "absent" if case.admitted_drafts is None else "present")
     add("grammar", PRESENCE, "present" if case.grammar_positions else "absent")
     if case.grammar_positions:

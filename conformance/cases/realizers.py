@@ -15,8 +15,10 @@ from dataclasses import replace
 from shardspec.conformance.cases.coverage import (
     EXPLICIT_OUTPUTS,
     LOCAL_TENSORS,
+    UPPER_BOUND_ABSENT,
     declared_dtypes,
     exercised,
+    float_limit,
     path_of_layout_name,
 )
 from shardspec.conformance.cases.input_space import (
@@ -101,14 +103,28 @@ def _explicit_value(name: str, value) -> Callable:
                 outputs[rank] = out
                 continue
             copied = [list(row) for row in values] if isinstance(values[0], list) else list(values)
+            # An entry no earlier change put at a limit, so that the variations drawn before stay drawn.
             if isinstance(copied[0], list):
-                copied[int(rng.integers(len(copied)))][0] = value
+                free = [(r, c) for r, row in enumerate(copied) for c, v in enumerate(row) if _plain(v)]
             else:
-                copied[int(rng.integers(len(copied)))] = value
+                free = [(r, None) for r, v in enumerate(copied) if _plain(v)]
+            if free:
+                row, col = free[int(rng.integers(len(free)))]
+                if col is None:
+                    copied[row] = value
+                else:
+                    copied[row][col] = value
             outputs[rank] = replace(out, **{name: copied})
         return replace(case, local_outputs=outputs)
 
     return realize
+
+
+def _plain(value) -> bool:
+    """Not at a limit a realizer puts a value at (a float's limits, an integer's dtype ends)."""
+    if isinstance(value, float):
+        return float_limit(value) is None
+    return INT64[0] < value < INT32[1] and value != INT32[0]
 
 
 # One extension field of each kind (CL-EXTENSION-FIELDS), as the sampling-mask example declares them.
@@ -143,11 +159,11 @@ def _without_nan_counts(case, rng):
 
 
 def _realizers() -> dict[str, Callable]:
-    from shardspec.spec.layouts import BATCH_ARRAYS, BATCH_TENSORS, LAYOUTS
+    from shardspec.spec.layouts import BATCH_ARRAYS, BATCH_TENSORS, LAYOUTS, PROFILE_BATCH_FIELDS
 
     out: dict[str, Callable] = {}
     for layout in (layout for layout in LAYOUTS_2D if layout in LAYOUTS):  # the views the case format makes
-        for name in BATCH_TENSORS + BATCH_ARRAYS + ("grammar_bitmask", "logits_shard"):
+        for name in BATCH_TENSORS + BATCH_ARRAYS + PROFILE_BATCH_FIELDS + ("grammar_bitmask", "logits_shard"):
             for path in path_of_layout_name(name):
                 out[f"{path}:{LAYOUT}={layout}"] = _with_layout(layout, [name])
         for path in LOCAL_TENSORS:
@@ -172,6 +188,11 @@ def _realizers() -> dict[str, Callable]:
             out[f"batch.{name}:{VALUE}={value}"] = _slot(value)
     out["batch.num_draft_tokens_per_req:presence=present"] = lambda c, r: (
         replace(c, spec_decode=True) if c.slots else None
+    )
+    out["batch.seq_lens_cpu_upper_bound:presence=absent"] = lambda c, r: replace(
+        c,
+        edits=[*c.edits, UPPER_BOUND_ABSENT],
+        layouts={k: v for k, v in c.layouts.items() if k != "seq_lens_cpu_upper_bound"},
     )
     out["logprobs_dims:value=min"] = lambda c, r: replace(c, logprobs_dims=(0, int(r.integers(0, 4))))
     out["gather_num_nans:value=true"] = lambda c, r: replace(c, gather_num_nans=True)

@@ -135,6 +135,9 @@ OLD_INPUTS = {
     "logprobs-clamped-at-zero": ["explicit-widths", "explicit-narrow-logprobs", "decode"],
     "logprob-nans-as-minus-inf": ["explicit-widths", "explicit-narrow-logprobs", "decode"],
     "logprobs-dims-of-first-step": ["multi-step", "decode"],
+    "upper-bound-unit-stride": ["adaptive-admitted", "strided-inputs", "offset-inputs", "admitted-drafts"],
+    "admitted-from-buffer-start": ["adaptive-admitted", "adaptive-budget-zero", "admitted-drafts"],
+    "upper-bound-made-up": ["adaptive-admitted", "decode", "strided-inputs", "admitted-drafts"],
 }
 
 
