@@ -85,7 +85,8 @@ class Case:
     local_outputs: str | dict[int, ExplicitLocalOutput] = "toy"
     # A precondition ID the inputs violate on purpose; the step must raise.
     expect_error: str | None = None
-    # Input field -> "strided" | "offset" (spec/layouts.py); fields not named are contiguous.
+    # Input field -> "strided" | "offset" | "row-padded" | "column-slice" (the last two for two-dimensional
+    # tensors; spec/layouts.py); fields not named are contiguous.
     layouts: dict[str, str] = field(default_factory=dict)
     # dtype of the logits (the logits shard handed to all_to_all_logits): float32, bfloat16, float16.
     logits_dtype: str = "float32"

@@ -64,19 +64,24 @@ def extension_rows(name: str, spec: ExtensionSpec, slots: np.ndarray, positions:
     return data.reshape(len(values), *spec.shape)
 
 
-def entry_keys(batch: InputBatch, per: str) -> tuple[np.ndarray, np.ndarray]:
-    """(slot, row position) of each entry of a field of kind ``per`` for ``batch``, in batch order."""
+def entry_keys(batch: InputBatch, per: str, cu_num_logits=None) -> tuple[np.ndarray, np.ndarray]:
+    """(slot, row position) of each entry of a field of kind ``per`` for ``batch``, in batch order; a
+    per-row field has the rows ``cu_num_logits`` counts (default the batch's cu_num_logits_np)."""
     slots = np.asarray(batch.idx_mapping_np, dtype=np.int64)
     if per == "request":
         return slots, np.zeros_like(slots)
-    counts = np.diff(np.asarray(batch.cu_num_logits_np, dtype=np.int64))
+    cu = batch.cu_num_logits_np if cu_num_logits is None else cu_num_logits
+    counts = np.diff(np.asarray(cu, dtype=np.int64))
     positions = np.concatenate([np.arange(c) for c in counts]) if counts.size else np.zeros(0, np.int64)
     return np.repeat(slots, counts), positions
 
 
-def batch_extension_values(name: str, spec: ExtensionSpec, batch: InputBatch, device) -> torch.Tensor:
-    """The field's values for every entry of ``batch`` (local or global), on ``device``."""
-    return extension_rows(name, spec, *entry_keys(batch, spec.per)).to(device)
+def batch_extension_values(
+    name: str, spec: ExtensionSpec, batch: InputBatch, device, cu_num_logits=None
+) -> torch.Tensor:
+    """The field's values for every entry of ``batch`` (local or global), on ``device``; ``cu_num_logits``
+    as for :func:`entry_keys`."""
+    return extension_rows(name, spec, *entry_keys(batch, spec.per, cu_num_logits)).to(device)
 
 
 # -- named edits ----------------------------------------------------------------------

@@ -1,8 +1,9 @@
 """Memory layouts and logits dtypes of a case's inputs, as engines hand them over.
 
 Engines pass views: a field sliced out of an interleaved buffer (``t[::2]``),
-a slice starting past its storage's first element, logits in bfloat16 or
-float16. The spec lets inputs be non-contiguous views and requires
+a slice starting past its storage's first element, the rows of a padded
+allocation or a column slice of a wider one (two-dimensional tensors), logits
+in bfloat16 or float16. The spec lets inputs be non-contiguous views and requires
 implementations to read them by their strides, so a case may ask for any
 input field to be laid out that way (``Case.layouts``). The values never
 change; only where they sit in memory does. The bytes around a view hold
@@ -19,9 +20,18 @@ import numpy as np
 import torch
 
 CONTIGUOUS, STRIDED, OFFSET = "contiguous", "strided", "offset"
-LAYOUTS = (CONTIGUOUS, STRIDED, OFFSET)
+# Views of a two-dimensional tensor only: its rows further apart than its width (the leading columns of a
+# wider buffer, as a padded allocation gives), or its columns taken from the middle of a wider buffer (as
+# slicing a fused output gives). Both keep unit strides along a row.
+ROW_PADDED, COLUMN_SLICE = "row-padded", "column-slice"
+LAYOUTS_2D = (ROW_PADDED, COLUMN_SLICE)
+LAYOUTS = (CONTIGUOUS, STRIDED, OFFSET, *LAYOUTS_2D)
 # Elements in front of an "offset" view: odd, so the view is misaligned too.
 OFFSET_ELEMENTS = 3
+# Extra elements of each row of the buffer a two-dimensional view is taken from (odd, as above); a
+# column slice starts COLUMN_SLICE_START columns into its buffer's rows.
+ROW_PADDING = 3
+COLUMN_SLICE_START = 2
 
 LOGITS_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -41,6 +51,8 @@ PROFILE_BATCH_FIELDS = ("seq_lens_cpu_upper_bound", "num_admitted_draft_tokens")
 # Every tensor of the local sampler output handed to gather_sampler_output.
 LOCAL_OUTPUT = "local_output"
 LAYOUT_FIELDS = BATCH_TENSORS + BATCH_ARRAYS + PROFILE_BATCH_FIELDS + ("grammar_bitmask", "logits_shard", LOCAL_OUTPUT)
+# The fields with two-dimensional tensors (for local_output: those of its tensors that are).
+FIELDS_2D = ("grammar_bitmask", "logits_shard", LOCAL_OUTPUT)
 
 
 def check_case_layout(layouts: dict, logits_dtype: str) -> None:
@@ -50,6 +62,11 @@ def check_case_layout(layouts: dict, logits_dtype: str) -> None:
             raise ValueError(f"layouts: unknown input field {name!r}; expected one of {', '.join(LAYOUT_FIELDS)}")
         if layout not in LAYOUTS:
             raise ValueError(f"layouts[{name!r}]: unknown layout {layout!r}; expected one of {', '.join(LAYOUTS)}")
+        if layout in LAYOUTS_2D and name not in FIELDS_2D:
+            raise ValueError(
+                f"layouts[{name!r}]: {layout!r} is a view of a two-dimensional tensor; {name} is one-dimensional "
+                f"(two-dimensional: {', '.join(FIELDS_2D)})"
+            )
     if logits_dtype not in LOGITS_DTYPES:
         raise ValueError(f"logits_dtype: unknown dtype {logits_dtype!r}; expected one of {', '.join(LOGITS_DTYPES)}")
 
@@ -72,6 +89,17 @@ def lay_out_tensor(tensor: torch.Tensor | None, layout: str) -> torch.Tensor | N
         prefix = torch.cat([prefix, flat.new_zeros(OFFSET_ELEMENTS - prefix.numel())])
         buffer = torch.cat([prefix, flat])
         return buffer[OFFSET_ELEMENTS:].view(tensor.shape)
+    if layout in LAYOUTS_2D:
+        if tensor.dim() != 2:
+            return tensor  # a local output's one-dimensional tensors stay as they are
+        before = COLUMN_SLICE_START if layout == COLUMN_SLICE else 0
+        rows, cols = tensor.shape
+        # The decoy's columns, repeated as needed, fill the buffer's columns around the view.
+        filler = decoy.repeat(1, -(-(before + ROW_PADDING) // max(cols, 1)) + 1)[:, : before + ROW_PADDING]
+        if filler.shape[1] < before + ROW_PADDING:  # no columns to repeat
+            filler = tensor.new_zeros(rows, before + ROW_PADDING)
+        buffer = torch.cat([filler[:, :before], tensor, filler[:, before:]], dim=1)
+        return buffer[:, before : before + cols]
     raise ValueError(f"unknown layout {layout!r}; expected one of {', '.join(LAYOUTS)}")
 
 
@@ -123,7 +151,7 @@ def lay_out_sampler_output(output, layouts: dict):
     layout = layouts.get(LOCAL_OUTPUT, CONTIGUOUS)
     if output is None or layout == CONTIGUOUS:
         return output
-    lp = output.logprobs_tensors
+    lp = output.logprobs_tensors  # a two-dimensional layout leaves the one-dimensional tensors contiguous
     if lp is not None:
         lp = lp._replace(
             logprob_token_ids=lay_out_tensor(lp.logprob_token_ids, layout),

@@ -164,6 +164,7 @@ CORPUS += [
     _entry("local-idx-mapping-fixed-int32", "vllm033", "LocalIdxMappingFixedInt32", "decode"),
     _entry("empty-batch-pads-to-two", "vllm033", "EmptyBatchPadsToTwo", "empty"),
     _entry("logprob-rows-admitted-only", "vllm033", "LogprobRowsAdmittedOnly", "adaptive-admitted"),
+    _entry("extension-rows-scheduled", "vllm033", "ExtensionRowsScheduled", "adaptive-admitted-extensions"),
 ]
 
 CORPUS += [
@@ -180,6 +181,23 @@ CORPUS += [
         "AdmittedDraftsFromBufferStart",
         "num-admitted-draft-tokens-strided",
         "num-admitted-draft-tokens-offset",
+    ),
+    _entry(
+        "logits-rows-packed", "views", "LogitsRowsAssumedPacked", "logits-shard-row-padded", "logits-shard-column-slice"
+    ),
+    _entry(
+        "grammar-rows-packed",
+        "views",
+        "GrammarBitmaskRowsAssumedPacked",
+        "grammar-bitmask-row-padded",
+        "grammar-bitmask-column-slice",
+    ),
+    _entry(
+        "local-logprobs-rows-packed",
+        "views",
+        "LocalLogprobsRowsAssumedPacked",
+        "local-output-row-padded",
+        "local-output-column-slice",
     ),
     _entry("upper-bound-made-up", "input_space", "UpperBoundMadeUpWhenAbsent", "seq-lens-cpu-upper-bound-absent"),
 ]

@@ -230,5 +230,17 @@ BUDGET_ZERO = _case(
     adaptive_verification=True,
     admitted_drafts=[0, 0, 0, 0],
 )
-ALL += [ADMITTED, BUDGET_ZERO]
+# ADMITTED's batch with a per-row and a per-request extension field: 6 admitted rows of 9 scheduled.
+ADMITTED_EXTENSIONS = _case(
+    "adaptive-admitted-extensions",
+    slots=ADMITTED.slots,
+    num_logits_per_req=ADMITTED.num_logits_per_req,
+    adaptive_verification=True,
+    admitted_drafts=ADMITTED.admitted_drafts,
+    extensions={
+        "sampling_mask": {"per": "logits_row", "dtype": "int32", "shape": [2]},
+        "asked": {"per": "request", "dtype": "bool"},
+    },
+)
+ALL += [ADMITTED, BUDGET_ZERO, ADMITTED_EXTENSIONS]
 BY_ID = {case.case_id: case for case in ALL}

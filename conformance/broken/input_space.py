@@ -146,6 +146,19 @@ def _profile_field_views() -> list[Case]:
     return [admitted, *views, absent]
 
 
+def _two_dimensional_views() -> list[Case]:
+    """The logits shard, grammar bitmask and local sampler output of the targeted spec and grammar cases
+    as the rows of a padded buffer and as a column slice of a wider one."""
+    from shardspec.conformance.broken.cases import BY_ID
+
+    out = []
+    for field, base in (("logits_shard", "spec"), ("grammar_bitmask", "grammar"), ("local_output", "spec")):
+        for layout in ("row-padded", "column-slice"):
+            case_id = f"{field.replace('_', '-')}-{layout}"
+            out.append(replace(BY_ID[base], case_id=case_id, layouts={field: layout}))
+    return out
+
+
 CASES = [
     replace(_boundary("tp2-reject-slot-range-at-idx-mapping-below-1"), case_id="negative-slot"),
     replace(
@@ -157,6 +170,7 @@ CASES = [
     _explicit_logprobs("logprob-nan", float("nan")),
     replace(_multi_step(), case_id="multi-step-options"),
     *_profile_field_views(),
+    *_two_dimensional_views(),
 ]
 
 

@@ -77,3 +77,38 @@ class AdmittedDraftsFromBufferStart(MisreportingSharder):
         misread = np.minimum(misread, batch.num_draft_tokens_per_req)
         owned = [batch.req_ids.index(req_id) for req_id in local.req_ids]
         return self.corrupt_local_batch(result, num_draft_tokens=int(misread[owned].sum()))
+
+
+def _rows_as_if_packed(tensor):
+    """A 2-D tensor read as a kernel that checks only the last dimension's stride reads it: with unit
+    strides along its rows it is taken to have packed rows (each row right after the one before)."""
+    if tensor is None or tensor.dim() != 2 or tensor.stride(-1) != 1:
+        return tensor if tensor is None or tensor.dim() != 2 else tensor.contiguous()
+    return torch.as_strided(tensor, tensor.shape, (tensor.shape[1], 1))
+
+
+class LogitsRowsAssumedPacked(ReferenceSharder):
+    """INV-A2A-SPLITS: sends the logits shard's rows as if packed wherever its rows have unit stride."""
+
+    def all_to_all_logits(self, logits_shard, metadata):
+        return super().all_to_all_logits(_rows_as_if_packed(logits_shard), metadata)
+
+
+class GrammarBitmaskRowsAssumedPacked(ReferenceSharder):
+    """INV-LOCAL-GRAMMAR: reads the grammar bitmask's rows as if packed wherever its rows have unit stride."""
+
+    def shard_sampler_inputs(self, batch, grammar):
+        if grammar is not None:
+            grammar = replace(grammar, grammar_bitmask=_rows_as_if_packed(grammar.grammar_bitmask))
+        return super().shard_sampler_inputs(batch, grammar)
+
+
+class LocalLogprobsRowsAssumedPacked(ReferenceSharder):
+    """INV-WIRE-LOGPROBS: gathers the local logprobs with rows read as if packed wherever they have unit stride."""
+
+    def gather_sampler_output(self, local_output, metadata, global_batch, local_batch, **kwargs):
+        lp = None if local_output is None else local_output.logprobs_tensors
+        if lp is not None:
+            lp = lp._replace(logprobs=_rows_as_if_packed(lp.logprobs))
+            local_output = replace(local_output, logprobs_tensors=lp)
+        return super().gather_sampler_output(local_output, metadata, global_batch, local_batch, **kwargs)

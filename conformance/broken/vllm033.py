@@ -135,3 +135,23 @@ class LogprobRowsAdmittedOnly(ReferenceSharder):
             selected_token_ranks=lp.selected_token_ranks[:rows].clone(),
         )
         return replace(out, logprobs_tensors=trimmed)
+
+
+class ExtensionRowsScheduled(ReferenceSharder):
+    """INV-GATHER-EXTENSIONS: a per-row extension field keeps the scheduled bound's rows, like the logprobs.
+
+    cu_num_logits_np[N] rows: the admitted rows come first and the rest are zeros; under adaptive
+    verification with the budget binding, the field has rows no request has."""
+
+    def gather_sampler_output(self, local_output, metadata, global_batch, local_batch, **kwargs):
+        out = super().gather_sampler_output(local_output, metadata, global_batch, local_batch, **kwargs)
+        fields = kwargs.get("extension_fields") or {}
+        if out.extensions is None or global_batch.num_admitted_draft_tokens is None:
+            return out
+        bound = int(global_batch.cu_num_logits_np[-1])
+        padded = dict(out.extensions)
+        for name, spec in fields.items():
+            value = padded[name]
+            if spec.per != "request" and value.shape[0] < bound:
+                padded[name] = torch.cat([value, value.new_zeros(bound - value.shape[0], *value.shape[1:])])
+        return replace(out, extensions=padded)

@@ -17,6 +17,8 @@ from shardspec.conformance.cases.input_space import (
     INT32,
     INT64,
     LAYOUT,
+    LAYOUTS_1D,
+    LAYOUTS_2D,
     PRESENCE,
     STEP,
     VALUE,
@@ -94,6 +96,12 @@ def _owners(case) -> set[int]:
 @cache
 def declared_dtypes(profile: str) -> dict[str, tuple[str, ...]]:
     return {f.path: f.dtypes for f in input_fields(raw_data_model(), profile)}
+
+
+@cache
+def _two_dimensional(profile: str) -> frozenset[str]:
+    """The fields a two-dimensional view applies to (the space gives them its two-dimensional layouts)."""
+    return frozenset(v.field for v in input_space(profile) if v.axis == LAYOUT and v.value == LAYOUTS_2D[-1])
 
 
 @cache
@@ -229,8 +237,10 @@ def exercised(case, previous=None) -> set[Variation]:
     if case.admitted_drafts is not None:
         tensors.append("batch.num_admitted_draft_tokens")
     viewed = {path: layout for name, layout in case.layouts.items() for path in path_of_layout_name(name)}
+    two_d = _two_dimensional(case.profile)
     for path in tensors:
-        add(path, LAYOUT, viewed.get(path, "contiguous"))
+        layout = viewed.get(path, "contiguous")
+        add(path, LAYOUT, "contiguous" if layout not in LAYOUTS_1D and path not in two_d else layout)
     # presence
     add("batch.num_draft_tokens_per_req", PRESENCE, "present" if spec_decode else "absent")
     if case.profile == VLLM_033:

@@ -11,7 +11,8 @@ variations of each field, along six axes:
 * ``dtype``: every dtype the spec allows, where it allows more than one;
 * ``layout``: every view engines produce: ``contiguous``, ``strided`` (``t[::2]``), ``offset`` (past
   its storage's first element) and, for a two-dimensional tensor, ``row-padded`` (rows further apart
-  than their width) and ``column-slice`` (the leading columns of a wider buffer);
+  than their width: the leading columns of a wider buffer) and ``column-slice`` (columns from the
+  middle of a wider buffer);
 * ``presence``: ``present`` and ``absent`` for an optional field;
 * ``dims``: ``empty`` for a field whose leading size may be 0 (no requests, a rank that owns none);
 * ``step``: ``changed`` for each argument an engine may change between consecutive steps of one

@@ -28,6 +28,7 @@ from shardspec.conformance.cases.input_space import (
     INT32,
     INT64,
     LAYOUT,
+    LAYOUTS_1D,
     LAYOUTS_2D,
     VALUE,
     Variation,
@@ -159,14 +160,16 @@ def _without_nan_counts(case, rng):
 
 
 def _realizers() -> dict[str, Callable]:
-    from shardspec.spec.layouts import BATCH_ARRAYS, BATCH_TENSORS, LAYOUTS, PROFILE_BATCH_FIELDS
+    from shardspec.spec.layouts import BATCH_ARRAYS, BATCH_TENSORS, FIELDS_2D, LAYOUTS, PROFILE_BATCH_FIELDS
 
     out: dict[str, Callable] = {}
-    for layout in (layout for layout in LAYOUTS_2D if layout in LAYOUTS):  # the views the case format makes
-        for name in BATCH_TENSORS + BATCH_ARRAYS + PROFILE_BATCH_FIELDS + ("grammar_bitmask", "logits_shard"):
+    for name in BATCH_TENSORS + BATCH_ARRAYS + PROFILE_BATCH_FIELDS + ("grammar_bitmask", "logits_shard"):
+        # The views the case format makes, of as many dimensions as the field has.
+        for layout in (v for v in (LAYOUTS_2D if name in FIELDS_2D else LAYOUTS_1D) if v in LAYOUTS):
             for path in path_of_layout_name(name):
                 out[f"{path}:{LAYOUT}={layout}"] = _with_layout(layout, [name])
-        for path in LOCAL_TENSORS:
+    for layout in (v for v in LAYOUTS_2D if v in LAYOUTS):
+        for path in LOCAL_TENSORS:  # a two-dimensional view leaves a local output's 1-D tensors as they are
             out[f"{path}:{LAYOUT}={layout}"] = _with_layout(layout, ["local_output"])
     for name, dtypes in (
         ("idx_mapping", ("int32", "int64")),

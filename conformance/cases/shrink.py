@@ -123,9 +123,9 @@ def candidates(case: Case) -> Iterator[Case]:
 
 def _simpler_options(case: Case) -> Iterator[Case]:
     if case.grammar_positions is not None:
-        yield replace(case, grammar_positions=None)
+        yield _with_grammar(case, None)
         if len(case.grammar_positions) > 1:
-            yield replace(case, grammar_positions=sorted(case.grammar_positions)[:1])
+            yield _with_grammar(case, sorted(case.grammar_positions)[:1])
     if case.nan_tokens:
         yield replace(case, nan_tokens=[])
     if case.logprobs_dims is not None and case.local_outputs == "toy":
@@ -172,21 +172,38 @@ def _clip_dims(dims: tuple[int, int] | None, vocab: int):
 def _without_requests(case: Case, keep) -> Case:
     keep = list(keep)
     new_position = {old: new for new, old in enumerate(keep)}
-    grammar = None
+    grammar = acceptable = None
     if case.grammar_positions is not None:
-        kept = [new_position[p] for p in case.grammar_positions if p in new_position]
-        grammar = kept or None
+        listed = [k for k, p in enumerate(case.grammar_positions) if p in new_position]
+        grammar = [new_position[case.grammar_positions[k]] for k in listed] or None
+        if grammar and case.num_acceptable_drafts is not None:
+            acceptable = [case.num_acceptable_drafts[k] for k in listed]
+    admitted = None if case.admitted_drafts is None else [case.admitted_drafts[i] for i in keep]
     return _clean(
         replace(
             case,
             slots=[case.slots[i] for i in keep],
             num_logits_per_req=[case.num_logits_per_req[i] for i in keep],
             grammar_positions=grammar,
+            num_acceptable_drafts=acceptable,
+            admitted_drafts=admitted,
         )
     )
 
 
+def _with_grammar(case: Case, positions: list[int] | None) -> Case:
+    """``case`` listing ``positions`` (a subset of its own), their acceptable-draft counts kept with them."""
+    acceptable = None
+    if positions and case.num_acceptable_drafts is not None:
+        acceptable = [case.num_acceptable_drafts[case.grammar_positions.index(p)] for p in positions]
+    return replace(case, grammar_positions=positions, num_acceptable_drafts=acceptable)
+
+
 def _clean(case: Case) -> Case:
-    """Drop NaN tokens beyond the (possibly smaller) token count."""
+    """Drop NaN tokens beyond the (possibly smaller) token count; admit no more drafts than a request
+    still has (vllm-0.33)."""
     num_tokens = sum(c + s % 3 for c, s in zip(case.num_logits_per_req, case.slots, strict=False))
-    return replace(case, nan_tokens=[t for t in case.nan_tokens if t < num_tokens])
+    admitted = case.admitted_drafts
+    if admitted is not None:
+        admitted = [min(a, c - 1) for a, c in zip(admitted, case.num_logits_per_req, strict=True)]
+    return replace(case, nan_tokens=[t for t in case.nan_tokens if t < num_tokens], admitted_drafts=admitted)

@@ -150,3 +150,24 @@ def test_the_report_says_what_shrinking_found():
     (line,) = describe_failures(Section("x", [result], [2]), {"INV-A": "MUST"}, Xfails())
     assert line.endswith("not shrunk: replayed in one process it fails INV-B, not exactly INV-A")
     assert result.to_json()["shrunk"] == result.shrunk
+
+
+def test_every_simpler_variant_of_a_vllm_033_case_is_valid_and_the_reference_passes_it():
+    """Dropping requests or grammar positions, or a row, keeps vllm-0.33's per-request admitted counts and
+    per-position acceptable-draft counts aligned (a variant that breaks a precondition would crash the
+    shrinker's child instead of shrinking)."""
+    from shardspec.conformance.cases.shrink import candidates
+
+    case = cases.BY_ID["adaptive-admitted"]
+    assert case.admitted_drafts and case.num_acceptable_drafts and case.grammar_positions
+    variants = list(candidates(case))
+    assert any(len(v.slots) < len(case.slots) for v in variants)
+    assert any(v.grammar_positions and len(v.grammar_positions) < len(case.grammar_positions) for v in variants)
+    for variant in variants:
+        if variant.admitted_drafts is not None:
+            assert len(variant.admitted_drafts) == len(variant.slots)
+            assert all(0 <= a < n for a, n in zip(variant.admitted_drafts, variant.num_logits_per_req, strict=True))
+        if variant.num_acceptable_drafts is not None:
+            assert len(variant.num_acceptable_drafts) == len(variant.grammar_positions)
+        result = run_case_in_process(variant, ImplChoice("reference"))
+        assert result.status == "pass", (variant, result.violations[:1], result.errors[:1])

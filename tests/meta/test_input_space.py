@@ -137,6 +137,9 @@ OLD_INPUTS = {
     "logprobs-dims-of-first-step": ["multi-step", "decode"],
     "upper-bound-unit-stride": ["adaptive-admitted", "strided-inputs", "offset-inputs", "admitted-drafts"],
     "admitted-from-buffer-start": ["adaptive-admitted", "adaptive-budget-zero", "admitted-drafts"],
+    "logits-rows-packed": ["spec", "strided-inputs", "offset-inputs", "decode-bf16"],
+    "grammar-rows-packed": ["grammar", "strided-inputs", "offset-inputs", "grammar-one-rank"],
+    "local-logprobs-rows-packed": ["spec", "strided-local-output", "explicit-widths", "decode"],
     "upper-bound-made-up": ["adaptive-admitted", "decode", "strided-inputs", "admitted-drafts"],
 }
 

@@ -23,6 +23,7 @@ from shardspec.conformance.judge.checks.common import (
     plan_of,
     values_equal,
 )
+from shardspec.reference.profile_rules import device_cu_num_logits
 from shardspec.spec.case_edits import batch_extension_values, extension_fields
 
 INVARIANT = "INV-GATHER-EXTENSIONS"
@@ -71,10 +72,12 @@ def check_gather_extensions(record: StepRecord) -> Iterable[Violation]:
         return
     batch = record.inputs.batch
     device = record.expected.gathered.sampled_token_ids.device
+    # A per-row field has the rows the device fields lay out: the admitted ones in vllm-0.33, where the
+    # global cu_num_logits_np keeps the scheduled counts (CL-ADMITTED-DRAFTS).
+    rows = device_cu_num_logits(batch, record.case.profile)
     for name, spec in fields.items():
-        violation = _compare_field(
-            record, name, gathered[name], batch_extension_values(name, spec, batch, device), spec.per
-        )
+        expected = batch_extension_values(name, spec, batch, device, rows)
+        violation = _compare_field(record, name, gathered[name], expected, spec.per)
         if violation:
             yield violation
             return
