@@ -19,7 +19,14 @@ from typing import TYPE_CHECKING, Any
 
 from shardspec.conformance import option_values as read
 from shardspec.conformance.option_type import Option
-from shardspec.conformance.usage import MAX_EXAMPLES, MAX_TP, MAX_TP_GROUPS, UsageError
+from shardspec.conformance.usage import (
+    DEFAULT_MAX_EXAMPLES,
+    GENERATED_POOL,
+    MAX_EXAMPLES,
+    MAX_TP,
+    MAX_TP_GROUPS,
+    UsageError,
+)
 from shardspec.spec.profiles import DEFAULT_PROFILE, PROFILES
 
 if TYPE_CHECKING:
@@ -88,10 +95,11 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "max_examples",
         "--max-examples",
-        f"generated cases per group size, at most {MAX_EXAMPLES}",
+        f"generated cases per group size, at most {MAX_EXAMPLES}; fewer than {GENERATED_POOL} are the ones of "
+        f"{GENERATED_POOL} drawn that draw the most of the input space beyond the fixtures",
         parse=read.bounded_examples,
-        default=lambda values: QUICK_MAX_EXAMPLES if values["quick"] else 100,
-        default_text=f"100; with --quick {QUICK_MAX_EXAMPLES}",
+        default=lambda values: QUICK_MAX_EXAMPLES if values["quick"] else DEFAULT_MAX_EXAMPLES,
+        default_text=f"{DEFAULT_MAX_EXAMPLES}; with --quick {QUICK_MAX_EXAMPLES}",
         env="SHARDSPEC_MAX_EXAMPLES",
         metavar="N",
     ),

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, replace
 from shardspec.conformance.api import ImplChoice
 from shardspec.conformance.harness.group import Group, Job
 from shardspec.conformance.record import ERROR, FAIL, NOT_RUN, CaseResult, not_run
+from shardspec.conformance.usage import DEFAULT_MAX_EXAMPLES, GENERATED_POOL
 from shardspec.spec.case import Case
 from shardspec.spec.model import DEFAULT_PROFILE
 
@@ -26,7 +27,7 @@ class RunConfig:
     impls: list[str] = field(default_factory=lambda: ["reference"])  # entries: "A" or "A/B"
     tp_sizes: list[int] = field(default_factory=lambda: list(ALL_TP_SIZES))
     seed: int = 0
-    max_examples: int = 100  # generated cases per group size
+    max_examples: int = DEFAULT_MAX_EXAMPLES  # generated cases judged per group size
     # Mixed entries mostly test the wire layout between implementations, which
     # the fixtures and a few generated cases already cover.
     mixed_max_examples: int = 25
@@ -112,7 +113,8 @@ def collect_cases(config: RunConfig) -> CaseSet:
         from shardspec.fixtures.catalogue import with_profile
 
         for tp in config.tp_sizes:
-            generated += generate_cases(tp, config.max_examples, config.seed, config.profile)
+            pool = generate_cases(tp, max(config.max_examples, GENERATED_POOL), config.seed, config.profile)
+            generated += _spread(pool, config.max_examples, [c for c in cases if c.tp_size == tp])
             multi = multi_step_cases(tp, max(1, config.max_examples // MULTI_STEP_SHARE), config.seed)
             cases += [with_profile(case, config.profile) for case in multi]
             at_boundaries += boundary_cases_for_run(tp, config.profile, config.seed, config.tp_sizes)
@@ -127,6 +129,14 @@ def collect_cases(config: RunConfig) -> CaseSet:
 
 # One multi-step case (five steps on one sharder) per this many generated single-step cases.
 MULTI_STEP_SHARE = 50
+
+
+def _spread(pool: list[Case], count: int, fixtures: list[Case]) -> list[Case]:
+    from shardspec.conformance.cases.spread import best_spread, drawn
+
+    if count >= len(pool):
+        return pool
+    return [pool[i] for i in best_spread([[c] for c in pool], count, drawn(fixtures))]
 
 
 def _expanded(cases: list[Case]) -> tuple[list[Case], dict[str, Case]]:

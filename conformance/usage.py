@@ -12,6 +12,11 @@ MAX_TP = 64
 MAX_TP_GROUPS = 8
 # The most generated cases per group size a run draws (hypothesis is asked for three times as many).
 MAX_EXAMPLES = 10_000
+# Generated cases drawn per size at least; a run of fewer judges those of them that draw the most of the
+# input space beyond the fixtures (cases/spread.py), so that fewer cases lose no variation. The default
+# run judges DEFAULT_MAX_EXAMPLES, which draw as many variations as the whole pool does.
+GENERATED_POOL = 100
+DEFAULT_MAX_EXAMPLES = 30
 
 
 class UsageError(ValueError):
