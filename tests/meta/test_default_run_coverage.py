@@ -1,0 +1,79 @@
+"""What `nox -s conformance` (its entries, the options' defaults) draws of the input space, per entry and tp:
+every variation but those listed here, each with why it is not drawn yet. A variation newly drawn, or
+newly lost, fails the test until the list says so (the coverage report prints the same per run)."""
+
+import pathlib
+import re
+
+import pytest
+
+from shardspec.conformance import options
+from shardspec.conformance.api import ImplChoice
+from shardspec.conformance.cases.coverage import coverage
+from shardspec.conformance.runner import cases_of_entry, collect_cases
+
+NOXFILE = pathlib.Path(__file__).resolve().parents[2] / "noxfile.py"
+
+# Not drawn at any size, and why.
+NEVER = {
+    # The case format cannot put values into the logits (only NaN rows through nan_tokens, which the
+    # coverage does not count as the logits' value): needs a builder option and a broken entry.
+    "logits_shard:value=+inf",
+    "logits_shard:value=-inf",
+    "logits_shard:value=nan",
+    "logits_shard:value=largest",
+    "logits_shard:value=lowest",
+    "logits_shard:value=subnormal",
+    # Neither the toy sampler nor an explicit local output carries the sampler's own generated-token
+    # prefix sums: ExplicitLocalOutput has no field for them.
+    "local_output.logprobs_tensors.cu_num_generated_tokens:presence=present",
+    "local_output.logprobs_tensors.cu_num_generated_tokens_tensor:presence=present",
+    "local_output.logprobs_tensors.cu_num_generated_tokens_tensor:layout=contiguous",
+    "local_output.logprobs_tensors.cu_num_generated_tokens_tensor:layout=strided",
+    "local_output.logprobs_tensors.cu_num_generated_tokens_tensor:layout=offset",
+}
+# Not drawn at one size only.
+AT_SIZE = {
+    # One rank owns every request: a rank without a local output needs an empty batch, which the
+    # explicit outputs do not make.
+    1: {"local_output:presence=absent"},
+    # A full batch at full rows (num_reqs * max_num_logits_per_req logits) is drawn by chance only (no
+    # realizer): this seed's draw at tp 4 has none.
+    4: {"batch.cu_num_logits_np:value=max"},
+}
+
+
+def _nox_entries() -> str:
+    found = re.search(r'os\.environ\.get\("SHARDSPEC_IMPL", "([^"]+)"\)', NOXFILE.read_text())
+    assert found, "noxfile.py no longer names the conformance session's entries where this test reads them"
+    return found.group(1)
+
+
+@pytest.fixture(scope="module")
+def default_run():
+    config = options.resolve_run({"impl": _nox_entries()}, {}).config
+    return config, collect_cases(config)
+
+
+def test_the_default_run_draws_every_variation_but_the_listed_ones(default_run):
+    config, case_set = default_run
+    assert config.impls == ["reference", "production", "reference/production"]
+    checked = 0
+    for impl in config.impls:
+        choice = ImplChoice.parse(impl)
+        for tp in (tp for tp in config.tp_sizes if choice.applies_to(tp)):
+            drawn = coverage(cases_of_entry(config, choice, case_set, tp), config.profile)
+            missing = {v.key for v in drawn.not_covered}
+            assert missing == NEVER | AT_SIZE.get(tp, set()), (
+                impl,
+                tp,
+                sorted(missing ^ (NEVER | AT_SIZE.get(tp, set()))),
+            )
+            checked += 1
+    assert checked == 2 * len(config.tp_sizes) + len(config.tp_sizes) - 1
+
+
+def test_every_listed_variation_is_in_the_space(default_run):
+    config, case_set = default_run
+    space = {v.key for v in coverage([], config.profile).space}
+    assert NEVER | set().union(*AT_SIZE.values()) <= space
