@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from shardspec.spec.builders import build_grammar_output, build_input_batch, build_token_logits
-from shardspec.spec.case_edits import check_edit_names, edit_inputs, edit_logits_shard
+from shardspec.spec.case_edits import check_edit_names, edit_inputs, edit_logits_shard, edit_token_logits
 from shardspec.spec.layouts import check_case_layout, lay_out_batch, lay_out_grammar, lay_out_tensor, logits_dtype_of
 from shardspec.spec.model import (
     DEFAULT_PROFILE,
@@ -192,6 +192,7 @@ def build_case_inputs(case: Case, device: torch.device | str = "cpu") -> CaseInp
         nan_rows=[t for t in case.nan_tokens if t < num_tokens],
     )
     check_edit_names(case.edits)
+    logits = edit_token_logits(logits, batch.logits_indices.cpu(), case.edits)
     batch, grammar = edit_inputs(batch, grammar, case.edits)
     return CaseInputs(
         batch=lay_out_batch(batch, case.layouts),

@@ -156,7 +156,29 @@ LOCAL_OUTPUT_EDITS: dict[str, Callable] = {
     "local-output-extra-row": _extra_row,
     "extension-undeclared": _undeclared_extension,
 }
-EDIT_NAMES = (*INPUT_EDITS, *LOGITS_SHARD_EDITS, *LOCAL_OUTPUT_EDITS)
+# float32's limits, each put into one logits row by the "logits-limits" edit (in the logits' own dtype they
+# may round: float32's largest is +inf in float16, its smallest subnormal 0 in bfloat16).
+LOGITS_LIMITS = (float("inf"), float("-inf"), 3.4028234663852886e38, -3.4028234663852886e38, 1.401298464324817e-45)
+
+
+def _logits_limits(logits: torch.Tensor, logits_rows: torch.Tensor) -> torch.Tensor:
+    """Each limit in a few columns of one logits row (rows taken in turn), spaced an eighth of the vocab
+    apart so that every vocab shard of up to 8 ranks holds one."""
+    rows = logits_rows.tolist()
+    if not rows:
+        return logits
+    logits = logits.clone()
+    step = max(1, logits.shape[1] // 8)
+    for k, value in enumerate(LOGITS_LIMITS):
+        logits[rows[k % len(rows)], (3 * k) % step :: step] = value
+    return logits
+
+
+# stage "token logits": f(token logits [T, Vp], the tokens that are logits rows) -> token logits, before any
+# path reads them (the unsharded path too). Valid: logits at their dtype's limits.
+TOKEN_LOGITS_EDITS: dict[str, Callable] = {"logits-limits": _logits_limits}
+
+EDIT_NAMES = (*INPUT_EDITS, *TOKEN_LOGITS_EDITS, *LOGITS_SHARD_EDITS, *LOCAL_OUTPUT_EDITS)
 
 
 def check_edit_names(edits) -> None:
@@ -170,6 +192,13 @@ def edit_inputs(batch: InputBatch, grammar, edits) -> tuple:
         if name in INPUT_EDITS:
             batch, grammar = INPUT_EDITS[name](batch, grammar)
     return batch, grammar
+
+
+def edit_token_logits(logits: torch.Tensor, logits_rows: torch.Tensor, edits) -> torch.Tensor:
+    for name in edits:
+        if name in TOKEN_LOGITS_EDITS:
+            logits = TOKEN_LOGITS_EDITS[name](logits, logits_rows)
+    return logits
 
 
 def edit_logits_shard(shard: torch.Tensor, edits) -> torch.Tensor:

@@ -199,6 +199,14 @@ CORPUS += [
         "local-output-row-padded",
         "local-output-column-slice",
     ),
+    _entry(
+        "logits-clamped-to-half-range",
+        "input_space",
+        "LogitsClampedToHalfRange",
+        "decode-logits-limits",
+        "spec-logits-limits",
+        "decode-bf16-logits-limits",
+    ),
     _entry("upper-bound-made-up", "input_space", "UpperBoundMadeUpWhenAbsent", "seq-lens-cpu-upper-bound-absent"),
 ]
 

@@ -159,6 +159,14 @@ def _two_dimensional_views() -> list[Case]:
     return out
 
 
+def _logits_at_their_limits() -> list[Case]:
+    """The targeted decode and spec cases with float32's limits in their logits, and decode in bfloat16."""
+    from shardspec.conformance.broken.cases import BY_ID
+
+    out = [replace(BY_ID[i], case_id=f"{i}-logits-limits", edits=["logits-limits"]) for i in ("decode", "spec")]
+    return [*out, replace(out[0], case_id="decode-bf16-logits-limits", logits_dtype="bfloat16")]
+
+
 CASES = [
     replace(_boundary("tp2-reject-slot-range-at-idx-mapping-below-1"), case_id="negative-slot"),
     replace(
@@ -171,6 +179,7 @@ CASES = [
     replace(_multi_step(), case_id="multi-step-options"),
     *_profile_field_views(),
     *_two_dimensional_views(),
+    *_logits_at_their_limits(),
 ]
 
 
@@ -183,3 +192,12 @@ class UpperBoundMadeUpWhenAbsent(ReferenceSharder):
         if batch.seq_lens_cpu_upper_bound is None and self.profile == "vllm-0.33":
             batch = replace(batch, seq_lens_cpu_upper_bound=batch.seq_lens.cpu())
         return super().shard_sampler_inputs(batch, grammar)
+
+
+class LogitsClampedToHalfRange(ReferenceSharder):
+    """INV-A2A-SPLITS: clamps the logits shard to float16's finite range before the exchange, as a cast guard would.
+
+    Infinities and float32's largest come back as +-65504; the generated logits never come near it."""
+
+    def all_to_all_logits(self, logits_shard, metadata):
+        return super().all_to_all_logits(logits_shard.clamp(-65504.0, 65504.0), metadata)

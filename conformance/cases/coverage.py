@@ -63,6 +63,19 @@ _DTYPE_EDITS = {
 UPPER_BOUND_ABSENT = "seq-lens-upper-bound-absent"
 
 
+# The edit that puts float32's limits into the logits (spec/case_edits.py).
+LOGITS_LIMITS_EDIT = "logits-limits"
+
+
+def _logits_rows(case) -> set[int]:
+    """The tokens whose logits are sampled (the batch's logits_indices, as spec/builders.py lays them)."""
+    rows, start = set(), 0
+    for count, slot in zip(case.num_logits_per_req, case.slots, strict=False):
+        start += count + slot % 3  # the request's query length
+        rows.update(range(start - count, start))
+    return rows
+
+
 def path_of_layout_name(name: str) -> list[str]:
     if name == "local_output":
         return list(LOCAL_TENSORS)
@@ -138,6 +151,14 @@ def exercised(case, previous=None) -> set[Variation]:
         ):
             add(f"batch.{name}", DIMS, "empty")
         add("logits_shard", DIMS, "empty")
+    rows = _logits_rows(case)
+    if rows & set(case.nan_tokens):
+        add("logits_shard", VALUE, "nan")  # NaN in a few columns of those rows (spec/builders.py)
+    if LOGITS_LIMITS_EDIT in case.edits and rows:
+        # float32's limits; in float16 and bfloat16 the largest and lowest round to infinities and the
+        # subnormal to 0, so those draw the infinities alone.
+        for limit in ("+inf", "-inf", *(("largest", "lowest", "subnormal") if case.logits_dtype == "float32" else ())):
+            add("logits_shard", VALUE, limit)
     if n_reqs == cap:
         add("batch.num_reqs", VALUE, "max")
     for name in ("idx_mapping", "idx_mapping_np", "expanded_idx_mapping"):

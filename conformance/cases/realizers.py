@@ -15,6 +15,7 @@ from dataclasses import replace
 from shardspec.conformance.cases.coverage import (
     EXPLICIT_OUTPUTS,
     LOCAL_TENSORS,
+    LOGITS_LIMITS_EDIT,
     UPPER_BOUND_ABSENT,
     declared_dtypes,
     exercised,
@@ -152,6 +153,24 @@ def _capacity_one(case, rng):
     )
 
 
+def _logits_limits(case, rng):
+    if not case.slots or LOGITS_LIMITS_EDIT in case.edits:
+        return case if case.slots and case.logits_dtype == "float32" else None
+    return replace(case, edits=[*case.edits, LOGITS_LIMITS_EDIT], logits_dtype="float32")
+
+
+def _nan_in_a_logits_row(case, rng):
+    """The last token of a request whose rows are sampled: its logits row holds NaNs."""
+    if not case.slots:
+        return None
+    start = 0
+    ends = []
+    for count, slot in zip(case.num_logits_per_req, case.slots, strict=False):
+        start += count + slot % 3
+        ends.append(start - 1)
+    return replace(case, nan_tokens=sorted({*case.nan_tokens, ends[int(rng.integers(len(ends)))]}))
+
+
 def _without_nan_counts(case, rng):
     if not isinstance(case.local_outputs, dict) or not case.local_outputs:
         return None
@@ -197,6 +216,9 @@ def _realizers() -> dict[str, Callable]:
         edits=[*c.edits, UPPER_BOUND_ABSENT],
         layouts={k: v for k, v in c.layouts.items() if k != "seq_lens_cpu_upper_bound"},
     )
+    for limit in ("+inf", "-inf", "largest", "lowest", "subnormal"):
+        out[f"logits_shard:{VALUE}={limit}"] = _logits_limits
+    out["logits_shard:value=nan"] = _nan_in_a_logits_row
     out["logprobs_dims:value=min"] = lambda c, r: replace(c, logprobs_dims=(0, int(r.integers(0, 4))))
     out["gather_num_nans:value=true"] = lambda c, r: replace(c, gather_num_nans=True)
     out["gather_num_nans:value=false"] = lambda c, r: replace(c, gather_num_nans=False)

@@ -16,14 +16,6 @@ NOXFILE = pathlib.Path(__file__).resolve().parents[2] / "noxfile.py"
 
 # Not drawn at any size, and why.
 NEVER = {
-    # The case format cannot put values into the logits (only NaN rows through nan_tokens, which the
-    # coverage does not count as the logits' value): needs a builder option and a broken entry.
-    "logits_shard:value=+inf",
-    "logits_shard:value=-inf",
-    "logits_shard:value=nan",
-    "logits_shard:value=largest",
-    "logits_shard:value=lowest",
-    "logits_shard:value=subnormal",
     # Neither the toy sampler nor an explicit local output carries the sampler's own generated-token
     # prefix sums: ExplicitLocalOutput has no field for them.
     "local_output.logprobs_tensors.cu_num_generated_tokens:presence=present",

@@ -140,6 +140,7 @@ OLD_INPUTS = {
     "logits-rows-packed": ["spec", "strided-inputs", "offset-inputs", "decode-bf16"],
     "grammar-rows-packed": ["grammar", "strided-inputs", "offset-inputs", "grammar-one-rank"],
     "local-logprobs-rows-packed": ["spec", "strided-local-output", "explicit-widths", "decode"],
+    "logits-clamped-to-half-range": ["decode", "spec", "strided-inputs", "decode-bf16", "grammar"],
     "upper-bound-made-up": ["adaptive-admitted", "decode", "strided-inputs", "admitted-drafts"],
 }
 
