@@ -109,12 +109,13 @@ def collect_cases(config: RunConfig) -> CaseSet:
     if not config.fixtures_only and config.max_examples > 0:
         from shardspec.conformance.cases.boundaries import boundary_cases_for_run
         from shardspec.conformance.cases.multistep import multi_step_cases
+        from shardspec.conformance.cases.spread import most_drawing
         from shardspec.conformance.cases.strategies import generate_cases
         from shardspec.fixtures.catalogue import with_profile
 
         for tp in config.tp_sizes:
             pool = generate_cases(tp, max(config.max_examples, GENERATED_POOL), config.seed, config.profile)
-            generated += _spread(pool, config.max_examples, [c for c in cases if c.tp_size == tp])
+            generated += most_drawing(pool, config.max_examples, [c for c in cases if c.tp_size == tp])
             multi = multi_step_cases(tp, max(1, config.max_examples // MULTI_STEP_SHARE), config.seed)
             cases += [with_profile(case, config.profile) for case in multi]
             at_boundaries += boundary_cases_for_run(tp, config.profile, config.seed, config.tp_sizes)
@@ -129,14 +130,6 @@ def collect_cases(config: RunConfig) -> CaseSet:
 
 # One multi-step case (five steps on one sharder) per this many generated single-step cases.
 MULTI_STEP_SHARE = 50
-
-
-def _spread(pool: list[Case], count: int, fixtures: list[Case]) -> list[Case]:
-    from shardspec.conformance.cases.spread import best_spread, drawn
-
-    if count >= len(pool):
-        return pool
-    return [pool[i] for i in best_spread([[c] for c in pool], count, drawn(fixtures))]
 
 
 def _expanded(cases: list[Case]) -> tuple[list[Case], dict[str, Case]]:
@@ -217,26 +210,13 @@ def cases_of_entry(config: RunConfig, choice: ImplChoice, case_set: CaseSet, tp:
 
 
 def _chosen_for_mixed(case_set: CaseSet, config: RunConfig) -> set[str]:
-    """Per size, the ``mixed_max_examples`` generated cases and the one multi-step case that draw the most
-    beyond the fixtures a mixed entry runs (:data:`CaseSet.for_mixed`)."""
-    from shardspec.conformance.cases.spread import best_spread, drawn
+    """:data:`CaseSet.for_mixed`, from the cases a mixed entry may run (none of undefined behaviour)."""
+    from shardspec.conformance.cases.spread import chosen_for_few
 
-    chosen: set[str] = set()
-    for tp in sorted({c.tp_size for c in case_set.cases}):
-        cases = [c for c in case_set.cases if c.tp_size == tp and not undefined_behaviour(c)]
-        made = case_set.generated | set(case_set.parents) | case_set.boundary
-        covered = drawn(c for c in cases if c.case_id not in made)
-        multi: dict[str, list[Case]] = {}
-        for case in cases:
-            if case.case_id in case_set.parents:
-                multi.setdefault(case_set.parents[case.case_id].case_id, []).append(case)
-        for picked in best_spread(list(multi.values()), 1, covered):
-            steps = list(multi.values())[picked]
-            chosen |= {c.case_id for c in steps}
-            covered |= drawn(steps)
-        generated = [[c] for c in cases if c.case_id in case_set.generated]
-        chosen |= {generated[i][0].case_id for i in best_spread(generated, config.mixed_max_examples, covered)}
-    return chosen
+    runnable = [c for c in case_set.cases if not undefined_behaviour(c)]
+    steps_of = {step: parent.case_id for step, parent in case_set.parents.items()}
+    made = case_set.generated | set(case_set.parents) | case_set.boundary
+    return chosen_for_few(runnable, case_set.generated, steps_of, made, config.mixed_max_examples)
 
 
 def undefined_behaviour(case: Case) -> bool:

@@ -37,3 +37,32 @@ def best_spread(candidates: Sequence[Sequence[Case]], count: int, already: set[V
         left.remove(best)
     chosen += left[: count - len(chosen)]
     return sorted(chosen)
+
+
+def most_drawing(pool: list[Case], count: int, fixtures: list[Case]) -> list[Case]:
+    """The ``count`` cases of ``pool`` that draw the most beyond ``fixtures``, in pool order."""
+    if count >= len(pool):
+        return pool
+    return [pool[i] for i in best_spread([[c] for c in pool], count, drawn(fixtures))]
+
+
+def chosen_for_few(
+    cases: list[Case], generated: set[str], parent_of: dict[str, str], made: set[str], count: int
+) -> set[str]:
+    """Per size, the ids of ``count`` generated cases and of one multi-step case's steps (``parent_of``:
+    step id -> its case's id) that draw the most beyond the cases not ``made`` by the run (the fixtures)."""
+    chosen: set[str] = set()
+    for tp in sorted({c.tp_size for c in cases}):
+        at_tp = [c for c in cases if c.tp_size == tp]
+        covered = drawn(c for c in at_tp if c.case_id not in made)
+        multi: dict[str, list[Case]] = {}
+        for case in at_tp:
+            if case.case_id in parent_of:
+                multi.setdefault(parent_of[case.case_id], []).append(case)
+        for picked in best_spread(list(multi.values()), 1, covered):
+            steps = list(multi.values())[picked]
+            chosen |= {c.case_id for c in steps}
+            covered |= drawn(steps)
+        single = [[c] for c in at_tp if c.case_id in generated]
+        chosen |= {single[i][0].case_id for i in best_spread(single, count, covered)}
+    return chosen
