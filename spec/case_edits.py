@@ -137,6 +137,21 @@ INPUT_EDITS: dict[str, Callable] = {
         )
     ),
     "engine-batch-field": _engine_batch,
+    # Violations at the boundaries the preconditions state (conformance/cases/boundaries.py).
+    "num-reqs-plus-one": _batch(num_reqs=lambda b: b.num_reqs + 1),
+    "idx-mapping-np-short": _batch(idx_mapping_np=lambda b: b.idx_mapping_np[:-1]),
+    "idx-mapping-np-float64": _batch(idx_mapping_np=lambda b: np.asarray(b.idx_mapping_np, dtype=np.float64)),
+    "draft-counts-float32": _batch(
+        num_draft_tokens_per_req=lambda b: np.asarray(b.num_draft_tokens_per_req, dtype=np.float32)
+    ),
+    "cu-logits-np-short": _batch(cu_num_logits_np=lambda b: b.cu_num_logits_np[:-1]),
+    "logits-indices-short": _batch(logits_indices=lambda b: b.logits_indices[:-1]),
+    "expanded-idx-mapping-short": _batch(expanded_idx_mapping=lambda b: b.expanded_idx_mapping[:-1]),
+    "expanded-local-pos-short": _batch(expanded_local_pos=lambda b: b.expanded_local_pos[:-1]),
+    "grammar-id-unknown": lambda b, g: (
+        b,
+        replace(g, structured_output_request_ids=[*g.structured_output_request_ids[:-1], "req-unknown"]),
+    ),
 }
 
 
@@ -150,11 +165,23 @@ def _undeclared_extension(out: SamplerOutput) -> SamplerOutput:
     return replace(out, extensions={**(out.extensions or {}), "undeclared_mask": mask})
 
 
+def _missing_extension(out: SamplerOutput) -> SamplerOutput:
+    """The local output without its first declared extension field."""
+    fields = dict(out.extensions or {})
+    fields.pop(next(iter(fields)), None)
+    return replace(out, extensions=fields or None)
+
+
 # stage "logits_shard": f(tensor) -> tensor; stage "local_output": f(SamplerOutput) -> SamplerOutput
-LOGITS_SHARD_EDITS: dict[str, Callable] = {"logits-shard-extra-row": lambda s: torch.cat([s, s[:1]])}
+LOGITS_SHARD_EDITS: dict[str, Callable] = {
+    "logits-shard-extra-row": lambda s: torch.cat([s, s[:1]]),
+    "logits-shard-short": lambda s: s[:-1],
+    "logits-shard-int32": lambda s: s.to(torch.int32),
+}
 LOCAL_OUTPUT_EDITS: dict[str, Callable] = {
     "local-output-extra-row": _extra_row,
     "extension-undeclared": _undeclared_extension,
+    "extension-missing": _missing_extension,
 }
 # float32's limits, each put into one logits row by the "logits-limits" edit (in the logits' own dtype they
 # may round: float32's largest is +inf in float16, its smallest subnormal 0 in bfloat16).

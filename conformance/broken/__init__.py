@@ -207,6 +207,7 @@ CORPUS += [
         "spec-logits-limits",
         "decode-bf16-logits-limits",
     ),
+    _entry("host-slots-of-any-dtype", "input_space", "HostSlotsOfAnyDtype", "float-host-slots"),
     _entry("upper-bound-made-up", "input_space", "UpperBoundMadeUpWhenAbsent", "seq-lens-cpu-upper-bound-absent"),
 ]
 

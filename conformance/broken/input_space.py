@@ -169,6 +169,7 @@ def _logits_at_their_limits() -> list[Case]:
 
 CASES = [
     replace(_boundary("tp2-reject-slot-range-at-idx-mapping-below-1"), case_id="negative-slot"),
+    replace(_boundary("tp2-reject-dtypes-at-idx-mapping-np-other-float64"), case_id="float-host-slots"),
     replace(
         _boundary("tp4-reject-capacity-logits-at-cu-num-logits-above-max-num-logits-per-req-1"),
         case_id="idle-rank-reject",
@@ -201,3 +202,15 @@ class LogitsClampedToHalfRange(ReferenceSharder):
 
     def all_to_all_logits(self, logits_shard, metadata):
         return super().all_to_all_logits(logits_shard.clamp(-65504.0, 65504.0), metadata)
+
+
+class HostSlotsOfAnyDtype(ReferenceSharder):
+    """INV-REJECT-INVALID: takes idx_mapping_np of any dtype, cast to integers, where PRE-DTYPES says integers.
+
+    A float64 host copy of the slots is sharded as if it held integers."""
+
+    def shard_sampler_inputs(self, batch, grammar):
+        slots = batch.idx_mapping_np
+        if slots is not None and np.asarray(slots).dtype.kind == "f":
+            batch = replace(batch, idx_mapping_np=np.asarray(slots).astype(np.intp))
+        return super().shard_sampler_inputs(batch, grammar)

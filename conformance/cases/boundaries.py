@@ -248,6 +248,22 @@ REALIZERS: dict[str, Callable] = {
     "extension_fields:other=int16": lambda c, r: replace(
         c, extensions={"counts": {"per": "request", "dtype": "int16", "shape": []}}
     ),
+    "batch.num_reqs:above=len(req_ids) + 1": lambda c, r: replace(c, edits=["num-reqs-plus-one"]),
+    "batch.idx_mapping_np:below=num_reqs - 1": lambda c, r: replace(c, edits=["idx-mapping-np-short"]),
+    "batch.idx_mapping_np:other=float64": lambda c, r: replace(c, edits=["idx-mapping-np-float64"]),
+    "batch.num_draft_tokens_per_req:other=float32": lambda c, r: replace(
+        _counts(c, _one_at(c, 2, r)), edits=["draft-counts-float32"]
+    ),
+    "batch.cu_num_logits_np:below=N entries": lambda c, r: replace(c, edits=["cu-logits-np-short"]),
+    "batch.logits_indices:below=L - 1": lambda c, r: replace(c, edits=["logits-indices-short"]),
+    "batch.expanded_idx_mapping:below=L - 1": lambda c, r: replace(c, edits=["expanded-idx-mapping-short"]),
+    "batch.expanded_local_pos:below=L - 1": lambda c, r: replace(c, edits=["expanded-local-pos-short"]),
+    "grammar.structured_output_request_ids:other=unknown": lambda c, r: _grammar(c, edits=["grammar-id-unknown"]),
+    "logits_shard:below=L - 1": lambda c, r: replace(c, edits=["logits-shard-short"]),
+    "logits_shard:other=int32": lambda c, r: replace(c, edits=["logits-shard-int32"]),
+    "extension_fields:other=missing": lambda c, r: replace(
+        c, extensions={"counts": {"per": "request", "dtype": "int32", "shape": []}}, edits=["extension-missing"]
+    ),
 }
 
 

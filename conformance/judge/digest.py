@@ -79,6 +79,17 @@ def plain(value: Any) -> Any:
     return repr(value)
 
 
+def logprob_rows(batch, profile: str) -> int | None:
+    """The batch's L, the gathered logprob rows that carry data; None where the inputs cannot say (a batch
+    that breaks a precondition on purpose): the digest then covers every row."""
+    from shardspec.reference.profile_rules import device_cu_num_logits
+
+    try:
+        return int(device_cu_num_logits(batch, profile)[-1])
+    except (ValueError, IndexError, TypeError):
+        return None
+
+
 def _gathered(out: StepOutputs, logprob_rows: int | None) -> dict[str, Any] | None:
     gathered = out.gathered
     if gathered is None:

@@ -23,9 +23,8 @@ from shardspec.conformance.judge.checks.base import (
     judgeable,
 )
 from shardspec.conformance.judge.checks.common import declined_extensions
-from shardspec.conformance.judge.digest import step_digest
+from shardspec.conformance.judge.digest import logprob_rows, step_digest
 from shardspec.conformance.record import STEP_OUTPUT, Expectation, StepOutputs
-from shardspec.reference.profile_rules import device_cu_num_logits
 from shardspec.spec.case import Case, CaseInputs
 
 
@@ -102,7 +101,7 @@ def judge_rank(
         rank=rank,
         impl=record["impl"],
         error_in_collective=record.get("error_in_collective", False),
-        logprob_rows=int(device_cu_num_logits(inputs.batch, case.profile)[-1]),
+        logprob_rows=logprob_rows(inputs.batch, case.profile),
     )
     return record
 

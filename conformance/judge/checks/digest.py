@@ -16,8 +16,7 @@ from shardspec.conformance.judge.checks.base import StepRecord
 def rank_digest(record: StepRecord, impl: str = "") -> dict[str, Any]:
     """JSON-able digest of ``record.actual`` for INV-RANK-AGREEMENT and INV-WIRE-SEQUENCE."""
     # Imported here: shardspec.conformance.judge.digest imports this package's base module.
-    from shardspec.conformance.judge.digest import step_digest
-    from shardspec.reference.profile_rules import device_cu_num_logits
+    from shardspec.conformance.judge.digest import logprob_rows, step_digest
 
-    rows = int(device_cu_num_logits(record.inputs.batch, record.case.profile)[-1])
+    rows = logprob_rows(record.inputs.batch, record.case.profile)
     return step_digest(record.actual, rank=record.rank, impl=impl, logprob_rows=rows)
