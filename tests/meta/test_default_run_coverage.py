@@ -29,9 +29,6 @@ AT_SIZE = {
     # One rank owns every request: a rank without a local output needs an empty batch, which the
     # explicit outputs do not make.
     1: {"local_output:presence=absent"},
-    # A full batch at full rows (num_reqs * max_num_logits_per_req logits) is drawn by chance only (no
-    # realizer): this seed's draw at tp 4 has none.
-    4: {"batch.cu_num_logits_np:value=max"},
 }
 
 
