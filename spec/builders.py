@@ -11,6 +11,20 @@ import torch
 from shardspec.spec.model import GrammarOutput, InputBatch
 
 
+def default_query_lens(slots: Sequence[int], num_logits_per_req: Sequence[int]) -> np.ndarray:
+    """Each request's query length when none is given: its logits rows plus slot % 3, so requests
+    differ in how many of their tokens are not sampled."""
+    slots_np = np.asarray(slots, dtype=np.int64).reshape(-1)
+    return np.asarray(num_logits_per_req, dtype=np.int64).reshape(-1) + slots_np % 3
+
+
+def sampled_token_ranges(slots: Sequence[int], num_logits_per_req: Sequence[int]) -> list[range]:
+    """Per request, the tokens whose logits rows are sampled (the last n_i of its query), as
+    build_input_batch lays them out without ``query_lens``."""
+    ends = np.cumsum(default_query_lens(slots, num_logits_per_req)).tolist()
+    return [range(end - int(n), end) for end, n in zip(ends, num_logits_per_req, strict=True)]
+
+
 def build_input_batch(
     slots: Sequence[int],
     num_logits_per_req: Sequence[int],
@@ -65,7 +79,7 @@ def build_input_batch(
     num_reqs = slots_np.shape[0]
     if spec_decode is None:
         spec_decode = bool((counts > 1).any())
-    q_lens = counts + slots_np % 3 if query_lens is None else np.asarray(query_lens, dtype=np.int64)
+    q_lens = default_query_lens(slots_np, counts) if query_lens is None else np.asarray(query_lens, dtype=np.int64)
     qsl = np.zeros(num_reqs + 1, dtype=np.int64)
     np.cumsum(q_lens, out=qsl[1:])
     cu = np.zeros(num_reqs + 1, dtype=np.int32)

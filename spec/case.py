@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from shardspec.spec.builders import build_grammar_output, build_input_batch, build_token_logits
+from shardspec.spec.builders import build_grammar_output, build_input_batch, build_token_logits, sampled_token_ranges
 from shardspec.spec.case_edits import check_edit_names, edit_inputs, edit_logits_shard, edit_token_logits
 from shardspec.spec.layouts import check_case_layout, lay_out_batch, lay_out_grammar, lay_out_tensor, logits_dtype_of
 from shardspec.spec.model import (
@@ -128,6 +128,12 @@ class Case:
     @property
     def shard_width(self) -> int:
         return self.padded_vocab_size // self.tp_size
+
+    def sampled_tokens(self) -> list[range]:
+        """Per request, the tokens whose logits rows are sampled: its device rows (1 + admitted drafts
+        under CL-ADMITTED-DRAFTS, else its logits rows), laid out as build_case_inputs does."""
+        rows = self.num_logits_per_req if self.admitted_drafts is None else [1 + a for a in self.admitted_drafts]
+        return sampled_token_ranges(self.slots, rows)
 
 
 def expand_steps(case: Case) -> list[Case]:

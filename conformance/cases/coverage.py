@@ -67,15 +67,6 @@ UPPER_BOUND_ABSENT = "seq-lens-upper-bound-absent"
 LOGITS_LIMITS_EDIT = "logits-limits"
 
 
-def _logits_rows(case) -> set[int]:
-    """The tokens whose logits are sampled (the batch's logits_indices, as spec/builders.py lays them)."""
-    rows, start = set(), 0
-    for count, slot in zip(case.num_logits_per_req, case.slots, strict=False):
-        start += count + slot % 3  # the request's query length
-        rows.update(range(start - count, start))
-    return rows
-
-
 def path_of_layout_name(name: str) -> list[str]:
     if name == "local_output":
         return list(LOCAL_TENSORS)
@@ -151,7 +142,7 @@ def exercised(case, previous=None) -> set[Variation]:
         ):
             add(f"batch.{name}", DIMS, "empty")
         add("logits_shard", DIMS, "empty")
-    rows = _logits_rows(case)
+    rows = {t for tokens in case.sampled_tokens() for t in tokens}
     if rows & set(case.nan_tokens):
         add("logits_shard", VALUE, "nan")  # NaN in a few columns of those rows (spec/builders.py)
     if LOGITS_LIMITS_EDIT in case.edits and rows:

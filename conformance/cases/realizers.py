@@ -154,8 +154,11 @@ def _capacity_one(case, rng):
 
 
 def _logits_limits(case, rng):
-    if not case.slots or LOGITS_LIMITS_EDIT in case.edits:
-        return case if case.slots and case.logits_dtype == "float32" else None
+    """The logits-limits edit in float32 logits (the one dtype that holds every limit)."""
+    if not case.slots:
+        return None
+    if LOGITS_LIMITS_EDIT in case.edits:
+        return case if case.logits_dtype == "float32" else None
     return replace(case, edits=[*case.edits, LOGITS_LIMITS_EDIT], logits_dtype="float32")
 
 
@@ -163,11 +166,9 @@ def _nan_in_a_logits_row(case, rng):
     """The last token of a request whose rows are sampled: its logits row holds NaNs."""
     if not case.slots:
         return None
-    start = 0
-    ends = []
-    for count, slot in zip(case.num_logits_per_req, case.slots, strict=False):
-        start += count + slot % 3
-        ends.append(start - 1)
+    ends = [tokens[-1] for tokens in case.sampled_tokens() if tokens]
+    if not ends:
+        return None
     return replace(case, nan_tokens=sorted({*case.nan_tokens, ends[int(rng.integers(len(ends)))]}))
 
 

@@ -90,3 +90,25 @@ def test_the_spread_picks_the_cases_that_draw_what_is_not_drawn_yet():
     assert new[picked] == max(new) and new[picked] > 0
     assert best_spread([[c] for c in cases], 2, drawn(cases)) == [0, 1]  # nothing new: the earliest
     assert best_spread([[c] for c in cases], 5, set()) == [0, 1, 2]
+
+
+@pytest.mark.parametrize("admitted", [None, [0, 2, 1]])
+def test_nan_counts_as_drawn_only_in_a_row_that_is_sampled(admitted):
+    from dataclasses import replace
+
+    from shardspec.spec.case import Case, build_case_inputs
+
+    base = Case(case_id="nan-rows", tp_size=2, slots=[4, 1, 3], num_logits_per_req=[3, 3, 3], vocab_size=128)
+    if admitted is not None:  # the device rows are 1 + admitted, not the scheduled 3 (CL-ADMITTED-DRAFTS)
+        base = replace(base, profile="vllm-0.33", admitted_drafts=admitted)
+    indices = build_case_inputs(base).batch.logits_indices.tolist()
+    assert [t for tokens in base.sampled_tokens() for t in tokens] == indices
+    unsampled = sorted(set(range(max(indices) + 1)) - set(indices))
+    assert unsampled, "the layout leaves some tokens unsampled"
+
+    def draws_nan(nan_tokens):
+        drawn_here = exercised(replace(base, nan_tokens=nan_tokens))
+        return ("logits_shard", "value", "nan") in {(v.field, v.axis, v.value) for v in drawn_here}
+
+    assert not draws_nan(unsampled)
+    assert draws_nan(indices[-1:])
