@@ -137,14 +137,15 @@ class ConformanceSession:
             )
         return sections
 
-    def render(self, xfails: report.Xfails) -> tuple[str, list[list[list[str]]], list[str], int]:
-        """The text report, the tables, warnings and the exit code."""
+    def render(
+        self, xfails: report.Xfails, sections: list[report.Section]
+    ) -> tuple[str, list[list[list[str]]], list[str], int]:
+        """The text report of ``sections``, the tables, warnings and the exit code."""
         checked = self.checked()
         levels = {inv.id: inv.level for inv in self.invariants}
         extra = sorted(checked - set(levels))
         invariants = self.invariants + [report.InvariantInfo(i, "MUST") for i in extra]
         parts, tables, failed = [], [], False
-        sections = self.sections()
         for section in sections:
             rows = report.table_rows(section, invariants, checked, xfails)
             tables.append(rows)
@@ -193,7 +194,8 @@ class ConformanceSession:
         if interrupted:  # the cases the interruption left out are not run, and the report says so
             self._mark_unrun(f"the run was interrupted by {interrupted} before this case ran")
         xfails = report.load_xfails(self.config.xfails_file)
-        text, tables, warnings, exit_code = self.render(xfails)
+        sections = self.sections()  # built once: each computes its input coverage
+        text, tables, warnings, exit_code = self.render(xfails, sections)
         log = log or self.log
         for line in text.splitlines():
             log(line)
@@ -208,14 +210,14 @@ class ConformanceSession:
         wall = time.perf_counter() - self.start
         if self.config.json_path:
             metadata = report.run_metadata(
-                [s.label for s in self.sections()],
+                [s.label for s in sections],
                 self.tp_sizes,
                 self.config.seed,
                 wall,
                 *self._backend(),
                 self._extra(),
             )
-            data = report.json_report(metadata, self.sections(), tables, warnings, exit_code, self.invariants)
+            data = report.json_report(metadata, sections, tables, warnings, exit_code, self.invariants)
             write_atomically(pathlib.Path(self.config.json_path), json.dumps(data, indent=1, default=repr))
             log(f"JSON report: {self.config.json_path}")
         log(f"{'FAILED' if exit_code else 'PASSED'} in {wall:.1f}s")

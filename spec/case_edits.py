@@ -111,6 +111,10 @@ def _host_device_mismatch(batch: InputBatch) -> torch.Tensor:
     return device_slots
 
 
+# The valid edits other modules name: vllm-0.33's optional bound left out, float32's limits in the logits.
+UPPER_BOUND_ABSENT = "seq-lens-upper-bound-absent"
+LOGITS_LIMITS = "logits-limits"
+
 # stage "inputs": f(batch, grammar) -> (batch, grammar)
 INPUT_EDITS: dict[str, Callable] = {
     "req-ids-short": _batch(req_ids=lambda b: b.req_ids[:-1]),
@@ -127,7 +131,7 @@ INPUT_EDITS: dict[str, Callable] = {
     # vllm-0.33's fields.
     "seq-lens-upper-bound-short": _batch(seq_lens_cpu_upper_bound=lambda b: b.seq_lens_cpu_upper_bound[:-1]),
     # Valid: the bound is optional (an engine that has none passes None).
-    "seq-lens-upper-bound-absent": _batch(seq_lens_cpu_upper_bound=lambda b: None),
+    UPPER_BOUND_ABSENT: _batch(seq_lens_cpu_upper_bound=lambda b: None),
     "acceptable-drafts-extra": lambda b, g: (b, replace(g, num_acceptable_drafts=[*g.num_acceptable_drafts, 0])),
     # Valid inputs in forms the builders do not produce.
     "idx-mapping-np-int32": _batch(idx_mapping_np=lambda b: np.asarray(b.idx_mapping_np, dtype=np.int32)),
@@ -203,7 +207,7 @@ def _logits_limits(logits: torch.Tensor, logits_rows: torch.Tensor) -> torch.Ten
 
 # stage "token logits": f(token logits [T, Vp], the tokens that are logits rows) -> token logits, before any
 # path reads them (the unsharded path too). Valid: logits at their dtype's limits.
-TOKEN_LOGITS_EDITS: dict[str, Callable] = {"logits-limits": _logits_limits}
+TOKEN_LOGITS_EDITS: dict[str, Callable] = {LOGITS_LIMITS: _logits_limits}
 
 EDIT_NAMES = (*INPUT_EDITS, *TOKEN_LOGITS_EDITS, *LOGITS_SHARD_EDITS, *LOCAL_OUTPUT_EDITS)
 

@@ -16,6 +16,7 @@ import torch
 from shardspec.conformance.cases.boundaries import boundary_cases
 from shardspec.reference import ReferenceSharder
 from shardspec.spec.case import Case, ExplicitLocalOutput
+from shardspec.spec.case_edits import LOGITS_LIMITS, UPPER_BOUND_ABSENT
 
 
 class NegativeSlotsAccepted(ReferenceSharder):
@@ -142,7 +143,7 @@ def _profile_field_views() -> list[Case]:
         for name in ("seq_lens_cpu_upper_bound", "num_admitted_draft_tokens")
         for layout in ("strided", "offset")
     ]
-    absent = replace(admitted, case_id="seq-lens-cpu-upper-bound-absent", edits=["seq-lens-upper-bound-absent"])
+    absent = replace(admitted, case_id="seq-lens-cpu-upper-bound-absent", edits=[UPPER_BOUND_ABSENT])
     return [admitted, *views, absent]
 
 
@@ -163,7 +164,7 @@ def _logits_at_their_limits() -> list[Case]:
     """The targeted decode and spec cases with float32's limits in their logits, and decode in bfloat16."""
     from shardspec.conformance.broken.cases import BY_ID
 
-    out = [replace(BY_ID[i], case_id=f"{i}-logits-limits", edits=["logits-limits"]) for i in ("decode", "spec")]
+    out = [replace(BY_ID[i], case_id=f"{i}-logits-limits", edits=[LOGITS_LIMITS]) for i in ("decode", "spec")]
     return [*out, replace(out[0], case_id="decode-bf16-logits-limits", logits_dtype="bfloat16")]
 
 

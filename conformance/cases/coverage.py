@@ -27,6 +27,7 @@ from shardspec.conformance.cases.input_space import (
     input_space,
     raw_data_model,
 )
+from shardspec.spec.case_edits import LOGITS_LIMITS, UPPER_BOUND_ABSENT
 from shardspec.spec.layouts import BATCH_ARRAYS, BATCH_TENSORS
 from shardspec.spec.model import DEFAULT_PROFILE, VLLM_033
 
@@ -57,14 +58,6 @@ _DTYPE_EDITS = {
         "int64",
     ),
 }
-
-
-# The edit that leaves vllm-0.33's optional seq_lens_cpu_upper_bound out (spec/case_edits.py).
-UPPER_BOUND_ABSENT = "seq-lens-upper-bound-absent"
-
-
-# The edit that puts float32's limits into the logits (spec/case_edits.py).
-LOGITS_LIMITS_EDIT = "logits-limits"
 
 
 def path_of_layout_name(name: str) -> list[str]:
@@ -145,7 +138,7 @@ def exercised(case, previous=None) -> set[Variation]:
     rows = {t for tokens in case.sampled_tokens() for t in tokens}
     if rows & set(case.nan_tokens):
         add("logits_shard", VALUE, "nan")  # NaN in a few columns of those rows (spec/builders.py)
-    if LOGITS_LIMITS_EDIT in case.edits and rows:
+    if LOGITS_LIMITS in case.edits and rows:
         # float32's limits; in float16 and bfloat16 the largest and lowest round to infinities and the
         # subnormal to 0, so those draw the infinities alone.
         for limit in ("+inf", "-inf", *(("largest", "lowest", "subnormal") if case.logits_dtype == "float32" else ())):

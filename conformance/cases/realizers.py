@@ -15,8 +15,6 @@ from dataclasses import replace
 from shardspec.conformance.cases.coverage import (
     EXPLICIT_OUTPUTS,
     LOCAL_TENSORS,
-    LOGITS_LIMITS_EDIT,
-    UPPER_BOUND_ABSENT,
     declared_dtypes,
     exercised,
     float_limit,
@@ -35,6 +33,7 @@ from shardspec.conformance.cases.input_space import (
     Variation,
     input_space,
 )
+from shardspec.spec.case_edits import LOGITS_LIMITS, UPPER_BOUND_ABSENT
 from shardspec.spec.model import DEFAULT_PROFILE
 
 
@@ -157,9 +156,9 @@ def _logits_limits(case, rng):
     """The logits-limits edit in float32 logits (the one dtype that holds every limit)."""
     if not case.slots:
         return None
-    if LOGITS_LIMITS_EDIT in case.edits:
+    if LOGITS_LIMITS in case.edits:
         return case if case.logits_dtype == "float32" else None
-    return replace(case, edits=[*case.edits, LOGITS_LIMITS_EDIT], logits_dtype="float32")
+    return replace(case, edits=[*case.edits, LOGITS_LIMITS], logits_dtype="float32")
 
 
 def _nan_in_a_logits_row(case, rng):

@@ -79,15 +79,14 @@ def plain(value: Any) -> Any:
     return repr(value)
 
 
-def logprob_rows(batch, profile: str) -> int | None:
-    """The batch's L, the gathered logprob rows that carry data; None where the inputs cannot say (a batch
-    that breaks a precondition on purpose): the digest then covers every row."""
+def logprob_rows(case, batch) -> int | None:
+    """The batch's L, the gathered logprob rows that carry data; None for a case that breaks a precondition
+    on purpose (its L may not be computable): the digest then covers every row."""
     from shardspec.reference.profile_rules import device_cu_num_logits
 
-    try:
-        return int(device_cu_num_logits(batch, profile)[-1])
-    except (ValueError, IndexError, TypeError):
+    if case.expect_error is not None:
         return None
+    return int(device_cu_num_logits(batch, case.profile)[-1])
 
 
 def _gathered(out: StepOutputs, logprob_rows: int | None) -> dict[str, Any] | None:

@@ -101,7 +101,7 @@ def judge_rank(
         rank=rank,
         impl=record["impl"],
         error_in_collective=record.get("error_in_collective", False),
-        logprob_rows=logprob_rows(inputs.batch, case.profile),
+        logprob_rows=logprob_rows(case, inputs.batch),
     )
     return record
 

@@ -17,6 +17,9 @@ from shardspec.spec.case import Case, ExplicitLocalOutput, build_case_inputs, lo
 from shardspec.spec.layouts import (
     BATCH_ARRAYS,
     BATCH_TENSORS,
+    FIELDS_2D,
+    LAYOUT_FIELDS,
+    LAYOUTS_2D,
     LOCAL_OUTPUT,
     OFFSET,
     OFFSET_ELEMENTS,
@@ -25,6 +28,7 @@ from shardspec.spec.layouts import (
     lay_out_sampler_output,
     lay_out_tensor,
 )
+from shardspec.spec.model import PROFILES
 
 VIEWED = BATCH_TENSORS + BATCH_ARRAYS + ("logits_shard", "grammar_bitmask", LOCAL_OUTPUT)
 SPEC_BATCH = dict(tp_size=2, slots=[4, 1, 2, 3, 6], num_logits_per_req=[2, 1, 3, 1, 2], grammar_positions=[2, 0])
@@ -145,3 +149,13 @@ def test_local_sampler_output_as_views(layout):
     for impl in ("reference", "production"):
         result = run_case_in_process(replace(case, layouts={LOCAL_OUTPUT: layout}), ImplChoice(impl))
         assert (result.errors, result.violations) == ([], []), impl
+
+
+@pytest.mark.parametrize("profile", PROFILES)
+def test_two_dimensional_views_are_offered_for_the_fields_the_data_model_makes_two_dimensional(profile):
+    from shardspec.conformance.cases.coverage import path_of_layout_name
+    from shardspec.conformance.cases.input_space import LAYOUT, input_space
+
+    two_d = {v.field for v in input_space(profile) if v.axis == LAYOUT and v.value in LAYOUTS_2D}
+    offered = {name for name in LAYOUT_FIELDS if two_d & set(path_of_layout_name(name))}
+    assert offered == set(FIELDS_2D)

@@ -18,5 +18,5 @@ def rank_digest(record: StepRecord, impl: str = "") -> dict[str, Any]:
     # Imported here: shardspec.conformance.judge.digest imports this package's base module.
     from shardspec.conformance.judge.digest import logprob_rows, step_digest
 
-    rows = logprob_rows(record.inputs.batch, record.case.profile)
+    rows = logprob_rows(record.case, record.inputs.batch)
     return step_digest(record.actual, rank=record.rank, impl=impl, logprob_rows=rows)
