@@ -12,6 +12,7 @@ YAML file, so other packages (fixtures) report errors the same way.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from collections.abc import Hashable
@@ -229,9 +230,16 @@ def target_version_warning(factory: Any, checked: str | None = None) -> str | No
 
 
 def must_reject_ids(spec: Spec | None = None) -> tuple[str, ...]:
-    """IDs of the preconditions whose violation MUST be rejected (``on_violation.outcome: reject``)."""
-    spec = load_spec() if spec is None else spec
+    """IDs of the preconditions whose violation MUST be rejected (``on_violation.outcome: reject``);
+    without ``spec``, the installed package's, read once per process (a rank asks for every case)."""
+    if spec is None:
+        return _package_must_reject_ids()
     return tuple(p.id for p in spec.preconditions if p.must_reject and not p.retired)
+
+
+@functools.cache
+def _package_must_reject_ids() -> tuple[str, ...]:
+    return must_reject_ids(load_spec())
 
 
 def _document_files(index: dict, index_name: str) -> dict[str, str]:

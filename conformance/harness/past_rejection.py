@@ -71,6 +71,8 @@ def rejection_point(case: Case, expected) -> RejectionPoint:
     from shardspec.spec.loader import must_reject_ids
 
     precondition = case.expect_error
+    if precondition is None:
+        return RejectionPoint(None)
     if precondition not in must_reject_ids() or not names_precondition(expected.error, precondition):
         return RejectionPoint(None)
     return RejectionPoint(precondition, expected.failed_step, len(expected.wire))

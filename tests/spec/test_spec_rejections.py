@@ -40,6 +40,13 @@ def test_must_reject_ids_follow_the_yaml(spec):
     assert set(ids) == {p.id for p in spec.preconditions if p.on_violation.outcome == "reject"}
 
 
+def test_the_package_s_must_reject_ids_are_read_once_per_process(spec, monkeypatch):
+    # A rank asks for every case it runs; parsing the YAML each time was most of a rank's time.
+    assert must_reject_ids() == must_reject_ids(spec)
+    monkeypatch.setattr("shardspec.spec.loader.load_spec", lambda *a, **k: pytest.fail("the spec was read again"))
+    assert must_reject_ids() == must_reject_ids(spec)
+
+
 def test_spec_md_shows_each_decision_beside_its_precondition(spec):
     text = render(spec)
     for pre in spec.preconditions:
