@@ -174,6 +174,10 @@ def preload(argv: list[str]) -> None:
     """Import what the ranks need (for every job of RUN_DIR), before :mod:`.spawn` forks them:
     once instead of once per rank."""
     run_dir = pathlib.Path(argv[0])
+    # The recorder's dispatch mode imports torch._dynamo when first entered: a third of a rank's time in a
+    # launch of a few cases at tp 8, paid by every rank unless imported here.
+    import torch._dynamo  # noqa: F401
+
     import shardspec.conformance.harness.expectations  # noqa: F401
     import shardspec.conformance.harness.rank_step  # noqa: F401
     from shardspec.conformance.api import ImplChoice, load_implementation
