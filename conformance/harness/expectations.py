@@ -16,7 +16,7 @@ import torch
 from shardspec.comm import LockstepGroup
 from shardspec.conformance.harness.rank_step import run_step
 from shardspec.conformance.harness.transcript import decode, encode, read_frames, write_frame
-from shardspec.conformance.record import Expectation
+from shardspec.conformance.record import Expectation, StepOutputs
 from shardspec.reference import ReferenceSharder
 from shardspec.reference.sampler import replicated_output
 from shardspec.spec.case import Case, build_case_inputs
@@ -122,9 +122,19 @@ def replicated_of(case: Case, inputs) -> SamplerOutput | None:
 # -- saving: the ranks of a multi-process run read them in the transcript's own encoding ------------------
 
 
+def for_ranks(expectation: Expectation) -> Expectation:
+    """What a rank reads of an expectation (harness/rank_step.py: where the reference raised, after how many
+    collectives): its outputs' tensors left out, which every rank would decode for every rank and case."""
+    expected = [
+        StepOutputs(wire=out.wire, failed_step=out.failed_step, error=out.error) for out in expectation.expected
+    ]
+    return Expectation(expected=expected, replicated=None)
+
+
 def save_expectations(path, expectations: dict[str, Expectation]) -> None:
+    """The ranks' part of each case's expectation (:func:`for_ranks`), in the transcript's encoding."""
     with open(path, "wb") as stream:
-        write_frame(stream, {case_id: encode(expectation) for case_id, expectation in expectations.items()})
+        write_frame(stream, {case_id: encode(for_ranks(e)) for case_id, e in expectations.items()})
 
 
 def load_expectations(path, device="cpu") -> dict[str, Expectation]:
