@@ -39,6 +39,9 @@ class ExplicitLocalOutput:
     logprob_token_ids: list[list[int]] | None = None  # [L_local][cols]
     logprobs: list[list[float]] | None = None
     selected_token_ranks: list[int] | None = None
+    # The sampler's own generated-token prefix sums, beside its logprobs (the gather does not read them).
+    cu_num_generated_tokens: list[int] | None = None
+    cu_num_generated_tokens_tensor: list[int] | None = None  # int32 on the device; profile vllm-0.33
 
     def to_sampler_output(self, device) -> SamplerOutput:
         width = max((len(row) for row in self.sampled_token_ids), default=1)
@@ -50,7 +53,10 @@ class ExplicitLocalOutput:
                 torch.tensor(self.logprob_token_ids, dtype=torch.int64, device=device).reshape(-1, cols),
                 torch.tensor(self.logprobs, dtype=torch.float32, device=device).reshape(-1, cols),
                 torch.tensor(self.selected_token_ranks, dtype=torch.int64, device=device),
-                None,
+                None if self.cu_num_generated_tokens is None else list(self.cu_num_generated_tokens),
+                None
+                if self.cu_num_generated_tokens_tensor is None
+                else torch.tensor(self.cu_num_generated_tokens_tensor, dtype=torch.int32, device=device),
             )
         return SamplerOutput(
             sampled_token_ids=ids,
@@ -218,6 +224,13 @@ def check_case_profile(case: Case) -> None:
         used = [name for name in _PROFILE_FIELDS if getattr(case, name) not in (None, False)]
         if used:
             raise ValueError(f"{used[0]}: a field of profile {VLLM_033}, not of {case.profile}")
+        explicit = {} if case.local_outputs == "toy" else case.local_outputs
+        for rank, out in sorted(explicit.items()):
+            if out.cu_num_generated_tokens_tensor is not None:
+                raise ValueError(
+                    f"local_outputs.{rank}.cu_num_generated_tokens_tensor: a field of profile {VLLM_033}, "
+                    f"not of {case.profile}"
+                )
 
 
 def local_logits_shard(inputs: CaseInputs, sorted_logits_indices: torch.Tensor, case: Case, rank: int) -> torch.Tensor:

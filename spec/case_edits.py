@@ -113,7 +113,7 @@ def _host_device_mismatch(batch: InputBatch) -> torch.Tensor:
 
 # The valid edits other modules name: vllm-0.33's optional bound left out, float32's limits in the logits.
 UPPER_BOUND_ABSENT = "seq-lens-upper-bound-absent"
-LOGITS_LIMITS = "logits-limits"
+LOGITS_LIMITS_EDIT = "logits-limits"
 
 # stage "inputs": f(batch, grammar) -> (batch, grammar)
 INPUT_EDITS: dict[str, Callable] = {
@@ -207,7 +207,7 @@ def _logits_limits(logits: torch.Tensor, logits_rows: torch.Tensor) -> torch.Ten
 
 # stage "token logits": f(token logits [T, Vp], the tokens that are logits rows) -> token logits, before any
 # path reads them (the unsharded path too). Valid: logits at their dtype's limits.
-TOKEN_LOGITS_EDITS: dict[str, Callable] = {LOGITS_LIMITS: _logits_limits}
+TOKEN_LOGITS_EDITS: dict[str, Callable] = {LOGITS_LIMITS_EDIT: _logits_limits}
 
 EDIT_NAMES = (*INPUT_EDITS, *TOKEN_LOGITS_EDITS, *LOGITS_SHARD_EDITS, *LOCAL_OUTPUT_EDITS)
 

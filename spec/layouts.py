@@ -157,6 +157,7 @@ def lay_out_sampler_output(output, layouts: dict):
             logprob_token_ids=lay_out_tensor(lp.logprob_token_ids, layout),
             logprobs=lay_out_tensor(lp.logprobs, layout),
             selected_token_ranks=lay_out_tensor(lp.selected_token_ranks, layout),
+            cu_num_generated_tokens_tensor=lay_out_tensor(lp.cu_num_generated_tokens_tensor, layout),
         )
     return replace(
         output,

@@ -209,6 +209,14 @@ CORPUS += [
     ),
     _entry("host-slots-of-any-dtype", "input_space", "HostSlotsOfAnyDtype", "float-host-slots"),
     _entry("upper-bound-made-up", "input_space", "UpperBoundMadeUpWhenAbsent", "seq-lens-cpu-upper-bound-absent"),
+    _entry(
+        "sampler-prefix-sums-passed-on",
+        "input_space",
+        "SamplerPrefixSumsPassedOn",
+        "sampler-cu-list",
+        "sampler-cu-tensor",
+        "sampler-cu-tensor-strided",
+    ),
 ]
 
 

@@ -16,7 +16,7 @@ import torch
 from shardspec.conformance.cases.boundaries import boundary_cases
 from shardspec.reference import ReferenceSharder
 from shardspec.spec.case import Case, ExplicitLocalOutput
-from shardspec.spec.case_edits import LOGITS_LIMITS, UPPER_BOUND_ABSENT
+from shardspec.spec.case_edits import LOGITS_LIMITS_EDIT, UPPER_BOUND_ABSENT
 
 
 class NegativeSlotsAccepted(ReferenceSharder):
@@ -164,8 +164,24 @@ def _logits_at_their_limits() -> list[Case]:
     """The targeted decode and spec cases with float32's limits in their logits, and decode in bfloat16."""
     from shardspec.conformance.broken.cases import BY_ID
 
-    out = [replace(BY_ID[i], case_id=f"{i}-logits-limits", edits=[LOGITS_LIMITS]) for i in ("decode", "spec")]
+    out = [replace(BY_ID[i], case_id=f"{i}-logits-limits", edits=[LOGITS_LIMITS_EDIT]) for i in ("decode", "spec")]
     return [*out, replace(out[0], case_id="decode-bf16-logits-limits", logits_dtype="bfloat16")]
+
+
+def _sampler_prefix_sums() -> list[Case]:
+    """Explicit outputs whose logprobs carry the sampler's own prefix sums of its rows ([0, 1, 2] on each
+    rank), which the gather does not read: as a list, as a tensor (vllm-0.33) and as a strided tensor."""
+    base = _explicit_logprobs("sampler-cu", -3.0)
+
+    def carrying(case_id: str, name: str, layouts: dict) -> Case:
+        outputs = {rank: replace(out, **{name: [0, 1, 2]}) for rank, out in base.local_outputs.items()}
+        return replace(base, case_id=case_id, local_outputs=outputs, layouts=layouts)
+
+    return [
+        carrying("sampler-cu-list", "cu_num_generated_tokens", {}),
+        carrying("sampler-cu-tensor", "cu_num_generated_tokens_tensor", {}),
+        carrying("sampler-cu-tensor-strided", "cu_num_generated_tokens_tensor", {"local_output": "strided"}),
+    ]
 
 
 CASES = [
@@ -182,7 +198,22 @@ CASES = [
     *_profile_field_views(),
     *_two_dimensional_views(),
     *_logits_at_their_limits(),
+    *_sampler_prefix_sums(),
 ]
+
+
+class SamplerPrefixSumsPassedOn(ReferenceSharder):
+    """INV-CU-NUM-GENERATED: the gathered cu_num_generated_tokens(_tensor) are the local sampler's own, when it
+    returns them, instead of those the spec derives from the batch."""
+
+    def gather_sampler_output(self, local_output, metadata, global_batch, local_batch, **kwargs):
+        out = super().gather_sampler_output(local_output, metadata, global_batch, local_batch, **kwargs)
+        mine = None if local_output is None else local_output.logprobs_tensors
+        if out.logprobs_tensors is None or mine is None:
+            return out
+        names = ("cu_num_generated_tokens", "cu_num_generated_tokens_tensor")
+        given = {name: getattr(mine, name) for name in names if getattr(mine, name) is not None}
+        return replace(out, logprobs_tensors=out.logprobs_tensors._replace(**given)) if given else out
 
 
 class UpperBoundMadeUpWhenAbsent(ReferenceSharder):

@@ -27,7 +27,7 @@ from shardspec.conformance.cases.input_space import (
     input_space,
     raw_data_model,
 )
-from shardspec.spec.case_edits import LOGITS_LIMITS, UPPER_BOUND_ABSENT
+from shardspec.spec.case_edits import LOGITS_LIMITS_EDIT, UPPER_BOUND_ABSENT
 from shardspec.spec.layouts import BATCH_ARRAYS, BATCH_TENSORS
 from shardspec.spec.model import DEFAULT_PROFILE, VLLM_033
 
@@ -42,6 +42,7 @@ LOCAL_TENSORS = (
     "local_output.logprobs_tensors.logprobs",
     "local_output.logprobs_tensors.selected_token_ranks",
 )
+CU_GENERATED_TENSOR = "local_output.logprobs_tensors.cu_num_generated_tokens_tensor"
 EXPLICIT_OUTPUTS = {
     "sampled_token_ids": "local_output.sampled_token_ids",
     "num_sampled": "local_output.num_sampled",
@@ -60,9 +61,20 @@ _DTYPE_EDITS = {
 }
 
 
+def _local_tensors(case) -> list[str]:
+    """The local output tensors some rank of ``case`` passes (the toy sampler's, or the explicit ones)."""
+    if case.local_outputs == "toy":
+        return [p for p in LOCAL_TENSORS if case.logprobs_dims is not None or ".logprobs_tensors." not in p]
+    outputs = list(case.local_outputs.values())
+    present = {path for name, path in EXPLICIT_OUTPUTS.items() if any(getattr(o, name) is not None for o in outputs)}
+    if any(o.cu_num_generated_tokens_tensor is not None for o in outputs):
+        present.add(CU_GENERATED_TENSOR)
+    return [p for p in (*LOCAL_TENSORS, CU_GENERATED_TENSOR) if p in present]
+
+
 def path_of_layout_name(name: str) -> list[str]:
     if name == "local_output":
-        return list(LOCAL_TENSORS)
+        return [*LOCAL_TENSORS, CU_GENERATED_TENSOR]
     return [_LAYOUT_PATHS.get(name, f"batch.{name}")]
 
 
@@ -138,7 +150,7 @@ def exercised(case, previous=None) -> set[Variation]:
     rows = {t for tokens in case.sampled_tokens() for t in tokens}
     if rows & set(case.nan_tokens):
         add("logits_shard", VALUE, "nan")  # NaN in a few columns of those rows (spec/builders.py)
-    if LOGITS_LIMITS in case.edits and rows:
+    if LOGITS_LIMITS_EDIT in case.edits and rows:
         # float32's limits; in float16 and bfloat16 the largest and lowest round to infinities and the
         # subnormal to 0, so those draw the infinities alone.
         for limit in ("+inf", "-inf", *(("largest", "lowest", "subnormal") if case.logits_dtype == "float32" else ())):
@@ -235,7 +247,7 @@ def exercised(case, previous=None) -> set[Variation]:
     ]
     if case.grammar_positions:
         tensors.append("grammar.grammar_bitmask")
-    tensors += list(LOCAL_TENSORS)
+    tensors += _local_tensors(case)
     upper_bound = case.profile == VLLM_033 and UPPER_BOUND_ABSENT not in case.edits
     if upper_bound:
         tensors.append("batch.seq_lens_cpu_upper_bound")
@@ -271,9 +283,10 @@ def exercised(case, previous=None) -> set[Variation]:
             add("local_output", PRESENCE, "absent")
         for out in outputs.values():
             add("local_output.logprobs_tensors", PRESENCE, "absent" if out.logprob_token_ids is None else "present")
-            if out.logprob_token_ids is not None:  # explicit logprobs carry neither (ExplicitLocalOutput)
-                add("local_output.logprobs_tensors.cu_num_generated_tokens", PRESENCE, "absent")
-                add("local_output.logprobs_tensors.cu_num_generated_tokens_tensor", PRESENCE, "absent")
+            if out.logprob_token_ids is not None:  # the sampler's own prefix sums go with its logprobs
+                for name in ("cu_num_generated_tokens", "cu_num_generated_tokens_tensor"):
+                    presence = "absent" if getattr(out, name) is None else "present"
+                    add(f"local_output.logprobs_tensors.{name}", PRESENCE, presence)
             add("local_output.num_nans", PRESENCE, "absent" if out.num_nans is None else "present")
     # step: what changed since the step before, on the same sharder
     if previous is not None:

@@ -12,7 +12,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import replace
 
+import numpy as np
+
 from shardspec.conformance.cases.coverage import (
+    CU_GENERATED_TENSOR,
     EXPLICIT_OUTPUTS,
     LOCAL_TENSORS,
     declared_dtypes,
@@ -33,8 +36,8 @@ from shardspec.conformance.cases.input_space import (
     Variation,
     input_space,
 )
-from shardspec.spec.case_edits import LOGITS_LIMITS, UPPER_BOUND_ABSENT
-from shardspec.spec.model import DEFAULT_PROFILE
+from shardspec.spec.case_edits import LOGITS_LIMITS_EDIT, UPPER_BOUND_ABSENT
+from shardspec.spec.model import DEFAULT_PROFILE, VLLM_033
 
 
 def _with_layout(layout: str, names: list[str]) -> Callable:
@@ -156,9 +159,9 @@ def _logits_limits(case, rng):
     """The logits-limits edit in float32 logits (the one dtype that holds every limit)."""
     if not case.slots:
         return None
-    if LOGITS_LIMITS in case.edits:
+    if LOGITS_LIMITS_EDIT in case.edits:
         return case if case.logits_dtype == "float32" else None
-    return replace(case, edits=[*case.edits, LOGITS_LIMITS], logits_dtype="float32")
+    return replace(case, edits=[*case.edits, LOGITS_LIMITS_EDIT], logits_dtype="float32")
 
 
 def _nan_in_a_logits_row(case, rng):
@@ -197,6 +200,33 @@ def _without_nan_counts(case, rng):
         return None
     outputs = {rank: replace(out, num_nans=None) for rank, out in case.local_outputs.items()}
     return replace(case, gather_num_nans=False, local_outputs=outputs)
+
+
+def _with_sampler_cu(name: str, layout: str | None = None) -> Callable:
+    """The explicit outputs that carry logprobs also carry the sampler's own ``name`` (its local rows'
+    prefix sums, which the gather does not read), the local output laid out as ``layout``."""
+
+    def realize(case, rng):
+        if not isinstance(case.local_outputs, dict) or (name.endswith("_tensor") and case.profile != VLLM_033):
+            return None
+        outputs = dict(case.local_outputs)
+        for rank, out in outputs.items():
+            if out.logprob_token_ids is not None:
+                rows = [case.num_logits_per_req[i] for i, slot in enumerate(case.slots) if slot % case.tp_size == rank]
+                outputs[rank] = replace(out, **{name: [0, *np.cumsum(rows).tolist()]})
+        if outputs == case.local_outputs:
+            return None
+        layouts = case.layouts if layout is None else {**case.layouts, "local_output": layout}
+        return replace(case, local_outputs=outputs, layouts=layouts)
+
+    return realize
+
+
+def _no_local_output(case, rng):
+    """An empty batch's rank passes no local output (tp 1: the one way its only rank owns nothing)."""
+    if case.slots or case.local_outputs == {}:
+        return None
+    return replace(case, local_outputs={})
 
 
 def _realizers() -> dict[str, Callable]:
@@ -248,6 +278,13 @@ def _realizers() -> dict[str, Callable]:
     out["local_output.extensions:presence=present"] = _with_extension
     out["sharder.max_num_reqs:value=min"] = _capacity_one
     out["local_output.num_nans:presence=absent"] = _without_nan_counts
+    out["local_output:presence=absent"] = _no_local_output
+    for name in ("cu_num_generated_tokens", "cu_num_generated_tokens_tensor"):
+        out[f"local_output.logprobs_tensors.{name}:presence=present"] = _with_sampler_cu(name)
+    for layout in LAYOUTS_1D:
+        out[f"{CU_GENERATED_TENSOR}:{LAYOUT}={layout}"] = _with_sampler_cu(
+            "cu_num_generated_tokens_tensor", None if layout == "contiguous" else layout
+        )
     limits = {
         "+inf": float("inf"),
         "-inf": float("-inf"),

@@ -130,6 +130,7 @@ OLD_INPUTS = {
     "logits-clamped-to-half-range": ["decode", "spec", "strided-inputs", "decode-bf16", "grammar"],
     "host-slots-of-any-dtype": ["tp2-error-slot-range", "tp4-reject-slot-range", "decode", "spec"],
     "upper-bound-made-up": ["adaptive-admitted", "decode", "strided-inputs", "admitted-drafts"],
+    "sampler-prefix-sums-passed-on": ["spec", "explicit-widths", "strided-local-output", "logprob-plus-inf"],
 }
 
 
