@@ -144,12 +144,26 @@ class Follower:
 
     def stopped_ranks(self) -> list[int]:
         """Ranks whose process is stopped (``T`` in /proc, e.g. after SIGSTOP)."""
-        stopped = []
+        return [rank for rank, pid in sorted(self.pids.items()) if _process_state(pid) in ("T", "t")]
+
+    def without_heartbeat(self, limit_s: float) -> list[int]:
+        """Ranks whose process lives but whose watchdog thread has not run for ``limit_s`` (it touches the
+        rank's ``.beat`` file every 0.2 s): the rank holds the GIL or is stopped, and cannot report itself.
+        A rank that died, or has not started its watchdog, is not one of them."""
+        now, silent = time.time(), []
         for rank, pid in sorted(self.pids.items()):
             try:
-                state = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-            except (OSError, IndexError, TypeError):
+                beat = (self.run_dir / f"{self.name}-rank{rank}.beat").stat().st_mtime
+            except OSError:
                 continue
-            if state in ("T", "t"):
-                stopped.append(rank)
-        return stopped
+            if now - beat >= limit_s and _process_state(pid) not in (None, "Z", "X"):
+                silent.append(rank)
+        return silent
+
+
+def _process_state(pid) -> str | None:
+    """The state letter of process ``pid`` in /proc (None where it cannot be read: gone, or not a pid)."""
+    try:
+        return pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError, TypeError):
+        return None

@@ -18,6 +18,7 @@ no progress for ``case_timeout_s`` seconds, after writing where it hung.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
 import os
@@ -51,10 +52,13 @@ class FrameWriter:
 
 
 class Watchdog:
-    """Ends the process if the armed case does not finish within ``timeout_s``."""
+    """Ends the process if the armed case does not finish within ``timeout_s``; touches ``beat_path`` on
+    every wake-up, so the parent sees when this thread cannot run (the rank holds the GIL, or is stopped)."""
 
-    def __init__(self, timeout_s: float, progress, writer: FrameWriter, rank: int):
+    def __init__(self, timeout_s: float, progress, writer: FrameWriter, rank: int, beat_path: pathlib.Path):
         self.timeout_s, self.progress, self.writer, self.rank = timeout_s, progress, writer, rank
+        self.beat_path = beat_path
+        beat_path.touch()
         self._deadline = None
         self._extended = False
         self._job = None
@@ -76,6 +80,8 @@ class Watchdog:
     def _watch(self) -> None:
         while True:
             time.sleep(0.2)
+            with contextlib.suppress(OSError):
+                os.utime(self.beat_path)
             with self._lock:
                 expired = self._deadline is not None and time.monotonic() > self._deadline
                 job, case_id = self._job or (None, None)
@@ -206,7 +212,8 @@ def main(argv: list[str]) -> int:
     comm = TorchDistComm(tp_group)
     rank = comm.rank  # in the TP group: what the judge and the implementation see
     progress = Progress()
-    watchdog = Watchdog(launch["case_timeout_s"], progress, writer, rank)
+    beat_path = run_dir / f"{launch_file.stem}-rank{world_rank}.beat"
+    watchdog = Watchdog(launch["case_timeout_s"], progress, writer, rank, beat_path)
     implementations: dict[str, object] = {}  # loaded once per launch
     kept: dict[str, tuple] = {}  # implementation -> (case id, its sharder), for the next step of a multi-step case
     writer.write(

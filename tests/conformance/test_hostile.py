@@ -6,7 +6,6 @@ assertions below read its JSON report.
 
 import json
 import os
-import re
 import subprocess
 import sys
 import time
@@ -106,11 +105,9 @@ def test_a_rank_out_of_reach_of_its_own_watchdog_is_stopped_by_the_parent(run, n
     case = run[2][f"{MODULE}:{name}"]["small-tp2-3"]
     assert case["status"] == "error"
     messages = " ".join(e["message"] for e in case["errors"])
-    # Rank 0's collective gives up at its process-group timeout (--timeout here); the parent ends the launch
-    # soon after, rather than after a silence of a case's whole timeout that rank 0's last frame restarts.
-    silence = re.search(r"rank\(s\) 1 sent nothing for (\d+)s, and rank 0 gave up waiting for them", messages)
-    assert silence is not None, case["errors"]
-    assert int(silence.group(1)) < 2 * TIMEOUT_S, messages
+    # Rank 1's watchdog thread stops touching its heartbeat file; the parent ends the launch 5 s later
+    # (below --timeout here), before rank 0's collective gives up at its process-group timeout.
+    assert "rank(s) 1 stopped running Python for 5s or more (their watchdog thread could not run)" in messages
     if name == "StopInGather":
         assert "rank(s) 1 stopped by a signal" in messages
     # The rank that never came back is named first, with its step; its peer waited for it in a collective.

@@ -107,3 +107,25 @@ def test_only_the_failed_rank_s_tp_group_is_waited_for(tmp_path, clock):
     follower.read()
     clock.now += GRACE_S + 0.1
     assert follower.unanswered_collective(PG_TIMEOUT_S / 2, GRACE_S) is None
+
+
+def test_a_live_rank_whose_watchdog_stopped_beating_is_out_of_reach(tmp_path):
+    import os
+    import subprocess
+    import sys
+    import time
+
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    follower = Follower(tmp_path, "launch0", 3)
+    for rank, pid in ((0, os.getpid()), (1, os.getpid()), (2, int(gone.stdout))):
+        _send(tmp_path, rank, {"event": "ready", "pid": pid, "world_size": 3})
+    follower.read()
+    assert follower.without_heartbeat(5.0) == []  # no watchdog has started: nothing to judge by
+    for rank in (0, 1, 2):
+        (tmp_path / f"launch0-rank{rank}.beat").touch()
+    old = time.time() - 6.0
+    for rank in (1, 2):
+        os.utime(tmp_path / f"launch0-rank{rank}.beat", (old, old))
+    # Rank 0 beats; rank 1 lives and has not beaten for 6 s; rank 2's process is gone (it died, not hung).
+    assert follower.without_heartbeat(5.0) == [1]
+    assert follower.without_heartbeat(7.0) == []
