@@ -182,6 +182,9 @@ def print_row(row: dict) -> None:
             f"{m['crashes']} crashes, {m['statuses']}, exit {m['exit_code']}; phases {m['phases_s']}"
         )
     print(f"  relaunches per crash: {row['relaunches_per_crash']}")
+    per_crash = [r for r in row["relaunches_per_crash"] if r is not None]
+    met = row["time_ratio_median"] <= 2 and all(r <= 1 for r in per_crash)
+    print(f"  target (time at most x2, at most one relaunch per crash): {'met' if met else 'NOT met'}")
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ import subprocess
 import sys
 
 from shardspec.conformance.harness.external import ExternalGroup, rank_command
-from shardspec.conformance.harness.spawn import RankServer
+from shardspec.conformance.harness.spawn import RankServer, ServedGroup
 
 WORKER = "shardspec.conformance.harness.worker"
 
@@ -93,6 +93,9 @@ def let_finish(proc, grace_s: float) -> None:
 def kill_group(proc) -> None:
     if isinstance(proc, ExternalGroup):
         proc.stop()
+        return
+    if isinstance(proc, ServedGroup):
+        proc.kill()
         return
     try:
         os.killpg(proc.pid, signal.SIGKILL)

@@ -33,9 +33,10 @@ STARTUP_S = 90.0  # torch import and rendezvous, generous for 8 ranks on 2 cores
 # After a rank gave up waiting in a collective for a silent peer: time for what that peer sent last (its own
 # watchdog's frame, say) to arrive before it is taken as out of reach. Short, as a GIL hang costs it per case.
 PEER_GRACE_S = 2.0
-# A rank whose watchdog thread has not run for this long (at most the case timeout) holds the GIL or is
-# stopped: its launch ends then, not after a peer's process-group timeout.
-HEARTBEAT_LIMIT_S = 5.0
+# A CPU rank whose watchdog thread has not run for this long (at most the case timeout) holds the GIL or
+# is stopped: its launch ends then, not after a peer's process-group timeout. Torch ops, numpy's large
+# ones and Python code let the thread run; on a GPU, CUDA's and NCCL's first calls may not, for seconds.
+HEARTBEAT_LIMIT_S = 3.0
 
 
 @dataclass
@@ -150,7 +151,8 @@ def _launch(jobs, indices, tp, options, name, results, on_result, starter, judge
     proc = starter.start(tp, name, log_path, tp * options.tp_groups)
     settle = Settler(jobs, results, follower, judge, on_result)
     try:
-        ended = _follow(proc, limit, follower, indices, settle, options, not starter.external)
+        beats = not starter.external and starter.device_kind == "cpu"
+        ended = _follow(proc, limit, follower, indices, settle, options, beats)
     finally:  # interrupted (SIGINT/SIGTERM) or failed: leave no rank behind
         if proc.poll() is None and not all(i in results for i in indices):
             kill_group(proc)
@@ -162,7 +164,7 @@ def _launch(jobs, indices, tp, options, name, results, on_result, starter, judge
     return None
 
 
-def _follow(proc, limit, follower, indices, settle, options, local_ranks: bool) -> str:
+def _follow(proc, limit, follower, indices, settle, options, heartbeats: bool) -> str:
     """Judge jobs as their transcripts complete; returns how the launch ended.
 
     Besides the launch's limit, a watchdog here ends a launch in which no rank
@@ -171,7 +173,7 @@ def _follow(proc, limit, follower, indices, settle, options, local_ranks: bool) 
     ends it sooner where a rank's collective timed out (its process-group
     timeout) waiting for a peer that stays silent: that peer's watchdog cannot
     run either, and the failed rank's last frame would restart the silence. Sooner
-    still where the ranks are this machine's processes (``local_ranks``): a rank
+    still where the ranks are this machine's CPU processes (``heartbeats``): a rank
     whose watchdog thread stopped beating holds the GIL or is stopped.
     """
     deadline = time.monotonic() + limit
@@ -201,7 +203,7 @@ def _follow(proc, limit, follower, indices, settle, options, local_ranks: bool) 
                 f"rank(s) {', '.join(map(str, silent))} sent nothing for {since:.0f}s, and rank {failed} gave up "
                 f"waiting for them in a collective: {how}; the group was killed"
             )
-        unreachable = follower.without_heartbeat(heartbeat_limit) if local_ranks else []
+        unreachable = follower.without_heartbeat(heartbeat_limit) if heartbeats else []
         if unreachable and not follower.left_on_purpose:
             how = _out_of_reach(follower.stopped_ranks())
             kill_group(proc)

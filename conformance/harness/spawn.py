@@ -14,6 +14,7 @@ A group per line read from stdin, see :class:`RankServer`.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import json
 import os
@@ -62,11 +63,17 @@ def preloaded(module_name: str, args: list[str]):
 
 
 def fork_group(module, world_size: int, args: list[str], port: int, log_path: str | None = None) -> list[int]:
+    """Fork the ranks, in a process group of their own (the first rank's pid): killing that group ends
+    the ranks and leaves this process to serve the next launch."""
     pids = []
     for rank in range(world_size):
         pid = os.fork()
         if pid == 0:
+            with contextlib.suppress(OSError):  # the parent may have done it first
+                os.setpgid(0, pids[0] if pids else 0)
             os._exit(_run_fork(module, args, rank_env(rank, world_size, port), log_path))
+        with contextlib.suppress(OSError):  # the child may have done it first, or exited
+            os.setpgid(pid, pids[0] if pids else pid)
         pids.append(pid)
     return pids
 
@@ -128,9 +135,11 @@ def serve(module_name: str, args: list[str]) -> int:
     module = preloaded(module_name, args)
     for line in sys.stdin:
         request = json.loads(line)
-        code, culprit = wait_group(
-            fork_group(module, request["world_size"], request["args"], free_port(), request["log"])
-        )
+        pids = fork_group(module, request["world_size"], request["args"], free_port(), request["log"])
+        group = request["exit"] + ".group"
+        pathlib.Path(group + ".partial").write_text(str(pids[0]))
+        os.replace(group + ".partial", group)
+        code, culprit = wait_group(pids)
         partial = request["exit"] + ".partial"
         pathlib.Path(partial).write_text(json.dumps({"code": code, "culprit": culprit}))
         os.replace(partial, request["exit"])
@@ -176,11 +185,30 @@ class RankServer:
 
 class ServedGroup:
     """One group of a :class:`RankServer`, with the part of ``subprocess.Popen`` the launcher uses;
-    killing it (``os.killpg(pid)``) kills the server too."""
+    :meth:`kill` ends its ranks, and the server lives on for the next launch (no new import of torch)."""
 
     def __init__(self, server: subprocess.Popen, exit_path: pathlib.Path):
         self.server, self.exit_path, self.pid, self.returncode = server, exit_path, server.pid, None
         self.culprit: dict | None = None  # the rank that failed first, and how
+
+    def kill(self) -> None:
+        """SIGKILL to the ranks' process group (the server's, if the ranks never got one); no rank is the
+        culprit then: the launcher ended them."""
+        if self.poll() is not None:  # ended on its own: its status and culprit stand
+            return
+        group = self.exit_path.with_name(self.exit_path.name + ".group")  # as serve() names it
+        deadline = time.monotonic() + 5.0
+        while not group.exists() and self.server.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        with contextlib.suppress(OSError, ValueError):
+            os.killpg(int(group.read_text()) if group.exists() else self.server.pid, signal.SIGKILL)
+        try:
+            self.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(OSError):
+                os.killpg(self.server.pid, signal.SIGKILL)
+            self.server.wait()
+        self.returncode, self.culprit = -signal.SIGKILL, None
 
     def poll(self) -> int | None:
         if self.returncode is None and self.exit_path.exists():

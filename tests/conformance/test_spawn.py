@@ -2,8 +2,10 @@
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 
 from shardspec.conformance.harness.spawn import RankServer
 
@@ -40,6 +42,26 @@ def test_a_failing_rank_stops_its_peers_and_gives_the_status(tmp_path, plugins_o
         group = server.start(3, [str(tmp_path), "1"], tmp_path / "group.log")
         assert group.wait(timeout=20) == 3  # the peers sleep 30 s unless stopped
         assert server.alive  # ready for the next launch
+    finally:
+        server.close()
+
+
+def test_killing_a_group_ends_its_ranks_and_the_server_serves_the_next(tmp_path, plugins_on_path):
+    server = _server(tmp_path)
+    try:
+        first = tmp_path / "first"
+        first.mkdir()
+        group = server.start(2, [str(first), "5"], tmp_path / "first.log")  # no rank fails: both sleep 30 s
+        while len(list(first.glob("rank*.json"))) < 2:
+            time.sleep(0.05)
+        started = time.monotonic()
+        group.kill()
+        assert time.monotonic() - started < 5 and group.returncode == -signal.SIGKILL and group.culprit is None
+        assert server.alive
+        second = tmp_path / "second"
+        second.mkdir()
+        assert server.start(2, [str(second), "-1"], tmp_path / "second.log").wait(timeout=20) == 0
+        assert {tuple(r["preloaded_by"]) for r in _ranks(second, 2)} == {(server.proc.pid,)}
     finally:
         server.close()
 
