@@ -29,6 +29,7 @@ case drew and a case can be made to draw is put into one of them
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import replace
 
 import numpy as np
@@ -278,6 +279,33 @@ def _with_extremes(out: ExplicitLocalOutput, rng: np.random.Generator) -> Explic
     )
 
 
+@contextlib.contextmanager
+def _without_local_constants():
+    """Hypothesis (6.131 on) also draws constants it finds in the loaded modules of the code under test, so
+    what it draws would depend on what the process imported before (a CLI run, a pytest worker after other
+    tests): "same seed, same cases" needs them off. A private hook; where it is absent, there is none."""
+    try:
+        from hypothesis.internal.conjecture import providers
+    except ImportError:
+        yield
+        return
+    hook = getattr(providers, "_get_local_constants", None)
+    empty = getattr(providers, "Constants", None)
+    cache = getattr(providers, "CONSTANTS_CACHE", None)
+    if hook is None or empty is None:
+        yield
+        return
+    providers._get_local_constants = empty
+    if cache is not None:
+        cache.cache.clear()  # values cached from the local constants of earlier draws
+    try:
+        yield
+    finally:
+        providers._get_local_constants = hook
+        if cache is not None:
+            cache.cache.clear()
+
+
 class _Enough(Exception):
     """Ends the drawing once ``count`` distinct cases are in: the rest of the budget would only be
     drawn and thrown away (most of the cost of generating)."""
@@ -312,7 +340,8 @@ def generate_cases(
             raise _Enough
 
     try:
-        hypothesis_seed(seed + tp_size)(collect)()
+        with _without_local_constants():
+            hypothesis_seed(seed + tp_size)(collect)()
     except _Enough:
         pass
     unique = list(drawn.values())

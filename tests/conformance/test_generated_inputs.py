@@ -76,3 +76,15 @@ def test_values_at_their_dtype_limits(tp):
     explicit = [case for case in default_cases(tp) if case.local_outputs != "toy"]
     values = {v for case in explicit for v in _explicit_values(case)}
     assert INT64_MAX in values and INT32_MAX in values
+
+
+def test_the_same_seed_gives_the_same_cases_whatever_the_process_imported(monkeypatch):
+    """Hypothesis draws constants it finds in the loaded modules of the code under test; a run's cases must
+    not depend on them (a pytest worker has imported other modules than a CLI run when it generates)."""
+    from hypothesis.internal.conjecture import providers
+
+    before = [repr(c) for c in generate_cases(2, 12, 5, fill_gaps=False)]
+    found = providers.Constants(integers=set(range(0, 70000, 7)), floats={0.123, 1e300, -5.5})
+    monkeypatch.setattr(providers, "_get_local_constants", lambda: found)  # as if a module held them
+    providers.CONSTANTS_CACHE.cache.clear()
+    assert [repr(c) for c in generate_cases(2, 12, 5, fill_gaps=False)] == before
