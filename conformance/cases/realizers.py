@@ -207,12 +207,14 @@ def _with_sampler_cu(name: str, layout: str | None = None) -> Callable:
     prefix sums, which the gather does not read), the local output laid out as ``layout``."""
 
     def realize(case, rng):
+        from shardspec.conformance.cases.strategies import local_requests  # strategies imports this module
+
         if not isinstance(case.local_outputs, dict) or (name.endswith("_tensor") and case.profile != VLLM_033):
             return None
         outputs = dict(case.local_outputs)
         for rank, out in outputs.items():
             if out.logprob_token_ids is not None:
-                rows = [case.num_logits_per_req[i] for i, slot in enumerate(case.slots) if slot % case.tp_size == rank]
+                rows = [case.num_logits_per_req[i] for i in local_requests(case, rank)]
                 outputs[rank] = replace(out, **{name: [0, *np.cumsum(rows).tolist()]})
         if outputs == case.local_outputs:
             return None

@@ -136,14 +136,20 @@ def serve(module_name: str, args: list[str]) -> int:
     for line in sys.stdin:
         request = json.loads(line)
         pids = fork_group(module, request["world_size"], request["args"], free_port(), request["log"])
-        group = request["exit"] + ".group"
-        pathlib.Path(group + ".partial").write_text(str(pids[0]))
-        os.replace(group + ".partial", group)
+        group = _group_file(pathlib.Path(request["exit"]))
+        partial = group.with_name(group.name + ".partial")
+        partial.write_text(str(pids[0]))
+        os.replace(partial, group)
         code, culprit = wait_group(pids)
         partial = request["exit"] + ".partial"
         pathlib.Path(partial).write_text(json.dumps({"code": code, "culprit": culprit}))
         os.replace(partial, request["exit"])
     return 0
+
+
+def _group_file(exit_path: pathlib.Path) -> pathlib.Path:
+    """Where :func:`serve` writes the process group of the ranks it forked for the group of ``exit_path``."""
+    return exit_path.with_name(exit_path.name + ".group")
 
 
 class RankServer:
@@ -196,7 +202,7 @@ class ServedGroup:
         culprit then: the launcher ended them."""
         if self.poll() is not None:  # ended on its own: its status and culprit stand
             return
-        group = self.exit_path.with_name(self.exit_path.name + ".group")  # as serve() names it
+        group = _group_file(self.exit_path)
         deadline = time.monotonic() + 5.0
         while not group.exists() and self.server.poll() is None and time.monotonic() < deadline:
             time.sleep(0.01)
