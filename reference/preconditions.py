@@ -14,6 +14,7 @@ import numpy as np
 
 from shardspec.reference import profile_rules
 from shardspec.reference.violations import INT_DTYPES, check_shape, duplicate_position, first_bad, require
+from shardspec.spec.errors import PreconditionError
 from shardspec.spec.model import DEFAULT_PROFILE, VLLM_033, GrammarOutput, InputBatch
 
 
@@ -37,11 +38,11 @@ def check_input_batch(
         rank=rank,
     )
     _check_slots(batch, max_num_reqs, rank)
-    cu = _check_cu_num_logits(batch, max_num_logits_per_req, rank)
+    counts = _check_cu_num_logits(batch, max_num_logits_per_req, rank)
     if profile == VLLM_033:
         profile_rules.check_admitted_drafts(batch, rank)
         profile_rules.check_seq_lens_upper_bound(batch, rank)
-    _check_drafts(batch, cu, rank, profile)
+    _check_drafts(batch, counts, rank, profile)
     # The device fields lay out the admitted rows where admitted counts are given (CL-ADMITTED-DRAFTS).
     device_cu = profile_rules.device_cu_num_logits(batch, profile)
     _check_device_cu(batch, device_cu, rank)
@@ -68,14 +69,10 @@ def _check_slots(batch: InputBatch, max_num_reqs: int, rank) -> None:
         rank=rank,
     )
     bad = first_bad((slots < 0) | (slots >= max_num_reqs))
-    require(
-        bad is None,
-        "PRE-SLOT-RANGE",
-        "idx_mapping",
-        f"slot {slots[bad] if bad is not None else ''} is outside [0, {max_num_reqs})",
-        request=bad,
-        rank=rank,
-    )
+    if bad is not None:
+        raise PreconditionError(
+            "PRE-SLOT-RANGE", "idx_mapping", f"slot {slots[bad]} is outside [0, {max_num_reqs})", request=bad, rank=rank
+        )
     require(
         len(np.unique(slots)) == slots.shape[0],
         "PRE-SLOT-UNIQUE",
@@ -109,6 +106,7 @@ def _first_mismatch(a: np.ndarray, b: np.ndarray) -> int | None:
 
 
 def _check_cu_num_logits(batch: InputBatch, max_num_logits_per_req: int, rank) -> np.ndarray:
+    """Checks cu_num_logits_np and returns its [N] int64 per-request counts."""
     num_reqs = batch.num_reqs
     cu = np.asarray(batch.cu_num_logits_np)
     require(
@@ -121,25 +119,25 @@ def _check_cu_num_logits(batch: InputBatch, max_num_logits_per_req: int, rank) -
     require(int(cu[0]) == 0, "PRE-CU-LOGITS", "cu_num_logits_np", f"starts at {int(cu[0])}, not 0", rank=rank)
     counts = np.diff(cu.astype(np.int64))
     bad = first_bad(counts < 1)
-    require(
-        bad is None,
-        "PRE-LOGITS-PER-REQ",
-        "cu_num_logits",
-        f"request has {counts[bad] if bad is not None else ''} logits rows; at least 1 is required",
-        request=bad,
-        rank=rank,
-    )
+    if bad is not None:
+        raise PreconditionError(
+            "PRE-LOGITS-PER-REQ",
+            "cu_num_logits",
+            f"request has {counts[bad]} logits rows; at least 1 is required",
+            request=bad,
+            rank=rank,
+        )
     bad = first_bad(counts > max_num_logits_per_req)
-    require(
-        bad is None,
-        "PRE-CAPACITY-LOGITS",
-        "cu_num_logits",
-        f"request has {counts[bad] if bad is not None else ''} logits rows, more than the "
-        f"sharder's capacity max_num_logits_per_req={max_num_logits_per_req}",
-        request=bad,
-        rank=rank,
-    )
-    return cu.astype(np.int64)
+    if bad is not None:
+        raise PreconditionError(
+            "PRE-CAPACITY-LOGITS",
+            "cu_num_logits",
+            f"request has {counts[bad]} logits rows, more than the "
+            f"sharder's capacity max_num_logits_per_req={max_num_logits_per_req}",
+            request=bad,
+            rank=rank,
+        )
+    return counts
 
 
 def _check_device_cu(batch: InputBatch, expected: np.ndarray, rank) -> None:
@@ -197,7 +195,7 @@ def _check_token_layout(batch: InputBatch, cu: np.ndarray, rank) -> None:
         request=int(owner_req[bad]) if bad is not None else None,
         rank=rank,
     )
-    slots = np.asarray(batch.idx_mapping_np, dtype=np.int64)
+    slots = np.asarray(batch.idx_mapping_np)
     for name, expected in (("expanded_idx_mapping", slots[owner_req]), ("expanded_local_pos", local_pos)):
         bad = first_bad(getattr(batch, name).detach().cpu().numpy() != expected)
         require(
@@ -215,8 +213,7 @@ def _counted(batch: InputBatch, profile: str) -> str:
     return "num_admitted_draft_tokens" if admitted else "num_draft_tokens_per_req"
 
 
-def _check_drafts(batch: InputBatch, cu: np.ndarray, rank, profile: str) -> None:
-    counts = np.diff(cu)
+def _check_drafts(batch: InputBatch, counts: np.ndarray, rank, profile: str) -> None:
     drafts = batch.num_draft_tokens_per_req
     if drafts is None:
         bad = first_bad(counts != 1)
@@ -238,7 +235,7 @@ def _check_drafts(batch: InputBatch, cu: np.ndarray, rank, profile: str) -> None
         return
     drafts = np.asarray(drafts)
     require(
-        drafts.dtype.kind in "iu",
+        np.issubdtype(drafts.dtype, np.integer),
         "PRE-DTYPES",
         "num_draft_tokens_per_req",
         f"dtype {drafts.dtype} is not an integer type",
@@ -251,7 +248,7 @@ def _check_drafts(batch: InputBatch, cu: np.ndarray, rank, profile: str) -> None
         f"shape {drafts.shape}, expected ({batch.num_reqs},)",
         rank=rank,
     )
-    bad = first_bad(counts != drafts.astype(np.int64) + 1)
+    bad = first_bad(counts - 1 != drafts)
     require(
         bad is None,
         "PRE-DRAFTS",
@@ -297,7 +294,7 @@ def check_grammar_output(
     if profile == VLLM_033:
         profile_rules.check_grammar_blocks(grammar, batch, rank)
         return
-    cu = np.asarray(batch.cu_num_logits_np, dtype=np.int64)
+    cu = np.asarray(batch.cu_num_logits_np)
     rows = sum(int(cu[position[r] + 1] - cu[position[r]]) for r in ids)
     bitmask = grammar.grammar_bitmask
     require(

@@ -33,10 +33,10 @@ def local_num_draft_tokens(batch: InputBatch, local_reqs: np.ndarray, profile: s
     if drafts is None:
         return 0
     if profile != VLLM_033:
-        return int(np.asarray(drafts, dtype=np.int64)[local_reqs].sum())
+        return int(np.asarray(drafts)[local_reqs].sum())
     if batch.num_admitted_draft_tokens is not None:
-        return int(np.asarray(batch.num_admitted_draft_tokens, dtype=np.int64)[local_reqs].sum())
-    return int(np.asarray(drafts, dtype=np.int64)[local_reqs].sum()) if batch.num_draft_tokens > 0 else 0
+        return int(np.asarray(batch.num_admitted_draft_tokens)[local_reqs].sum())
+    return int(np.asarray(drafts)[local_reqs].sum()) if batch.num_draft_tokens > 0 else 0
 
 
 def local_profile_fields(batch: InputBatch, local_reqs: np.ndarray, profile: str) -> dict:
@@ -60,29 +60,27 @@ def local_grammar_output(grammar: GrammarOutput | None, batch: InputBatch, local
     keep = [k for k, req_id in enumerate(ids) if position[req_id] in owned]
     if not keep:
         return None
-    device = grammar.grammar_bitmask.device
     if profile == VLLM_033:
         block = grammar.grammar_bitmask.shape[0] // len(ids)
         rows = [k * block + p for k in keep for p in range(block)]
         counts = grammar.num_acceptable_drafts
         return GrammarOutput(
             structured_output_request_ids=[ids[k] for k in keep],
-            grammar_bitmask=grammar.grammar_bitmask[torch.tensor(rows, dtype=torch.int64, device=device)],
+            grammar_bitmask=grammar.grammar_bitmask[rows],
             num_acceptable_drafts=None if counts is None else [counts[k] for k in keep],
         )
-    cu = np.asarray(batch.cu_num_logits_np, dtype=np.int64)
-    starts = np.concatenate([[0], np.cumsum([cu[position[r] + 1] - cu[position[r]] for r in ids])]).astype(np.int64)
+    cu = np.asarray(batch.cu_num_logits_np)
+    starts = np.concatenate([[0], np.cumsum([cu[position[r] + 1] - cu[position[r]] for r in ids])])
     rows = [r for k in keep for r in range(int(starts[k]), int(starts[k + 1]))]
     return GrammarOutput(
-        structured_output_request_ids=[ids[k] for k in keep],
-        grammar_bitmask=grammar.grammar_bitmask[torch.tensor(rows, dtype=torch.int64, device=device)],
+        structured_output_request_ids=[ids[k] for k in keep], grammar_bitmask=grammar.grammar_bitmask[rows]
     )
 
 
 def gathered_cu_num_generated(global_batch: InputBatch, adaptive: bool, profile: str) -> dict:
     """INV-CU-NUM-GENERATED: the host list (without adaptive verification, when L != N) and, in
     vllm-0.33, the device copy of cu_num_logits under adaptive verification."""
-    cu = np.asarray(global_batch.cu_num_logits_np, dtype=np.int64)
+    cu = np.asarray(global_batch.cu_num_logits_np)
     num_logits, num_reqs = int(cu[-1]), int(cu.shape[0] - 1)
     listed = [int(c) for c in cu] if num_logits != num_reqs else None
     if profile != VLLM_033:
@@ -110,7 +108,7 @@ def check_admitted_drafts(batch: InputBatch, rank=None) -> None:
     if batch.num_draft_tokens_per_req is None:
         _reject("PRE-DRAFTS", field, "is given without num_draft_tokens_per_req", rank)
     admitted = np.asarray(admitted)
-    if admitted.dtype.kind not in "iu" or admitted.shape != (batch.num_reqs,):
+    if not np.issubdtype(admitted.dtype, np.integer) or admitted.shape != (batch.num_reqs,):
         _reject(
             "PRE-DRAFTS",
             field,
@@ -118,7 +116,7 @@ def check_admitted_drafts(batch: InputBatch, rank=None) -> None:
             rank,
         )
     scheduled = np.asarray(batch.num_draft_tokens_per_req)
-    if scheduled.shape != admitted.shape or scheduled.dtype.kind not in "iu":
+    if scheduled.shape != admitted.shape or not np.issubdtype(scheduled.dtype, np.integer):
         return  # the scheduled counts are malformed: PRE-DRAFTS names them (preconditions._check_drafts)
     bad = np.flatnonzero((admitted < 0) | (admitted.astype(np.int64) > scheduled.astype(np.int64)))
     if bad.size:
@@ -134,8 +132,8 @@ def check_admitted_drafts(batch: InputBatch, rank=None) -> None:
 def expected_num_draft_tokens(batch: InputBatch) -> int:
     """PRE-DRAFTS (vllm-0.33): num_draft_tokens sums the admitted counts where given."""
     if batch.num_admitted_draft_tokens is not None:
-        return int(np.asarray(batch.num_admitted_draft_tokens, dtype=np.int64).sum())
-    return int(np.asarray(batch.num_draft_tokens_per_req, dtype=np.int64).sum())
+        return int(np.sum(batch.num_admitted_draft_tokens))
+    return int(np.sum(batch.num_draft_tokens_per_req))
 
 
 def check_seq_lens_upper_bound(batch: InputBatch, rank=None) -> None:
@@ -179,7 +177,7 @@ def check_grammar_blocks(grammar: GrammarOutput, batch: InputBatch, rank=None) -
         )
     block = bitmask.shape[0] // len(ids)
     position = {req_id: i for i, req_id in enumerate(batch.req_ids)}
-    scheduled = np.diff(np.asarray(batch.cu_num_logits_np, dtype=np.int64))
+    scheduled = np.diff(batch.cu_num_logits_np)
     for req_id in ids:
         if scheduled[position[req_id]] > block:
             _reject(

@@ -39,7 +39,7 @@ def apply_grammar_bitmask(
     if grammar is None or not grammar.structured_output_request_ids:
         return logits
     position = {req_id: i for i, req_id in enumerate(batch.req_ids)}
-    cu = np.asarray(batch.cu_num_logits_np, dtype=np.int64)
+    cu = np.asarray(batch.cu_num_logits_np)
     ids = grammar.structured_output_request_ids
     block = grammar.grammar_bitmask.shape[0] // len(ids)
     rows, mask_rows = [], []
@@ -48,15 +48,14 @@ def apply_grammar_bitmask(
         rows.extend(range(start, end))
         if profile == VLLM_033:
             mask_rows.extend(range(k * block, k * block + end - start))
-    vocab = logits.shape[-1]
+    vocab = logits.shape[1]
     words = grammar.grammar_bitmask.to(logits.device).to(torch.int64)
     if profile == VLLM_033:
-        words = words[torch.tensor(mask_rows, dtype=torch.int64, device=logits.device)]
+        words = words[mask_rows]
     tokens = torch.arange(vocab, device=logits.device)
     allowed = ((words[:, tokens // 32] >> (tokens % 32)) & 1).bool()
     masked = logits.clone()
-    row_index = torch.tensor(rows, dtype=torch.int64, device=logits.device)
-    masked[row_index] = masked[row_index].masked_fill(~allowed, float("-inf"))
+    masked[rows] = masked[rows].masked_fill(~allowed, -torch.inf)
     return masked
 
 
@@ -74,9 +73,9 @@ def toy_sample(
     if batch.num_reqs == 0:
         return None
     device = logits.device
-    num_nans = torch.isnan(logits).sum(dim=-1).to(torch.int32)
-    processed = apply_grammar_bitmask(logits.float().nan_to_num(nan=float("-inf")), batch, grammar, profile)
-    greedy = processed.argmax(dim=-1)
+    num_nans = torch.isnan(logits).sum(dim=1).to(torch.int32)
+    processed = apply_grammar_bitmask(logits.float().nan_to_num(nan=-torch.inf), batch, grammar, profile)
+    greedy = processed.argmax(dim=1)
     cu = np.asarray(batch.cu_num_logits_np, dtype=np.int64)
     counts = np.diff(cu)
     if batch.num_draft_tokens == 0:
@@ -96,10 +95,10 @@ def toy_sample(
 
 def _toy_rejection(greedy: np.ndarray, cu: np.ndarray, counts: np.ndarray, device):
     width = int(counts.max())
-    sampled = np.full((counts.shape[0], width), PLACEHOLDER_TOKEN_ID, dtype=np.int64)
+    sampled = np.full((counts.shape[0], width), PLACEHOLDER_TOKEN_ID)  # int64, inferred from the fill value
     num_sampled = np.zeros(counts.shape[0], dtype=np.int32)
-    for i, (start, count) in enumerate(zip(cu[:-1], counts, strict=False)):
-        accepted = 0
+    for i, count in enumerate(counts):
+        start, accepted = cu[i], 0
         while accepted < count - 1 and greedy[start + accepted] % 2 == 0:
             accepted += 1
         sampled[i, : accepted + 1] = greedy[start : start + accepted + 1]
@@ -110,15 +109,15 @@ def _toy_rejection(greedy: np.ndarray, cu: np.ndarray, counts: np.ndarray, devic
 def _toy_logprobs(processed: torch.Tensor, greedy: torch.Tensor, num_logprobs: int) -> LogprobsTensors:
     # float64 then rounded: float32 log_softmax differs by an ulp between CPU
     # builds (vector widths, torch versions), which would make goldens drift.
-    logprobs = torch.log_softmax(processed.double(), dim=-1).float()
+    logprobs = torch.log_softmax(processed.double(), dim=1).float()
     # A stable sort breaks ties by token id, so the result does not depend on
     # which other rows share the batch.
-    order = torch.sort(logprobs, dim=-1, descending=True, stable=True).indices[:, :num_logprobs]
+    order = torch.sort(logprobs, descending=True, stable=True).indices[:, :num_logprobs]
     sampled_logprob = logprobs.gather(1, greedy.unsqueeze(1))
     ids = torch.cat([greedy.unsqueeze(1), order], dim=1)
     values = torch.cat([sampled_logprob, logprobs.gather(1, order)], dim=1)
-    ranks = (logprobs > sampled_logprob).sum(dim=-1)
-    return LogprobsTensors(ids.to(torch.int64), values.float(), ranks.to(torch.int64), None)
+    ranks = (logprobs > sampled_logprob).sum(dim=1)
+    return LogprobsTensors(ids, values, ranks)  # int64 indices and counts, float32 values
 
 
 def replicated_output(
@@ -138,13 +137,13 @@ def replicated_output(
     rows where admitted draft counts are given (CL-ADMITTED-DRAFTS).
     """
     num_logprobs = None if logprobs_dims is None else logprobs_dims[0]
-    scheduled_cu = np.asarray(batch.cu_num_logits_np, dtype=np.int64)
+    scheduled_cu = np.asarray(batch.cu_num_logits_np)
     if profile == VLLM_033 and batch.num_admitted_draft_tokens is not None:
-        batch = replace(batch, cu_num_logits_np=admitted_cu_num_logits(batch).astype(np.int32))
+        batch = replace(batch, cu_num_logits_np=admitted_cu_num_logits(batch))
     out = toy_sample(logits, batch, grammar, num_logprobs, profile)
     if out is None:
         return None
-    cu = np.asarray(batch.cu_num_logits_np, dtype=np.int64)
+    cu = np.asarray(batch.cu_num_logits_np)
     owner = torch.from_numpy(np.repeat(np.arange(batch.num_reqs), np.diff(cu))).to(logits.device)
     nans = None
     if gather_num_nans:
@@ -155,7 +154,7 @@ def replicated_output(
         lp = out.logprobs_tensors
         cols = num_logprob_columns(logprobs_dims)
         ids = torch.zeros(lp.logprobs.shape[0], cols, dtype=torch.int64, device=logits.device)
-        values = torch.full((lp.logprobs.shape[0], cols), float("-inf"), device=logits.device)
+        values = torch.full((lp.logprobs.shape[0], cols), -torch.inf, device=logits.device)
         copied = min(cols, lp.logprobs.shape[1])
         ids[:, :copied], values[:, :copied] = lp.logprob_token_ids[:, :copied], lp.logprobs[:, :copied]
         listed = [int(c) for c in scheduled_cu] if int(scheduled_cu[-1]) != batch.num_reqs else None

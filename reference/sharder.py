@@ -163,7 +163,7 @@ class ReferenceSharder:
         if self.check_preconditions:
             output_preconditions.check_logits_shard(logits_shard, metadata, rank=self.rank)
         tp, num_local = metadata.tp_size, metadata.num_local_logits
-        shard_width = logits_shard.shape[-1]
+        shard_width = logits_shard.shape[1]
         received = logits_shard.new_empty(tp * num_local, shard_width)
         self.comm.all_to_all_single(received, logits_shard.contiguous(), [num_local] * tp, metadata.num_logits_per_rank)
         # Chunk r came from rank r, which holds vocab columns [r*Vs, (r+1)*Vs).
@@ -240,7 +240,8 @@ class ReferenceSharder:
         width = metadata.max_num_logits_per_req
         num_cols = num_logprob_columns(logprobs_dims)
         num_send_rows = metadata.max_num_reqs_per_rank * width
-        send_ids = torch.full((num_send_rows, num_cols + 1), PAD_TOKEN_ID, dtype=torch.int64, device=self.device)
+        # int64, inferred from the fill value
+        send_ids = torch.full((num_send_rows, num_cols + 1), PAD_TOKEN_ID, device=self.device)
         send_ids[:, num_cols] = PAD_SELECTED_RANK
         send_logprobs = torch.full((num_send_rows, num_cols), PAD_LOGPROB, dtype=torch.float32, device=self.device)
         lp = None if local_output is None else local_output.logprobs_tensors
@@ -256,7 +257,8 @@ class ReferenceSharder:
         src_rows = _gathered_row_sources(cu, metadata, self.device)
         # Ls rows: the admitted rows first, the rest (only with admitted counts) padding (INV-LOGPROBS-SHAPES).
         num_rows = profile_rules.num_gathered_logprob_rows(global_batch)
-        ids = torch.full((num_rows, num_cols + 1), PAD_TOKEN_ID, dtype=torch.int64, device=self.device)
+        # int64, inferred from the fill value
+        ids = torch.full((num_rows, num_cols + 1), PAD_TOKEN_ID, device=self.device)
         ids[:, num_cols] = PAD_SELECTED_RANK
         values = torch.full((num_rows, num_cols), PAD_LOGPROB, dtype=torch.float32, device=self.device)
         ids[: src_rows.shape[0]] = gathered_ids[src_rows]
@@ -298,7 +300,7 @@ class ReferenceSharder:
 
 def _local_wire_rows(local_cu_num_logits, width: int, device) -> torch.Tensor:
     """[L_local] wire row of each local logits row: local request j's p-th row goes to j * W + p."""
-    cu = np.asarray(local_cu_num_logits, dtype=np.int64)
+    cu = np.asarray(local_cu_num_logits)
     owner = _row_owner(cu, device)
     pos = torch.arange(int(cu[-1]), device=device) - torch.from_numpy(cu).to(device)[owner]
     return owner * width + pos
@@ -313,5 +315,5 @@ def _gathered_row_sources(cu: np.ndarray, metadata: BatchShardMetadata, device) 
 
 def _row_owner(cu_num_logits, device) -> torch.Tensor:
     """[L] index of the request each logits row belongs to."""
-    counts = np.diff(np.asarray(cu_num_logits, dtype=np.int64))
+    counts = np.diff(cu_num_logits)
     return torch.from_numpy(np.repeat(np.arange(counts.shape[0]), counts)).to(device)
