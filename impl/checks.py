@@ -115,7 +115,7 @@ def check_guards(
 
 def check_slot_range(slots: np.ndarray, max_num_reqs: int, rank) -> None:
     """PRE-DTYPES of the host slots, then PRE-SLOT-RANGE: one reduction, no allocation by slot value."""
-    if slots.dtype.kind not in "iu":
+    if slots.dtype.kind not in ("i", "u"):
         _fail("PRE-DTYPES", "idx_mapping_np", f"dtype {slots.dtype} is not an integer type", rank=rank)
     if slots.shape[0]:
         # Read as unsigned, a negative slot is larger than any capacity: one maximum finds both kinds.
@@ -184,7 +184,7 @@ def check_input_batch(
     _check_device_shape("PRE-HOST-DEVICE-MATCH", "cu_num_logits", batch.cu_num_logits, cu.shape, rank)
     if device_cu is not None:
         host_name = "cu_num_logits_np" if admitted is None else "the admitted rows' prefix sums"
-        _check_match("cu_num_logits", device_cu, cu, rank, per_request=False, host_name=host_name)
+        _check_match("cu_num_logits", device_cu, cu, rank, host_name=host_name)
     _check_shapes(batch, num_logits, rank)
     _check_drafts(batch, scheduled, scheduled_width, rank, admitted)
     return cu, counts, width
@@ -234,11 +234,11 @@ def _check_device_shape(pid: str, name: str, tensor: torch.Tensor, shape: tuple,
 
 
 def _check_match(
-    name: str, device: np.ndarray, host: np.ndarray, rank, *, per_request: bool, host_name: str | None = None
+    name: str, device: np.ndarray, host: np.ndarray, rank, *, per_request: bool = False, host_name: str | None = None
 ) -> None:
     """PRE-HOST-DEVICE-MATCH on values (shapes are equal); names the request for idx_mapping."""
     differs = np.not_equal(device, host)
-    if np.logical_or.reduce(differs, axis=None):
+    if np.logical_or.reduce(differs):
         bad = _first(differs)
         _fail(
             "PRE-HOST-DEVICE-MATCH",
@@ -292,7 +292,7 @@ def _check_drafts(batch: InputBatch, counts: np.ndarray, width: int, rank, admit
             )
         return
     drafts = np.asarray(drafts)
-    if drafts.dtype.kind not in "iu":
+    if drafts.dtype.kind not in ("i", "u"):
         _fail("PRE-DTYPES", "num_draft_tokens_per_req", f"dtype {drafts.dtype} is not an integer type", rank=rank)
     if drafts.shape != (batch.num_reqs,):
         _fail(
@@ -310,7 +310,7 @@ def _check_drafts(batch: InputBatch, counts: np.ndarray, width: int, rank, admit
     if admitted is None:
         total, name = int(np.add.reduce(drafts)), "num_draft_tokens_per_req"
     else:
-        total, name = int(np.add.reduce(np.asarray(admitted), dtype=np.int64)), "num_admitted_draft_tokens"
+        total, name = int(np.add.reduce(np.asarray(admitted))), "num_admitted_draft_tokens"
     if batch.num_draft_tokens != total:
         _fail("PRE-DRAFTS", "num_draft_tokens", f"is {batch.num_draft_tokens}, but {name} sums to {total}", rank=rank)
 
@@ -354,7 +354,7 @@ def check_grammar_output(
     if profile == VLLM_033:
         profile_checks.check_grammar_blocks(grammar, batch, position, rank)
         return
-    rows = int(counts[[position[r] for r in ids]].sum()) if ids else 0
+    rows = int(counts[[position[r] for r in ids]].sum())  # no ids: an empty pick, which sums to 0
     bitmask = grammar.grammar_bitmask
     if bitmask.dim() != 2 or bitmask.shape[0] != rows:
         _fail(

@@ -21,7 +21,7 @@ def local_grammar_output(
     ids = grammar.structured_output_request_ids
     if not ids:
         return None
-    listed = np.fromiter((position[r] for r in ids), dtype=np.int64, count=len(ids))
+    listed = np.fromiter((position[r] for r in ids), dtype=np.int64)
     kept = owned[listed]
     if not kept.any():
         return None
@@ -43,7 +43,7 @@ def _local_blocks(grammar: GrammarOutput, kept: np.ndarray) -> GrammarOutput:
     """The listed requests ``kept`` (indices into the grammar's list), their blocks and counts."""
     ids, bitmask, counts = grammar.structured_output_request_ids, grammar.grammar_bitmask, grammar.num_acceptable_drafts
     block = bitmask.shape[0] // len(ids)
-    rows = (kept[:, None] * block + np.arange(block)).reshape(-1)
+    rows = (kept[:, None] * block + np.arange(block)).ravel()
     kept_list = kept.tolist()
     return GrammarOutput(
         structured_output_request_ids=[ids[k] for k in kept_list],

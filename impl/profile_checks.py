@@ -30,7 +30,7 @@ def check_admitted_drafts(batch: InputBatch, rank) -> None:
         _fail("PRE-DRAFTS", field, "is given without num_draft_tokens_per_req", rank=rank)
     admitted, drafts = np.asarray(admitted), np.asarray(drafts)
     num_reqs = batch.num_reqs
-    if admitted.dtype.kind not in "iu" or admitted.shape != (num_reqs,):
+    if admitted.dtype.kind not in ("i", "u") or admitted.shape != (num_reqs,):
         _fail(
             "PRE-DRAFTS",
             field,
@@ -39,9 +39,9 @@ def check_admitted_drafts(batch: InputBatch, rank) -> None:
         )
     if drafts.shape != (num_reqs,):
         _fail("PRE-DRAFTS", "num_draft_tokens_per_req", f"shape {drafts.shape}, expected ({num_reqs},)", rank=rank)
-    wide = admitted.astype(np.int64, copy=False)
-    outside = (wide < 0) | (wide > drafts.astype(np.int64, copy=False))
-    if np.logical_or.reduce(outside, axis=None):
+    wide = admitted.astype(np.int64)
+    outside = (wide < 0) | (wide > drafts.astype(np.int64))
+    if np.logical_or.reduce(outside):
         bad = int(np.flatnonzero(outside)[0])
         _fail(
             "PRE-DRAFTS",
@@ -93,7 +93,7 @@ def check_grammar_blocks(grammar: GrammarOutput, batch: InputBatch, position: di
             rank=rank,
         )
     cu = batch.cu_num_logits_np
-    listed = np.fromiter((position[r] for r in ids), dtype=np.int64, count=len(ids))
+    listed = np.fromiter((position[r] for r in ids), dtype=np.int64)
     scheduled = cu[listed + 1].astype(np.int64) - cu[listed]
     if np.maximum.reduce(scheduled) > block:
         k = int(np.flatnonzero(scheduled > block)[0])

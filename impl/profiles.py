@@ -23,8 +23,8 @@ _NUMPY_INTS = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)
 def admitted_rows(batch: InputBatch, scheduled: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(prefix sums [N + 1], rows per request [N]) of the admitted rows, int64: the scheduled rows
     ``scheduled`` less the drafts not admitted (CL-ADMITTED-DRAFTS). The device fields lay these out."""
-    drafts = np.asarray(batch.num_draft_tokens_per_req).astype(np.int64, copy=False)
-    counts = scheduled - drafts + np.asarray(batch.num_admitted_draft_tokens).astype(np.int64, copy=False)
+    drafts = np.asarray(batch.num_draft_tokens_per_req).astype(np.int64)
+    counts = scheduled - drafts + np.asarray(batch.num_admitted_draft_tokens).astype(np.int64)
     cu = np.zeros(counts.shape[0] + 1, dtype=np.int64)
     np.cumsum(counts, out=cu[1:])
     return cu, counts
@@ -56,7 +56,7 @@ def local_033_fields(batch: InputBatch, local_reqs: np.ndarray, local_drafts: np
     if local_drafts is None:
         num_drafts = 0
     elif admitted is not None:
-        num_drafts = int(np.add.reduce(np.asarray(admitted)[local_reqs].astype(np.int64, copy=False)))
+        num_drafts = int(np.add.reduce(np.asarray(admitted)[local_reqs]))
     else:
         num_drafts = int(np.add.reduce(local_drafts)) if batch.num_draft_tokens > 0 else 0
     bound = batch.seq_lens_cpu_upper_bound

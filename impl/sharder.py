@@ -97,7 +97,8 @@ def _reorder(received: torch.Tensor, num_local: int, tp: int, width: int) -> tor
 
 
 def _block(per_request_elements: int, cap: int) -> int:
-    """Requests per program so that one program's tile holds about _TILE_ELEMENTS values."""
+    """Requests per program so that one program's tile holds about _TILE_ELEMENTS values, at most the
+    capacity ``cap`` rounded up to a power of two (1 for an empty capacity)."""
     fitting = max(1, _TILE_ELEMENTS // max(1, per_request_elements))
     return min(next_power_of_2(cap), 1 << (fitting.bit_length() - 1))
 
@@ -364,7 +365,7 @@ class ProductionSharder(WireLaunches):
 
     def _block_of(self, per_request_elements: int) -> int:
         """Requests per program of a launch over the batch (at most the capacity's)."""
-        return _block(per_request_elements, max(1, self.max_num_reqs))
+        return _block(per_request_elements, self.max_num_reqs)
 
 
 def _indexed(device: torch.device) -> torch.device:
