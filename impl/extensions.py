@@ -127,7 +127,7 @@ def _carried(local_output: SamplerOutput | None) -> dict:
 
 def _owner_and_pos(cu_np: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """[L] request of each logits row and the row's position in it."""
-    cu = np.asarray(cu_np, dtype=np.int64)
+    cu = np.asarray(cu_np)  # int32 or int64: the positions come out int64 either way (arange is int64)
     owner = np.repeat(np.arange(cu.shape[0] - 1), np.diff(cu))
     return owner, np.arange(int(cu[-1])) - cu[owner]
 

@@ -21,12 +21,15 @@ from shardspec.spec.model import LogprobsTensors, SamplerOutput
 
 _launch_pack = Launcher(pack_kernel)
 _launch_unpack = Launcher(unpack_kernel)
+# The first item of this class's keys in the sharder's cache (``_views``), which the sharder's own
+# entries share: it keeps the three kinds of entry apart.
+_WIRE, _PACK, _UNPACK = "wire", "pack", "unpack"
 
 
 class WireLaunches:
     def _wire_views(self, per_rank: int, width: int, sampled_cols: int, num_cols: int | None):
         """(send, receive, logprob buffers or None) of the all-gathers, shaped for this step; cached."""
-        key = ("wire", per_rank, width, sampled_cols, num_cols)
+        key = (_WIRE, per_rank, width, sampled_cols, num_cols)
         views = self._views.get(key)
         if views is None:
             tp = self.tp_size
@@ -124,7 +127,7 @@ class WireLaunches:
 
     def _pack_config(self, has_output, gather_num_nans, has_logprobs, local_logprobs, width, num_cols):
         """(requests per program, constexprs, launch key prefix) of pack_kernel; cached per configuration."""
-        key = ("pack", has_output, gather_num_nans, has_logprobs, local_logprobs, width, num_cols)
+        key = (_PACK, has_output, gather_num_nans, has_logprobs, local_logprobs, width, num_cols)
         config = self._views.get(key)
         if config is None:
             cols_pad = next_power_of_2(num_cols + 1)
@@ -144,7 +147,7 @@ class WireLaunches:
 
     def _unpack_config(self, gather_num_nans, has_logprobs, num_cols):
         """(requests per program, constexprs, launch key prefix) of unpack_kernel; cached per configuration."""
-        key = ("unpack", gather_num_nans, has_logprobs, num_cols)
+        key = (_UNPACK, gather_num_nans, has_logprobs, num_cols)
         config = self._views.get(key)
         if config is None:
             cols_pad = next_power_of_2(num_cols + 1)

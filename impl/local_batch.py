@@ -30,7 +30,7 @@ def local_input_batch(
         local_cu_np = np.zeros(num_local + 1, dtype=np.int32)
         np.cumsum(counts[local_reqs], out=local_cu_np[1:])
     drafts = batch.num_draft_tokens_per_req
-    local_drafts = None if drafts is None else np.asarray(drafts)[local_reqs].astype(np.int32, copy=False)
+    local_drafts = None if drafts is None else np.asarray(drafts)[local_reqs].astype(np.int32)
     if vllm_033:
         num_drafts, bound, admitted = profiles.local_033_fields(batch, local_reqs, local_drafts)
     else:

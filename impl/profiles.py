@@ -33,7 +33,7 @@ def admitted_rows(batch: InputBatch, scheduled: np.ndarray) -> tuple[np.ndarray,
 def admitted_cu(batch: InputBatch) -> np.ndarray:
     """[N + 1] int64 host prefix sums of the rows as a batch with admitted counts lays out its device
     fields (CL-ADMITTED-DRAFTS)."""
-    return admitted_rows(batch, np.diff(np.asarray(batch.cu_num_logits_np, dtype=np.int64)))[0]
+    return admitted_rows(batch, np.diff(batch.cu_num_logits_np))[0]  # int64: admitted_rows widens the counts
 
 
 def local_dtypes(batch: InputBatch) -> tuple[torch.dtype, ...]:

@@ -12,6 +12,7 @@ from shardspec.comm import LoopbackComm
 from shardspec.impl import ProductionSharder, checks
 from shardspec.impl import sharder as sharder_module
 from shardspec.impl.grammar import _local_blocks
+from shardspec.impl.local_batch import convert_views, local_regions
 from shardspec.impl.workspace import LOCAL_FIELDS, local_region, logprobs_layout, plan_layout
 from shardspec.spec.builders import build_input_batch
 from shardspec.spec.errors import PreconditionError
@@ -145,3 +146,16 @@ def test_the_cache_of_step_views_never_holds_more_than_its_bound():
     assert len(sharder._views) == bound
     assert sharder._remember(("shape", bound), bound) == bound
     assert sharder._views == {("shape", bound): bound}
+
+
+@pytest.mark.parametrize("count", [len(LOCAL_FIELDS) - 1, len(LOCAL_FIELDS) + 1])
+def test_local_dtypes_of_the_wrong_length_are_refused_not_paired_off(count):
+    # One dtype per local field, in LOCAL_FIELDS' order: a tuple one short (or long) would pair
+    # every field after the gap with its neighbour's dtype, so it is an error, not a truncation.
+    dtypes = (I32,) * count
+    workspace = {local_region(name, I32): torch.zeros(2, dtype=I32) for name in LOCAL_FIELDS}
+    views = {f"local_{name}": torch.zeros(2, dtype=I32) for name in LOCAL_FIELDS}
+    with pytest.raises(ValueError, match="zip"):
+        local_regions(workspace, dtypes)
+    with pytest.raises(ValueError, match="zip"):
+        convert_views(views, dtypes)
