@@ -4,10 +4,12 @@ An implementation is a *factory*::
 
     make_sharder(max_num_reqs, max_num_logits_per_req, *, comm, device) -> sharder
 
-Under profile vllm-0.33 the suite also passes ``adaptive_verification_enabled`` (vLLM 0.33's
-construction argument), and ``profile`` (the run's profile name) to a factory that takes it, as the
-bundled ones do, since they implement every profile. A factory that declares ``SPEC_PROFILES`` (a
-tuple of names) is refused, before anything runs, for a profile it does not list.
+Under a profile with adaptive verification (vllm-0.33) the suite also passes
+``adaptive_verification_enabled`` (vLLM 0.33's construction argument), and ``profile`` (the run's
+profile name) to a factory that takes it, as the bundled ones do, since they follow the rules of any
+profile. A factory that declares ``SPEC_PROFILES`` (a tuple of names) is refused, before anything runs,
+for a profile it does not list; one that declares ``SPEC_RULES`` (rule name -> the values it
+implements, spec/rules.py), for a profile whose rules take another value.
 
 returning an object with the three methods of
 :class:`shardspec.reference.ReferenceSharder` (same signatures):
@@ -39,7 +41,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from shardspec.conformance.options import option
-from shardspec.spec.profiles import VLLM_033
+from shardspec.spec.profiles import rules_of
 
 IMPL_ENV = option("impl").env  # declared once, in the options' table
 BUILTIN = {
@@ -97,7 +99,7 @@ def load_implementation(name: str) -> Implementation:
 def construction_kwargs(factory: SharderFactory, profile: str, adaptive_verification: bool) -> dict[str, Any]:
     """The keyword arguments a profile adds to the factory's call, those it accepts."""
     wanted: dict[str, Any] = {"profile": profile}
-    if profile == VLLM_033:
+    if rules_of(profile).adaptive:
         wanted["adaptive_verification_enabled"] = adaptive_verification
     return {name: value for name, value in wanted.items() if _accepts(factory, name)}
 
@@ -113,11 +115,19 @@ def _accepts(factory: SharderFactory, name: str) -> bool:
 
 
 def profile_refusal(impl: Implementation, profile: str) -> str | None:
-    """Why ``impl`` cannot run under ``profile`` (it declares SPEC_PROFILES without it), or None."""
+    """Why ``impl`` cannot run under ``profile`` (it declares SPEC_PROFILES without it, or SPEC_RULES
+    without the value one of the profile's rules has), or None."""
     declared = getattr(impl.factory, "SPEC_PROFILES", None)
-    if declared is None or profile in tuple(declared):
-        return None
-    return f"--impl {impl.name!r} implements profiles {', '.join(declared)}, not {profile} (--profile)"
+    if declared is not None and profile not in tuple(declared):
+        return f"--impl {impl.name!r} implements profiles {', '.join(declared)}, not {profile} (--profile)"
+    rules = rules_of(profile)
+    for rule, values in (getattr(impl.factory, "SPEC_RULES", None) or {}).items():
+        if getattr(rules, rule) not in tuple(values):
+            return (
+                f"--impl {impl.name!r} implements rule {rule}: {', '.join(values)}, not profile {profile}'s "
+                f"{getattr(rules, rule)} (--profile)"
+            )
+    return None
 
 
 def implementation_names(cli_value: str | None, impl_odd: str | None = None) -> list[str]:

@@ -9,11 +9,12 @@ implementations, the xfails file's format) loads when an option that names one i
 from __future__ import annotations
 
 import math
+import os
 import pathlib
 import tempfile
 
 from shardspec.conformance.usage import MAX_EXAMPLES, MAX_TP, UsageError
-from shardspec.spec.profiles import PROFILES
+from shardspec.spec.profiles import PROFILES, ProfileError, load_profile_file, profile_names
 
 
 def integer(text: str, where: str, minimum: int, maximum: int | None = None) -> int:
@@ -89,9 +90,19 @@ def xfails(path: str, where: str) -> str:
 
 def profile(text: str, where: str) -> str:
     name = str(text).strip()
-    if name not in PROFILES:
+    if name not in profile_names():
         raise UsageError(f"{where}: unknown profile {name!r}; this spec defines {', '.join(PROFILES)}")
     return name
+
+
+def profile_file(text: str, where: str) -> str:
+    """A profile file's name, the file read and registered for this process (and, through
+    ``profile_environ``, for the rank processes it starts)."""
+    try:
+        loaded = load_profile_file(os.path.abspath(str(text).strip()))
+    except ProfileError as exc:
+        raise UsageError(f"{where}: {exc}") from None
+    return loaded.name
 
 
 def impl(text: str, where: str) -> list[str]:

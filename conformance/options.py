@@ -27,7 +27,7 @@ from shardspec.conformance.usage import (
     MAX_TP_GROUPS,
     UsageError,
 )
-from shardspec.spec.profiles import DEFAULT_PROFILE, PROFILES
+from shardspec.spec.profiles import DEFAULT_PROFILE, PROFILE_FILE_ENV, PROFILES
 
 if TYPE_CHECKING:
     from shardspec.conformance.runner import CaseSet, RunConfig
@@ -84,11 +84,22 @@ OPTIONS: tuple[Option, ...] = (
         metavar="LIST",
     ),
     Option(
+        "profile_file",
+        "--profile-file",
+        "a profile of your own: a YAML file that extends a bundled profile and sets the rules it changes "
+        "(spec/profiles/*.yaml, spec/rules.py); the run is judged under it unless --profile names another",
+        parse=read.profile_file,
+        env=PROFILE_FILE_ENV,
+        metavar="FILE",
+    ),
+    Option(
         "profile",
         "--profile",
-        f"the spec profile every case is judged under: {' or '.join(PROFILES)}; see spec/SPEC.md, Profiles",
+        f"the spec profile every case is judged under: {' or '.join(PROFILES)}, or the name of --profile-file's; "
+        "see spec/SPEC.md, Profiles",
         parse=read.profile,
-        default=DEFAULT_PROFILE,
+        default=lambda values: values["profile_file"] or DEFAULT_PROFILE,
+        default_text=f"{DEFAULT_PROFILE}; with --profile-file, its profile",
         env="SHARDSPEC_PROFILE",
         metavar="NAME",
     ),

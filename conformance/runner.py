@@ -168,7 +168,7 @@ def _under_profile(case: Case, profile: str, path: str) -> Case:
     from shardspec.conformance.usage import UsageError
     from shardspec.fixtures.catalogue import case_profiles, with_profile
 
-    if profile not in case_profiles(case):
+    if profile not in case_profiles(case, (profile,)):
         raise UsageError(
             f"--case-file {path}: the case holds for profile(s) {', '.join(case_profiles(case))}, not {profile} "
             "(--profile)"

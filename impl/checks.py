@@ -12,8 +12,8 @@ so unchecked device values can make a result wrong but never an access out of
 bounds.
 PRE-REQ-IDS-UNIQUE is checked where the ids are indexed anyway (with a grammar
 output). The order of the checks follows the reference's, so a batch that
-breaks several preconditions names the same one. ``profile`` picks the profile's
-rules (``profile_checks.py`` holds those vllm-0.33 adds).
+breaks several preconditions names the same one. ``profile`` (a name or its rules)
+picks the profile's rules (``profile_checks.py`` holds the checks its rules add).
 
 :func:`check_guards` is the part kept with the checks switched off: capacity,
 slot range (INV-REJECT-INVALID) and the shapes of what the kernels read.
@@ -27,7 +27,8 @@ import torch
 from shardspec.impl import profile_checks
 from shardspec.impl.profiles import admitted_rows
 from shardspec.spec.errors import PreconditionError
-from shardspec.spec.model import DEFAULT_PROFILE, VLLM_033, GrammarOutput, InputBatch
+from shardspec.spec.model import DEFAULT_PROFILE, GrammarOutput, InputBatch
+from shardspec.spec.profiles import rules_of
 
 _INT_DTYPES = (torch.int32, torch.int64)
 
@@ -101,7 +102,7 @@ def check_guards(
     cu, counts = cu_counts(batch, rank)
     width = int(np.maximum.reduce(counts)) if batch.num_reqs else 1
     check_capacity_logits(width, counts, max_num_logits_per_req, rank)
-    if profile == VLLM_033 and batch.num_admitted_draft_tokens is not None:
+    if rules_of(profile).admits_drafts and batch.num_admitted_draft_tokens is not None:
         profile_checks.check_admitted_drafts(batch, rank)
         cu, counts = admitted_rows(batch, counts)
         width = int(np.maximum.reduce(counts)) if batch.num_reqs else 1
@@ -171,14 +172,16 @@ def check_input_batch(
     width = largest_count(counts, num_logits)
     check_capacity_logits(width, counts, max_num_logits_per_req, rank)
     scheduled, scheduled_width, admitted = counts, width, None
-    if profile == VLLM_033:
+    rules = rules_of(profile)
+    if rules.admits_drafts:
         profile_checks.check_admitted_drafts(batch, rank)
-        profile_checks.check_seq_lens_upper_bound(batch, rank)
         admitted = batch.num_admitted_draft_tokens
-        if admitted is not None:
-            cu, counts = admitted_rows(batch, scheduled)
-            num_logits = int(cu[-1])
-            width = largest_count(counts, num_logits)
+    if rules.has_upper_bound:
+        profile_checks.check_seq_lens_upper_bound(batch, rank)
+    if admitted is not None:
+        cu, counts = admitted_rows(batch, scheduled)
+        num_logits = int(cu[-1])
+        width = largest_count(counts, num_logits)
     if batch.cu_num_logits.dtype not in _INT_DTYPES:
         _fail("PRE-DTYPES", "cu_num_logits", f"dtype {batch.cu_num_logits.dtype} is not int32/int64", rank=rank)
     _check_device_shape("PRE-HOST-DEVICE-MATCH", "cu_num_logits", batch.cu_num_logits, cu.shape, rank)
@@ -351,7 +354,7 @@ def check_grammar_output(
             request=position[ids[dup]],
             rank=rank,
         )
-    if profile == VLLM_033:
+    if rules_of(profile).grammar_blocks:
         profile_checks.check_grammar_blocks(grammar, batch, position, rank)
         return
     rows = int(counts[[position[r] for r in ids]].sum())  # no ids: an empty pick, which sums to 0

@@ -9,14 +9,20 @@ from shardspec.spec.model import GrammarOutput
 
 
 def local_grammar_output(
-    grammar: GrammarOutput, position: dict, owned: np.ndarray, cu: np.ndarray, blocks: bool = False
+    grammar: GrammarOutput,
+    position: dict,
+    owned: np.ndarray,
+    cu: np.ndarray,
+    blocks: bool = False,
+    acceptable: bool = True,
 ) -> GrammarOutput | None:
     """The owned requests' ids (grammar order) and a copy of their bitmask rows; None if none is owned.
 
     ``position`` maps a request id to its batch position, ``owned`` is a boolean per batch
-    position and ``cu`` the batch's host prefix sum of logits rows (vllm-seed: one bitmask row per
-    logits row). ``blocks`` (vllm-0.33, CL-GRAMMAR-BLOCKS): a block of S = rows / G rows per listed
-    request instead, kept whole, with the owned entries of num_acceptable_drafts.
+    position and ``cu`` the batch's host prefix sum of logits rows (grammar_slicing rows: one bitmask row
+    per logits row). ``blocks`` (grammar_slicing blocks, CL-GRAMMAR-BLOCKS): a block of S = rows / G rows
+    per listed request instead, kept whole, with the owned entries of num_acceptable_drafts where
+    ``acceptable`` (acceptable_drafts sliced).
     """
     ids = grammar.structured_output_request_ids
     if not ids:
@@ -26,7 +32,7 @@ def local_grammar_output(
     if not kept.any():
         return None
     if blocks:
-        return _local_blocks(grammar, np.flatnonzero(kept))
+        return _local_blocks(grammar, np.flatnonzero(kept), acceptable)
     counts = cu[listed + 1] - cu[listed]
     starts = np.cumsum(counts) - counts  # first bitmask row of each listed request
     kept_counts = counts[kept]
@@ -39,9 +45,10 @@ def local_grammar_output(
     )
 
 
-def _local_blocks(grammar: GrammarOutput, kept: np.ndarray) -> GrammarOutput:
+def _local_blocks(grammar: GrammarOutput, kept: np.ndarray, acceptable: bool = True) -> GrammarOutput:
     """The listed requests ``kept`` (indices into the grammar's list), their blocks and counts."""
-    ids, bitmask, counts = grammar.structured_output_request_ids, grammar.grammar_bitmask, grammar.num_acceptable_drafts
+    ids, bitmask = grammar.structured_output_request_ids, grammar.grammar_bitmask
+    counts = grammar.num_acceptable_drafts if acceptable else None
     block = bitmask.shape[0] // len(ids)
     rows = (kept[:, None] * block + np.arange(block)).ravel()
     kept_list = kept.tolist()

@@ -11,6 +11,7 @@ import torch
 from shardspec.impl import profiles
 from shardspec.impl.workspace import LOCAL_FIELDS, REGION_DTYPES, local_region
 from shardspec.spec.model import InputBatch
+from shardspec.spec.rules import Rules
 
 _BATCH_FIELDS = tuple(f.name for f in fields(InputBatch))
 # vllm-seed's local dtypes (CL-LOCAL-DTYPES), in LOCAL_FIELDS order.
@@ -18,11 +19,13 @@ SEED_DTYPES = (torch.int32,) * len(LOCAL_FIELDS)
 
 
 def local_input_batch(
-    batch, slots, counts, local_reqs, width: int, views: dict, prefix: str = "local_", vllm_033: bool = False
+    batch, slots, counts, local_reqs, width: int, views: dict, prefix: str = "local_", rules: Rules | None = None
 ):
     """The rank's local batch: its requests' host fields picked from ``batch``, its device fields the plan
     kernel's outputs in ``views`` (keyed ``prefix + field``). ``counts`` are the rows per request as the
-    device fields lay them out (the admitted ones where vllm-0.33's admitted counts are given)."""
+    device fields lay them out (the admitted ones where admitted counts are given and the profile's rules
+    admit them). ``rules``: the profile's (None: the root profile's, which localizes neither the bound nor
+    the admitted counts)."""
     num_local = local_reqs.shape[0]
     if width == 1:
         local_cu_np = np.arange(num_local + 1, dtype=np.int32)
@@ -31,11 +34,11 @@ def local_input_batch(
         np.cumsum(counts[local_reqs], out=local_cu_np[1:])
     drafts = batch.num_draft_tokens_per_req
     local_drafts = None if drafts is None else np.asarray(drafts)[local_reqs].astype(np.int32)
-    if vllm_033:
-        num_drafts, bound, admitted = profiles.local_033_fields(batch, local_reqs, local_drafts)
+    if rules is not None and (rules.admits_drafts or rules.has_upper_bound):
+        num_drafts, bound, admitted = profiles.local_profile_fields(batch, local_reqs, local_drafts, rules)
     else:
-        # vllm-seed (CL-LOCAL-DRAFT-COUNT); the two fields it does not list stay the batch's
-        # (INV-LOCAL-UNLISTED-FIELDS).
+        # CL-LOCAL-DRAFT-COUNT without admitted counts; the two fields the profile does not list stay the
+        # batch's (INV-LOCAL-UNLISTED-FIELDS).
         num_drafts = 0 if local_drafts is None else int(np.add.reduce(local_drafts))
         bound, admitted = batch.seq_lens_cpu_upper_bound, batch.num_admitted_draft_tokens
     local_batch = InputBatch(

@@ -1,13 +1,14 @@
-"""Where the profiles differ (spec/SPEC.md section 7), on the host: each rule production applies per profile.
+"""Where the profiles differ (spec/SPEC.md section 7, spec/rules.py), on the host: what production does
+for the rule values beyond the root profile's.
 
-vllm-seed is what production did before profiles existed; vllm-0.33 adds admitted draft counts
-(CL-ADMITTED-DRAFTS), the local batch's dtypes taken from the batch (CL-LOCAL-DTYPES), its draft count
-(CL-LOCAL-DRAFT-COUNT) and seq_lens_cpu_upper_bound (CL-SEQ-LENS-UPPER-BOUND), and the gathered
-cu_num_generated_tokens_tensor under adaptive verification (INV-CU-NUM-GENERATED). Grammar blocks are
-in ``grammar.py``, the new preconditions in ``profile_checks.py``.
+Admitted draft counts (admitted_drafts: admitted, CL-ADMITTED-DRAFTS) and the local batch's draft count
+(CL-LOCAL-DRAFT-COUNT), the local dtypes taken from the batch (local_dtypes: batch, CL-LOCAL-DTYPES),
+seq_lens_cpu_upper_bound (CL-SEQ-LENS-UPPER-BOUND), and the gathered cu_num_generated_tokens_tensor under
+adaptive verification (INV-CU-NUM-GENERATED). Grammar blocks are in ``grammar.py``, the preconditions
+these rules add in ``profile_checks.py``.
 
-Nothing here waits for the device, and vllm-seed's steps call none of it: the sharder branches on the
-host, so a vllm-seed step costs what it did before profiles existed.
+Nothing here waits for the device, and the root profile's steps call none of it: the sharder branches
+on the host, so such a step costs what it did before profiles existed.
 """
 
 from __future__ import annotations
@@ -16,8 +17,26 @@ import numpy as np
 import torch
 
 from shardspec.spec.model import InputBatch
+from shardspec.spec.profiles import ProfileError, rules_of
+from shardspec.spec.rules import Rules
 
 _NUMPY_INTS = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)
+# The owner rules production implements (spec/rules.py).
+OWNER_RULES = ("slot_mod_tp",)
+
+
+def production_rules(profile: str | Rules) -> Rules:
+    """The rules of ``profile``; a ValueError naming it when it is no profile, NotImplementedError for an
+    owner rule production does not implement yet."""
+    try:
+        rules = rules_of(profile)
+    except ProfileError as exc:
+        raise ValueError(str(exc)) from None
+    if rules.owner not in OWNER_RULES:
+        raise NotImplementedError(
+            f"owner rule {rules.owner}: not supported yet (production has {', '.join(OWNER_RULES)})"
+        )
+    return rules
 
 
 def admitted_rows(batch: InputBatch, scheduled: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -37,7 +56,7 @@ def admitted_cu(batch: InputBatch) -> np.ndarray:
 
 
 def local_dtypes(batch: InputBatch) -> tuple[torch.dtype, ...]:
-    """vllm-0.33: the dtypes of the batch fields the local ones are cut from, in LOCAL_FIELDS order."""
+    """local_dtypes batch: the dtypes of the batch fields the local ones are cut from, in LOCAL_FIELDS order."""
     return (
         batch.idx_mapping.dtype,
         batch.cu_num_logits.dtype,
@@ -47,25 +66,31 @@ def local_dtypes(batch: InputBatch) -> tuple[torch.dtype, ...]:
     )
 
 
-def local_033_fields(batch: InputBatch, local_reqs: np.ndarray, local_drafts: np.ndarray | None) -> tuple:
-    """vllm-0.33's (num_draft_tokens, seq_lens_cpu_upper_bound, num_admitted_draft_tokens) of the local
-    batch; ``local_drafts`` are the owned entries of num_draft_tokens_per_req. The draft count follows
-    CL-LOCAL-DRAFT-COUNT, the bound is the owned entries (CL-SEQ-LENS-UPPER-BOUND) and the admitted
-    counts are not carried (INV-LOCAL-ADMITTED-DRAFTS)."""
+def local_profile_fields(batch: InputBatch, local_reqs: np.ndarray, local_drafts: np.ndarray | None, rules) -> tuple:
+    """(num_draft_tokens, seq_lens_cpu_upper_bound, num_admitted_draft_tokens) of the local batch under
+    ``rules``; ``local_drafts`` are the owned entries of num_draft_tokens_per_req. Where drafts are
+    admitted, the draft count follows CL-LOCAL-DRAFT-COUNT and the admitted counts are not carried
+    (INV-LOCAL-ADMITTED-DRAFTS); where the bound is the spec's, it is the owned entries
+    (CL-SEQ-LENS-UPPER-BOUND). Elsewhere the batch's own values stay (INV-LOCAL-UNLISTED-FIELDS)."""
     admitted = batch.num_admitted_draft_tokens
     if local_drafts is None:
         num_drafts = 0
+    elif not rules.admits_drafts:
+        num_drafts = int(np.add.reduce(local_drafts))
     elif admitted is not None:
         num_drafts = int(np.add.reduce(np.asarray(admitted)[local_reqs]))
     else:
         num_drafts = int(np.add.reduce(local_drafts)) if batch.num_draft_tokens > 0 else 0
+    carried = None if rules.admits_drafts else admitted
     bound = batch.seq_lens_cpu_upper_bound
+    if not rules.has_upper_bound:
+        return num_drafts, bound, carried
     if bound is not None:
         if bound.is_cpu and bound.dtype in _NUMPY_INTS:
             bound = torch.from_numpy(bound.numpy()[local_reqs])  # numpy's take costs less than torch's
         else:  # only with the checks off (PRE-SEQ-LENS-UPPER-BOUND)
             bound = bound.index_select(0, torch.from_numpy(local_reqs).to(bound.device))
-    return num_drafts, bound, None
+    return num_drafts, bound, carried
 
 
 def adaptive_generated_tokens(global_batch: InputBatch, device: torch.device) -> tuple:

@@ -15,9 +15,10 @@ agree byte for byte). What differs is how:
 * the sampled outputs and logprobs are packed by one launch and unpacked by
   one launch; the gathered results are fresh tensors each step.
 
-Both profiles (spec/SPEC.md section 7) run the same launches; where they differ is host work
-(``profiles.py``, ``profile_checks.py``, ``grammar.py``) and which workspace regions the plan kernel
-writes (vllm-0.33's local fields take the batch's dtypes: int32 and int64 regions exist for each).
+Every profile (spec/SPEC.md section 7) runs the same launches; where their rules differ is host work
+(``profiles.py``, ``profile_checks.py``, ``grammar.py``), which workspace regions the plan kernel
+writes (under local_dtypes batch the local fields take the batch's dtypes: int32 and int64 regions
+exist for each), and how the plan kernel and the host find owners (the owner rule, a constexpr).
 """
 
 from __future__ import annotations
@@ -34,12 +35,11 @@ from shardspec.impl.grammar import local_grammar_output
 from shardspec.impl.kernels import next_power_of_2
 from shardspec.impl.launch import Launcher
 from shardspec.impl.local_batch import SEED_DTYPES, convert_views, local_input_batch, local_regions
+from shardspec.impl.profiles import production_rules
 from shardspec.impl.shard_kernel import shard_plan_kernel
 from shardspec.impl.workspace import REGION_DTYPES, carve, local_region, plan_layout
 from shardspec.spec.model import (
     DEFAULT_PROFILE,
-    PROFILES,
-    VLLM_033,
     BatchShardMetadata,
     ExtensionSpec,
     GrammarOutput,
@@ -104,9 +104,10 @@ def _block(per_request_elements: int, cap: int) -> int:
 
 
 class ProductionSharder(WireLaunches):
-    # The version of the specification this implementation targets, and the profiles it implements.
+    # The version of the specification this implementation targets; it follows the rules of any profile
+    # but these owner rules (spec/rules.py).
     SPEC_VERSION = "0.4.0"
-    SPEC_PROFILES = PROFILES
+    SPEC_RULES = {"owner": profiles.OWNER_RULES}
 
     def __init__(
         self,
@@ -124,11 +125,10 @@ class ProductionSharder(WireLaunches):
         cu_num_logits with their host copies before launching (PRE-HOST-DEVICE-MATCH). None (default):
         where that needs no wait, the device copies being in host memory; True: on a GPU too, at the
         cost of a device-to-host copy and a wait every step; False: never. Unchecked, a mismatch gives
-        a wrong plan but no access out of bounds. ``profile``: one of SPEC_PROFILES;
-        ``adaptive_verification_enabled``: vLLM 0.33's argument (CL-ADMITTED-DRAFTS), which
-        vllm-seed does not have (there it is ignored, as the reference ignores it)."""
-        if profile not in PROFILES:
-            raise ValueError(f"unknown profile {profile!r}; production implements {', '.join(PROFILES)}")
+        a wrong plan but no access out of bounds. ``profile``: a profile's name (bundled or registered,
+        spec/profiles) or its rules; ``adaptive_verification_enabled``: the argument of profiles with
+        adaptive verification (CL-ADMITTED-DRAFTS), ignored elsewhere, as the reference ignores it."""
+        rules = production_rules(profile)
         self.max_num_reqs = max_num_reqs
         self.max_num_logits_per_req = max_num_logits_per_req
         self.comm = comm
@@ -138,8 +138,8 @@ class ProductionSharder(WireLaunches):
         self.check_preconditions = check_preconditions
         self.check_device_copies = check_device_copies
         self.profile = profile
-        self._vllm_033 = profile == VLLM_033
-        self.adaptive_verification_enabled = bool(adaptive_verification_enabled) and self._vllm_033
+        self.rules = rules
+        self.adaptive_verification_enabled = bool(adaptive_verification_enabled) and rules.adaptive
         self._ws = carve(plan_layout(max_num_reqs, max_num_logits_per_req, self.tp_size), self.device)
         # Entry 0 of the local prefix sums is 0 forever; the kernel writes entries 1..n.
         for dtype in (torch.int32, torch.int64):
@@ -165,7 +165,7 @@ class ProductionSharder(WireLaunches):
 
     # -- step 1 ------------------------------------------------------------
     def shard_sampler_inputs(self, batch: InputBatch, grammar: GrammarOutput | None) -> ShardResult:
-        rank, tp, vllm_033 = self.rank, self.tp_size, self._vllm_033
+        rank, tp, rules = self.rank, self.tp_size, self.rules
         # cu, counts and width are those of the rows the device fields lay out (CL-ADMITTED-DRAFTS).
         if self.check_preconditions:
             cu, counts, width = checks.check_input_batch(
@@ -206,14 +206,14 @@ class ProductionSharder(WireLaunches):
         num_local = local_reqs.shape[0]
         num_local_logits = rows_per_rank[rank]
 
-        # vllm-0.33: the local fields in the batch's dtypes (CL-LOCAL-DTYPES); vllm-seed: int32 (None).
-        dtypes = profiles.local_dtypes(batch) if vllm_033 else None
+        # The local fields in the batch's dtypes (local_dtypes batch, CL-LOCAL-DTYPES), or int32 (None).
+        dtypes = profiles.local_dtypes(batch) if rules.batch_dtypes else None
         if num_reqs:
             self._launch_plan(batch, (num_reqs, num_logits, num_local, num_local_logits, max_reqs_per_rank), dtypes)
         views = self._shard_views(num_reqs, num_logits, num_local, num_local_logits, dtypes)
         if dtypes is not None and self._regions(dtypes)[3]:
             views = convert_views(views, dtypes)
-        local_batch = local_input_batch(batch, slots, counts, local_reqs, width, views, vllm_033=vllm_033)
+        local_batch = local_input_batch(batch, slots, counts, local_reqs, width, views, rules=rules)
         metadata = BatchShardMetadata(
             tp_size=tp,
             num_logits_per_rank=rows_per_rank,
@@ -226,7 +226,8 @@ class ProductionSharder(WireLaunches):
         )
         local_grammar = None
         if grammar is not None:
-            local_grammar = local_grammar_output(grammar, position, owned, cu, blocks=vllm_033)
+            acceptable = rules.acceptable_drafts == "sliced"
+            local_grammar = local_grammar_output(grammar, position, owned, cu, rules.grammar_blocks, acceptable)
         return ShardResult(local_batch, views["sorted_logits_indices"], local_grammar, metadata)
 
     def _regions(self, dtypes: tuple | None) -> tuple:
@@ -344,9 +345,9 @@ class ProductionSharder(WireLaunches):
         if lp is not None:
             self.comm.all_gather_into_tensor(lp["recv_ids"], lp["send_ids"])
             self.comm.all_gather_into_tensor(lp["recv_vals"], lp["send_vals"])
-        # The batch's rows as its device fields lay them out: the admitted ones (vllm-0.33, CL-ADMITTED-DRAFTS).
+        # The batch's rows as its device fields lay them out: the admitted ones (CL-ADMITTED-DRAFTS).
         layout = global_batch.cu_num_logits_np
-        if self._vllm_033 and global_batch.num_admitted_draft_tokens is not None:
+        if self.rules.admits_drafts and global_batch.num_admitted_draft_tokens is not None:
             layout = profiles.admitted_cu(global_batch)
         gathered = self._unpack(
             received, lp, metadata, global_batch, layout, width, sampled_cols, num_cols, gather_num_nans

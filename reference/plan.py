@@ -1,7 +1,8 @@
 """The shard plan: a pure function of replicated host inputs.
 
 Every rank computes the same plan from ``idx_mapping_np`` and
-``cu_num_logits_np`` without communicating. Names follow the spec's data model.
+``cu_num_logits_np`` without communicating, owners by the profile's owner rule
+(INV-OWNER). Names follow the spec's data model.
 """
 
 from __future__ import annotations
@@ -47,11 +48,27 @@ class ShardPlan:
         return np.concatenate(rows).astype(np.int64) if rows else np.zeros(0, np.int64)
 
 
-def build_plan(idx_mapping: np.ndarray, cu_num_logits: np.ndarray, tp_size: int, rank: int) -> ShardPlan:
+# The owner rules (spec/rules.py) the plan implements.
+OWNER_RULES = ("slot_mod_tp", "position_mod_tp")
+
+
+def owners_of(idx_mapping: np.ndarray, tp_size: int, owner: str = "slot_mod_tp") -> np.ndarray:
+    """[N] owner rank of each batch position (INV-OWNER): its slot mod tp (owner rule slot_mod_tp) or its
+    position mod tp (position_mod_tp)."""
+    if owner == "slot_mod_tp":
+        return idx_mapping % tp_size
+    if owner == "position_mod_tp":
+        return np.arange(idx_mapping.shape[0], dtype=np.int64) % tp_size
+    raise NotImplementedError(f"owner rule {owner}: not supported yet")
+
+
+def build_plan(
+    idx_mapping: np.ndarray, cu_num_logits: np.ndarray, tp_size: int, rank: int, owner: str = "slot_mod_tp"
+) -> ShardPlan:
     idx_mapping = np.asarray(idx_mapping, dtype=np.int64)
     cu_num_logits = np.asarray(cu_num_logits, dtype=np.int64)
     num_reqs = idx_mapping.shape[0]
-    owners = idx_mapping % tp_size
+    owners = owners_of(idx_mapping, tp_size, owner)
     num_logits_per_req = np.diff(cu_num_logits)
     # A stable sort keeps batch order among requests of one owner.
     owner_sorted_reqs = np.argsort(owners, kind="stable")

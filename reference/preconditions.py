@@ -15,7 +15,8 @@ import numpy as np
 from shardspec.reference import profile_rules
 from shardspec.reference.violations import INT_DTYPES, check_shape, duplicate_position, first_bad, require
 from shardspec.spec.errors import PreconditionError
-from shardspec.spec.model import DEFAULT_PROFILE, VLLM_033, GrammarOutput, InputBatch
+from shardspec.spec.model import DEFAULT_PROFILE, GrammarOutput, InputBatch
+from shardspec.spec.profiles import rules_of
 
 
 def check_input_batch(
@@ -39,8 +40,10 @@ def check_input_batch(
     )
     _check_slots(batch, max_num_reqs, rank)
     counts = _check_cu_num_logits(batch, max_num_logits_per_req, rank)
-    if profile == VLLM_033:
+    rules = rules_of(profile)
+    if rules.admits_drafts:
         profile_rules.check_admitted_drafts(batch, rank)
+    if rules.has_upper_bound:
         profile_rules.check_seq_lens_upper_bound(batch, rank)
     _check_drafts(batch, counts, rank, profile)
     # The device fields lay out the admitted rows where admitted counts are given (CL-ADMITTED-DRAFTS).
@@ -209,7 +212,7 @@ def _check_token_layout(batch: InputBatch, cu: np.ndarray, rank) -> None:
 
 
 def _counted(batch: InputBatch, profile: str) -> str:
-    admitted = profile == VLLM_033 and batch.num_admitted_draft_tokens is not None
+    admitted = rules_of(profile).admits_drafts and batch.num_admitted_draft_tokens is not None
     return "num_admitted_draft_tokens" if admitted else "num_draft_tokens_per_req"
 
 
@@ -257,7 +260,7 @@ def _check_drafts(batch: InputBatch, counts: np.ndarray, rank, profile: str) -> 
         request=bad,
         rank=rank,
     )
-    expected = profile_rules.expected_num_draft_tokens(batch) if profile == VLLM_033 else int(drafts.sum())
+    expected = profile_rules.expected_num_draft_tokens(batch) if rules_of(profile).admits_drafts else int(drafts.sum())
     require(
         batch.num_draft_tokens == expected,
         "PRE-DRAFTS",
@@ -291,7 +294,7 @@ def check_grammar_output(
         request=position.get(ids[dup]) if dup is not None else None,
         rank=rank,
     )
-    if profile == VLLM_033:
+    if rules_of(profile).grammar_blocks:
         profile_rules.check_grammar_blocks(grammar, batch, rank)
         return
     cu = np.asarray(batch.cu_num_logits_np)

@@ -1,8 +1,9 @@
-"""Where the profiles differ (spec/index.yaml): each rule the reference applies per profile, in one place.
+"""Where the profiles differ (spec/rules.py): each rule the reference follows, in one place.
 
-vllm-seed is the revision the spec was first written from; vllm-0.33 adds admitted draft counts
-(CL-ADMITTED-DRAFTS), fixed-width grammar blocks (CL-GRAMMAR-BLOCKS), seq_lens_cpu_upper_bound
-(CL-SEQ-LENS-UPPER-BOUND) and local tensors in the inputs' dtypes (CL-LOCAL-DTYPES).
+Each function takes a profile (its name or its :class:`~shardspec.spec.rules.Rules`) and reads the one
+rule it follows: admitted draft counts (CL-ADMITTED-DRAFTS), grammar rows or fixed-width blocks
+(CL-GRAMMAR-BLOCKS), seq_lens_cpu_upper_bound (CL-SEQ-LENS-UPPER-BOUND), the local dtypes
+(CL-LOCAL-DTYPES), adaptive verification (INV-CU-NUM-GENERATED).
 """
 
 from __future__ import annotations
@@ -11,47 +12,65 @@ import numpy as np
 import torch
 
 from shardspec.spec.errors import PreconditionError
-from shardspec.spec.model import VLLM_033, GrammarOutput, InputBatch, admitted_cu_num_logits
+from shardspec.spec.model import GrammarOutput, InputBatch, admitted_cu_num_logits
+from shardspec.spec.profiles import ProfileError, rules_of
+from shardspec.spec.rules import Rules
+
+Profile = str | Rules
 
 
-def device_cu_num_logits(batch: InputBatch, profile: str) -> np.ndarray:
-    """[N + 1] int64 prefix sums of the rows as the device fields lay them out: the admitted rows in
-    vllm-0.33 where admitted counts are given, else cu_num_logits_np."""
-    if profile == VLLM_033:
+def reference_rules(profile: Profile) -> Rules:
+    """The rules of ``profile``; a ValueError naming it when it is no profile."""
+    try:
+        return rules_of(profile)
+    except ProfileError as exc:
+        raise ValueError(str(exc)) from None
+
+
+def device_cu_num_logits(batch: InputBatch, profile: Profile) -> np.ndarray:
+    """[N + 1] int64 prefix sums of the rows as the device fields lay them out: the admitted rows where
+    the profile admits drafts (admitted_drafts: admitted), else cu_num_logits_np."""
+    if rules_of(profile).admits_drafts:
         return admitted_cu_num_logits(batch)
     return np.asarray(batch.cu_num_logits_np, dtype=np.int64)
 
 
-def local_dtype(batch_field: torch.Tensor, seed_dtype: torch.dtype, profile: str) -> torch.dtype:
-    """CL-LOCAL-DTYPES: the batch field's own dtype (vllm-0.33), or the fixed one (vllm-seed)."""
-    return batch_field.dtype if profile == VLLM_033 else seed_dtype
+def local_dtype(batch_field: torch.Tensor, seed_dtype: torch.dtype, profile: Profile) -> torch.dtype:
+    """CL-LOCAL-DTYPES: the batch field's own dtype (local_dtypes: batch), or the fixed one (fixed)."""
+    return batch_field.dtype if rules_of(profile).batch_dtypes else seed_dtype
 
 
-def local_num_draft_tokens(batch: InputBatch, local_reqs: np.ndarray, profile: str) -> int:
+def local_num_draft_tokens(batch: InputBatch, local_reqs: np.ndarray, profile: Profile) -> int:
     """CL-LOCAL-DRAFT-COUNT for the owned requests ``local_reqs``."""
     drafts = batch.num_draft_tokens_per_req
     if drafts is None:
         return 0
-    if profile != VLLM_033:
+    if not rules_of(profile).admits_drafts:
         return int(np.asarray(drafts)[local_reqs].sum())
     if batch.num_admitted_draft_tokens is not None:
         return int(np.asarray(batch.num_admitted_draft_tokens)[local_reqs].sum())
     return int(np.asarray(drafts)[local_reqs].sum()) if batch.num_draft_tokens > 0 else 0
 
 
-def local_profile_fields(batch: InputBatch, local_reqs: np.ndarray, profile: str) -> dict:
-    """The local batch's vllm-0.33 fields (CL-SEQ-LENS-UPPER-BOUND, INV-LOCAL-ADMITTED-DRAFTS); in
-    vllm-seed they are not the spec's and stay as the batch has them (INV-LOCAL-UNLISTED-FIELDS)."""
-    if profile != VLLM_033:
-        return {}
-    bound = batch.seq_lens_cpu_upper_bound
-    local_bound = None if bound is None else bound[torch.from_numpy(local_reqs.astype(np.int64))]
-    return {"seq_lens_cpu_upper_bound": local_bound, "num_admitted_draft_tokens": None}
+def local_profile_fields(batch: InputBatch, local_reqs: np.ndarray, profile: Profile) -> dict:
+    """The local batch's seq_lens_cpu_upper_bound (CL-SEQ-LENS-UPPER-BOUND) and num_admitted_draft_tokens
+    (INV-LOCAL-ADMITTED-DRAFTS) where the profile's rules make them the spec's; elsewhere they stay as
+    the batch has them (INV-LOCAL-UNLISTED-FIELDS)."""
+    rules = rules_of(profile)
+    fields = {}
+    if rules.has_upper_bound:
+        bound = batch.seq_lens_cpu_upper_bound
+        local_bound = None if bound is None else bound[torch.from_numpy(local_reqs.astype(np.int64))]
+        fields["seq_lens_cpu_upper_bound"] = local_bound
+    if rules.admits_drafts:
+        fields["num_admitted_draft_tokens"] = None
+    return fields
 
 
-def local_grammar_output(grammar: GrammarOutput | None, batch: InputBatch, local_reqs, profile: str):
-    """INV-LOCAL-GRAMMAR: the owned requests' ids in the grammar's order, with their rows (vllm-seed) or
-    whole blocks and acceptable-draft counts (vllm-0.33); None when none is owned."""
+def local_grammar_output(grammar: GrammarOutput | None, batch: InputBatch, local_reqs, profile: Profile):
+    """INV-LOCAL-GRAMMAR: the owned requests' ids in the grammar's order, with their rows (grammar_slicing:
+    rows) or whole blocks (blocks) and, where the profile slices them, acceptable-draft counts; None
+    when none is owned."""
     if grammar is None:
         return None
     position = {req_id: i for i, req_id in enumerate(batch.req_ids)}
@@ -60,10 +79,11 @@ def local_grammar_output(grammar: GrammarOutput | None, batch: InputBatch, local
     keep = [k for k, req_id in enumerate(ids) if position[req_id] in owned]
     if not keep:
         return None
-    if profile == VLLM_033:
+    rules = rules_of(profile)
+    if rules.grammar_blocks:
         block = grammar.grammar_bitmask.shape[0] // len(ids)
         rows = [k * block + p for k in keep for p in range(block)]
-        counts = grammar.num_acceptable_drafts
+        counts = grammar.num_acceptable_drafts if rules.acceptable_drafts == "sliced" else None
         return GrammarOutput(
             structured_output_request_ids=[ids[k] for k in keep],
             grammar_bitmask=grammar.grammar_bitmask[rows],
@@ -77,13 +97,13 @@ def local_grammar_output(grammar: GrammarOutput | None, batch: InputBatch, local
     )
 
 
-def gathered_cu_num_generated(global_batch: InputBatch, adaptive: bool, profile: str) -> dict:
-    """INV-CU-NUM-GENERATED: the host list (without adaptive verification, when L != N) and, in
-    vllm-0.33, the device copy of cu_num_logits under adaptive verification."""
+def gathered_cu_num_generated(global_batch: InputBatch, adaptive: bool, profile: Profile) -> dict:
+    """INV-CU-NUM-GENERATED: the host list (without adaptive verification, when L != N) and, where the
+    profile has adaptive verification, the device copy of cu_num_logits under it."""
     cu = np.asarray(global_batch.cu_num_logits_np)
     num_logits, num_reqs = int(cu[-1]), int(cu.shape[0] - 1)
     listed = [int(c) for c in cu] if num_logits != num_reqs else None
-    if profile != VLLM_033:
+    if not rules_of(profile).adaptive:
         return {"cu_num_generated_tokens": listed}
     if not adaptive:
         return {"cu_num_generated_tokens": listed, "cu_num_generated_tokens_tensor": None}
@@ -91,7 +111,7 @@ def gathered_cu_num_generated(global_batch: InputBatch, adaptive: bool, profile:
     return {"cu_num_generated_tokens": None, "cu_num_generated_tokens_tensor": device_cu}
 
 
-# ---------------------------------------------------------------- preconditions of vllm-0.33
+# ------------------------------------- preconditions of admitted drafts, the bound and grammar blocks
 
 
 def _reject(pid: str, field: str, message: str, rank, request=None):
@@ -99,7 +119,7 @@ def _reject(pid: str, field: str, message: str, rank, request=None):
 
 
 def check_admitted_drafts(batch: InputBatch, rank=None) -> None:
-    """PRE-DRAFTS (vllm-0.33): num_admitted_draft_tokens, when given, is [N] integers within the
+    """PRE-DRAFTS (admitted_drafts: admitted): num_admitted_draft_tokens, when given, is [N] integers within the
     scheduled drafts of each request."""
     admitted = batch.num_admitted_draft_tokens
     if admitted is None:
@@ -130,7 +150,7 @@ def check_admitted_drafts(batch: InputBatch, rank=None) -> None:
 
 
 def expected_num_draft_tokens(batch: InputBatch) -> int:
-    """PRE-DRAFTS (vllm-0.33): num_draft_tokens sums the admitted counts where given."""
+    """PRE-DRAFTS (admitted_drafts: admitted): num_draft_tokens sums the admitted counts where given."""
     if batch.num_admitted_draft_tokens is not None:
         return int(np.sum(batch.num_admitted_draft_tokens))
     return int(np.sum(batch.num_draft_tokens_per_req))
@@ -153,7 +173,7 @@ def check_seq_lens_upper_bound(batch: InputBatch, rank=None) -> None:
 
 
 def check_grammar_blocks(grammar: GrammarOutput, batch: InputBatch, rank=None) -> None:
-    """PRE-GRAMMAR-BITMASK (vllm-0.33): G blocks of S rows, S >= every listed request's scheduled rows."""
+    """PRE-GRAMMAR-BITMASK (grammar_slicing: blocks): G blocks of S rows, S >= every listed request's scheduled rows."""
     ids = grammar.structured_output_request_ids
     bitmask = grammar.grammar_bitmask
     counts = grammar.num_acceptable_drafts

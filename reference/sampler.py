@@ -16,7 +16,6 @@ import torch
 
 from shardspec.spec.model import (
     DEFAULT_PROFILE,
-    VLLM_033,
     GrammarOutput,
     InputBatch,
     LogprobsTensors,
@@ -24,6 +23,7 @@ from shardspec.spec.model import (
     admitted_cu_num_logits,
     num_logprob_columns,
 )
+from shardspec.spec.profiles import rules_of
 
 PLACEHOLDER_TOKEN_ID = -1  # rejected positions of the toy rejection sampler
 
@@ -42,15 +42,16 @@ def apply_grammar_bitmask(
     cu = np.asarray(batch.cu_num_logits_np)
     ids = grammar.structured_output_request_ids
     block = grammar.grammar_bitmask.shape[0] // len(ids)
+    blocks = rules_of(profile).grammar_blocks
     rows, mask_rows = [], []
     for k, req_id in enumerate(ids):
         start, end = cu[position[req_id]], cu[position[req_id] + 1]
         rows.extend(range(start, end))
-        if profile == VLLM_033:
+        if blocks:
             mask_rows.extend(range(k * block, k * block + end - start))
     vocab = logits.shape[1]
     words = grammar.grammar_bitmask.to(logits.device).to(torch.int64)
-    if profile == VLLM_033:
+    if blocks:
         words = words[mask_rows]
     tokens = torch.arange(vocab, device=logits.device)
     allowed = ((words[:, tokens // 32] >> (tokens % 32)) & 1).bool()
@@ -138,7 +139,7 @@ def replicated_output(
     """
     num_logprobs = None if logprobs_dims is None else logprobs_dims[0]
     scheduled_cu = np.asarray(batch.cu_num_logits_np)
-    if profile == VLLM_033 and batch.num_admitted_draft_tokens is not None:
+    if rules_of(profile).admits_drafts and batch.num_admitted_draft_tokens is not None:
         batch = replace(batch, cu_num_logits_np=admitted_cu_num_logits(batch))
     out = toy_sample(logits, batch, grammar, num_logprobs, profile)
     if out is None:

@@ -30,11 +30,10 @@ import torch
 
 from shardspec.comm import Communicator
 from shardspec.reference import output_preconditions, preconditions, profile_rules
-from shardspec.reference.plan import ShardPlan, build_plan
+from shardspec.reference.plan import OWNER_RULES, ShardPlan, build_plan
+from shardspec.reference.profile_rules import reference_rules
 from shardspec.spec.model import (
     DEFAULT_PROFILE,
-    PROFILES,
-    VLLM_033,
     BatchShardMetadata,
     ExtensionSpec,
     GrammarOutput,
@@ -55,8 +54,9 @@ PAD_SELECTED_RANK = 0
 class ReferenceSharder:
     # The version of the specification this implementation targets (docs/validate-your-implementation.md).
     SPEC_VERSION = "0.4.0"
-    # The profiles it implements (spec/index.yaml); the suite passes the run's as ``profile``.
-    SPEC_PROFILES = PROFILES
+    # It follows the rules of any profile (spec/rules.py) but these owner rules; the suite passes the run's
+    # profile as ``profile``.
+    SPEC_RULES = {"owner": OWNER_RULES}
 
     def __init__(
         self,
@@ -69,8 +69,7 @@ class ReferenceSharder:
         profile: str = DEFAULT_PROFILE,
         adaptive_verification_enabled: bool = False,
     ):
-        if profile not in PROFILES:
-            raise ValueError(f"unknown profile {profile!r}; the reference implements {', '.join(PROFILES)}")
+        rules = reference_rules(profile)
         self.max_num_reqs = max_num_reqs
         self.max_num_logits_per_req = max_num_logits_per_req
         self.comm = comm
@@ -79,8 +78,9 @@ class ReferenceSharder:
         self.device = torch.device(device)
         self.check_preconditions = check_preconditions
         self.profile = profile
-        # vllm-0.33's construction argument (CL-ADMITTED-DRAFTS); vllm-seed has none.
-        self.adaptive_verification_enabled = adaptive_verification_enabled and profile == VLLM_033
+        self.rules = rules
+        # A construction argument where the profile has adaptive verification (CL-ADMITTED-DRAFTS).
+        self.adaptive_verification_enabled = adaptive_verification_enabled and rules.adaptive
 
     # -- step 1 ------------------------------------------------------------
     def shard_sampler_inputs(self, batch: InputBatch, grammar: GrammarOutput | None) -> ShardResult:
@@ -118,7 +118,7 @@ class ReferenceSharder:
     def plan(self, batch: InputBatch) -> ShardPlan:
         """This rank's plan: a pure function of the replicated host copies."""
         cu_num_logits = profile_rules.device_cu_num_logits(batch, self.profile)
-        return build_plan(batch.idx_mapping_np, cu_num_logits, self.tp_size, self.rank)
+        return build_plan(batch.idx_mapping_np, cu_num_logits, self.tp_size, self.rank, self.rules.owner)
 
     def _local_batch(self, batch, plan, local_reqs, cu_num_logits, logits_indices) -> InputBatch:
         device = self.device

@@ -18,13 +18,13 @@ from shardspec.spec.case_edits import check_edit_names, edit_inputs, edit_logits
 from shardspec.spec.layouts import check_case_layout, lay_out_batch, lay_out_grammar, lay_out_tensor, logits_dtype_of
 from shardspec.spec.model import (
     DEFAULT_PROFILE,
-    PROFILES,
-    VLLM_033,
     GrammarOutput,
     InputBatch,
     LogprobsTensors,
     SamplerOutput,
 )
+from shardspec.spec.profiles import ProfileError, rules_of
+from shardspec.spec.rules import Rules
 
 
 @dataclass
@@ -176,14 +176,14 @@ class CaseInputs:
 def build_case_inputs(case: Case, device: torch.device | str = "cpu") -> CaseInputs:
     check_case_layout(case.layouts, case.logits_dtype)
     check_case_profile(case)
-    vllm_033 = case.profile == VLLM_033
+    rules = rules_of(case.profile)
     batch = build_input_batch(
         case.slots,
         case.num_logits_per_req,
         spec_decode=case.spec_decode,
         device=device,
         admitted_drafts=case.admitted_drafts,
-        seq_lens_upper_bound=vllm_033,
+        seq_lens_upper_bound=rules.has_upper_bound,
         dtypes=case.batch_dtypes,
     )
     grammar = None
@@ -193,7 +193,7 @@ def build_case_inputs(case: Case, device: torch.device | str = "cpu") -> CaseInp
             case.grammar_positions,
             case.vocab_size,
             seed=case.seed + 1,
-            block_rows=(case.grammar_block_rows or case.max_num_logits_per_req) if vllm_033 else None,
+            block_rows=(case.grammar_block_rows or case.max_num_logits_per_req) if rules.grammar_blocks else None,
             num_acceptable_drafts=case.num_acceptable_drafts,
         )
     num_tokens = int(batch.query_start_loc[-1]) if batch.num_reqs else 0
@@ -213,24 +213,44 @@ def build_case_inputs(case: Case, device: torch.device | str = "cpu") -> CaseInp
     )
 
 
-_PROFILE_FIELDS = ("adaptive_verification", "admitted_drafts", "grammar_block_rows", "num_acceptable_drafts")
+# The case fields a profile's rules must allow: field -> (rule, the values that allow it).
+PROFILE_FIELDS = {
+    "adaptive_verification": ("adaptive_verification", ("present",)),
+    "admitted_drafts": ("admitted_drafts", ("admitted",)),
+    "grammar_block_rows": ("grammar_slicing", ("blocks",)),
+    "num_acceptable_drafts": ("acceptable_drafts", ("sliced",)),
+}
+# An explicit local output's field, and the rule that allows it.
+_TENSOR_RULE = ("adaptive_verification", ("present",))
 
 
-def check_case_profile(case: Case) -> None:
-    """Raise ValueError naming the case's unknown profile, or a vllm-0.33 field set in another profile."""
-    if case.profile not in PROFILES:
-        raise ValueError(f"profile: unknown profile {case.profile!r}; expected one of {', '.join(PROFILES)}")
-    if case.profile != VLLM_033:
-        used = [name for name in _PROFILE_FIELDS if getattr(case, name) not in (None, False)]
-        if used:
-            raise ValueError(f"{used[0]}: a field of profile {VLLM_033}, not of {case.profile}")
+def fields_outside(case: Case, rules: Rules) -> list[tuple[str, str, tuple[str, ...]]]:
+    """(field, rule, the values that allow it) for each field ``case`` sets that ``rules`` do not allow."""
+    found = []
+    for name, (rule, allowed) in PROFILE_FIELDS.items():
+        if getattr(case, name) not in (None, False) and getattr(rules, rule) not in allowed:
+            found.append((name, rule, allowed))
+    if getattr(rules, _TENSOR_RULE[0]) not in _TENSOR_RULE[1]:
         explicit = {} if case.local_outputs == "toy" else case.local_outputs
         for rank, out in sorted(explicit.items()):
             if out.cu_num_generated_tokens_tensor is not None:
-                raise ValueError(
-                    f"local_outputs.{rank}.cu_num_generated_tokens_tensor: a field of profile {VLLM_033}, "
-                    f"not of {case.profile}"
-                )
+                found.append((f"local_outputs.{rank}.cu_num_generated_tokens_tensor", *_TENSOR_RULE))
+    return found
+
+
+def check_case_profile(case: Case) -> None:
+    """Raise ValueError naming the case's unknown profile, or a field its profile's rules do not allow."""
+    try:
+        rules = rules_of(case.profile)
+    except ProfileError as exc:
+        raise ValueError(f"profile: {exc}") from None
+    outside = fields_outside(case, rules)
+    if outside:
+        name, rule, allowed = outside[0]
+        raise ValueError(
+            f"{name}: a field of profile rule {rule}: {' or '.join(allowed)}, not of {case.profile} "
+            f"({rule}: {getattr(rules, rule)})"
+        )
 
 
 def local_logits_shard(inputs: CaseInputs, sorted_logits_indices: torch.Tensor, case: Case, rank: int) -> torch.Tensor:

@@ -3,6 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from shardspec.spec.rules import Rules
+
+# What an entry requires of a profile's rules: (rule name, the values it holds for), sorted by rule.
+Requires = tuple[tuple[str, tuple[str, ...]], ...]
 
 
 @dataclass(frozen=True)
@@ -14,7 +21,9 @@ class Invariant:
     rationale: str
     fields: tuple[str, ...]
     retired: bool = False
-    # The profiles this entry holds for (spec/index.yaml); empty: every profile.
+    # The rule values this entry holds for ((rule, allowed values), spec/rules.py); empty: every profile.
+    requires: Requires = ()
+    # Derived by the loader from ``requires``: the spec's profiles it holds for; empty: every profile.
     profiles: tuple[str, ...] = ()
 
 
@@ -38,6 +47,7 @@ class Precondition:
     on_violation: OnViolation
     rationale: str | None = None
     retired: bool = False
+    requires: Requires = ()
     profiles: tuple[str, ...] = ()
 
     @property
@@ -53,6 +63,7 @@ class Clarification:
     decision: str
     rationale: str
     enforced_by: tuple[str, ...]
+    requires: Requires = ()
     profiles: tuple[str, ...] = ()
 
 
@@ -83,6 +94,7 @@ class FieldSpec:
     expand: bool = False
     layout: str | None = None
     fields: tuple[FieldSpec, ...] = ()
+    requires: Requires = ()
     profiles: tuple[str, ...] = ()
 
 
@@ -163,17 +175,25 @@ class Document:
 
 @dataclass(frozen=True)
 class Profile:
-    """One upstream contract the spec describes (spec/index.yaml)."""
+    """One upstream contract the spec describes (spec/index.yaml lists them; profiles/<name>.yaml
+    holds each one's rules)."""
 
     name: str
     upstream: str
     meaning: str
+    rules: Rules
     default: bool = False
+    extends: str | None = None
 
 
-def holds_for(entry, profile: str | None) -> bool:
-    """Whether a spec entry (or field) with ``profiles`` holds for ``profile`` (None: any)."""
-    return profile is None or not entry.profiles or profile in entry.profiles
+def holds_for(entry, rules: Rules | None) -> bool:
+    """Whether a spec entry (or field) with ``requires`` holds under ``rules`` (None: any profile)."""
+    return rules is None or rules.holds(entry.requires)
+
+
+def requires_text(requires: Requires) -> str:
+    """``rule: value`` (or ``rule: a | b``) for each rule an entry requires, joined by ``, ``."""
+    return ", ".join(f"{rule}: {' | '.join(values)}" for rule, values in requires)
 
 
 @dataclass(frozen=True)

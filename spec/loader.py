@@ -39,10 +39,13 @@ from shardspec.spec.documents import (  # noqa: F401  (re-exported)
     holds_for,
 )
 from shardspec.spec.errors import SpecFileError
+from shardspec.spec.profiles import is_profile
 from shardspec.spec.selection import (  # noqa: F401  (UnknownProfileError and select_profile re-exported)
     UnknownProfileError,
     _check_profile_names,
     select_profile,
+    spec_profile,
+    with_profile_names,
 )
 
 DOCUMENT_NAMES = ("overview", "data_model", "preconditions", "invariants", "clarifications")
@@ -176,14 +179,17 @@ def load_spec(root: PathLike | None = None, profile: str | None = None) -> Spec:
     files = _document_files(index, str(index_path))
     raw = {name: load_yaml_document(base.joinpath(file), document_schema(name)) for name, file in files.items()}
     paths = {name: str(base.joinpath(file)) for name, file in files.items()}
-    spec = _build_spec(index, raw)
+    spec = with_profile_names(_build_spec(index, raw, None if root is None else base))
     _check_profile_names(spec, {**paths, "index": str(index_path)})
     for name in profile_names(spec):
         _check_references(select_profile(spec, name), paths)
     if profile is None:
         return spec
     check_profile(profile, spec)
-    return select_profile(spec, profile)
+    selected = select_profile(spec, profile)
+    if profile not in profile_names(spec):
+        _check_references(selected, paths)  # a profile of the user's: no ID may have two entries that hold
+    return selected
 
 
 def profile_names(spec: Spec | None = None) -> tuple[str, ...]:
@@ -199,7 +205,7 @@ def default_profile(spec: Spec | None = None) -> str:
 def check_profile(name: str, spec: Spec | None = None) -> str:
     """``name`` if the spec defines it; else :class:`UnknownProfileError` with a one-line message."""
     known = profile_names(spec)
-    if name not in known:
+    if name not in known and not is_profile(name):
         raise UnknownProfileError(
             f"unknown profile {name!r}: this spec ({spec_version()}) defines {', '.join(known)} (default {known[0]})"
         )
@@ -254,7 +260,7 @@ def _document_files(index: dict, index_name: str) -> dict[str, str]:
     return files
 
 
-def _build_spec(index: dict, raw: dict[str, Any]) -> Spec:
+def _build_spec(index: dict, raw: dict[str, Any], base=None) -> Spec:
     model = raw["data_model"]
     data_model = DataModel(
         symbols=tuple(Symbol(**s) for s in model["symbols"]),
@@ -274,7 +280,7 @@ def _build_spec(index: dict, raw: dict[str, Any]) -> Spec:
         invariants=tuple(Invariant(**_tupled(e)) for e in raw["invariants"]["invariants"]),
         preconditions=tuple(_precondition(e) for e in raw["preconditions"]["preconditions"]),
         clarifications=tuple(Clarification(**_tupled(e)) for e in raw["clarifications"]["clarifications"]),
-        profiles=tuple(Profile(**p) for p in index["profiles"]),
+        profiles=tuple(spec_profile(entry, base) for entry in index["profiles"]),
     )
 
 
@@ -290,7 +296,11 @@ def _precondition(entry: dict) -> Precondition:
 
 
 def _tupled(entry: dict) -> dict:
-    return {k: tuple(v) if isinstance(v, list) else v for k, v in entry.items()}
+    return {k: _requires(v) if k == "requires" else tuple(v) if isinstance(v, list) else v for k, v in entry.items()}
+
+
+def _requires(requires: dict) -> tuple:
+    return tuple(sorted((rule, tuple(v) if isinstance(v, list) else (v,)) for rule, v in requires.items()))
 
 
 def _fields(entries: list[dict]) -> tuple[FieldSpec, ...]:

@@ -14,7 +14,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from shardspec.spec.profiles import DEFAULT_PROFILE, PROFILES, VLLM_033, VLLM_SEED  # noqa: F401  (re-exported)
+from shardspec.spec.profiles import DEFAULT_PROFILE, PROFILES, rules_of  # noqa: F401  (re-exported)
 
 
 @dataclass
@@ -44,10 +44,10 @@ class InputBatch:
     # per request (host, int32), else None.
     num_draft_tokens: int = 0
     num_draft_tokens_per_req: np.ndarray | None = None
-    # Profile vllm-0.33 (spec/profiles.yaml). [N] int32 host tensor: an upper bound of seq_lens known on
+    # Profile rule seq_lens_upper_bound (spec/rules.py). [N] int32 host tensor: an upper bound of seq_lens known on
     # the host; localized like seq_lens (CL-SEQ-LENS-UPPER-BOUND).
     seq_lens_cpu_upper_bound: torch.Tensor | None = None
-    # Profile vllm-0.33. [N] host int array: the draft tokens admitted per request under adaptive
+    # Rule admitted_drafts: admitted. [N] host int array: the draft tokens admitted per request under adaptive
     # verification when the budget binds, else None. With it, cu_num_logits (device) holds the admitted
     # prefix sums and cu_num_logits_np the scheduled ones (CL-ADMITTED-DRAFTS).
     num_admitted_draft_tokens: np.ndarray | None = None
@@ -89,9 +89,9 @@ class GrammarOutput:
     structured_output_request_ids: list[str]
     # [sum of n_i over those requests, ceil(V/32)] int32; rows grouped per
     # request in list order. Bit b of word w clear => token 32*w+b is masked.
-    # Profile vllm-0.33: a fixed-width block of S rows per listed request (CL-GRAMMAR-BLOCKS).
+    # Rule grammar_slicing: blocks: a fixed-width block of S rows per listed request (CL-GRAMMAR-BLOCKS).
     grammar_bitmask: torch.Tensor
-    # Profile vllm-0.33: [G] per listed request, how many leading drafts the bitmask constrained; or None.
+    # Rule acceptable_drafts: sliced: [G] per listed request, how many leading drafts the bitmask constrained; or None.
     num_acceptable_drafts: list[int] | None = None
 
 
@@ -104,7 +104,7 @@ class LogprobsTensors(NamedTuple):
     selected_token_ranks: torch.Tensor
     # Prefix sum of generated tokens per request, or None.
     cu_num_generated_tokens: list[int] | None = None
-    # Profile vllm-0.33: [N+1] int32 device prefix sums, set instead of cu_num_generated_tokens under
+    # Rule adaptive_verification: present: [N+1] int32 device prefix sums, set instead of cu_num_generated_tokens under
     # adaptive verification (CL-ADMITTED-DRAFTS); else None.
     cu_num_generated_tokens_tensor: torch.Tensor | None = None
 
@@ -169,7 +169,7 @@ class BatchShardMetadata:
     gathered_src_indices: torch.Tensor
     # Entries per request in the gathered sampled ids (the agreed width).
     max_num_logits_per_req: int
-    # Profile vllm-0.33: the sharder's adaptive_verification_enabled (CL-ADMITTED-DRAFTS).
+    # Rule adaptive_verification: present: the sharder's adaptive_verification_enabled (CL-ADMITTED-DRAFTS).
     adaptive_verification_enabled: bool = False
 
 

@@ -1,17 +1,40 @@
-"""The "Profiles" section of SPEC.md: the profiles, and one table per difference between them.
+"""The "Profiles" section of SPEC.md: the profiles, every rule's value in each, and one table per
+difference between them.
 
-An entry (invariant, precondition, clarification) or a data-model field that names ``profiles`` holds
-for those profiles only. Where an ID or a field has one entry per profile, its table puts the versions
-side by side; where it holds for some profiles only, the table says which.
+An entry (invariant, precondition, clarification) or a data-model field that ``requires`` rule values
+holds for the profiles whose rules have them. Where an ID or a field has one entry per rule value, its
+table puts the versions side by side, each with the rule values it requires and the profiles that have
+them.
 """
 
 from __future__ import annotations
 
-from shardspec.spec.documents import FieldSpec, Spec
+from shardspec.spec.documents import FieldSpec, Spec, requires_text
+from shardspec.spec.rules import RULES
 
 
-def _profile_cell(names: tuple[str, ...], every: tuple[str, ...]) -> str:
-    return ", ".join(names) if names else ", ".join(every) + " (every profile)"
+def _profile_cell(entry, every: tuple[str, ...]) -> str:
+    if not entry.requires:
+        return ", ".join(every) + " (every profile)"
+    return f"{requires_text(entry.requires)} ({', '.join(entry.profiles) or 'no bundled profile'})"
+
+
+def _rules_table(spec: Spec, table) -> list[str]:
+    """One row per rule: what it decides, and its value in each profile (inherited values in italics)."""
+    header = ["rule", "what it decides", *(f"`{p.name}`" for p in spec.profiles)]
+    rows = []
+    for rule in RULES:
+        rows.append([f"`{rule.name}`", rule.doc, *(getattr(p.rules, rule.name) for p in spec.profiles)])
+    return table(header, rows)
+
+
+def _values_table(table) -> list[str]:
+    rows = [
+        [f"`{rule.name}`", f"`{value}`", doc + (" Not supported yet." if value in rule.unsupported else "")]
+        for rule in RULES
+        for value, doc in rule.values.items()
+    ]
+    return table(["rule", "value", "meaning"], rows)
 
 
 def _entry_text(entry) -> str:
@@ -55,22 +78,30 @@ def render_profiles(spec: Spec, table, link, number: int) -> list[str]:
     lines = [
         f"## {number}. Profiles",
         "",
-        "A profile names one upstream contract. Every entry and field holds for every profile unless it "
-        "names the profiles it holds for; an ID with one entry per profile names one rule whose text "
-        "differs by profile. Select one with `--profile NAME` (the CLI), `--shardspec-profile NAME` "
-        "(the pytest plugin) or `SHARDSPEC_PROFILE`; every report names it.",
+        "A profile names one upstream contract and is a set of rules: a file, `spec/profiles/<name>.yaml`, "
+        "that names the profile it `extends` and the rules it changes. Every entry and field holds for "
+        "every profile unless it `requires` rule values; an ID with one entry per rule value names one "
+        "rule whose text differs by profile. Select one with `--profile NAME` (the CLI), "
+        "`--shardspec-profile NAME` (the pytest plugin) or `SHARDSPEC_PROFILE`, or pass a profile file of "
+        "your own that extends a bundled one with `--profile-file FILE` (`--shardspec-profile-file`, "
+        "`SHARDSPEC_PROFILE_FILE`); every report names it.",
         "",
     ]
     lines += table(
-        ["profile", "upstream", "meaning"],
-        [[f"`{p.name}`" + (" (default)" if p.default else ""), p.upstream, p.meaning] for p in spec.profiles],
+        ["profile", "extends", "upstream", "meaning"],
+        [
+            [f"`{p.name}`" + (" (default)" if p.default else ""), p.extends or "", p.upstream, p.meaning]
+            for p in spec.profiles
+        ],
     )
-    lines += [f"### {number}.1 Entries that differ by profile", ""]
+    lines += ["The rules of each profile:", "", *_rules_table(spec, table)]
+    lines += ["What each value means:", "", *_values_table(table)]
+    lines += [f"### {number}.1 Entries that differ by rule", ""]
     for entry_id, entries in entry_differences(spec):
         lines += [f"#### {link(entry_id)}", ""]
-        lines += table(["profile", "text"], [[_profile_cell(e.profiles, every), _entry_text(e)] for e in entries])
-    lines += [f"### {number}.2 Data-model fields that differ by profile", ""]
+        lines += table(["requires (profiles)", "text"], [[_profile_cell(e, every), _entry_text(e)] for e in entries])
+    lines += [f"### {number}.2 Data-model fields that differ by rule", ""]
     for name, fields in field_differences(spec):
         lines += [f"#### `{name}`", ""]
-        lines += table(["profile", "field"], [[_profile_cell(f.profiles, every), _field_text(f)] for f in fields])
+        lines += table(["requires (profiles)", "field"], [[_profile_cell(f, every), _field_text(f)] for f in fields])
     return lines

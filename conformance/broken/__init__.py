@@ -14,7 +14,7 @@ from __future__ import annotations
 import importlib
 from dataclasses import dataclass
 
-from shardspec.spec.profiles import DEFAULT_PROFILE, PROFILES, VLLM_SEED
+from shardspec.spec.profiles import DEFAULT_PROFILE, PROFILES, rules_of
 
 PACKAGE = __name__
 ALL_GROUPS = ("lockstep", "torch-threads")
@@ -56,9 +56,18 @@ def _entry(
     cls: str,
     *cases: str,
     groups: tuple[str, ...] = ALL_GROUPS,
-    profiles: tuple[str, ...] = (DEFAULT_PROFILE,),
+    requires: dict[str, str] | None = None,
 ) -> Entry:
-    return Entry(name, f"{PACKAGE}.{module}:{cls}", cases, groups, profiles)
+    """An entry run under the default profile, or (``requires``: rule values) under every bundled profile
+    whose rules have those values (``{}``: every profile)."""
+    return Entry(name, f"{PACKAGE}.{module}:{cls}", cases, groups, _profiles(requires))
+
+
+def _profiles(requires: dict[str, str] | None) -> tuple[str, ...]:
+    if requires is None:
+        return (DEFAULT_PROFILE,)
+    rules = {name: rules_of(name).as_dict() for name in PROFILES}
+    return tuple(name for name in PROFILES if all(rules[name][k] == v for k, v in requires.items()))
 
 
 CORPUS: list[Entry] = [
@@ -69,10 +78,16 @@ CORPUS: list[Entry] = [
     # metadata
     _entry("splits-numpy-ints", "shard", "SplitsAsNumpyInts", "decode"),
     _entry("splits-count-requests", "shard", "SplitsCountRequests", "spec"),
-    _entry("empty-batch-zero-reqs-per-rank", "shard", "EmptyBatchZeroReqsPerRank", "empty", profiles=(VLLM_SEED,)),
+    _entry(
+        "empty-batch-zero-reqs-per-rank",
+        "shard",
+        "EmptyBatchZeroReqsPerRank",
+        "empty",
+        requires={"empty_batch_padding": "one"},
+    ),
     # local batch
     _entry("req-ids-reversed", "shard", "ReqIdsReversed", "decode"),
-    _entry("idx-mapping-int64", "shard", "IdxMappingInt64", "decode", profiles=(VLLM_SEED,)),
+    _entry("idx-mapping-int64", "shard", "IdxMappingInt64", "decode", requires={"local_dtypes": "fixed"}),
     _entry("idx-mapping-host-stale", "shard", "IdxMappingHostStale", "decode"),
     _entry("cu-num-logits-device-off-by-one", "shard", "CuNumLogitsDeviceOffByOne", "spec"),
     _entry("empty-rank-cu-num-logits-empty", "shard", "EmptyRankCuNumLogitsEmpty", "idle-rank"),
@@ -84,7 +99,7 @@ CORPUS: list[Entry] = [
     _entry("query-start-loc-localized", "shard", "QueryStartLocLocalized", "decode"),
     _entry("misaligned-idx-mapping", "shard", "MisalignedIdxMapping", "decode"),
     # grammar
-    _entry("grammar-in-batch-order", "shard", "GrammarInBatchOrder", "grammar", profiles=PROFILES),
+    _entry("grammar-in-batch-order", "shard", "GrammarInBatchOrder", "grammar", requires={}),
     _entry("grammar-empty-instead-of-none", "shard", "GrammarEmptyInsteadOfNone", "grammar-one-rank"),
     _entry("grammar-dropped", "shard", "GrammarDropped", "grammar"),
     # all-to-all
@@ -103,7 +118,7 @@ CORPUS: list[Entry] = [
     _entry("logprob-width-ignores-token-ids", "logprobs", "LogprobWidthIgnoresTokenIds", "token-ids-wider"),
     _entry("missing-logprobs-as-zeros", "logprobs", "MissingLogprobsAsZeros", "explicit-missing-logprobs"),
     _entry("selected-ranks-dropped", "logprobs", "SelectedRanksDropped", "explicit-widths"),
-    _entry("cu-num-generated-always-list", "logprobs", "CuNumGeneratedAlwaysList", "decode", profiles=PROFILES),
+    _entry("cu-num-generated-always-list", "logprobs", "CuNumGeneratedAlwaysList", "decode", requires={}),
     _entry("logprob-values-as-float64", "logprobs", "LogprobValuesAsFloat64", "decode"),
     # inputs and invalid inputs
     _entry("sanitizes-logits-in-place", "exchange", "SanitizesLogitsInPlace", "decode"),

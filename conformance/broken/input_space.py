@@ -222,7 +222,7 @@ class UpperBoundMadeUpWhenAbsent(ReferenceSharder):
     The local batch then carries a bound where the spec says None."""
 
     def shard_sampler_inputs(self, batch, grammar):
-        if batch.seq_lens_cpu_upper_bound is None and self.profile == "vllm-0.33":
+        if batch.seq_lens_cpu_upper_bound is None and self.rules.has_upper_bound:
             batch = replace(batch, seq_lens_cpu_upper_bound=batch.seq_lens.cpu())
         return super().shard_sampler_inputs(batch, grammar)
 

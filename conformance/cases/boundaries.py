@@ -22,8 +22,10 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from shardspec.conformance.cases.input_space import holds
 from shardspec.spec.case import Case, ExplicitLocalOutput
-from shardspec.spec.model import DEFAULT_PROFILE, VLLM_033
+from shardspec.spec.model import DEFAULT_PROFILE
+from shardspec.spec.profiles import rules_of
 
 TP_SIZES = (1, 2, 3, 4, 8)
 
@@ -35,7 +37,8 @@ class Boundary:
     side: str
     value: str
     raised_on: str
-    profiles: tuple[str, ...]
+    # The rule values the precondition's entry requires ((rule, values), spec/rules.py); empty: none.
+    requires: tuple
 
     @property
     def key(self) -> str:
@@ -47,6 +50,11 @@ class Boundary:
         return re.sub("-+", "-", "".join(c if c.isalnum() else "-" for c in text)).strip("-")
 
 
+def _requires(entry: dict) -> tuple:
+    found = (entry.get("requires") or {}).items()
+    return tuple(sorted((rule, tuple(v) if isinstance(v, list) else (v,)) for rule, v in found))
+
+
 def boundaries(profile: str = DEFAULT_PROFILE) -> list[Boundary]:
     """Every boundary of every must-reject precondition under ``profile``, from the raw YAML."""
     from shardspec.spec.loader import _package_root, document_schema, load_yaml_document
@@ -56,7 +64,7 @@ def boundaries(profile: str = DEFAULT_PROFILE) -> list[Boundary]:
     for entry in raw["preconditions"]:
         if entry.get("retired") or entry["on_violation"]["outcome"] != "reject":
             continue
-        if entry.get("profiles") and profile not in entry["profiles"]:
+        if not holds(entry, profile):
             continue
         for b in entry.get("boundaries", []):
             out.append(
@@ -66,7 +74,7 @@ def boundaries(profile: str = DEFAULT_PROFILE) -> list[Boundary]:
                     b["side"],
                     str(b["value"]),
                     entry["on_violation"]["raised_on"],
-                    tuple(entry.get("profiles", ())),
+                    _requires(entry),
                 )
             )
     return out
@@ -293,7 +301,7 @@ def boundary_cases(profile: str = DEFAULT_PROFILE, tp_sizes=TP_SIZES, seed: int 
         for tp in tp_sizes:
             case = _case_for(boundary, tp, profile, seed)
             if case is not None:
-                if case.profile != VLLM_033:
+                if not rules_of(case.profile).adaptive:
                     case = replace(case, adaptive_verification=False)
                 out.append(case)
     return out
@@ -311,7 +319,7 @@ def boundary_cases_for_run(tp: int, profile: str = DEFAULT_PROFILE, seed: int = 
     made = [b for b in boundaries(profile) if b.key in REALIZERS]
     mine = [b for i, b in enumerate(made) if sizes[(i + seed) % len(sizes)] == tp]
     cases = [_case_for(b, tp, profile, seed) for b in mine]
-    return [c if c.profile == VLLM_033 else replace(c, adaptive_verification=False) for c in cases]
+    return [c if rules_of(c.profile).adaptive else replace(c, adaptive_verification=False) for c in cases]
 
 
 def missing(profile: str = DEFAULT_PROFILE) -> list[Boundary]:

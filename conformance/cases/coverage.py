@@ -29,7 +29,8 @@ from shardspec.conformance.cases.input_space import (
 )
 from shardspec.spec.case_edits import LOGITS_LIMITS_EDIT, UPPER_BOUND_ABSENT
 from shardspec.spec.layouts import BATCH_ARRAYS, BATCH_TENSORS
-from shardspec.spec.model import DEFAULT_PROFILE, VLLM_033
+from shardspec.spec.model import DEFAULT_PROFILE
+from shardspec.spec.profiles import rules_of
 
 # Case.layouts names -> argument paths (local_output: every tensor of the local sampler output).
 _LAYOUT_PATHS = {"grammar_bitmask": "grammar.grammar_bitmask", "logits_shard": "logits_shard"}
@@ -248,7 +249,8 @@ def exercised(case, previous=None) -> set[Variation]:
     if case.grammar_positions:
         tensors.append("grammar.grammar_bitmask")
     tensors += _local_tensors(case)
-    upper_bound = case.profile == VLLM_033 and UPPER_BOUND_ABSENT not in case.edits
+    has_bound = rules_of(case.profile).has_upper_bound
+    upper_bound = has_bound and UPPER_BOUND_ABSENT not in case.edits
     if upper_bound:
         tensors.append("batch.seq_lens_cpu_upper_bound")
     if case.admitted_drafts is not None:
@@ -260,7 +262,7 @@ def exercised(case, previous=None) -> set[Variation]:
         add(path, LAYOUT, "contiguous" if layout not in LAYOUTS_1D and path not in two_d else layout)
     # presence
     add("batch.num_draft_tokens_per_req", PRESENCE, "present" if spec_decode else "absent")
-    if case.profile == VLLM_033:
+    if has_bound:
         add("batch.seq_lens_cpu_upper_bound", PRESENCE, "present" if upper_bound else "absent")
     add("batch.num_admitted_draft_tokens", PRESENCE, "absent" if case.admitted_drafts is None else "present")
     add("grammar", PRESENCE, "present" if case.grammar_positions else "absent")

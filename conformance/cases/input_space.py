@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from functools import cache
 
 from shardspec.spec.model import DEFAULT_PROFILE
+from shardspec.spec.profiles import rules_of
 
 VALUE, DTYPE, LAYOUT, PRESENCE, DIMS, STEP = "value", "dtype", "layout", "presence", "dims", "step"
 AXES = (VALUE, DTYPE, LAYOUT, PRESENCE, DIMS, STEP)
@@ -75,8 +76,13 @@ class InputField:
 # -------------------------------------------------------------------- the model
 
 
-def _holds(entry: dict, profile: str | None) -> bool:
-    return profile is None or not entry.get("profiles") or profile in entry["profiles"]
+def holds(entry: dict, profile: str | None) -> bool:
+    """Whether a raw entry holds for ``profile``: every rule value its ``requires`` names is the profile's."""
+    requires = entry.get("requires")
+    if profile is None or not requires:
+        return True
+    rules = rules_of(profile)
+    return all(getattr(rules, rule) in (v if isinstance(v, list) else [v]) for rule, v in requires.items())
 
 
 def input_fields(data_model: dict, profile: str | None = DEFAULT_PROFILE) -> list[InputField]:
@@ -109,14 +115,14 @@ def input_fields(data_model: dict, profile: str | None = DEFAULT_PROFILE) -> lis
         if ref:
             for record in types.get(ref, []):
                 for sub in record["fields"]:
-                    if _holds(sub, profile):
+                    if holds(sub, profile):
                         add(sub, f"{path}.{sub['name']}", False, fixed)
         for sub in entry.get("fields", []):
-            if _holds(sub, profile):
+            if holds(sub, profile):
                 add(sub, f"{path}.{sub['name']}", False, fixed)
 
     for argument in data_model["arguments"]:
-        if not _holds(argument, profile) or argument.get("view") == "local":
+        if not holds(argument, profile) or argument.get("view") == "local":
             continue
         ref = argument.get("ref")
         if ref and (ref in seen_refs or (ref in returned and argument["step"] != "shard")):

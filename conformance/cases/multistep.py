@@ -21,7 +21,8 @@ import numpy as np
 
 from shardspec.conformance.cases.realizers import EXTENSION
 from shardspec.spec.case import Case
-from shardspec.spec.model import VLLM_SEED
+from shardspec.spec.model import DEFAULT_PROFILE
+from shardspec.spec.profiles import root_profile
 
 STEP_KINDS = ("other-slots", "shrink", "grow", "repeat")
 
@@ -30,10 +31,10 @@ def multi_step_cases(tp_size: int, count: int, seed: int) -> list[Case]:
     """``count`` multi-step cases for ``tp_size``; the same for the same seed."""
     from shardspec.conformance.cases.strategies import generate_cases
 
-    # Bases without vLLM 0.33's per-request inputs: the later steps are derived from the first's fields.
-    bases = [c for c in generate_cases(tp_size, count * 2, seed + 7919, VLLM_SEED, fill_gaps=False) if _usable(c)][
-        :count
-    ]
+    # Bases under the root profile, without a later release's per-request inputs: the later steps are
+    # derived from the first's fields.
+    base = root_profile(DEFAULT_PROFILE)
+    bases = [c for c in generate_cases(tp_size, count * 2, seed + 7919, base, fill_gaps=False) if _usable(c)][:count]
     cases = []
     for number, base in enumerate(bases):
         rng = np.random.default_rng([seed, tp_size, number, 17])

@@ -1,11 +1,12 @@
-"""vLLM 0.33's inputs on generated cases: what the vllm-0.33 profile adds to the seed's batches.
+"""The inputs a profile's rules add to the root profile's generated batches.
 
-A share of the generated cases of a vllm-0.33 run get, as vLLM 0.33 makes them: the sharder's adaptive
-verification on; admitted draft counts below the scheduled ones when the budget binds (some with a
-budget of 0); grammar blocks wider than any request's rows (padding rows), with and without
-num_acceptable_drafts; and device fields in the other integer dtype (the local batch follows the
-input's, CL-LOCAL-DTYPES). The draws come from a generator seeded by the case, so a run is the same
-every time.
+A share of the generated cases get, as an engine with those rules makes them: the sharder's adaptive
+verification on (adaptive_verification: present); admitted draft counts below the scheduled ones when
+the budget binds, some with a budget of 0 (admitted_drafts: admitted); grammar blocks wider than any
+request's rows (grammar_slicing: blocks), with and without num_acceptable_drafts (acceptable_drafts:
+sliced); and device fields in the other integer dtype, which the local batch follows (local_dtypes:
+batch, CL-LOCAL-DTYPES). The draws come from a generator seeded by the case, so a run is the same every
+time.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from dataclasses import replace
 import numpy as np
 
 from shardspec.spec.case import Case
+from shardspec.spec.rules import Rules
 
 ADAPTIVE_SHARE = 0.4
 ADMITTED_SHARE = 0.7  # of adaptive cases with drafts: the budget binds
@@ -32,26 +34,27 @@ OTHER_DTYPES = {
 }
 
 
-def with_vllm_033_inputs(case: Case, rng: np.random.Generator) -> Case:
-    """``case`` (valid, vllm-0.33) with a draw of vLLM 0.33's inputs."""
+def with_profile_inputs(case: Case, rules: Rules, rng: np.random.Generator) -> Case:
+    """``case`` (valid under ``rules``) with a draw of the inputs those rules allow."""
     changes: dict = {}
-    if rng.random() < ADAPTIVE_SHARE:
+    if rules.adaptive and rng.random() < ADAPTIVE_SHARE:
         changes["adaptive_verification"] = True
         counts = np.asarray(case.num_logits_per_req, dtype=np.int64)
         # Explicit outputs are drawn for the scheduled rows, so only toy-sampled cases trim drafts.
-        if case.local_outputs == "toy" and (counts > 1).any() and rng.random() < ADMITTED_SHARE:
+        admits = rules.admits_drafts and case.local_outputs == "toy"
+        if admits and (counts > 1).any() and rng.random() < ADMITTED_SHARE:
             if rng.random() < BUDGET_ZERO_SHARE:
                 changes["admitted_drafts"] = [0] * len(counts)
             else:
                 changes["admitted_drafts"] = [int(rng.integers(0, c)) for c in counts]
-    if case.grammar_positions:
+    if case.grammar_positions and rules.grammar_blocks:
         if rng.random() < WIDE_BLOCK_SHARE:
             changes["grammar_block_rows"] = case.max_num_logits_per_req + int(rng.integers(1, 3))
-        if rng.random() < ACCEPTABLE_SHARE:
+        if rules.acceptable_drafts == "sliced" and rng.random() < ACCEPTABLE_SHARE:
             changes["num_acceptable_drafts"] = [
                 int(rng.integers(0, case.num_logits_per_req[p] + 1)) for p in case.grammar_positions
             ]
-    if rng.random() < DTYPE_SHARE:
+    if rules.batch_dtypes and rng.random() < DTYPE_SHARE:
         names = [name for name in OTHER_DTYPES if rng.random() < 0.5] or ["idx_mapping"]
         changes["batch_dtypes"] = {name: OTHER_DTYPES[name] for name in names}
     return replace(case, **changes)

@@ -39,10 +39,11 @@ from hypothesis import strategies as st
 
 from shardspec.conformance.cases import input_space as space
 from shardspec.conformance.cases import realizers
-from shardspec.conformance.cases.profile_inputs import with_vllm_033_inputs
+from shardspec.conformance.cases.profile_inputs import with_profile_inputs
 from shardspec.spec.case import Case, ExplicitLocalOutput
 from shardspec.spec.layouts import BATCH_ARRAYS, BATCH_TENSORS, LAYOUTS, LOCAL_OUTPUT
-from shardspec.spec.model import DEFAULT_PROFILE, VLLM_033
+from shardspec.spec.model import DEFAULT_PROFILE
+from shardspec.spec.profiles import rules_of
 
 MAX_REQS_IN_BATCH = 12
 MAX_LOGITS_PER_REQ = 8
@@ -348,11 +349,11 @@ def generate_cases(
     for number, case in enumerate(unique):
         case.case_id = f"gen-tp{tp_size}-s{seed}-{number:03d}"
     unique = [replace(case, profile=profile) for case in unique]
-    if profile == VLLM_033:
-        unique = [
-            with_vllm_033_inputs(case, np.random.default_rng([seed, tp_size, number, 33]))
-            for number, case in enumerate(unique)
-        ]
+    rules = rules_of(profile)
+    unique = [
+        with_profile_inputs(case, rules, np.random.default_rng([seed, tp_size, number, 33]))
+        for number, case in enumerate(unique)
+    ]
     # Then every variation of the input space that the random draw missed and a case can be made to
     # draw (conformance/cases/input_space.py), each in one case.
     return realizers.fill_gaps(unique, profile, np.random.default_rng([seed, tp_size, 23])) if fill_gaps else unique

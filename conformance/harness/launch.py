@@ -12,6 +12,7 @@ import sys
 
 from shardspec.conformance.harness.external import ExternalGroup, rank_command
 from shardspec.conformance.harness.spawn import RankServer, ServedGroup
+from shardspec.spec.profiles import profile_environ
 
 WORKER = "shardspec.conformance.harness.worker"
 
@@ -74,7 +75,7 @@ class GroupStarter:
 
 
 def _worker_env(device_kind: str) -> dict[str, str]:
-    env = dict(os.environ)
+    env = {**os.environ, **profile_environ()}  # a profile file of the user's, registered in this process
     env["OMP_NUM_THREADS"] = "1"  # the expectations are computed with one thread too
     if device_kind == "cpu":
         # Ranks on the CPU (no GPU, or fewer GPUs than ranks): Triton kernels

@@ -17,6 +17,8 @@ import os
 import subprocess
 import sys
 
+from shardspec.spec.profiles import profile_environ
+
 
 def probe(
     names: list[str], profile: str, timeout_s: float = 120.0, warnings: list[str] | None = None
@@ -36,7 +38,7 @@ def probe(
 
 
 def _probe_once(names: list[str], profile: str, timeout_s: float) -> tuple[dict[str, dict], str]:
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, **profile_environ(), "PYTHONUNBUFFERED": "1"}
     try:
         proc = subprocess.run(
             [sys.executable, "-m", __name__, profile, *names],

@@ -26,6 +26,8 @@ import sys
 import time
 import traceback
 
+from shardspec.spec.profiles import profile_environ
+
 
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
@@ -47,7 +49,8 @@ def rank_env(rank: int, world_size: int, port: int) -> dict[str, str]:
 def start_processes(world_size: int, module: str, args: list[str], port: int) -> list[int]:
     ranks = [
         subprocess.Popen(
-            [sys.executable, "-u", "-m", module, *args], env={**os.environ, **rank_env(rank, world_size, port)}
+            [sys.executable, "-u", "-m", module, *args],
+            env={**os.environ, **profile_environ(), **rank_env(rank, world_size, port)},
         )
         for rank in range(world_size)
     ]

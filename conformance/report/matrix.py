@@ -165,16 +165,22 @@ def _coverage_cells(columns: list[Column], sections: dict) -> list[CoverageCell]
     return cells
 
 
+# The profile a report that names none was judged under (reports before spec 0.4).
+UNNAMED_PROFILE = "vllm-seed"
+
+
+def _profile_of(report: Report) -> str:
+    return str(report.metadata.get("profile") or UNNAMED_PROFILE)
+
+
 def report_profile(reports: list[Report]) -> str:
     """The profile the reports were judged under (the first report's; reports before spec 0.4 name
     none and were judged under what is now vllm-seed)."""
-    from shardspec.spec.profiles import VLLM_SEED
-
-    return str(reports[0].metadata.get("profile") or VLLM_SEED) if reports else VLLM_SEED
+    return _profile_of(reports[0]) if reports else UNNAMED_PROFILE
 
 
 def _profile_notes(reports: list[Report], profile: str | None) -> list[str]:
-    other = [r.name for r in reports if (r.metadata.get("profile") or "vllm-seed") != profile]
+    other = [r.name for r in reports if _profile_of(r) != profile]
     if not other:
         return []
     return [f"{', '.join(other)}: judged under another profile than {profile}; the rows are those of {profile}"]

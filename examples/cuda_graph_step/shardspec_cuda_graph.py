@@ -80,12 +80,12 @@ from shardspec.impl.sharder import ProductionSharder
 from shardspec.impl.workspace import LOCAL_FIELDS
 from shardspec.spec.model import (
     DEFAULT_PROFILE,
-    VLLM_033,
     InputBatch,
     LogprobsTensors,
     SamplerOutput,
     num_logprob_columns,
 )
+from shardspec.spec.profiles import rules_of
 
 __all__ = ["PAD_TOKEN_INDEX", "Bucket", "CapturedPlan", "CapturedSteps", "bucket_for", "wire_bytes"]
 
@@ -306,8 +306,11 @@ class CapturedSteps:
         return entry
 
     def _counts(self, batch: InputBatch):
-        if self.profile == VLLM_033:
-            self._refuse_unrecorded(batch)
+        rules = rules_of(self.profile)
+        if rules.owner != "slot_mod_tp":
+            raise NotImplementedError(f"profile {self.profile}: the captured step owns requests by slot only")
+        if rules.admits_drafts or rules.batch_dtypes:
+            self._refuse_unrecorded(batch, rules)
         if self.check_preconditions:
             cu, counts, width = checks.check_input_batch(
                 batch,
@@ -334,17 +337,18 @@ class CapturedSteps:
         )
         return cu, counts, width, (slots, owners, reqs_per_rank, rows_per_rank), bucket_for(reqs_per_rank, width)
 
-    def _refuse_unrecorded(self, batch: InputBatch) -> None:
-        """vllm-0.33 batches the recorded graphs cannot replay (see the module docstring)."""
-        if batch.num_admitted_draft_tokens is not None:
+    def _refuse_unrecorded(self, batch: InputBatch, rules) -> None:
+        """Batches the recorded graphs cannot replay under admitted drafts or the batch's local dtypes
+        (see the module docstring)."""
+        if rules.admits_drafts and batch.num_admitted_draft_tokens is not None:
             raise ValueError(
-                f"profile {VLLM_033}: admitted draft counts (num_admitted_draft_tokens, CL-ADMITTED-DRAFTS) are not "
-                "supported by the captured step; use ProductionSharder for such batches"
+                f"profile {self.profile}: admitted draft counts (num_admitted_draft_tokens, CL-ADMITTED-DRAFTS) "
+                "are not supported by the captured step; use ProductionSharder for such batches"
             )
         dtypes = local_dtypes(batch)
-        if dtypes != _CAPTURE_DTYPES:
+        if rules.batch_dtypes and dtypes != _CAPTURE_DTYPES:
             raise ValueError(
-                f"profile {VLLM_033}: the captured step records local fields (CL-LOCAL-DTYPES) of dtypes "
+                f"profile {self.profile}: the captured step records local fields (CL-LOCAL-DTYPES) of dtypes "
                 f"{_named(_CAPTURE_DTYPES)}; this batch's are {_named(dtypes)}: use ProductionSharder for it"
             )
 
@@ -378,8 +382,8 @@ class CapturedSteps:
         local_reqs = owned.nonzero()[0]
         num_local, num_local_logits = local_reqs.shape[0], rows_per_rank[rank]
         views = self._local_views(entry, result, num_local, num_local_logits)
-        vllm_033 = self.profile == VLLM_033
-        local_batch = local_input_batch(batch, slots, counts, local_reqs, width, views, prefix="", vllm_033=vllm_033)
+        rules = rules_of(self.profile)
+        local_batch = local_input_batch(batch, slots, counts, local_reqs, width, views, prefix="", rules=rules)
         return CapturedPlan(
             bucket=bucket,
             num_reqs=num_reqs,

@@ -15,6 +15,8 @@ from harness_cases import PLUGINS, small_cases, write_cases
 
 from shardspec.conformance.cli import main
 
+PROFILES = os.path.join(os.path.dirname(__file__), "data", "profiles")
+
 
 @pytest.mark.parametrize(
     "args, message",
@@ -36,6 +38,11 @@ from shardspec.conformance.cli import main
         (["--max-examples", "99999999999999999999"], "--max-examples: 99999999999999999999 is above 10000"),
         (["--mixed-max-examples", "10001"], "--mixed-max-examples: 10001 is above 10000"),
         (["--profile", "vllm-9"], "--profile: unknown profile 'vllm-9'; this spec defines vllm-0.33, vllm-seed"),
+        (["--profile-file", f"{PROFILES}/bad-rule.yaml"], "bad-rule.yaml: unknown rule 'owners' (rules: owner,"),
+        (["--profile-file", f"{PROFILES}/bad-value.yaml"], "bad-value.yaml: rule owner: unknown value 'slot_div_tp'"),
+        (["--profile-file", f"{PROFILES}/bad-parent.yaml"], "bad-parent.yaml: extends unknown profile 'vllm-0.99'"),
+        (["--profile-file", f"{PROFILES}/unsupported.yaml"], "owner: value owner_table is declared but not supported"),
+        (["--profile-file", "/no/such/profile.yaml"], "--profile-file: /no/such/profile.yaml: cannot be read"),
         (["--seed", "x"], "--seed: 'x' is not an integer"),
         (["--json", "/no/such/folder/r.json"], "--json: the folder /no/such/folder does not exist"),
         (["--case", "../../etc/passwd"], "--case '../../etc/passwd': not a fixture id"),

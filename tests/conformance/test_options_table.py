@@ -19,12 +19,14 @@ from shardspec.conformance.usage import UsageError
 GUIDE = pathlib.Path(__file__).resolve().parents[2] / "docs" / "validate-your-implementation.md"
 
 # A value each variable refuses: a variable added to the table needs one here.
+PROFILE_FILE = pathlib.Path(__file__).parent / "data" / "profiles" / "position-owner.yaml"
 BAD_VALUES = {
     "SHARDSPEC_IMPL": ",",
     "SHARDSPEC_IMPL_ODD": "a/b",
     "SHARDSPEC_QUICK": "maybe",
     "SHARDSPEC_TP": "0",
     "SHARDSPEC_PROFILE": "vllm-9",
+    "SHARDSPEC_PROFILE_FILE": "/no/such/profile.yaml",
     "SHARDSPEC_MAX_EXAMPLES": "many",
     "SHARDSPEC_MIXED_MAX_EXAMPLES": "-1",
     "SHARDSPEC_SEED": "x",
@@ -44,6 +46,7 @@ def _sample(entry, tmp_path) -> list[str]:
         return [entry.flag, entry.choices[0]]
     values = {"impl": "reference", "impl_odd": "production", "tp": "2", "profile": "vllm-seed"}
     values["xfails_file"] = str(tmp_path / "x.txt")
+    values["profile_file"] = str(PROFILE_FILE)
     return [entry.flag, values.get(entry.name, "7")]
 
 

@@ -3,13 +3,14 @@ than the capture batch's) and the local batch equal to the eager step's in eithe
 
 import pytest
 import torch
+from bundled import VLLM_033, VLLM_SEED
 from impl_steps import DEVICE, assert_same
 from shardspec_cuda_graph import CapturedSteps
 
 from shardspec.comm import LockstepGroup, LoopbackComm
 from shardspec.impl import ProductionSharder
 from shardspec.spec.builders import build_input_batch
-from shardspec.spec.model import PROFILES, VLLM_033, VLLM_SEED
+from shardspec.spec.model import PROFILES
 
 SLOTS = [0, 1, 2, 3, 4, 5]
 SCHEDULED = [3, 2, 4, 1, 3, 2]

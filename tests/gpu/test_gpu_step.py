@@ -7,19 +7,13 @@ on the device, so the step itself is all that runs under the sync check.
 import numpy as np
 import pytest
 import torch
+from bundled import VLLM_033, VLLM_SEED
 
 from shardspec.comm import LoopbackComm
 from shardspec.impl import ProductionSharder
 from shardspec.reference import ReferenceSharder
 from shardspec.spec.builders import build_grammar_output, build_input_batch
-from shardspec.spec.model import (
-    PROFILES,
-    VLLM_033,
-    VLLM_SEED,
-    LogprobsTensors,
-    SamplerOutput,
-    admitted_cu_num_logits,
-)
+from shardspec.spec.model import PROFILES, LogprobsTensors, SamplerOutput, admitted_cu_num_logits
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 

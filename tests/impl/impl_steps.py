@@ -12,6 +12,7 @@ from collections.abc import Callable
 
 import numpy as np
 import torch
+from bundled import VLLM_033
 
 from shardspec.comm import LockstepGroup
 from shardspec.fixtures.run import RankTrace, run_rank_step
@@ -19,7 +20,6 @@ from shardspec.impl import ProductionSharder
 from shardspec.reference import ReferenceSharder
 from shardspec.spec.case import Case, CaseInputs, build_case_inputs
 from shardspec.spec.case_edits import extension_fields
-from shardspec.spec.model import VLLM_033
 
 IMPLS = {"reference": ReferenceSharder, "production": ProductionSharder}
 # Compiled kernels on a GPU; the interpreter on CPU tensors elsewhere (tests/conftest.py).

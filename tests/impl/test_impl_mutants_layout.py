@@ -7,6 +7,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 import torch
+from bundled import VLLM_SEED
 
 from shardspec.comm import LoopbackComm
 from shardspec.impl import ProductionSharder, checks
@@ -16,7 +17,7 @@ from shardspec.impl.local_batch import convert_views, local_regions
 from shardspec.impl.workspace import LOCAL_FIELDS, local_region, logprobs_layout, plan_layout
 from shardspec.spec.builders import build_input_batch
 from shardspec.spec.errors import PreconditionError
-from shardspec.spec.model import VLLM_SEED, GrammarOutput
+from shardspec.spec.model import GrammarOutput
 
 I32, I64 = torch.int32, torch.int64
 
@@ -71,7 +72,7 @@ def _sharder(**options) -> ProductionSharder:
 def test_an_unknown_profile_names_the_ones_implemented():
     with pytest.raises(ValueError) as caught:
         _sharder(profile="vllm-0.1")
-    assert str(caught.value) == "unknown profile 'vllm-0.1'; production implements vllm-0.33, vllm-seed"
+    assert str(caught.value) == "unknown profile 'vllm-0.1' (known: vllm-0.33, vllm-seed)"
 
 
 @pytest.mark.parametrize(

@@ -12,6 +12,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 import torch
+from bundled import VLLM_033, VLLM_SEED
 from impl_steps import DEVICE
 from test_impl_preconditions import (
     COUNTS,
@@ -29,7 +30,7 @@ from test_impl_preconditions import (
 from shardspec.comm import LoopbackComm
 from shardspec.impl import ProductionSharder
 from shardspec.spec.errors import PreconditionError
-from shardspec.spec.model import PROFILES, VLLM_033, VLLM_SEED, ExtensionSpec, GrammarOutput, LogprobsTensors
+from shardspec.spec.model import PROFILES, ExtensionSpec, GrammarOutput, LogprobsTensors
 
 # The violations of test_impl_preconditions.py, by name: the whole text of their errors.
 MESSAGES = {

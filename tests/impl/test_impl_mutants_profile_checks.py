@@ -10,12 +10,12 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
+from bundled import VLLM_033, VLLM_SEED
 
 from shardspec.impl import checks, profile_checks
 from shardspec.reference import profile_rules
 from shardspec.spec.builders import build_grammar_output, build_input_batch
 from shardspec.spec.errors import PreconditionError
-from shardspec.spec.model import VLLM_033, VLLM_SEED
 
 SLOTS = [4, 1, 6, 3, 0]
 SCHEDULED = [3, 2, 4, 1, 3]

@@ -9,6 +9,9 @@ import pytest
 import torch
 
 from shardspec.impl import profiles
+from shardspec.spec.profiles import rules_of
+
+RULES = rules_of("vllm-0.33")  # drafts admitted, the bound the spec's
 
 
 def _batch(**fields):
@@ -35,8 +38,8 @@ def test_admitted_rows_are_int64_prefix_sums_and_counts():
     ids=["float64", "meta"],
 )
 def test_a_bound_numpy_cannot_read_is_cut_with_torch(bound):
-    num_drafts, local_bound, admitted = profiles.local_033_fields(
-        _batch(seq_lens_cpu_upper_bound=bound), np.array([2, 0]), np.array([3, 2], dtype=np.int32)
+    num_drafts, local_bound, admitted = profiles.local_profile_fields(
+        _batch(seq_lens_cpu_upper_bound=bound), np.array([2, 0]), np.array([3, 2], dtype=np.int32), RULES
     )
     assert num_drafts == 4 and admitted is None  # the admitted drafts of requests 2 and 0
     assert local_bound.device == bound.device and local_bound.dtype == bound.dtype and local_bound.shape == (2,)
@@ -46,7 +49,17 @@ def test_a_bound_numpy_cannot_read_is_cut_with_torch(bound):
 
 def test_a_cpu_integer_bound_is_cut_by_numpy():
     bound = torch.tensor([7, 8, 9], dtype=torch.int32)
-    _, local_bound, _ = profiles.local_033_fields(
-        _batch(seq_lens_cpu_upper_bound=bound), np.array([2, 0]), np.array([3, 2], dtype=np.int32)
+    _, local_bound, _ = profiles.local_profile_fields(
+        _batch(seq_lens_cpu_upper_bound=bound), np.array([2, 0]), np.array([3, 2], dtype=np.int32), RULES
     )
     assert local_bound.dtype == torch.int32 and local_bound.tolist() == [9, 7]
+
+
+def test_without_the_rules_that_localize_them_the_fields_stay_the_batch_s():
+    bound = torch.tensor([7, 8, 9], dtype=torch.int32)
+    batch = _batch(seq_lens_cpu_upper_bound=bound)
+    seed = rules_of("vllm-seed")
+    num_drafts, local_bound, admitted = profiles.local_profile_fields(
+        batch, np.array([2, 0]), np.array([3, 2], dtype=np.int32), seed
+    )
+    assert num_drafts == 5 and local_bound is bound and admitted is batch.num_admitted_draft_tokens

@@ -10,13 +10,14 @@ from dataclasses import replace
 import numpy as np
 import pytest
 import torch
+from bundled import VLLM_SEED
 from impl_steps import DEVICE
 
 from shardspec.comm import LoopbackComm
 from shardspec.impl import ProductionSharder
 from shardspec.spec.builders import build_grammar_output, build_input_batch
 from shardspec.spec.errors import PreconditionError
-from shardspec.spec.model import DEFAULT_PROFILE, VLLM_SEED, ExtensionSpec, LogprobsTensors, SamplerOutput
+from shardspec.spec.model import DEFAULT_PROFILE, ExtensionSpec, LogprobsTensors, SamplerOutput
 
 TP = 2
 SLOTS = [4, 1, 6, 3, 0]

@@ -10,6 +10,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 import torch
+from bundled import VLLM_033, VLLM_SEED
 from impl_steps import DEVICE
 
 from shardspec.comm import LoopbackComm
@@ -17,7 +18,6 @@ from shardspec.impl import ProductionSharder
 from shardspec.reference import ReferenceSharder
 from shardspec.spec.builders import build_grammar_output, build_input_batch
 from shardspec.spec.errors import PreconditionError
-from shardspec.spec.model import VLLM_033, VLLM_SEED
 
 SLOTS = [4, 1, 6, 3, 0]
 SCHEDULED = [3, 2, 4, 1, 3]

@@ -12,13 +12,14 @@ from dataclasses import replace
 import numpy as np
 import pytest
 import torch
+from bundled import VLLM_033, VLLM_SEED
 from impl_steps import DEVICE, all_ranks, assert_same, assert_traces_equal, mixed, run_case
 
 from shardspec.comm import LoopbackComm
 from shardspec.impl import ProductionSharder
 from shardspec.reference import ReferenceSharder
 from shardspec.spec.case import Case, build_case_inputs
-from shardspec.spec.model import PROFILES, VLLM_033, VLLM_SEED
+from shardspec.spec.model import PROFILES
 
 SLOTS = [0, 1, 2, 3, 4, 5]
 SCHEDULED = [3, 2, 4, 1, 3, 2]
@@ -252,4 +253,4 @@ def test_an_unknown_profile_is_refused():
 
 
 def test_production_declares_the_spec_and_its_profiles():
-    assert ProductionSharder.SPEC_VERSION == "0.4.0" and ProductionSharder.SPEC_PROFILES == PROFILES
+    assert ProductionSharder.SPEC_VERSION == "0.4.0" and ProductionSharder.SPEC_RULES == {"owner": ("slot_mod_tp",)}

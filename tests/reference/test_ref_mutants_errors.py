@@ -12,6 +12,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 import torch
+from bundled import VLLM_SEED
 from test_ref_preconditions import (
     COUNTS,
     MASK,
@@ -30,7 +31,6 @@ from shardspec.reference import ReferenceSharder
 from shardspec.spec.builders import build_grammar_output, build_input_batch
 from shardspec.spec.errors import PreconditionError
 from shardspec.spec.model import ExtensionSpec, SamplerOutput
-from shardspec.spec.profiles import VLLM_SEED
 
 
 @pytest.mark.parametrize("precondition_id", sorted(VIOLATIONS))

@@ -10,11 +10,11 @@ from dataclasses import replace
 import numpy as np
 import pytest
 import torch
+from bundled import VLLM_033, VLLM_SEED
 
 from shardspec.reference.preconditions import check_input_batch
 from shardspec.spec.builders import build_input_batch
 from shardspec.spec.errors import PreconditionError
-from shardspec.spec.profiles import VLLM_033, VLLM_SEED
 
 
 def _rejected(batch, profile, rank=None) -> PreconditionError:

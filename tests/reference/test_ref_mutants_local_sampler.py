@@ -11,13 +11,13 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from bundled import VLLM_033, VLLM_SEED
 
 from shardspec.reference.local_sampler import local_sampler_output
 from shardspec.reference.sampler import toy_sample
 from shardspec.spec.builders import build_input_batch
 from shardspec.spec.case import Case, ExplicitLocalOutput
 from shardspec.spec.model import GrammarOutput
-from shardspec.spec.profiles import VLLM_033, VLLM_SEED
 
 VOCAB = 64
 EXPLICIT = ExplicitLocalOutput(sampled_token_ids=[[5, 6], [7, 0]], num_sampled=[2, 1], num_rejected=[0, 0])

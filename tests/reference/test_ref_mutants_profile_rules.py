@@ -11,12 +11,12 @@ from dataclasses import replace
 import numpy as np
 import pytest
 import torch
+from bundled import VLLM_033, VLLM_SEED
 
 from shardspec.reference import profile_rules
 from shardspec.spec.builders import build_grammar_output, build_input_batch
 from shardspec.spec.errors import PreconditionError
 from shardspec.spec.model import GrammarOutput
-from shardspec.spec.profiles import VLLM_033, VLLM_SEED
 
 
 def _rejected(check, *args, **kwargs) -> PreconditionError:

@@ -9,11 +9,11 @@ replicated logprobs' cu_num_generated fields are pinned with and without adaptiv
 import numpy as np
 import pytest
 import torch
+from bundled import VLLM_033, VLLM_SEED
 
 from shardspec.reference.sampler import replicated_output, toy_sample
 from shardspec.spec.builders import build_input_batch
 from shardspec.spec.model import GrammarOutput
-from shardspec.spec.profiles import VLLM_033, VLLM_SEED
 
 VOCAB = 64
 

@@ -5,6 +5,7 @@ per-row extension field when admitted draft counts trim the batch (CL-ADMITTED-D
 
 import pytest
 import torch
+from bundled import VLLM_033, VLLM_SEED
 
 from shardspec.comm import LoopbackComm
 from shardspec.fixtures.run import run_reference_case
@@ -13,13 +14,12 @@ from shardspec.spec.builders import build_input_batch
 from shardspec.spec.case import Case, build_case_inputs
 from shardspec.spec.case_edits import batch_extension_values, extension_fields
 from shardspec.spec.model import admitted_cu_num_logits
-from shardspec.spec.profiles import VLLM_033, VLLM_SEED
 
 
 def test_unknown_profile_is_refused_naming_the_known_ones():
     with pytest.raises(ValueError) as caught:
         ReferenceSharder(4, 4, comm=LoopbackComm(0, 1), profile="vllm-0.1")
-    assert str(caught.value) == "unknown profile 'vllm-0.1'; the reference implements vllm-0.33, vllm-seed"
+    assert str(caught.value) == "unknown profile 'vllm-0.1' (known: vllm-0.33, vllm-seed)"
 
 
 WIDE = {name: "int64" for name in ("seq_lens", "expanded_idx_mapping", "expanded_local_pos", "cu_num_logits")}

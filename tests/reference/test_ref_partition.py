@@ -8,11 +8,11 @@ communication); the all-to-all runs every rank through LockstepGroup.
 import numpy as np
 import pytest
 import torch
+from bundled import VLLM_SEED
 
 from shardspec.comm import LockstepGroup, LoopbackComm
 from shardspec.reference import ReferenceSharder
 from shardspec.spec.builders import build_grammar_output, build_input_batch, build_token_logits
-from shardspec.spec.profiles import VLLM_SEED
 
 MAX_REQS, MAX_LOGITS = 64, 4
 

@@ -12,6 +12,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 import torch
+from bundled import VLLM_SEED
 
 import shardspec.reference.preconditions as preconditions_module
 from shardspec.comm import LoopbackComm
@@ -19,7 +20,7 @@ from shardspec.reference import ReferenceSharder
 from shardspec.spec.builders import build_grammar_output, build_input_batch
 from shardspec.spec.errors import PreconditionError
 from shardspec.spec.model import ExtensionSpec, LogprobsTensors, SamplerOutput
-from shardspec.spec.profiles import DEFAULT_PROFILE, VLLM_SEED
+from shardspec.spec.profiles import DEFAULT_PROFILE
 
 TP = 2
 SLOTS = [4, 1, 6, 3, 0]

@@ -63,6 +63,10 @@ def spec_copy(tmp_path):
     for entry in source.iterdir():
         if entry.name.endswith((".yaml", ".json")):
             (tmp_path / entry.name).write_text(entry.read_text(encoding="utf-8"), encoding="utf-8")
+    (tmp_path / "profiles").mkdir()
+    for entry in source.joinpath("profiles").iterdir():
+        if entry.name.endswith(".yaml"):
+            (tmp_path / "profiles" / entry.name).write_text(entry.read_text(encoding="utf-8"), encoding="utf-8")
     return tmp_path
 
 

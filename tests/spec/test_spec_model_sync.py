@@ -81,7 +81,7 @@ BATCHES = {
 @pytest.fixture(params=sorted(BATCHES))
 def step_results(request, spec):
     slots, counts, grammar_positions = BATCHES[request.param]
-    vllm_033 = spec.profile == py_model.VLLM_033
+    vllm_033 = spec.profile == "vllm-0.33"
     batch = build_input_batch(slots, counts, seq_lens_upper_bound=vllm_033)
     grammar = None
     if grammar_positions is not None:

@@ -24,7 +24,7 @@ from shardspec.conformance.judge.checks.base import StepRecord, Violation
 from shardspec.reference.plan import ShardPlan, build_plan
 from shardspec.reference.profile_rules import device_cu_num_logits
 from shardspec.spec.errors import declines_extensions
-from shardspec.spec.profiles import VLLM_033
+from shardspec.spec.profiles import rules_of
 
 # The invariant whose checker reports an unexpected exception of each step:
 # the first invariant of that step in spec/invariants.yaml. "construct" is
@@ -74,14 +74,16 @@ def unexpected_error(record: StepRecord, invariant_id: str) -> list[Violation]:
 def plan_of(record: StepRecord) -> ShardPlan:
     """The spec's plan for this record's batch and rank (a pure function of the batch)."""
     batch = record.inputs.batch
-    cu = device_cu_num_logits(batch, record.case.profile)  # the admitted rows in vllm-0.33 (CL-ADMITTED-DRAFTS)
-    return build_plan(batch.idx_mapping_np, cu, record.case.tp_size, record.rank)
+    rules = rules_of(record.case.profile)
+    cu = device_cu_num_logits(batch, rules)  # the admitted rows where drafts are admitted (CL-ADMITTED-DRAFTS)
+    return build_plan(batch.idx_mapping_np, cu, record.case.tp_size, record.rank, rules.owner)
 
 
 def empty_batch_padding(record: StepRecord) -> tuple[int, ...]:
-    """The max_num_reqs_per_rank values the profile allows for the record's batch: (1,), or for an
-    empty batch in vllm-0.33 (0, 1) (CL-EMPTY-BATCH)."""
-    if record.case.profile == VLLM_033 and record.inputs.batch.num_reqs == 0:
+    """The max_num_reqs_per_rank values the profile allows for the record's batch: the plan's, or for an
+    empty batch under empty_batch_padding zero_or_one (0, 1) (CL-EMPTY-BATCH)."""
+    zero_or_one = rules_of(record.case.profile).empty_batch_padding == "zero_or_one"
+    if zero_or_one and record.inputs.batch.num_reqs == 0:
         return (0, 1)
     return (plan_of(record).max_num_reqs_per_rank,)
 

@@ -6,7 +6,7 @@ from collections.abc import Iterable
 
 from shardspec.conformance.judge.checks.base import StepRecord, Violation, rank_check
 from shardspec.conformance.judge.checks.common import check_int_list, check_str_list, check_tensor, fmt, found, shards
-from shardspec.spec.profiles import VLLM_033
+from shardspec.spec.profiles import rules_of
 
 FIELD = "local_grammar_output"
 
@@ -56,12 +56,12 @@ def check_local_grammar(record: StepRecord) -> Iterable[Violation]:
     if violation:
         yield violation
         return
-    if record.case.profile == VLLM_033:
+    if rules_of(record.case.profile).acceptable_drafts == "sliced":
         yield from _acceptable_drafts(record, actual, expected, [position[req_id] for req_id in want])
 
 
 def _acceptable_drafts(record: StepRecord, actual, expected, requests: list[int]) -> Iterable[Violation]:
-    """vllm-0.33: num_acceptable_drafts moves with the ids (None stays None)."""
+    """acceptable_drafts sliced: num_acceptable_drafts moves with the ids (None stays None)."""
     field = f"{FIELD}.num_acceptable_drafts"
     got, want = getattr(actual, "num_acceptable_drafts", None), expected.num_acceptable_drafts
     if want is None or got is None:
@@ -82,7 +82,8 @@ def _acceptable_drafts(record: StepRecord, actual, expected, requests: list[int]
 
 def _rows_of(record: StepRecord, request: int) -> int:
     grammar = record.inputs.grammar
-    if record.case.profile == VLLM_033 and grammar is not None and grammar.structured_output_request_ids:
+    blocks = rules_of(record.case.profile).grammar_blocks
+    if blocks and grammar is not None and grammar.structured_output_request_ids:
         return grammar.grammar_bitmask.shape[0] // len(grammar.structured_output_request_ids)
     cu = record.inputs.batch.cu_num_logits_np
     return int(cu[request + 1] - cu[request])

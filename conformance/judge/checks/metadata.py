@@ -16,7 +16,7 @@ from shardspec.conformance.judge.checks.common import (
     found,
     shards,
 )
-from shardspec.spec.profiles import VLLM_033
+from shardspec.spec.profiles import rules_of
 
 
 def _first_request_of_rank(owners: np.ndarray):
@@ -64,7 +64,8 @@ def check_meta_scalars(record: StepRecord) -> Iterable[Violation]:
     actual, expected = pair[0].metadata, pair[1].metadata
     allowed = empty_batch_padding(record)
     chosen = getattr(actual, "max_num_reqs_per_rank", None)
-    # An empty batch in vllm-0.33 may pad to 0 or 1 rows (CL-EMPTY-BATCH): judged against the choice.
+    # An empty batch may pad to 0 or 1 rows where the padding rule allows both (CL-EMPTY-BATCH): judged
+    # against the choice.
     padding = chosen if type(chosen) is int and chosen in allowed else expected.max_num_reqs_per_rank
     wanted = {name: getattr(expected, name) for name in ("tp_size", "num_local_reqs", "max_num_logits_per_req")}
     wanted["max_num_reqs_per_rank"] = padding
@@ -75,7 +76,7 @@ def check_meta_scalars(record: StepRecord) -> Iterable[Violation]:
                 violation.message += f" (an empty batch pads to one of {list(allowed)})"
             yield violation
             return
-    if record.case.profile == VLLM_033:
+    if rules_of(record.case.profile).adaptive:
         field = "metadata.adaptive_verification_enabled"
         got = getattr(actual, "adaptive_verification_enabled", None)
         if got is not record.case.adaptive_verification:

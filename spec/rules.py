@@ -1,0 +1,189 @@
+"""The rules a profile sets: each one named, with the values it may take and what each value means.
+
+A profile (``spec/profiles/<name>.yaml``) is a value for every rule here, inherited from the profile
+it ``extends`` where it does not set one. Spec entries say which rule values they hold for
+(``requires: {local_dtypes: batch}``); the reference, production, the suite and the goldens read a
+profile's :class:`Rules`, never its name. Adding a release is a profile file; adding a rule is an
+entry here, a field of :class:`Rules`, and the code that follows it.
+
+No torch here: the command line reads profiles before a run starts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One rule: its name, what it decides, and each value it may take with what that value means.
+    ``unsupported`` values are declared (a profile file may name them) but not implemented yet: a
+    profile that selects one is refused when it is loaded."""
+
+    name: str
+    doc: str
+    values: Mapping[str, str]
+    unsupported: tuple[str, ...] = ()
+
+
+RULES: tuple[Rule, ...] = (
+    Rule(
+        "owner",
+        "Which rank owns the request at batch position i (INV-OWNER).",
+        {
+            "slot_mod_tp": "idx_mapping[i] mod tp: the request's slot decides.",
+            "position_mod_tp": "i mod tp: the request's batch position decides.",
+            "owner_table": "an entry of a per-slot owner table supplied with the step and carried across steps.",
+            "contiguous_ranges": "rank r owns one contiguous range of batch positions (vllm-ascend's RFC #9269).",
+        },
+        unsupported=("owner_table", "contiguous_ranges"),
+    ),
+    Rule(
+        "empty_batch_padding",
+        "How many requests per rank (M) the plan pads an empty batch to (CL-EMPTY-BATCH).",
+        {
+            "one": "M = 1: every collective stays non-empty.",
+            "zero_or_one": "M = 0 or M = 1, the same on every rank of one implementation.",
+        },
+    ),
+    Rule(
+        "grammar_slicing",
+        "How the grammar bitmask is laid out and sliced for the owners (PRE-GRAMMAR-BITMASK, INV-LOCAL-GRAMMAR).",
+        {
+            "rows": "one bitmask row per logits row of the listed requests (CL-GRAMMAR-BITMASK-ROWS).",
+            "blocks": "a fixed-width block of S rows per listed request, sliced whole (CL-GRAMMAR-BLOCKS).",
+        },
+    ),
+    Rule(
+        "acceptable_drafts",
+        "Whether GrammarOutput carries num_acceptable_drafts, sliced with the owners' blocks.",
+        {
+            "none": "GrammarOutput has two fields: request ids and the bitmask.",
+            "sliced": "num_acceptable_drafts ([G] or None) is a third field, sliced with the blocks (needs blocks).",
+        },
+    ),
+    Rule(
+        "logprob_width",
+        "How the engine chooses logprobs_dims = (k, t), which fixes the gathered width C = 1 + max(k, t).",
+        {
+            "as_passed": "C follows the dims the engine passes; it may leave the token ids out (t = 0).",
+            "max_k_t": "the engine always passes both: C = 1 + max(num_logprobs, max_token_ids).",
+        },
+    ),
+    Rule(
+        "local_dtypes",
+        "The dtypes of the local batch's device tensors (CL-LOCAL-DTYPES).",
+        {
+            "fixed": "int32 local tensors, whatever the batch's dtypes.",
+            "batch": "each local tensor in the dtype of the batch field it is cut from.",
+        },
+    ),
+    Rule(
+        "admitted_drafts",
+        "Whether admitted draft counts replace the scheduled ones (CL-ADMITTED-DRAFTS).",
+        {
+            "none": "num_admitted_draft_tokens is not the spec's: every scheduled row is a logits row.",
+            "admitted": "num_admitted_draft_tokens, when given, sets the rows the device fields lay out.",
+        },
+    ),
+    Rule(
+        "seq_lens_upper_bound",
+        "Whether seq_lens_cpu_upper_bound is the spec's, localized like seq_lens (CL-SEQ-LENS-UPPER-BOUND).",
+        {
+            "none": "not the spec's: the local batch keeps the batch's value (INV-LOCAL-UNLISTED-FIELDS).",
+            "optional": "localized; the engine may pass None.",
+            "always": "localized; the engine always passes it, so cases never leave it out.",
+        },
+    ),
+    Rule(
+        "adaptive_verification",
+        "Whether the sharder takes adaptive_verification_enabled (INV-META-SCALARS, INV-CU-NUM-GENERATED).",
+        {
+            "absent": "no such argument; cu_num_generated_tokens_tensor is not an output.",
+            "present": "a construction argument, reported in the metadata; it gathers cu_num_generated_tokens_tensor.",
+        },
+    ),
+    Rule(
+        "exchange",
+        "The upstream call that exchanges the vocab shards; the spec's API is all_to_all_logits(shard, metadata).",
+        {
+            "all_to_all_logits": "all_to_all_logits(logits_shard, metadata), as the spec's API.",
+            "all_to_all_vocab_shards": "all_to_all_vocab_shards(logits_shard, send_splits, num_local_rows); "
+            "an adapter maps the spec's call to it.",
+        },
+    ),
+    Rule(
+        "communicator",
+        "Which communicator issues the exchange; either way it is one collective on the TP group (INV-WIRE-SEQUENCE).",
+        {
+            "torch_distributed": "torch.distributed on the TP group's process group.",
+            "engine": "the engine's own communicator of the TP group where enabled (e.g. PyNccl), "
+            "torch.distributed otherwise.",
+        },
+    ),
+)
+
+RULES_BY_NAME: dict[str, Rule] = {rule.name: rule for rule in RULES}
+
+
+@dataclass(frozen=True)
+class Rules:
+    """A profile's value of every rule (:data:`RULES`, in that order), and the profile's name."""
+
+    profile: str
+    owner: str
+    empty_batch_padding: str
+    grammar_slicing: str
+    acceptable_drafts: str
+    logprob_width: str
+    local_dtypes: str
+    admitted_drafts: str
+    seq_lens_upper_bound: str
+    adaptive_verification: str
+    exchange: str
+    communicator: str
+
+    @classmethod
+    def of(cls, profile: str, values: Mapping[str, str]) -> Rules:
+        return cls(profile=profile, **{rule.name: values[rule.name] for rule in RULES})
+
+    def as_dict(self) -> dict[str, str]:
+        return {rule.name: getattr(self, rule.name) for rule in RULES}
+
+    def holds(self, requires: tuple[tuple[str, tuple[str, ...]], ...]) -> bool:
+        """Whether an entry that ``requires`` these rule values (rule, allowed values) holds here."""
+        return all(getattr(self, rule) in allowed for rule, allowed in requires)
+
+    # The questions the code asks most, each about one rule.
+    @property
+    def grammar_blocks(self) -> bool:
+        return self.grammar_slicing == "blocks"
+
+    @property
+    def batch_dtypes(self) -> bool:
+        return self.local_dtypes == "batch"
+
+    @property
+    def admits_drafts(self) -> bool:
+        return self.admitted_drafts == "admitted"
+
+    @property
+    def has_upper_bound(self) -> bool:
+        return self.seq_lens_upper_bound != "none"
+
+    @property
+    def adaptive(self) -> bool:
+        return self.adaptive_verification == "present"
+
+
+def rule_problem(name: str, value: object) -> str | None:
+    """What is wrong with setting rule ``name`` to ``value``, in one line; None when nothing is."""
+    rule = RULES_BY_NAME.get(name)
+    if rule is None:
+        return f"unknown rule {name!r} (rules: {', '.join(RULES_BY_NAME)})"
+    if value not in rule.values:
+        return f"rule {name}: unknown value {value!r} (values: {', '.join(rule.values)})"
+    if value in rule.unsupported:
+        return f"rule {name}: value {value} is declared but not supported yet"
+    return None

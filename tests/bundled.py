@@ -1,0 +1,4 @@
+"""The bundled profiles' names, as the tests choose them (the code under test reads rules, never names)."""
+
+VLLM_033 = "vllm-0.33"
+VLLM_SEED = "vllm-seed"
