@@ -29,11 +29,15 @@ def _count_block(
     TP: tl.constexpr,
     TP_PAD: tl.constexpr,
     BLOCK: tl.constexpr,
+    BY_POSITION: tl.constexpr,
 ):
     """Per rank: requests before block_start, rows before it, rows in all; requests [start, start + BLOCK) added."""
     reqs = start + tl.arange(0, BLOCK)
     valid = reqs < num_reqs
-    owners = tl.load(slots_ptr + reqs * slots_stride, mask=valid, other=0) % TP
+    if BY_POSITION:
+        owners = reqs % TP
+    else:
+        owners = tl.load(slots_ptr + reqs * slots_stride, mask=valid, other=0) % TP
     _, counts = request_rows(cu_ptr, cu_stride, reqs, valid)
     owned = (owners[:, None] == tl.arange(0, TP_PAD)[None, :]) & valid[:, None]
     reqs_per_rank = tl.sum(owned.to(tl.int32), axis=0)
@@ -88,6 +92,7 @@ def shard_plan_kernel(
     BLOCK: tl.constexpr,
     ROWS_PAD: tl.constexpr,
     LOOP_END: tl.constexpr,
+    BY_POSITION: tl.constexpr = False,
 ):
     """Inputs are read by their strides (element units). The counts (num_*) come from the host copies,
     which the host has checked: every index made from device values is masked to the host's count of
@@ -97,7 +102,10 @@ def shard_plan_kernel(
     LOOP_END, if not 0, stands for num_reqs as the count loop's bound: the interpreter gets
     num_reqs so (a constexpr costs it nothing), since in Triton 3.6 with numpy >= 2.5 it fails on a
     loop bound that is, or was ever assigned from, a runtime value. Compiled kernels get 0 and the
-    runtime bound, so no batch size recompiles."""
+    runtime bound, so no batch size recompiles.
+
+    BY_POSITION: the owner of the request at batch position i is i mod TP (owner rule position_mod_tp),
+    else its slot mod TP (slot_mod_tp); INV-OWNER."""
     block_start = tl.program_id(0) * BLOCK
     ranks = tl.arange(0, TP_PAD)
     # Per-rank request and row counts: before this block, and over the batch.
@@ -120,6 +128,7 @@ def shard_plan_kernel(
                 TP,
                 TP_PAD,
                 BLOCK,
+                BY_POSITION,
             )
     else:
         for start in range(0, num_reqs, BLOCK):
@@ -137,6 +146,7 @@ def shard_plan_kernel(
                 TP,
                 TP_PAD,
                 BLOCK,
+                BY_POSITION,
             )
     # Rank r's rows start after every row of lower ranks (owner-sorted order).
     rank_row_start = tl.cumsum(rows_total, axis=0) - rows_total
@@ -144,7 +154,10 @@ def shard_plan_kernel(
     reqs = block_start + tl.arange(0, BLOCK)
     valid = reqs < num_reqs
     slots = tl.load(slots_ptr + reqs * slots_stride, mask=valid, other=0)
-    owners = slots % TP
+    if BY_POSITION:
+        owners = reqs % TP
+    else:
+        owners = slots % TP
     first, counts = request_rows(cu_ptr, cu_stride, reqs, valid)
     owned = (owners[:, None] == ranks[None, :]) & valid[:, None]
     owned_int = owned.to(tl.int32)

@@ -155,6 +155,7 @@ class ProductionSharder(WireLaunches):
             BLOCK=self._plan_block,
             ROWS_PAD=self._rows_pad,
             LOOP_END=0,
+            BY_POSITION=rules.owner == "position_mod_tp",
         )
         self._plan_key = (self.device.index, *self._plan_constexprs.values())
         self._plan_regions: dict = {}  # local dtypes (None: vllm-seed's) -> regions the plan kernel writes
@@ -192,8 +193,7 @@ class ProductionSharder(WireLaunches):
                 checks.check_grammar_output(grammar, batch, position, counts, rank, self.profile)
         num_reqs = batch.num_reqs
         slots = batch.idx_mapping_np.astype(np.intp, copy=False)
-        # tp is usually a power of two, and a mask is cheaper than a division.
-        owners = np.bitwise_and(slots, tp - 1) if tp & (tp - 1) == 0 else np.remainder(slots, tp)
+        owners = profiles.owners(slots, tp, rules.owner)
         num_logits = int(cu[-1])
         # Per-rank counts as Python lists: tp is small, and list max / indexing cost far less than numpy's.
         reqs_per_rank = np.bincount(owners, minlength=tp).tolist()
