@@ -22,6 +22,10 @@ from typing import Any
 import yaml
 
 from shardspec.conformance.record import ERROR, NOT_RUN, CaseResult
+from shardspec.conformance.report import known_failures
+from shardspec.conformance.report.known_failures import KnownFailure
+
+KNOWN_FAILURES = "known_failures"  # an xfails file's list of entries keyed by properties (known_failures.py)
 
 ERRORS_ROW = "(run errors)"
 NOT_RUN_ROW = "(cases not run)"
@@ -57,13 +61,15 @@ class Xfails:
     # id -> the input layouts it is limited to: the entry covers only cases that pass some input in one of
     # them (`only_with_layouts`), so a failure of the same invariant on contiguous inputs still fails.
     layouts: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    # Entries keyed by invariant and properties of the case (the file's `known_failures`).
+    known: list[KnownFailure] = field(default_factory=list)
 
     def covers(self, invariant_id: str, result) -> bool:
         for key in (invariant_id, result.case_id):
             if key in self.entries and self._in_scope(key, result):
                 self.used.add(key)
                 return True
-        return False
+        return any([item.covers(invariant_id, result) for item in self.known])  # every matching item is used
 
     def _in_scope(self, key: str, result) -> bool:
         scope = self.layouts.get(key)
@@ -79,7 +85,7 @@ class Xfails:
                 out.append(f"xfails entry {entry!r} matches no invariant and no case of this run")
             elif entry not in self.used:
                 out.append(f"xfails entry {entry!r} did not fail in this run (remove it?)")
-        return out
+        return out + known_failures.stale(self.known, known_ids)
 
 
 def _reason(value) -> str:
@@ -99,7 +105,8 @@ def _scoped(value) -> bool:
 
 
 def load_xfails(path: str | None) -> Xfails:
-    """YAML (a list of ids, or a mapping id -> reason) or plain text, one id per line, # comments."""
+    """YAML (a list of ids, or a mapping id -> reason, with entries keyed by properties under
+    ``known_failures``) or plain text, one id per line, # comments."""
     if not path:
         return Xfails()
     text = pathlib.Path(path).read_text()
@@ -108,9 +115,11 @@ def load_xfails(path: str | None) -> Xfails:
     except yaml.YAMLError:
         data = None
     if isinstance(data, dict):
+        known = known_failures.parse(data.pop(KNOWN_FAILURES)) if KNOWN_FAILURES in data else []
         return Xfails(
             {str(k): _reason(v) for k, v in data.items()},
             layouts={str(k): tuple(v["only_with_layouts"]) for k, v in data.items() if _scoped(v)},
+            known=known,
         )
     if isinstance(data, list):
         return Xfails({str(item): "" for item in data})

@@ -57,6 +57,22 @@ if not vllm.triton_utils.HAS_TRITON:
 VllmInputBatch = vllm_input_batch.InputBatch
 SPEC_FIELDS = tuple(f.name for f in dataclasses.fields(model.InputBatch))
 
+# What the installed release's API offers, read from its objects (not from its version string):
+# - the exchange: 0.34 has all_to_all_vocab_shards(shard, send_splits, num_local_rows), 0.33
+#   all_to_all_logits(shard, metadata);
+# - GrammarOutput: 0.33 has a third field, num_acceptable_drafts, 0.34 two;
+# - ownership: 0.34's module has shard_owners (batch position % tp without a draft-logits cache),
+#   0.33 owns by slot % tp.
+VOCAB_SHARDS_EXCHANGE = hasattr(batch_shard, "all_to_all_vocab_shards")
+GRAMMAR_HAS_ACCEPTABLE_DRAFTS = "num_acceptable_drafts" in {f.name for f in dataclasses.fields(VllmGrammarOutput)}
+POSITION_OWNERS = hasattr(batch_shard, "shard_owners")
+# The rules the installed release follows (spec/rules.py): the suite refuses a profile that sets another
+# value of one of them.
+RULES = {
+    "owner": ("position_mod_tp",) if POSITION_OWNERS else ("slot_mod_tp",),
+    "exchange": ("all_to_all_vocab_shards",) if VOCAB_SHARDS_EXCHANGE else ("all_to_all_logits",),
+}
+
 
 # -- vLLM's tensor-parallel group, once per process ---------------------------------------------
 
@@ -221,11 +237,13 @@ def to_vllm_grammar(grammar: model.GrammarOutput | None) -> VllmGrammarOutput | 
     if grammar is None:
         return None
     # vLLM's bitmask is a host numpy array (the scheduler's); shardspec's a tensor on the device.
-    return VllmGrammarOutput(
-        structured_output_request_ids=grammar.structured_output_request_ids,
-        grammar_bitmask=grammar.grammar_bitmask.cpu().numpy(),
-        num_acceptable_drafts=grammar.num_acceptable_drafts,
-    )
+    fields = {
+        "structured_output_request_ids": grammar.structured_output_request_ids,
+        "grammar_bitmask": grammar.grammar_bitmask.cpu().numpy(),
+    }
+    if GRAMMAR_HAS_ACCEPTABLE_DRAFTS:
+        fields["num_acceptable_drafts"] = grammar.num_acceptable_drafts
+    return VllmGrammarOutput(**fields)
 
 
 def from_vllm_grammar(local: VllmGrammarOutput | None, device: torch.device) -> model.GrammarOutput | None:
@@ -234,7 +252,7 @@ def from_vllm_grammar(local: VllmGrammarOutput | None, device: torch.device) -> 
     return model.GrammarOutput(
         structured_output_request_ids=local.structured_output_request_ids,
         grammar_bitmask=torch.from_numpy(np.asarray(local.grammar_bitmask)).to(device),
-        num_acceptable_drafts=local.num_acceptable_drafts,
+        num_acceptable_drafts=getattr(local, "num_acceptable_drafts", None),
     )
 
 
@@ -281,10 +299,10 @@ def from_vllm_output(output: VllmSamplerOutput) -> model.SamplerOutput:
 
 
 class VllmSharder:
-    """vLLM's BatchSharder and module functions as one shardspec sharder (profile vllm-0.33)."""
+    """vLLM's BatchSharder and module functions as one shardspec sharder (the installed release's profile)."""
 
     SPEC_VERSION = "0.4.0"
-    SPEC_PROFILES = ("vllm-0.33",)
+    SPEC_RULES = RULES
 
     def __init__(
         self,
@@ -315,6 +333,11 @@ class VllmSharder:
         )
 
     def all_to_all_logits(self, logits_shard, metadata):
+        if VOCAB_SHARDS_EXCHANGE:
+            # 0.34: the send splits are the rows per owner, the rows received those of this rank.
+            return batch_shard.all_to_all_vocab_shards(
+                logits_shard, list(metadata.num_logits_per_rank), metadata.num_local_logits
+            )
         return batch_shard.all_to_all_logits(logits_shard, to_vllm_metadata(metadata))
 
     def gather_sampler_output(
