@@ -172,29 +172,45 @@ def bench(session: nox.Session) -> None:
     )
 
 
-VLLM = "vllm==0.33.0"
+# Each supported vLLM release: the profile it is judged under and its known failures (examples/vllm). The
+# first is the newest: `nox -s vllm` runs it; `nox -s vllm -- 0.33.0` another.
+VLLM_RELEASES = {
+    "0.34.0": ("vllm-0.34", "examples/vllm/known_failures_0.34.yaml"),
+    "0.33.0": ("vllm-0.33", "examples/vllm/known_failures_0.33.yaml"),
+}
+VLLM = "vllm==0.33.0"  # the release the drift session reads as a wheel
 
 
 @nox.session
 def vllm(session: nox.Session) -> None:
-    """The installed vLLM 0.33.0 (its own batch_shard.py, records and TP group) against the spec: examples/vllm.
+    """An installed vLLM release (its own batch_shard.py, records and TP group) against the spec: examples/vllm.
 
-    Installs vLLM without its dependencies (they would replace the CPU torch with a CUDA build), then the
-    pure-Python packages its import and group setup need (examples/vllm/requirements.txt), each pip call
-    with torch pinned. Runs every fixture plus 25 generated cases per tp size at tp 1, 2, 3, 4, one
-    process per rank (gloo and the Triton interpreter on a CPU), with vLLM's known failures as xfails,
-    and writes reports/vllm.json. Arguments after -- go to the suite (e.g. `-- --max-examples 100`).
+    `nox -s vllm` runs the newest supported release (0.34.0) under its profile; `nox -s vllm -- 0.33.0` the
+    one named (VLLM_RELEASES). Installs vLLM without its dependencies (they would replace the CPU torch with
+    a CUDA build), then the pure-Python packages its import and group setup need
+    (examples/vllm/requirements.txt), each pip call with torch pinned. Runs every fixture plus 5 generated
+    cases per tp size at tp 2 and 3, one process per rank (gloo and the Triton interpreter on a CPU), with
+    the release's known failures as xfails, and writes reports/vllm-<release>.json. Other arguments after
+    -- go to the suite (e.g. `-- 0.33.0 --tp 1,2,3,4 --max-examples 25`).
     """
+    args = list(session.posargs)
+    release = args.pop(0) if args and args[0] in VLLM_RELEASES else next(iter(VLLM_RELEASES))
+    if args and args[0][:1].isdigit():
+        session.error(f"vLLM {args[0]} is not a supported release ({', '.join(VLLM_RELEASES)})")
+    profile, known_failures = VLLM_RELEASES[release]
     if isinstance(session.virtualenv, PassthroughEnv):
         session.log("--no-venv: using the current environment as it is (examples/vllm/README.md: what it needs)")
     else:
         session.install(TORCH)
-        session.install("--no-deps", VLLM)
+        session.install("--no-deps", f"vllm=={release}")
         session.install("-r", "examples/vllm/requirements.txt", TORCH)
         session.install("-e", ".[impl,test]", TORCH)
+    installed = session.run("python", "-c", "import vllm; print(vllm.__version__)", silent=True).strip()
+    if installed.splitlines()[-1] != release:
+        session.error(f"vLLM {installed.splitlines()[-1]} is installed, not {release}: run without --no-venv or -R")
     os.makedirs("reports", exist_ok=True)
     # The drift check first: a field of the installed file that no profile covers fails the session.
-    session.run("python", "-m", "shardspec.conformance", "upstream", "installed", "--profile", "vllm-0.33")
+    session.run("python", "-m", "shardspec.conformance", "upstream", "installed", "--profile", profile)
     session.run(
         "python",
         "-m",
@@ -202,19 +218,19 @@ def vllm(session: nox.Session) -> None:
         "--impl",
         "shardspec_vllm:make_sharder",
         "--profile",
-        "vllm-0.33",
+        profile,
         "--tp",
-        "1,2,3,4",
+        "2,3",
         "--max-examples",
-        "25",
+        "5",
         "--timeout",
         "30",
         "--no-shrink",
         "--xfails-file",
-        "examples/vllm/known_failures_0.33.yaml",
+        known_failures,
         "--json",
-        "reports/vllm.json",
-        *session.posargs,
+        f"reports/vllm-{release}.json",
+        *args,
         env={"PYTHONPATH": "examples/vllm"},
     )
 

@@ -178,3 +178,13 @@ def test_an_entry_that_covers_nothing_is_reported_stale_and_id_entries_still_wor
 def test_a_malformed_entry_is_refused_with_what_is_wrong(tmp_path, item, message):
     with pytest.raises(ValueError, match=message):
         _xfails(tmp_path, f"known_failures:\n  - {item}\n")
+
+
+@pytest.mark.parametrize("release", ["0.33", "0.34"])
+def test_each_vllm_release_s_known_failures_load_and_say_whose_they_are(release):
+    from pathlib import Path
+
+    path = Path(__file__).parents[2] / "examples" / "vllm" / f"known_failures_{release}.yaml"
+    xfails = load_xfails(str(path))
+    assert not xfails.entries  # keyed by property only: no generated case id
+    assert xfails.known and {item.why for item in xfails.known} <= {"vllm-defect", "spec-choice"}
