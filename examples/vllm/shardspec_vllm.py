@@ -1,17 +1,20 @@
 """Adapter: the installed vLLM's ``vllm.v1.worker.gpu.sample.batch_shard`` behind shardspec's API.
 
-Run the suite against it (vLLM 0.33.0 installed without its dependencies, see README.md)::
+Run the suite against it (vLLM installed without its dependencies, see README.md), e.g. 0.34.0::
 
     PYTHONPATH=examples/vllm python -m shardspec.conformance \\
-        --impl shardspec_vllm:make_sharder --tp 1,2,3,4 --no-shrink \\
-        --xfails-file examples/vllm/known_failures_0.33.yaml
+        --impl shardspec_vllm:make_sharder --profile vllm-0.34 --tp 2,3 --no-shrink --max-crashes 0 \\
+        --xfails-file examples/vllm/known_failures_0.34.yaml
 
-Everything the sharder touches is vLLM's own: its ``BatchSharder``, ``all_to_all_logits`` and
+One adapter for every supported release: it reads what the installed package offers (the exchange
+``all_to_all_vocab_shards`` of 0.34 or ``all_to_all_logits`` of 0.33, ``GrammarOutput``'s fields,
+ownership by batch position or by slot), not its version string, and declares the rules it follows
+(``SPEC_RULES``). Everything the sharder touches is vLLM's own: its ``BatchSharder``, exchange and
 ``gather_sampler_output``, its ``InputBatch``, ``GrammarOutput``, ``SamplerOutput`` and
-``LogprobsTensors`` classes, and its tensor-parallel group
-(``vllm.distributed.parallel_state``), set up on the run's ``torch.distributed`` process group with
-``init_distributed_environment`` and ``initialize_model_parallel``. This module only converts
-shardspec's records to vLLM's and back, field by field.
+``LogprobsTensors`` classes, and its tensor-parallel group (``vllm.distributed.parallel_state``), set
+up on the run's ``torch.distributed`` process group with ``init_distributed_environment`` and
+``initialize_model_parallel``. This module only converts shardspec's records to vLLM's and back, field
+by field.
 
 Only multi-process runs (the suite's default): vLLM keeps its groups in module globals, one set per
 process, so the in-process modes (every rank a thread of one process) cannot hold a group per rank,
