@@ -27,7 +27,7 @@ takes one value or a list of values (any of them matches):
 ``rejects``
     the precondition ID the case violates on purpose.
 ``batch_dtype``
-    some device field of the batch is in this dtype (e.g. ``int32``).
+    some device field of the batch is in this dtype (``int32``), or this field is (``cu_num_logits=int64``).
 ``present`` / ``absent``
     these optional inputs are all present / all absent: ``grammar``, ``logprobs``,
     ``num_admitted_draft_tokens``, ``num_acceptable_drafts``, ``extension_fields``,
@@ -111,7 +111,9 @@ def _facts(result) -> dict[str, Callable[[], Any]]:
         "layout": lambda: set((case.layouts or {}).values()),
         "edit": lambda: set(case.edits or []),
         "rejects": lambda: {case.expect_error} - {None},
-        "batch_dtype": lambda: set((case.batch_dtypes or {}).values()),
+        "batch_dtype": lambda: {
+            form for name, dtype in (case.batch_dtypes or {}).items() for form in (dtype, f"{name}={dtype}")
+        },
         "case": lambda: {case.case_id},
         "must_reject": lambda: case.expect_error is not None,
         "empty_batch": lambda: len(case.slots) == 0,

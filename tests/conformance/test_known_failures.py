@@ -98,6 +98,8 @@ def test_run_errors_are_covered_by_run_error_entries_with_their_property(tmp_pat
         ("{present: [grammar]}", _case("a"), False),
         ("{absent: [logprobs]}", _case("a", logprobs_dims=None), True),
         ("{batch_dtype: int32}", _case("a", batch_dtypes={"idx_mapping": "int32"}), True),
+        ("{batch_dtype: cu_num_logits=int64}", _case("a", batch_dtypes={"cu_num_logits": "int64"}), True),
+        ("{batch_dtype: cu_num_logits=int64}", _case("a", batch_dtypes={"seq_lens": "int64"}), False),
         ("{rejects: PRE-BATCH-SIZE}", _case("a", expect_error="PRE-BATCH-SIZE"), True),
         ("{rejects: [PRE-A, PRE-BATCH-SIZE]}", _case("a", expect_error="PRE-BATCH-SIZE"), True),
         ("{must_reject: false}", _case("a", expect_error="PRE-BATCH-SIZE"), False),
