@@ -242,5 +242,16 @@ ADMITTED_EXTENSIONS = _case(
         "asked": {"per": "request", "dtype": "bool"},
     },
 )
-ALL += [ADMITTED, BUDGET_ZERO, ADMITTED_EXTENSIONS]
+# ADMITTED's batch and grammar blocks without acceptable-draft counts: it holds for vllm-0.34 too.
+ADMITTED_NO_COUNTS = _case(
+    "adaptive-admitted-no-counts",
+    slots=ADMITTED.slots,
+    num_logits_per_req=ADMITTED.num_logits_per_req,
+    adaptive_verification=True,
+    admitted_drafts=ADMITTED.admitted_drafts,
+    grammar_positions=ADMITTED.grammar_positions,
+    grammar_block_rows=ADMITTED.grammar_block_rows,
+    batch_dtypes=ADMITTED.batch_dtypes,
+)
+ALL += [ADMITTED, BUDGET_ZERO, ADMITTED_EXTENSIONS, ADMITTED_NO_COUNTS]
 BY_ID = {case.case_id: case for case in ALL}

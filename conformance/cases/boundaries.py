@@ -163,7 +163,8 @@ def _explicit_outputs(case: Case, shorten: str | None = None, drop_rank: bool = 
     with ``drop_rank``, one owning rank passing None)."""
     outputs = {}
     for rank in range(case.tp_size):
-        owned = [i for i, s in enumerate(case.slots) if s % case.tp_size == rank]
+        owners = rules_of(case.profile).owners(case.slots, case.tp_size)
+        owned = [i for i, owner in enumerate(owners) if owner == rank]
         if not owned:
             continue
         rows = sum(case.num_logits_per_req[i] for i in owned)
@@ -283,7 +284,7 @@ def _case_for(boundary: Boundary, tp: int, profile: str, seed: int) -> Case | No
     every_rank_owns = boundary.raised_on != "every rank"
     base = _base(boundary.pre, tp, rng, every_rank_owns, profile)
     case = realizer(base, rng)
-    idle = sorted(set(range(tp)) - {s % tp for s in case.slots})
+    idle = sorted(set(range(tp)) - set(rules_of(case.profile).owners(case.slots, tp)))
     where = f"ranks {idle} own nothing" if idle else "every rank owns a request"
     return replace(
         case,

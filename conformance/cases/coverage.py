@@ -100,7 +100,7 @@ def _spec_decode(case) -> bool:
 
 
 def _owners(case) -> set[int]:
-    return {s % case.tp_size for s in case.slots}
+    return set(rules_of(case.profile).owners(case.slots, case.tp_size))
 
 
 @cache

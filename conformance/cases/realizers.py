@@ -82,8 +82,8 @@ def _with_logprobs(case, rank: int, out):
     """``out`` with logprobs of the agreed width for its rows where it has none."""
     if out.logprob_token_ids is not None:
         return out
-    owned = [i for i, s in enumerate(case.slots) if s % case.tp_size == rank]
-    rows = sum(case.num_logits_per_req[i] for i in owned)
+    owners = rules_of(case.profile).owners(case.slots, case.tp_size)
+    rows = sum(n for n, owner in zip(case.num_logits_per_req, owners, strict=True) if owner == rank)
     cols = 1 + max(case.logprobs_dims)
     return replace(
         out,

@@ -221,7 +221,8 @@ def _grammar_positions(num_reqs: int):
 
 
 def local_requests(case: Case, rank: int) -> list[int]:
-    return [i for i, slot in enumerate(case.slots) if slot % case.tp_size == rank]
+    owners = rules_of(case.profile).owners(case.slots, case.tp_size)
+    return [i for i, owner in enumerate(owners) if owner == rank]
 
 
 @st.composite
