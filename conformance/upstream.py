@@ -25,6 +25,7 @@ from pathlib import Path
 from shardspec.spec.documents import holds_for
 from shardspec.spec.errors import SpecFileError
 from shardspec.spec.loader import UnknownProfileError, check_profile, load_spec, profile_names
+from shardspec.spec.profiles import rules_of
 
 PROG = "python -m shardspec.conformance upstream"
 SHARD_FILE = "vllm/v1/worker/gpu/sample/batch_shard.py"
@@ -237,8 +238,9 @@ def _class_fields(node: ast.ClassDef) -> list[tuple[str, int]]:
 def spec_fields(spec, profile: str | None) -> dict[tuple[str, str], dict]:
     """(class, field) -> the spec types and profiles that name it, for the types whose ``python`` is in CLASSES."""
     found: dict[tuple[str, str], dict] = {}
+    rules = None if profile is None else rules_of(profile)
     for spec_type in (t for t in spec.data_model.types if t.python in CLASSES):
-        for entry in (f for f in spec_type.fields if holds_for(f, profile)):
+        for entry in (f for f in spec_type.fields if holds_for(f, rules)):
             item = found.setdefault((spec_type.python, entry.name), {"spec_types": [], "profiles": []})
             item["spec_types"] += [spec_type.name] if spec_type.name not in item["spec_types"] else []
             item["profiles"] = sorted({*item["profiles"], *(entry.profiles or ["all"])})

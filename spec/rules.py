@@ -95,6 +95,7 @@ RULES: tuple[Rule, ...] = (
             "optional": "localized; the engine may pass None.",
             "always": "localized; the engine always passes it, so cases never leave it out.",
         },
+        unsupported=("always",),
     ),
     Rule(
         "adaptive_verification",

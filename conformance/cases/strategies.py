@@ -85,14 +85,18 @@ NAN_COUNT_EXTREME = INT32_MAX // MAX_LOGITS_PER_REQ
 
 
 @st.composite
-def base_cases(draw, tp_size: int) -> tuple[Case, dict[int, ExplicitLocalOutput] | None]:
-    """A small valid batch (toy sampler, float32, contiguous) and explicit outputs it may use instead."""
+def base_cases(
+    draw, tp_size: int, profile: str = DEFAULT_PROFILE
+) -> tuple[Case, dict[int, ExplicitLocalOutput] | None]:
+    """A small valid batch (toy sampler, float32, contiguous) and explicit outputs it may use instead, for
+    the owners of ``profile``'s owner rule."""
     max_num_reqs, max_logits, slots, counts = draw(_small_batch(tp_size))
     vocab_size = draw(st.sampled_from([8, 33, 100, 130, 257]))
     spec_decode = None if any(c > 1 for c in counts) else draw(st.sampled_from([None, True]))
     num_tokens = _num_tokens(slots, counts)
     case = Case(
         case_id="generated",
+        profile=profile,
         tp_size=tp_size,
         slots=slots,
         num_logits_per_req=counts,
@@ -332,7 +336,7 @@ def generate_cases(
         suppress_health_check=list(HealthCheck),
         verbosity=Verbosity.quiet,
     )
-    @given(base_cases(tp_size))
+    @given(base_cases(tp_size, profile))
     def collect(drawn_base) -> None:
         if len(drawn) < count:
             kind = np.random.default_rng([seed, tp_size, len(drawn)])
