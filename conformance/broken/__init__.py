@@ -122,6 +122,12 @@ CORPUS: list[Entry] = [
     # what engines add: extension fields, their own batch fields
     _entry("drops-extension-field", "extensions", "DropsExtensionField", "extensions"),
     _entry("rebuilds-local-batch", "extensions", "RebuildsLocalBatch", "engine-batch"),
+    _entry(
+        "extension-entries-rotated-in-large-batches",
+        "extensions",
+        "ExtensionEntriesRotatedInLargeBatches",
+        "extensions-many-requests",
+    ),
 ]
 
 CORPUS += [
