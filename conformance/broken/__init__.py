@@ -216,6 +216,13 @@ CORPUS += [
     _entry("host-slots-of-any-dtype", "input_space", "HostSlotsOfAnyDtype", "float-host-slots"),
     _entry("upper-bound-made-up", "input_space", "UpperBoundMadeUpWhenAbsent", "seq-lens-cpu-upper-bound-absent"),
     _entry(
+        "lengths-checked-from-below-only",
+        "input_space",
+        "LengthsCheckedFromBelowOnly",
+        "seq-lens-one-long",
+        "logits-indices-one-long",
+    ),
+    _entry(
         "sampler-prefix-sums-passed-on",
         "input_space",
         "SamplerPrefixSumsPassedOn",
