@@ -95,6 +95,7 @@ RULES: tuple[Rule, ...] = (
             "optional": "localized; the engine may pass None.",
             "always": "localized; the engine always passes it, so cases never leave it out.",
         },
+        unsupported=("always",),
     ),
     Rule(
         "adaptive_verification",
@@ -175,6 +176,18 @@ class Rules:
     @property
     def adaptive(self) -> bool:
         return self.adaptive_verification == "present"
+
+    def owner_of(self, position: int, slot: int, tp: int) -> int:
+        """The rank that owns the request at batch ``position`` with ``slot`` (INV-OWNER)."""
+        if self.owner == "slot_mod_tp":
+            return int(slot) % tp
+        if self.owner == "position_mod_tp":
+            return position % tp
+        raise NotImplementedError(f"owner rule {self.owner}: not supported yet")
+
+    def owners(self, slots, tp: int) -> list[int]:
+        """The owner of every batch position, for the batch's slots (INV-OWNER)."""
+        return [self.owner_of(i, s, tp) for i, s in enumerate(slots)]
 
 
 def rule_problem(name: str, value: object) -> str | None:

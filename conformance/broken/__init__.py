@@ -72,7 +72,15 @@ def _profiles(requires: dict[str, str] | None) -> tuple[str, ...]:
 
 CORPUS: list[Entry] = [
     # ownership and order
-    _entry("owner-slot-division", "shard", "OwnerBySlotDivision", "decode", "spec"),
+    _entry("owner-slot-division", "shard", "OwnerBySlotDivision", "decode", "spec", requires={"owner": "slot_mod_tp"}),
+    _entry(
+        "owner-by-slot-under-position",
+        "shard",
+        "OwnerBySlotUnderPositionRule",
+        "decode",
+        "idle-rank",
+        requires={"owner": "position_mod_tp"},
+    ),
     _entry("unstable-owner-sort", "shard", "UnstableOwnerSort", "decode", "spec"),
     _entry("src-indices-reversed", "shard", "SourceIndicesReversed", "decode"),
     # metadata
@@ -137,6 +145,12 @@ CORPUS: list[Entry] = [
     # what engines add: extension fields, their own batch fields
     _entry("drops-extension-field", "extensions", "DropsExtensionField", "extensions"),
     _entry("rebuilds-local-batch", "extensions", "RebuildsLocalBatch", "engine-batch"),
+    _entry(
+        "extension-entries-rotated-in-large-batches",
+        "extensions",
+        "ExtensionEntriesRotatedInLargeBatches",
+        "extensions-many-requests",
+    ),
 ]
 
 CORPUS += [
@@ -164,20 +178,46 @@ CORPUS += [
     _entry("plan-cached-by-batch-size", "state", "PlanCachedByBatchSize", "multi-step"),
     _entry("sampled-ids-in-reused-buffer", "state", "SampledIdsInReusedBuffer", "multi-step"),
     _entry("local-counts-returned-at-tp1", "state", "GatherReturnsLocalCountsAtTpOne", "decode-tp1"),
+    _entry("step-cached-by-requests", "state", "StepCachedByRequests", "decode-loop"),
+    _entry("draft-counts-cached-by-request-set", "state", "DraftCountsCachedByRequestSet", "decode-loop"),
 ]
 
 CORPUS += [
-    # vLLM 0.33's rules (profile vllm-0.33)
-    _entry("seq-lens-upper-bound-global", "vllm033", "SeqLensUpperBoundGlobal", "adaptive-admitted"),
-    _entry("admitted-drafts-localized", "vllm033", "AdmittedDraftsLocalized", "adaptive-admitted"),
+    # vLLM 0.33's rules (under vllm-0.33, and under every profile with the rule value an entry requires)
+    _entry(
+        "seq-lens-upper-bound-global",
+        "vllm033",
+        "SeqLensUpperBoundGlobal",
+        "adaptive-admitted-no-counts",
+        requires={"seq_lens_upper_bound": "optional"},
+    ),
+    _entry(
+        "admitted-drafts-localized",
+        "vllm033",
+        "AdmittedDraftsLocalized",
+        "adaptive-admitted-no-counts",
+        requires={"admitted_drafts": "admitted"},
+    ),
     _entry("grammar-rows-not-blocks", "vllm033", "GrammarRowsNotBlocks", "adaptive-admitted", "grammar"),
     _entry("acceptable-drafts-not-sliced", "vllm033", "AcceptableDraftsNotSliced", "adaptive-admitted"),
     _entry("plan-follows-scheduled-counts", "vllm033", "PlanFollowsScheduledCounts", "adaptive-admitted"),
     _entry("local-drafts-scheduled", "vllm033", "LocalDraftsScheduled", "adaptive-budget-zero"),
     _entry("cu-num-generated-seed-rule", "vllm033", "CuNumGeneratedSeedRule", "adaptive-admitted"),
-    _entry("adaptive-flag-dropped", "vllm033", "AdaptiveFlagDropped", "adaptive-budget-zero"),
+    _entry(
+        "adaptive-flag-dropped",
+        "vllm033",
+        "AdaptiveFlagDropped",
+        "adaptive-budget-zero",
+        requires={"adaptive_verification": "present"},
+    ),
     _entry("local-idx-mapping-fixed-int32", "vllm033", "LocalIdxMappingFixedInt32", "decode"),
-    _entry("empty-batch-pads-to-two", "vllm033", "EmptyBatchPadsToTwo", "empty"),
+    _entry(
+        "empty-batch-pads-to-two",
+        "vllm033",
+        "EmptyBatchPadsToTwo",
+        "empty",
+        requires={"empty_batch_padding": "zero_or_one"},
+    ),
     _entry("logprob-rows-admitted-only", "vllm033", "LogprobRowsAdmittedOnly", "adaptive-admitted"),
     _entry("extension-rows-scheduled", "vllm033", "ExtensionRowsScheduled", "adaptive-admitted-extensions"),
 ]
@@ -223,7 +263,20 @@ CORPUS += [
         "decode-bf16-logits-limits",
     ),
     _entry("host-slots-of-any-dtype", "input_space", "HostSlotsOfAnyDtype", "float-host-slots"),
+    _entry(
+        "half-infinities-clamped-in-bfloat16",
+        "input_space",
+        "HalfInfinitiesClampedInBfloat16",
+        "decode-bf16-logits-limits",
+    ),
     _entry("upper-bound-made-up", "input_space", "UpperBoundMadeUpWhenAbsent", "seq-lens-cpu-upper-bound-absent"),
+    _entry(
+        "lengths-checked-from-below-only",
+        "input_space",
+        "LengthsCheckedFromBelowOnly",
+        "seq-lens-one-long",
+        "logits-indices-one-long",
+    ),
     _entry(
         "sampler-prefix-sums-passed-on",
         "input_space",

@@ -22,6 +22,15 @@ class OwnerBySlotDivision(ReferenceSharder):
         return build_plan(slots, np.asarray(batch.cu_num_logits_np, np.int64), self.tp_size, self.rank)
 
 
+class OwnerBySlotUnderPositionRule(ReferenceSharder):
+    """INV-OWNER: owner = slot mod tp where the profile's owner rule is the batch position (vLLM 0.33's
+    rule kept under vllm-0.34)."""
+
+    def plan(self, batch):
+        cu = np.asarray(batch.cu_num_logits_np, np.int64)
+        return build_plan(batch.idx_mapping_np, cu, self.tp_size, self.rank, "slot_mod_tp")
+
+
 class UnstableOwnerSort(ReferenceSharder):
     """INV-SORTED-LOGITS-INDICES: requests of one owner in reverse batch order (not a stable sort)."""
 

@@ -22,7 +22,7 @@ import yaml
 
 from shardspec.spec.rules import RULES, Rules, rule_problem
 
-PROFILES = ("vllm-0.33", "vllm-seed")
+PROFILES = ("vllm-0.33", "vllm-0.34", "vllm-seed")
 DEFAULT_PROFILE = "vllm-0.33"
 # A user's profile file, read by every process that meets its name (the suite sets it for its ranks).
 PROFILE_FILE_ENV = "SHARDSPEC_PROFILE_FILE"
@@ -130,8 +130,7 @@ def _parent(path, extends, parents) -> ProfileFile | None:
     try:
         return parents(str(extends))
     except ProfileError:
-        known = ", ".join(profile_names())
-        raise ProfileError(f"{path}: extends unknown profile {extends!r} (known: {known})") from None
+        raise ProfileError(f"{path}: extends unknown profile {extends!r} (bundled: {', '.join(PROFILES)})") from None
 
 
 def profile_file(name: str) -> ProfileFile:
@@ -143,7 +142,7 @@ def profile_file(name: str) -> ProfileFile:
     from_env = os.environ.get(PROFILE_FILE_ENV)
     if from_env and read_profile(Path(from_env), None).name == name:
         return load_profile_file(from_env)
-    raise ProfileError(f"unknown profile {name!r} (known: {', '.join(profile_names())})")
+    raise ProfileError(f"unknown profile {name!r} (bundled: {', '.join(PROFILES)})")
 
 
 def rules_of(profile: str | Rules) -> Rules:

@@ -37,7 +37,10 @@ PROFILES = os.path.join(os.path.dirname(__file__), "data", "profiles")
         (["--max-examples", "-1"], "--max-examples: -1 is below 0"),
         (["--max-examples", "99999999999999999999"], "--max-examples: 99999999999999999999 is above 10000"),
         (["--mixed-max-examples", "10001"], "--mixed-max-examples: 10001 is above 10000"),
-        (["--profile", "vllm-9"], "--profile: unknown profile 'vllm-9'; this spec defines vllm-0.33, vllm-seed"),
+        (
+            ["--profile", "vllm-9"],
+            "--profile: unknown profile 'vllm-9'; this spec defines vllm-0.33, vllm-0.34, vllm-seed",
+        ),
         (["--profile-file", f"{PROFILES}/bad-rule.yaml"], "bad-rule.yaml: unknown rule 'owners' (rules: owner,"),
         (["--profile-file", f"{PROFILES}/bad-value.yaml"], "bad-value.yaml: rule owner: unknown value 'slot_div_tp'"),
         (["--profile-file", f"{PROFILES}/bad-parent.yaml"], "bad-parent.yaml: extends unknown profile 'vllm-0.99'"),

@@ -76,7 +76,7 @@ def line_of(text, needle):
 def test_the_0_33_tree_is_clean(capsys, profile):
     code, report = run(capsys, VLLM_TREE, *(["--profile", profile] if profile else []))
     assert (code, report["findings"]) == (0, [])
-    assert report["profiles"] == ([profile] if profile else ["vllm-0.33", "vllm-seed"])
+    assert report["profiles"] == ([profile] if profile else ["vllm-0.33", "vllm-0.34", "vllm-seed"])
     # The spec's extension fields are shardspec's own: listed with the reason, not a finding.
     assert [(s["type"], s["field"]) for s in report["shardspec_only"]] == [("SamplerOutput", "extensions")]
     assert all(reason for reason in upstream.SHARDSPEC_ONLY.values())
@@ -98,7 +98,7 @@ def test_the_seed_file_no_longer_touches_the_0_33_fields(capsys, profile):
         "LocalLogprobsTensors",
         "GatheredLogprobsTensors",
     ]
-    assert by_field["seq_lens_cpu_upper_bound"]["profiles"] == ["vllm-0.33"]
+    assert by_field["seq_lens_cpu_upper_bound"]["profiles"] == ["vllm-0.33", "vllm-0.34"]
 
 
 def test_the_seed_file_is_clean_against_its_own_profile(capsys):
@@ -199,7 +199,7 @@ def _zip(path, members):
 
 def _tree_with_version(tmp_path):
     root = copy_tree(tmp_path)
-    (root / "vllm" / "_version.py").write_text("__version__ = version = '0.34.0'\n")
+    (root / "vllm" / "_version.py").write_text("__version__ = version = '0.35.0'\n")
     return root
 
 
@@ -213,7 +213,7 @@ BAD_INPUTS = {
     "wheel without the file": (lambda tmp: _zip(tmp / "c.whl", {"vllm/__init__.py": ""}), "no vllm/v1/worker"),
     "not python": (lambda tmp: (tmp / "d.py").write_text("def (") and tmp / "d.py", "cannot be parsed"),
     "not a sharder": (lambda tmp: (tmp / "e.py").write_text("x = 1\n") and tmp / "e.py", "not vLLM's batch_shard"),
-    "version without a profile": (_tree_with_version, "vLLM 0.34.0 has no profile"),
+    "version without a profile": (_tree_with_version, "vLLM 0.35.0 has no profile"),
 }
 
 

@@ -1,5 +1,6 @@
 """The captured step under each profile: vllm-0.33's refusals (admitted draft counts, local dtypes other
-than the capture batch's) and the local batch equal to the eager step's in either profile."""
+than the capture batch's) and the local batch equal to the eager step's in every profile that owns
+requests by slot; a profile that owns them by batch position is refused."""
 
 import pytest
 import torch
@@ -11,6 +12,7 @@ from shardspec.comm import LockstepGroup, LoopbackComm
 from shardspec.impl import ProductionSharder
 from shardspec.spec.builders import build_input_batch
 from shardspec.spec.model import PROFILES
+from shardspec.spec.profiles import rules_of
 
 SLOTS = [0, 1, 2, 3, 4, 5]
 SCHEDULED = [3, 2, 4, 1, 3, 2]
@@ -38,7 +40,16 @@ def _eager_and_captured(comm, batch, profile):
     return eager, plan.local_batch
 
 
-@pytest.mark.parametrize("profile", PROFILES)
+SLOT_OWNED = [name for name in PROFILES if rules_of(name).owner == "slot_mod_tp"]
+
+
+def test_captured_step_refuses_a_profile_that_owns_by_position():
+    batch = build_input_batch(SLOTS, SCHEDULED, seq_lens_upper_bound=True, device=DEVICE)
+    with pytest.raises(NotImplementedError, match="vllm-0.34: the captured step owns requests by slot only"):
+        _captured("vllm-0.34").shard(batch)
+
+
+@pytest.mark.parametrize("profile", SLOT_OWNED)
 def test_captured_local_batch_equals_the_eager_one_in_each_profile(profile):
     batch = build_input_batch(SLOTS, SCHEDULED, seq_lens_upper_bound=True, device=DEVICE)
     for rank, (eager, captured) in enumerate(LockstepGroup(2, timeout_s=60).run(_eager_and_captured, batch, profile)):

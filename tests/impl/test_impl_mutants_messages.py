@@ -287,6 +287,7 @@ NO_REQUEST_ONE_ROW = {
     VLLM_SEED: "[PRE-GRAMMAR-BITMASK] shape (1, 4); expected 0 rows (one per logits row of the listed requests) "
     "(field grammar_bitmask, rank 0)",
     VLLM_033: "[PRE-GRAMMAR-BITMASK] shape (1, 4): expected [G * S, B] (field grammar_bitmask, rank 0)",
+    "vllm-0.34": "[PRE-GRAMMAR-BITMASK] shape (1, 4): expected [G * S, B] (field grammar_bitmask, rank 0)",
 }
 
 

@@ -20,6 +20,7 @@ from shardspec.impl import ProductionSharder
 from shardspec.reference import ReferenceSharder
 from shardspec.spec.case import Case, build_case_inputs
 from shardspec.spec.model import PROFILES
+from shardspec.spec.profiles import rules_of
 
 SLOTS = [0, 1, 2, 3, 4, 5]
 SCHEDULED = [3, 2, 4, 1, 3, 2]
@@ -202,11 +203,11 @@ def test_seed_ignores_adaptive_verification_and_takes_no_033_field():
 
 
 @pytest.mark.parametrize("profile", PROFILES)
-def test_local_dtypes_follow_the_batch_only_in_vllm_033(profile):
+def test_local_dtypes_follow_the_batch_only_where_the_rule_says_so(profile):
     case = _under(_case("dtypes", batch_dtypes=ALL_INT64, profiles=PROFILES), profile)
     _, results = _shard_all(case)
     local = results[1].local_batch
-    expected = torch.int64 if profile == VLLM_033 else torch.int32
+    expected = torch.int64 if rules_of(profile).local_dtypes == "batch" else torch.int32
     for name in ("idx_mapping", "cu_num_logits", "seq_lens", "expanded_idx_mapping", "expanded_local_pos"):
         assert getattr(local, name).dtype == expected, name
     assert local.logits_indices.dtype == torch.int64 and local.cu_num_logits_np.dtype == np.int32

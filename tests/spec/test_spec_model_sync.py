@@ -12,6 +12,7 @@ from shardspec.reference.sampler import toy_sample
 from shardspec.spec import model as py_model
 from shardspec.spec.builders import build_grammar_output, build_input_batch, build_token_logits
 from shardspec.spec.loader import load_spec
+from shardspec.spec.profiles import rules_of
 
 TP, VOCAB, LOGPROBS_DIMS = 2, 100, (2, 3)
 TORCH_DTYPES = {"int32": torch.int32, "int64": torch.int64, "float32": torch.float32}
@@ -81,11 +82,11 @@ BATCHES = {
 @pytest.fixture(params=sorted(BATCHES))
 def step_results(request, spec):
     slots, counts, grammar_positions = BATCHES[request.param]
-    vllm_033 = spec.profile == "vllm-0.33"
-    batch = build_input_batch(slots, counts, seq_lens_upper_bound=vllm_033)
+    rules = rules_of(spec.profile)
+    batch = build_input_batch(slots, counts, seq_lens_upper_bound=rules.has_upper_bound)
     grammar = None
     if grammar_positions is not None:
-        block = 4 if vllm_033 else None
+        block = 4 if rules.grammar_blocks else None
         grammar = build_grammar_output(batch, grammar_positions, VOCAB, seed=1, block_rows=block)
     num_tokens = int(batch.query_start_loc[-1]) if slots else 1
     token_logits = build_token_logits(max(num_tokens, 1), 128 * TP, seed=3).to(torch.bfloat16)

@@ -14,6 +14,7 @@ from shardspec.conformance.judge.checks.common import (
     empty_batch_padding,
     fmt,
     found,
+    plan_of,
     shards,
 )
 from shardspec.spec.profiles import rules_of
@@ -35,7 +36,7 @@ def check_splits(record: StepRecord) -> Iterable[Violation]:
     if pair is None:
         return
     actual, expected = pair[0].metadata, pair[1].metadata
-    owners = record.inputs.batch.idx_mapping_np % record.case.tp_size
+    owners = plan_of(record).owners
     per_rank = check_int_list(
         "INV-SPLITS",
         record,

@@ -19,13 +19,13 @@ from shardspec.conformance.judge.checks.common import (
 
 @rank_check("INV-OWNER")
 def check_owner(record: StepRecord) -> Iterable[Violation]:
-    """The local batch holds exactly the requests whose slot mod tp is this rank."""
+    """The local batch holds exactly the requests the profile's owner rule gives this rank."""
     yield from unexpected_error(record, "INV-OWNER")
     pair = shards(record)
     if pair is None:
         return
     local_batch, metadata = pair[0].local_batch, pair[0].metadata
-    batch, plan, tp = record.inputs.batch, plan_of(record), record.case.tp_size
+    batch, plan = record.inputs.batch, plan_of(record)
     held = set(local_batch.req_ids)
     for i, req_id in enumerate(batch.req_ids):
         owned = plan.owners[i] == record.rank
@@ -34,7 +34,7 @@ def check_owner(record: StepRecord) -> Iterable[Violation]:
             verdict = "lacks it" if owned else "holds it"
             yield Violation(
                 "INV-OWNER",
-                f"request {req_id!r} (slot {slot}) is owned by rank {slot % tp}, "
+                f"request {req_id!r} (slot {slot}) is owned by rank {plan.owners[i]}, "
                 f"but this rank's local_batch.req_ids {verdict}: {fmt(list(local_batch.req_ids))}",
                 rank=record.rank,
                 request=i,

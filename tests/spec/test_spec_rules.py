@@ -1,0 +1,91 @@
+"""Profiles as rule sets: the registry of rules, the bundled profile files, a user's own file, and the
+packages reading rules rather than profile names."""
+
+import dataclasses
+import pathlib
+import re
+
+import pytest
+
+from shardspec.spec.loader import load_spec
+from shardspec.spec.profiles import (
+    PROFILES,
+    ProfileError,
+    bundled_profile,
+    load_profile_file,
+    read_profile,
+    root_profile,
+    rules_of,
+)
+from shardspec.spec.rules import RULES, Rules, rule_problem
+
+ROOT = pathlib.Path(__file__).parents[2]
+DATA = ROOT / "tests" / "conformance" / "data" / "profiles"
+
+
+def test_rules_lists_every_rule_of_the_registry_in_order():
+    assert [f.name for f in dataclasses.fields(Rules)][1:] == [rule.name for rule in RULES]
+    for rule in RULES:
+        assert rule.doc and rule.values and all(rule.values.values())
+        assert set(rule.unsupported) <= set(rule.values)
+
+
+def test_the_bundled_profiles_extend_one_root():
+    assert {root_profile(name) for name in PROFILES} == {"vllm-seed"}
+    assert bundled_profile("vllm-seed").extends is None and len(bundled_profile("vllm-seed").own) == len(RULES)
+    assert bundled_profile("vllm-0.33").extends == "vllm-seed"
+    assert bundled_profile("vllm-0.34").extends == "vllm-0.33"
+
+
+def test_vllm_034_changes_what_vllm_034_changed():
+    new, old = rules_of("vllm-0.34").as_dict(), rules_of("vllm-0.33").as_dict()
+    assert {rule: new[rule] for rule in new if new[rule] != old[rule]} == {
+        "owner": "position_mod_tp",
+        "acceptable_drafts": "none",
+        "logprob_width": "max_k_t",
+        "exchange": "all_to_all_vocab_shards",
+        "communicator": "engine",
+    }
+
+
+@pytest.mark.parametrize(
+    "name, message",
+    [
+        ("bad-rule.yaml", "unknown rule 'owners' (rules: owner,"),
+        ("bad-value.yaml", "rule owner: unknown value 'slot_div_tp' (values: slot_mod_tp,"),
+        ("bad-parent.yaml", "extends unknown profile 'vllm-0.99' (bundled: vllm-0.33, vllm-0.34, vllm-seed)"),
+        ("unsupported.yaml", "rule owner: value owner_table is declared but not supported yet"),
+    ],
+)
+def test_a_bad_profile_file_is_one_line_naming_the_file_and_what(name, message):
+    with pytest.raises(ProfileError) as caught:
+        read_profile(DATA / name, None)
+    text = str(caught.value)
+    assert text.startswith(str(DATA / name)) and message in text and "\n" not in text
+
+
+def test_a_rule_problem_names_the_rule_and_its_values():
+    assert rule_problem("owner", "slot_mod_tp") is None
+    assert "unknown rule 'colour'" in rule_problem("colour", "red")
+    assert rule_problem("seq_lens_upper_bound", "always").endswith("declared but not supported yet")
+
+
+def test_a_users_profile_selects_entries_by_its_rules():
+    name = load_profile_file(DATA / "position-owner.yaml").name
+    spec = load_spec(profile=name)
+    owner = [inv for inv in spec.invariants if inv.id == "INV-OWNER"]
+    assert len(owner) == 1 and "batch position" in owner[0].statement
+    grammar = [inv for inv in spec.invariants if inv.id == "INV-LOCAL-GRAMMAR"]
+    assert len(grammar) == 1 and "num_acceptable_drafts" in grammar[0].statement  # vllm-0.33's, kept
+
+
+def test_no_package_compares_a_profile_name():
+    pattern = re.compile(r"profile [!=]= |VLLM_0[0-9]+")
+    found = [
+        f"{path.relative_to(ROOT)}:{number}"
+        for folder in ("spec", "reference", "impl", "conformance")
+        for path in sorted((ROOT / folder).rglob("*.py"))
+        for number, line in enumerate(path.read_text().splitlines(), start=1)
+        if pattern.search(line)
+    ]
+    assert found == []
