@@ -74,6 +74,7 @@ POSITION_OWNERS = hasattr(batch_shard, "shard_owners")
 RULES = {
     "owner": ("position_mod_tp",) if POSITION_OWNERS else ("slot_mod_tp",),
     "exchange": ("all_to_all_vocab_shards",) if VOCAB_SHARDS_EXCHANGE else ("all_to_all_logits",),
+    "acceptable_drafts": ("sliced",) if GRAMMAR_HAS_ACCEPTABLE_DRAFTS else ("none",),
 }
 
 
