@@ -1,0 +1,50 @@
+"""Collectives and writes past torch.distributed's functions, in a real multi-process world (fork, gloo, tp 2):
+on the TP group's backend object, on a gloo group an implementation builds itself, from a thread of its own,
+and writes a thread makes after the step returned. Each fails its invariant; the reference passes beside
+them in the same launch."""
+
+import pytest
+from harness_cases import small_cases
+
+pytestmark = pytest.mark.slow
+UNSEEN = "shardspec.conformance.broken.unseen"
+# (implementation, the invariant it fails; None: it passes)
+ENTRIES = [
+    ("reference", None),
+    (f"{UNSEEN}:AllReduceOnTheBackend", "INV-WIRE-SEQUENCE"),
+    (f"{UNSEEN}:AllReduceOnAPrivateGlooGroup", "INV-WIRE-SEQUENCE"),
+    (f"{UNSEEN}:AllReduceInAHelperThread", "INV-WIRE-SEQUENCE"),
+    (f"{UNSEEN}:WritesItsInputAfterReturning", "INV-INPUTS-UNCHANGED"),
+    (f"{UNSEEN}:WritesItsResultAfterReturning", "INV-GATHER-RESULT-STABLE"),
+]
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    from shardspec.conformance.api import ImplChoice
+    from shardspec.conformance.harness.group import Job
+    from shardspec.conformance.harness.multiprocess import LaunchOptions, run_jobs_multiprocess
+    from shardspec.conformance.replay import suite_judge
+
+    case = small_cases(2)[0]
+    jobs = [Job(ImplChoice(impl), case) for impl, _ in ENTRIES]
+    run_dir = tmp_path_factory.mktemp("unseen") / "run"
+    options = LaunchOptions(run_dir, case_timeout_s=60, pg_timeout_s=20, launcher="fork")
+    servers: dict = {}
+    try:
+        found = run_jobs_multiprocess(jobs, 2, options, suite_judge(), log=lambda line: None, servers=servers)
+    finally:
+        for server in servers.values():
+            server.close()
+    return {impl: result for (impl, _), result in zip(ENTRIES, found, strict=True)}
+
+
+@pytest.mark.parametrize(("impl", "invariant"), ENTRIES, ids=[impl.split(":")[-1] for impl, _ in ENTRIES])
+def test_each_unseen_route_fails_its_invariant(results, impl, invariant):
+    result = results[impl]
+    assert not result.errors, result.errors
+    violated = {v["invariant_id"] for v in result.violations}
+    if invariant is None:
+        assert result.status == "pass", result.violations
+    else:
+        assert invariant in violated, (impl, result.status, result.violations)
