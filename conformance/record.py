@@ -39,6 +39,10 @@ class WireCall:
     output_shape: tuple
     output_split_sizes: list[int] | None = None
     input_split_sizes: list[int] | None = None
+    # None: issued on the step's TP group. Otherwise the process group of exactly the TP group's ranks that the
+    # implementation built and issued it on (vLLM builds its own), named alike on every rank: a step keeps to
+    # one group, and every rank to the same one (INV-WIRE-SEQUENCE).
+    group: str | None = None
 
 
 @dataclass

@@ -58,3 +58,19 @@ class RankDependentRowsPastTheAdmitted(ReferenceSharder):
         ids[rows:], values[rows:], ranks[rows:] = junk, float(junk), junk
         lp = lp._replace(logprob_token_ids=ids, logprobs=values, selected_token_ranks=ranks)
         return type(out)(**{**vars(out), "logprobs_tensors": lp})
+
+
+class EveryCallOnAGroupOfItsOwn(ReferenceSharder):
+    """Builds its own process group over exactly the TP group's ranks and issues every collective of the step
+    on it, as vLLM does with the groups it builds (issue 34). Not a control of the in-process corpus: torch's
+    threaded backend cannot build a group while ranks take turns; it runs in multi-process worlds
+    (tests/conformance/test_unseen_collectives.py, test_multigroup.py)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        import torch.distributed as dist
+
+        from shardspec.comm import TorchDistComm
+
+        ranks = dist.get_process_group_ranks(self.comm.group)
+        self.comm = TorchDistComm(dist.new_group(ranks, use_local_synchronization=True))

@@ -71,6 +71,29 @@ GROUP_METHODS = (
     "barrier",
     "monitored_barrier",
 )
+# The methods of a backend object (``group._get_backend(device)``, or a ``ProcessGroupGloo`` an implementation
+# builds on a store): below the process group, past its collective operators. Recorded as "Backend.<name>";
+# a process group's own calls of them run in C++ and are not seen again.
+BACKEND_METHODS = (
+    "allreduce",
+    "allreduce_coalesced",
+    "reduce",
+    "broadcast",
+    "allgather",
+    "allgather_coalesced",
+    "_allgather_base",
+    "gather",
+    "scatter",
+    "reduce_scatter",
+    "_reduce_scatter_base",
+    "alltoall",
+    "alltoall_base",
+    "send",
+    "recv",
+    "recv_anysource",
+    "barrier",
+    "monitored_barrier",
+)
 # The argument (position, keyword) holding what a function sends; the others send nothing of their own
 # (barrier, recv) or objects rather than tensors.
 SENT_ARGUMENT = {

@@ -11,6 +11,8 @@ UNSEEN = "shardspec.conformance.broken.unseen"
 # (implementation, the invariant it fails; None: it passes)
 ENTRIES = [
     ("reference", None),
+    # a group of its own over exactly the TP group's ranks, for every call of the step: the TP group (issue 34)
+    ("shardspec.conformance.broken.conforming:EveryCallOnAGroupOfItsOwn", None),
     (f"{UNSEEN}:AllReduceOnTheBackend", "INV-WIRE-SEQUENCE"),
     (f"{UNSEEN}:AllReduceOnAPrivateGlooGroup", "INV-WIRE-SEQUENCE"),
     (f"{UNSEEN}:AllReduceInAHelperThread", "INV-WIRE-SEQUENCE"),
