@@ -109,3 +109,104 @@ def _later(write) -> None:
         write()
 
     threading.Thread(target=run, daemon=True).start()
+
+
+# -- an engine's own communicator (vLLM 0.34 exchanges the logits through its PyNccl communicator) -----------
+
+
+class StandInPyNccl:
+    """Stands in, on the CPU, for vLLM's ``PyNcclCommunicator``: a communicator of its own over the TP group's
+    ranks (a gloo group built on the default store, as PyNccl holds an NCCL communicator torch.distributed
+    never sees), with its methods' signatures: ``all_to_all_single(output, input, output_split_sizes,
+    input_split_sizes)``, ``all_reduce(tensor)``, ``send(tensor, dst)``, ``recv(tensor, src)``."""
+
+    def __init__(self, comm):
+        self._group = private_gloo_group(comm)
+        self.rank, self.world_size, self.disabled = comm.rank, comm.world_size, False
+
+    def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes):
+        self._group.alltoall_base(output, input, list(output_split_sizes), list(input_split_sizes)).wait()
+
+    def all_reduce(self, tensor):
+        self._group.allreduce([tensor]).wait()
+        return tensor
+
+    def send(self, tensor, dst):
+        return self._group.send([tensor], dst, 0)
+
+    def recv(self, tensor, src):
+        return self._group.recv([tensor], src, 0)
+
+
+class _ExchangeThroughTheEngine:
+    """The sharder's Communicator, but for the all-to-all, which goes through the engine's communicator."""
+
+    def __init__(self, comm, engine):
+        self._comm, self.engine = comm, engine
+
+    def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes):
+        self.engine.all_to_all_single(output, input, output_split_sizes, input_split_sizes)
+
+    def __getattr__(self, name: str):
+        return getattr(self._comm, name)
+
+
+class ExchangesThroughItsOwnCommunicator(ReferenceSharder):
+    """Conforming, as an adapter of vLLM 0.34 is: the exchange goes through the engine's own communicator (the
+    stand-in), which the adapter hands to the suite with shardspec.comm.observed; the gathers through the
+    Communicator. Its calls are recorded as the spec's all-to-all, on the wire like any other."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        from shardspec.comm import observed
+
+        self.comm = _ExchangeThroughTheEngine(self.comm, observed(self.comm, StandInPyNccl(self.comm), "PyNccl"))
+
+
+class ExtraAllReduceThroughItsOwnCommunicator(ExchangesThroughItsOwnCommunicator):
+    """INV-WIRE-SEQUENCE: agrees on the logits row count with an all_reduce through the engine's own
+    communicator, handed to the suite, before the exchange through it."""
+
+    def all_to_all_logits(self, logits_shard, metadata):
+        self.comm.engine.all_reduce(_rows(logits_shard))
+        return super().all_to_all_logits(logits_shard, metadata)
+
+
+class ExchangeBySendAndRecv(ExchangesThroughItsOwnCommunicator):
+    """INV-WIRE-SEQUENCE: exchanges the logits with the engine communicator's point-to-point send and recv,
+    one pair per peer, instead of its all_to_all_single (the same rows arrive, by other calls)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.comm.all_to_all_single = self._by_send_and_recv
+
+    def _by_send_and_recv(self, output, input, output_split_sizes, input_split_sizes):
+        engine, rank = self.comm.engine, self.comm.rank
+        sends, receives = _offsets(input_split_sizes), _offsets(output_split_sizes)
+        pending = []
+        for peer in range(self.comm.world_size):
+            mine = input[sends[peer] : sends[peer] + int(input_split_sizes[peer])]
+            theirs = output[receives[peer] : receives[peer] + int(output_split_sizes[peer])]
+            if peer == rank:
+                theirs.copy_(mine)
+            else:
+                pending += [engine.send(mine.contiguous(), peer), engine.recv(theirs, peer)]
+        for work in pending:
+            work.wait()
+
+
+class ExchangeNotHandedOver(ExchangesThroughItsOwnCommunicator):
+    """INV-WIRE-SEQUENCE: exchanges through the engine's own communicator without handing it to the suite: its
+    calls reach a process group the suite cannot attribute."""
+
+    def __init__(self, *args, **kwargs):
+        ReferenceSharder.__init__(self, *args, **kwargs)
+        self.comm = _ExchangeThroughTheEngine(self.comm, StandInPyNccl(self.comm))
+
+
+def _offsets(sizes) -> list[int]:
+    offsets, total = [], 0
+    for size in sizes:
+        offsets.append(total)
+        total += int(size)
+    return offsets

@@ -18,6 +18,11 @@ ENTRIES = [
     (f"{UNSEEN}:AllReduceInAHelperThread", "INV-WIRE-SEQUENCE"),
     (f"{UNSEEN}:WritesItsInputAfterReturning", "INV-INPUTS-UNCHANGED"),
     (f"{UNSEEN}:WritesItsResultAfterReturning", "INV-GATHER-RESULT-STABLE"),
+    # an engine's own communicator (a stand-in for vLLM 0.34's PyNccl one), handed to the suite or not
+    (f"{UNSEEN}:ExchangesThroughItsOwnCommunicator", None),
+    (f"{UNSEEN}:ExtraAllReduceThroughItsOwnCommunicator", "INV-WIRE-SEQUENCE"),
+    (f"{UNSEEN}:ExchangeBySendAndRecv", "INV-WIRE-SEQUENCE"),
+    (f"{UNSEEN}:ExchangeNotHandedOver", "INV-WIRE-SEQUENCE"),
 ]
 
 
