@@ -46,11 +46,6 @@ class AfterStep:
         self.release = release
         self.threads = [thread for thread in getattr(recorder, "adopted", []) if thread.is_alive()]
 
-    @property
-    def quiet(self) -> bool:
-        """Nothing could have changed since the step's own comparison: no thread left running, no GPU stream."""
-        return not self.threads and self.device.type != "cuda"
-
     def finish(self, outputs: StepOutputs) -> dict[str, list]:
         """Waits for the step's threads (at most :data:`WINDOW_S` in all), compares, adds what changed since the
         step returned to ``outputs`` and returns it: ``inputs_modified`` (names) and ``held_results_modified``."""

@@ -19,6 +19,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
+
 from shardspec.conformance.api import construction_kwargs
 from shardspec.conformance.harness.after_step import AfterStep
 from shardspec.conformance.harness.held import HeldResults, shared_memory
@@ -135,11 +137,14 @@ def run_step(
     if run.kept is not None:
         run.outputs.held_results_modified = run.kept.held.changed()
         run.kept.held.hold(case.case_id, run.outputs.gathered)
+    left_running = any(thread.is_alive() for thread in recorder.adopted)
+    if not (defer_after or left_running or torch.device(device).type == "cuda"):
+        if release is not None:  # nothing can change any more: no second look
+            release()
+        return run
     after = AfterStep(recorder, before, watched, case.case_id, run.outputs.gathered, device, release)
     if defer_after:
         run.after = after
-    elif after.quiet:
-        after.cancel()
     else:
         after.finish(run.outputs)
     return run
