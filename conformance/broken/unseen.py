@@ -80,6 +80,41 @@ class AllReduceInAHelperThread(ReferenceSharder):
         return super().all_to_all_logits(logits_shard, metadata)
 
 
+class AllReduceInARawThread(ReferenceSharder):
+    """INV-WIRE-SEQUENCE: agrees on the logits row count with a torch.distributed.all_reduce issued from a
+    thread started below threading (_thread.start_new_thread), waited for before the exchange."""
+
+    def all_to_all_logits(self, logits_shard, metadata):
+        import _thread
+
+        import torch.distributed as dist
+
+        rows, done = _rows(logits_shard), threading.Event()
+
+        def helper() -> None:
+            try:
+                dist.all_reduce(rows, group=self.comm.group)
+            finally:
+                done.set()
+
+        _thread.start_new_thread(helper, ())
+        done.wait()
+        return super().all_to_all_logits(logits_shard, metadata)
+
+
+class AllReduceAfterReturning(ReferenceSharder):
+    """INV-WIRE-SEQUENCE: a thread it leaves running issues an all_reduce on the TP group a fraction of a second
+    after the gather returned (every rank does, so the run does not hang; beside the reference it would)."""
+
+    def gather_sampler_output(self, *args, **kwargs):
+        import torch.distributed as dist
+
+        gathered = super().gather_sampler_output(*args, **kwargs)
+        group = self.comm.group
+        _later(lambda: dist.all_reduce(torch.ones(1), group=group))
+        return gathered
+
+
 class WritesItsInputAfterReturning(ReferenceSharder):
     """INV-INPUTS-UNCHANGED: a thread it leaves running zeroes the local sampler output's sampled ids (an
     input of the gather) a fraction of a second after the gather returned, as a copy on an unsynchronised

@@ -16,6 +16,8 @@ ENTRIES = [
     (f"{UNSEEN}:AllReduceOnTheBackend", "INV-WIRE-SEQUENCE"),
     (f"{UNSEEN}:AllReduceOnAPrivateGlooGroup", "INV-WIRE-SEQUENCE"),
     (f"{UNSEEN}:AllReduceInAHelperThread", "INV-WIRE-SEQUENCE"),
+    (f"{UNSEEN}:AllReduceInARawThread", "INV-WIRE-SEQUENCE"),
+    (f"{UNSEEN}:AllReduceAfterReturning", "INV-WIRE-SEQUENCE"),
     (f"{UNSEEN}:WritesItsInputAfterReturning", "INV-INPUTS-UNCHANGED"),
     (f"{UNSEEN}:WritesItsResultAfterReturning", "INV-GATHER-RESULT-STABLE"),
     # an engine's own communicator (a stand-in for vLLM 0.34's PyNccl one), handed to the suite or not
