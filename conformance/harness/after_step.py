@@ -39,10 +39,12 @@ class AfterStep:
         gathered,
         device,
         release: Callable[[], None] | None = None,
+        returned: Any = None,
     ):
+        """``returned``: a copy of ``gathered`` made as the gather returned it (else one is made now)."""
         self.recorder, self.before, self.watched, self.device = recorder, before, watched, torch.device(device)
         self.result = HeldResults()
-        self.result.hold(case_id, gathered)
+        self.result.hold(case_id, gathered, returned)
         self.release = release
         self.threads = [thread for thread in getattr(recorder, "adopted", []) if thread.is_alive()]
 

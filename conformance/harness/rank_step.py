@@ -50,6 +50,9 @@ class RankRun:
     kept: KeptSharder | None = None  # the sharder, once constructed
     # The second look at the step's inputs and result, where the caller defers it (see run_step).
     after: AfterStep | None = None
+    # Whether to copy the gathered result as the gather returns it (for the second look), and the copy.
+    copy_result: bool = False
+    returned: Any = None
 
 
 @dataclass
@@ -109,6 +112,8 @@ def run_step(
     recorder.calls = CallLog(on_call)  # this step's collectives only
     run = RankRun(outputs=StepOutputs(wire=recorder.calls), kept=kept)
     run.on_step = on_step
+    on_gpu = torch.device(device).type == "cuda"
+    run.copy_result = defer_after or on_gpu
     before = {"batch": snapshot(inputs.batch), "grammar": snapshot(inputs.grammar)}
     watched = {"batch": inputs.batch, "grammar": inputs.grammar}
     # Multi-process runs also record collectives issued on comm.group directly.
@@ -138,11 +143,12 @@ def run_step(
         run.outputs.held_results_modified = run.kept.held.changed()
         run.kept.held.hold(case.case_id, run.outputs.gathered)
     left_running = any(thread.is_alive() for thread in recorder.adopted)
-    if not (defer_after or left_running or torch.device(device).type == "cuda"):
+    if not (defer_after or left_running or on_gpu):
         if release is not None:  # nothing can change any more: no second look
             release()
         return run
-    after = AfterStep(recorder, before, watched, case.case_id, run.outputs.gathered, device, release)
+    gathered = run.outputs.gathered
+    after = AfterStep(recorder, before, watched, case.case_id, gathered, device, release, run.returned)
     if defer_after:
         run.after = after
     else:
@@ -197,9 +203,16 @@ def _timed(run: RankRun, progress: Progress, step: str, fn, *args, **kwargs):
         run.timings[step] = time.perf_counter() - start
     if step in STEP_OUTPUT:
         setattr(run.outputs, STEP_OUTPUT[step], result)
+    if step == "gather" and (run.copy_result or _left_running(run)):
+        run.returned = snapshot(result)  # as returned: a thread the step left running may write into it
     if run.on_step is not None:
         run.on_step(step, run)
     return result
+
+
+def _left_running(run: RankRun) -> bool:
+    recorder = run.kept.recorder if run.kept is not None else None
+    return recorder is not None and any(thread.is_alive() for thread in recorder.adopted)
 
 
 def error_summary(run: RankRun) -> dict[str, Any] | None:
