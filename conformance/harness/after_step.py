@@ -11,6 +11,7 @@ costs what the first one did.
 from __future__ import annotations
 
 import time
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -22,6 +23,9 @@ from shardspec.conformance.record import StepOutputs
 
 # The longest a rank waits, after a step, for the threads that step started.
 WINDOW_S = 1.0
+# Threads a look after a step waited for already: one that outlived its wait (a pool's idle worker) is not
+# waited for again, by any step of this process.
+WAITED_FOR: weakref.WeakSet = weakref.WeakSet()
 # Said of an input that changed only after the step returned.
 LATE = " (after the step returned)"
 
@@ -53,8 +57,11 @@ class AfterStep:
         step returned to ``outputs`` and returns it: ``inputs_modified`` (names) and ``held_results_modified``."""
         try:
             deadline = time.monotonic() + WINDOW_S
+            waited = WAITED_FOR
             for thread in self.threads:
-                thread.join(max(0.0, deadline - time.monotonic()))
+                if thread not in waited:
+                    thread.join(max(0.0, deadline - time.monotonic()))
+                    waited.add(thread)
             if self.device.type == "cuda":
                 torch.cuda.synchronize(self.device)
             inputs = [
