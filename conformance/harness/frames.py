@@ -70,6 +70,7 @@ def decode_frames(log: FrameLog, device: str) -> RankTranscript:
         complete=complete,
         undecodable=list(log.undecodable),
         next_step=STEP_ORDER[position] if position < len(STEP_ORDER) else "after the gather",
+        after_step_missing=complete and log.final.get("after_step") == "pending" and log.after_step is None,
     )
     for encoded in log.wire:
         try:

@@ -57,3 +57,29 @@ def test_each_unseen_route_fails_its_invariant(results, impl, invariant):
         assert result.status == "pass", result.violations
     else:
         assert invariant in violated, (impl, result.status, result.violations)
+
+
+def test_a_rank_its_own_thread_crashes_after_the_step_is_named_in_that_case(tmp_path, monkeypatch):
+    """The rank has returned every step (its record is out) when its thread kills it: the case it ran is the
+    one that fails, naming the rank and where, not the next one."""
+    import os
+
+    from harness_cases import PLUGINS
+
+    from shardspec.conformance.api import ImplChoice
+    from shardspec.conformance.harness.group import Job
+    from shardspec.conformance.harness.multiprocess import LaunchOptions, run_jobs_multiprocess
+    from shardspec.conformance.replay import suite_judge
+
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(PLUGINS), os.environ.get("PYTHONPATH")])))
+    cases = small_cases(2)[:2]
+    jobs = [Job(ImplChoice("hostile_sharders:SegfaultAfterReturning"), case) for case in cases]
+    options = LaunchOptions(tmp_path / "run", case_timeout_s=60, pg_timeout_s=20, launcher="fork")
+    servers: dict = {}
+    try:
+        first, *_ = run_jobs_multiprocess(jobs, 2, options, suite_judge(), log=lambda line: None, servers=servers)
+    finally:
+        for server in servers.values():
+            server.close()
+    assert first.status == "error", (first.status, first.errors)
+    assert any("rank 1" in error["message"] and "after the gather" in error["message"] for error in first.errors)
