@@ -37,7 +37,7 @@ if TYPE_CHECKING:
 
 QUICK_TP_SIZES = [2, 4]
 QUICK_MAX_EXAMPLES = 10
-MIXED_MAX_EXAMPLES = 25
+MIXED_MAX_EXAMPLES = 28
 DEFAULT_TP_SIZES = [1, 2, 3, 4, 8]
 # Groups whose ranks are threads of one process (harness/inprocess.py, harness/threaded.py).
 THREAD_GROUPS = ("lockstep", "torch-threads")

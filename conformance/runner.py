@@ -30,7 +30,7 @@ class RunConfig:
     max_examples: int = DEFAULT_MAX_EXAMPLES  # generated cases judged per group size
     # Mixed entries mostly test the wire layout between implementations, which
     # the fixtures and a few generated cases already cover.
-    mixed_max_examples: int = 25
+    mixed_max_examples: int = 28
     fixtures_only: bool = False
     case_ids: list[str] = field(default_factory=list)
     case_files: list[str] = field(default_factory=list)

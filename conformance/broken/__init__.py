@@ -122,6 +122,12 @@ CORPUS: list[Entry] = [
     # what engines add: extension fields, their own batch fields
     _entry("drops-extension-field", "extensions", "DropsExtensionField", "extensions"),
     _entry("rebuilds-local-batch", "extensions", "RebuildsLocalBatch", "engine-batch"),
+    _entry(
+        "extension-entries-rotated-in-large-batches",
+        "extensions",
+        "ExtensionEntriesRotatedInLargeBatches",
+        "extensions-many-requests",
+    ),
 ]
 
 CORPUS += [
@@ -213,6 +219,13 @@ CORPUS += [
     ),
     _entry("host-slots-of-any-dtype", "input_space", "HostSlotsOfAnyDtype", "float-host-slots"),
     _entry("upper-bound-made-up", "input_space", "UpperBoundMadeUpWhenAbsent", "seq-lens-cpu-upper-bound-absent"),
+    _entry(
+        "lengths-checked-from-below-only",
+        "input_space",
+        "LengthsCheckedFromBelowOnly",
+        "seq-lens-one-long",
+        "logits-indices-one-long",
+    ),
     _entry(
         "sampler-prefix-sums-passed-on",
         "input_space",

@@ -16,6 +16,7 @@ from shardspec.conformance.cases.input_space import (
     FLOAT32_SUBNORMAL,
     INT32,
     INT64,
+    LARGE_BATCH,
     LAYOUT,
     LAYOUTS_1D,
     LAYOUTS_2D,
@@ -269,6 +270,9 @@ def exercised(case, previous=None) -> set[Variation]:
     add("logprobs_dims", PRESENCE, "absent" if case.logprobs_dims is None else "present")
     add("extension_fields", PRESENCE, "present" if case.extensions else "absent")
     add("local_output.extensions", PRESENCE, "present" if case.extensions else "absent")
+    if case.extensions and n_reqs >= LARGE_BATCH:
+        add("extension_fields", DIMS, "large")
+        add("local_output.extensions", DIMS, "large")
     if case.local_outputs == "toy":
         if idle:
             for path in LOCAL_TENSORS:

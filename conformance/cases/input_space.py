@@ -15,6 +15,9 @@ variations of each field, along six axes:
   middle of a wider buffer);
 * ``presence``: ``present`` and ``absent`` for an optional field;
 * ``dims``: ``empty`` for a field whose leading size may be 0 (no requests, a rank that owns none);
+  ``large`` for an optional collection of per-request or per-row entries (the extension fields):
+  present in a batch of at least :data:`LARGE_BATCH` requests, where a gather that is right only for
+  small batches (an unrolled path, one block) shows;
 * ``step``: ``changed`` for each argument an engine may change between consecutive steps of one
   sharder (the sharder's construction parameters are fixed for its lifetime).
 
@@ -45,6 +48,8 @@ FLOAT32_MAX = 3.4028234663852886e38
 FLOAT32_SUBNORMAL = 1.401298464324817e-45
 # Sizes that may be 0: an empty batch, a rank that owns no request.
 ZERO_SIZES = ("N", "L", "n", "L_local")
+# A large batch: more requests than any small one draws and more than a 64-entry block.
+LARGE_BATCH = 65
 
 
 @dataclass(frozen=True, order=True)
@@ -151,6 +156,8 @@ def variations_of(field: InputField) -> list[Variation]:
             out.append((DIMS, "empty"))
     if field.optional:
         out += [(PRESENCE, "present"), (PRESENCE, "absent")]
+    if field.optional and field.type.startswith("dict["):
+        out.append((DIMS, "large"))
     if field.top_level and not field.fixed:
         out.append((STEP, "changed"))
     return [Variation(field.path, axis, value) for axis, value in out]

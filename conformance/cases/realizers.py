@@ -29,6 +29,7 @@ from shardspec.conformance.cases.input_space import (
     FLOAT32_SUBNORMAL,
     INT32,
     INT64,
+    LARGE_BATCH,
     LAYOUT,
     LAYOUTS_1D,
     LAYOUTS_2D,
@@ -137,6 +138,46 @@ EXTENSION = {"num_kept": {"per": "logits_row", "dtype": "int32", "shape": []}}
 
 def _with_extension(case, rng):
     return replace(case, extensions={**case.extensions, **EXTENSION})
+
+
+def _large_with_extension(case, rng):
+    """The extension fields in a case of at least LARGE_BATCH requests (None for a smaller one: making it
+    large would lose what it draws, and the generated cases hold large ones)."""
+    return _with_extension(case, rng) if len(case.slots) >= LARGE_BATCH else None
+
+
+# Capacities of a large batch: hundreds of requests, over a few 64-entry blocks.
+LARGE_CAPACITIES = (128, 256, 512)
+
+
+def as_large_batch(case, rng: np.random.Generator):
+    """Hundreds of requests (half of the time exactly the capacity) over a small vocabulary, toy-sampled."""
+    max_num_reqs = int(rng.choice(LARGE_CAPACITIES))
+    num_reqs = int(rng.choice([LARGE_BATCH, max_num_reqs // 2 + 1, max_num_reqs, max_num_reqs]))
+    max_logits = int(rng.integers(1, 5))
+    slots = [int(s) for s in rng.choice(max_num_reqs, size=num_reqs, replace=False)]
+    counts = [int(c) for c in rng.integers(1, max_logits + 1, size=num_reqs)]
+    vocab_size = int(rng.choice([8, 33]))
+    grammar = None
+    if rng.random() < 0.5:
+        grammar = [int(p) for p in rng.permutation(num_reqs)[: int(rng.integers(1, num_reqs + 1))]]
+    return replace(
+        case,
+        slots=slots,
+        num_logits_per_req=counts,
+        max_num_reqs=max_num_reqs,
+        max_num_logits_per_req=max_logits,
+        spec_decode=None if max(counts) > 1 else case.spec_decode,
+        grammar_positions=grammar,
+        vocab_size=vocab_size,
+        nan_tokens=sorted(int(t) for t in rng.choice(num_tokens(slots, counts), size=3, replace=False)),
+        local_outputs="toy",
+    )
+
+
+def num_tokens(slots: list[int], counts: list[int]) -> int:
+    """The batch's scheduled tokens: build_input_batch's query lengths."""
+    return sum(c + s % 3 for c, s in zip(counts, slots, strict=True))
 
 
 def _capacity_one(case, rng):
@@ -278,6 +319,8 @@ def _realizers() -> dict[str, Callable]:
     out["gather_num_nans:value=false"] = lambda c, r: replace(c, gather_num_nans=False)
     out["extension_fields:presence=present"] = _with_extension
     out["local_output.extensions:presence=present"] = _with_extension
+    out["extension_fields:dims=large"] = _large_with_extension
+    out["local_output.extensions:dims=large"] = _large_with_extension
     out["sharder.max_num_reqs:value=min"] = _capacity_one
     out["local_output.num_nans:presence=absent"] = _without_nan_counts
     out["local_output:presence=absent"] = _no_local_output

@@ -1,0 +1,34 @@
+"""Variations of different fields that a defect needs together, drawn together by the default run: an
+implementation wrong only where two of them meet must not pass `nox -s conformance`."""
+
+import pytest
+
+from shardspec.conformance import options
+from shardspec.conformance.api import ImplChoice
+from shardspec.conformance.replay import run_case_in_process
+from shardspec.conformance.runner import cases_of_entry, collect_cases
+
+ROTATES_LARGE = "shardspec.conformance.broken.extensions:ExtensionEntriesRotatedInLargeBatches"
+
+
+@pytest.fixture(scope="module")
+def default_run():
+    config = options.resolve_run({"impl": "reference"}, {}).config
+    return config, collect_cases(config)
+
+
+def _interleaved(case) -> bool:
+    owners = [slot % case.tp_size for slot in case.slots]
+    return any(a != b for a, b in zip(owners, owners[1:], strict=False))
+
+
+@pytest.mark.parametrize("tp", [2, 3, 4, 8])
+def test_extension_fields_meet_a_batch_of_many_requests_at_every_tp(default_run, tp):
+    """Found by a hostile review: extension fields were drawn only with up to 6 requests, so gathering
+    them in the wrong order above that passed the whole default run."""
+    config, case_set = default_run
+    cases = cases_of_entry(config, ImplChoice.parse("reference"), case_set, tp)
+    many = [c for c in cases if c.extensions and len(c.slots) > 6 and _interleaved(c) and not c.expect_error]
+    assert many, f"no valid case at tp {tp} has extension fields with more than 6 requests of interleaved owners"
+    violated = [{v["invariant_id"] for v in run_case_in_process(c, ImplChoice(ROTATES_LARGE)).violations} for c in many]
+    assert any("INV-GATHER-EXTENSIONS" in found for found in violated), violated
