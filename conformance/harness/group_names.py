@@ -69,7 +69,10 @@ def placement(group, tp_group) -> tuple[str | None, str | None]:
     if ranks is not None and ranks == _world_ranks(tp_group):
         name = _group_name(group)
         return None, f"a group of the TP group's world ranks {ranks} built by the implementation ({name!r})"
-    return (f"a group of world ranks {ranks}" if ranks is not None else f"group {_group_name(group)!r}"), None
+    if ranks is not None:
+        return f"a group of world ranks {ranks}", None
+    name = _group_name(group)
+    return (f"group {name!r}" if name else "a process group torch.distributed does not know"), None
 
 
 def _same_group(group, other) -> bool:
