@@ -152,6 +152,7 @@ def test_calls_off_the_tp_group_and_past_the_patched_functions_are_recorded(tmp_
             {"kind": "Backend.allreduce", "send": []},
             {"kind": f"Backend.barrier on {world}", "send": []},
             {"kind": f"Backend.allreduce on {unknown}", "send": []},
+            {"kind": "ProcessGroup.allreduce on a process group torch.distributed does not know", "send": []},
             {"kind": "barrier", "send": []},  # from the helper thread
             {"kind": "barrier", "send": []},  # start-up outside a constructor
         ], calls

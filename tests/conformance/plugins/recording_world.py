@@ -25,6 +25,10 @@ def main(out_dir: str) -> None:
     groups = [dist.new_group([r]) for r in range(dist.get_world_size())]
     store = dist.PrefixStore("private/", c10d._get_default_store())
     private = dist.ProcessGroupGloo(store, rank, dist.get_world_size())
+    by_hand = dist.ProcessGroup(store, rank, dist.get_world_size())
+    backend = dist.ProcessGroupGloo(dist.PrefixStore("by-hand/", store), rank, dist.get_world_size())
+    by_hand._register_backend(torch.device("cpu"), dist.ProcessGroup.BackendType.GLOO, backend)
+    by_hand._set_default_backend(dist.ProcessGroup.BackendType.GLOO)
     recorder = RecordingComm(TorchDistComm(groups[rank]))
     with recorder.intercept_torch_distributed():
         CAPTURED_ALL_REDUCE(torch.ones(2), group=groups[rank])  # past the patched function: the group's method
@@ -37,6 +41,7 @@ def main(out_dir: str) -> None:
         groups[rank]._get_backend(torch.device("cpu")).allreduce([torch.ones(1)]).wait()
         dist.group.WORLD._get_backend(torch.device("cpu")).barrier().wait()
         private.allreduce([torch.ones(1)]).wait()
+        by_hand.allreduce([torch.ones(1)]).wait()  # a ProcessGroup built on the store, not registered
         # from a thread the recording thread starts, joined
         helper = threading.Thread(target=lambda: dist.barrier(group=groups[rank]))
         helper.start()
