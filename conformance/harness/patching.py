@@ -162,6 +162,17 @@ class StartedThreads:
 
     @contextlib.contextmanager
     def adopted_by(self, recorder: RecordingComm):
+        with self._started_as(recorder):
+            yield
+
+    @contextlib.contextmanager
+    def not_recorded(self):
+        """Threads this thread starts meanwhile record nothing, now or later (an engine's start-up)."""
+        with self._started_as(NOT_RECORDED):
+            yield
+
+    @contextlib.contextmanager
+    def _started_as(self, recorder):
         with self._lock:
             if self._users == 0:
                 self._original = threading.Thread.start
@@ -184,12 +195,25 @@ class StartedThreads:
 
         def start(thread, *args, **kwargs):
             recorder = getattr(started._recorders, "recorder", None)
-            if recorder is not None:
+            if recorder is NOT_RECORDED:
+                thread.run = _not_recording(thread.run)
+            elif recorder is not None:
                 recorder.adopt(thread)
                 thread.run = _recording(thread.run, recorder, started)
             return started._original(thread, *args, **kwargs)
 
         return start
+
+
+NOT_RECORDED = object()
+
+
+def _not_recording(run):
+    def unrecorded() -> None:
+        DIRECT_CALLS.on_this_thread(None)  # not even as the process's one rank
+        run()
+
+    return unrecorded
 
 
 def _recording(run, recorder: RecordingComm, started: StartedThreads):

@@ -6,7 +6,7 @@ import contextlib
 import threading
 
 from shardspec.conformance.harness.group_names import group_argument, placement
-from shardspec.conformance.harness.patching import DIRECT_CALLS, operator_calls
+from shardspec.conformance.harness.patching import DIRECT_CALLS, STARTED_THREADS, operator_calls
 from shardspec.conformance.harness.progress import Progress
 from shardspec.conformance.harness.wire_calls import SPEC_COLLECTIVES, generic_call, operator_call, spec_call
 from shardspec.conformance.record import OFF_GROUP, WireCall
@@ -47,7 +47,8 @@ class RecordingComm:
         before = getattr(self._inside, "active", False)
         self._inside.active = True
         try:
-            yield
+            with STARTED_THREADS.not_recorded():  # nor the threads it starts (a broadcaster of the engine's)
+                yield
         finally:
             self._inside.active = before
 

@@ -52,7 +52,20 @@ def main(out_dir: str) -> None:
         recorder.progress.enter(step="construct")
         with start_up(recorder):
             dist.barrier(group=groups[rank])
+            # and a thread it starts, which lives on (an engine's broadcaster), records nothing later either
+            ready, go, done = threading.Event(), threading.Event(), threading.Event()
+
+            def broadcaster() -> None:
+                ready.set()
+                go.wait()
+                dist.barrier(group=groups[rank])
+                done.set()
+
+            threading.Thread(target=broadcaster, daemon=True).start()
+            ready.wait()
         recorder.progress.enter(step=None)
+        go.set()
+        done.wait()
     calls = [{"kind": call.kind, "send": call.send.tolist()} for call in recorder.calls]
     (pathlib.Path(out_dir) / f"rank{rank}.json").write_text(json.dumps(calls))
     dist.destroy_process_group()
