@@ -39,6 +39,12 @@ class FrameLog:
             return True
         return self.final is not None and (self.final.get("after_step") != "pending" or self.after_step is not None)
 
+    @property
+    def finished_step(self) -> bool:
+        """The rank sent its record (or a frame that cannot be read): it is past the job's collectives, even where
+        the look after its step is still to come."""
+        return self.final is not None or bool(self.undecodable)
+
     def add(self, frame: dict[str, Any]) -> None:
         if "undecodable" in frame:
             self.undecodable.append(frame["undecodable"])
