@@ -155,6 +155,8 @@ CORPUS += [
     _entry("plan-cached-by-batch-size", "state", "PlanCachedByBatchSize", "multi-step"),
     _entry("sampled-ids-in-reused-buffer", "state", "SampledIdsInReusedBuffer", "multi-step"),
     _entry("local-counts-returned-at-tp1", "state", "GatherReturnsLocalCountsAtTpOne", "decode-tp1"),
+    _entry("step-cached-by-requests", "state", "StepCachedByRequests", "decode-loop"),
+    _entry("draft-counts-cached-by-request-set", "state", "DraftCountsCachedByRequestSet", "decode-loop"),
     # writes a thread makes after the step returned (the collectives of broken/unseen.py need a multi-process
     # world: tests/conformance/test_unseen_collectives.py)
     _entry("writes-input-after-returning", "unseen", "WritesItsInputAfterReturning", "decode"),

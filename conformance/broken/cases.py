@@ -216,6 +216,18 @@ MULTI_STEP = _case(
     ],
 )
 ALL += [MULTI_STEP]
+# The same four requests three steps running, as a decode loop has them: each seq_len one token longer,
+# then the rows per request changed by the drafts.
+DECODE_LOOP = _case(
+    "decode-loop",
+    slots=[0, 1, 2, 3],
+    num_logits_per_req=[1, 2, 1, 1],
+    then=[
+        _case("decode-loop", slots=[0, 1, 2, 3], num_logits_per_req=[1, 2, 1, 1], seq_lens_growth=1),
+        _case("decode-loop", slots=[0, 1, 2, 3], num_logits_per_req=[2, 1, 3, 1], seq_lens_growth=2),
+    ],
+)
+ALL += [DECODE_LOOP]
 # One rank: the gather could hand the local output back unchanged.
 DECODE_TP1 = _case("decode-tp1", tp_size=1, slots=[0, 1, 2, 3], num_logits_per_req=[1, 2, 1, 1])
 ALL += [DECODE_TP1]

@@ -19,7 +19,9 @@ variations of each field, along six axes:
   present in a batch of at least :data:`LARGE_BATCH` requests, where a gather that is right only for
   small batches (an unrolled path, one block) shows;
 * ``step``: ``changed`` for each argument an engine may change between consecutive steps of one
-  sharder (the sharder's construction parameters are fixed for its lifetime).
+  sharder (the sharder's construction parameters are fixed for its lifetime); ``changed`` for each
+  field of :data:`LOOP_FIELDS` as well, where the step has the same requests as the one before and that
+  field moved (a decode loop), and ``repeated`` for the batch, where nothing but the logits moved.
 
 A field added to the YAML gets its variations here without new code. What a case exercises is
 measured by :func:`exercised` from the case itself; :func:`coverage` sets that against the space,
@@ -48,6 +50,9 @@ FLOAT32_MAX = 3.4028234663852886e38
 FLOAT32_SUBNORMAL = 1.401298464324817e-45
 # Sizes that may be 0: an empty batch, a rank that owns no request.
 ZERO_SIZES = ("N", "L", "n", "L_local")
+# What an engine changes between two steps of the same requests: seq_lens (one token longer each step),
+# the rows per request (drafts), the batch order, the requests the grammar lists.
+LOOP_FIELDS = ("batch.seq_lens", "batch.cu_num_logits", "batch.idx_mapping", "grammar.structured_output_request_ids")
 # A large batch: more requests than any small one draws and more than a 64-entry block.
 LARGE_BATCH = 65
 
@@ -158,8 +163,10 @@ def variations_of(field: InputField) -> list[Variation]:
         out += [(PRESENCE, "present"), (PRESENCE, "absent")]
     if field.optional and field.type.startswith("dict["):
         out.append((DIMS, "large"))
-    if field.top_level and not field.fixed:
+    if (field.top_level and not field.fixed) or field.path in LOOP_FIELDS:
         out.append((STEP, "changed"))
+    if field.path == "batch":
+        out.append((STEP, "repeated"))
     return [Variation(field.path, axis, value) for axis, value in out]
 
 

@@ -32,3 +32,24 @@ def test_extension_fields_meet_a_batch_of_many_requests_at_every_tp(default_run,
     assert many, f"no valid case at tp {tp} has extension fields with more than 6 requests of interleaved owners"
     violated = [{v["invariant_id"] for v in run_case_in_process(c, ImplChoice(ROTATES_LARGE)).violations} for c in many]
     assert any("INV-GATHER-EXTENSIONS" in found for found in violated), violated
+
+
+# State kept from one step to the next, keyed by the requests: passed every multi-step case while each
+# later step drew fresh slots.
+KEPT_BY_REQUESTS = {
+    "shardspec.conformance.broken.state:StepCachedByRequests": "INV-LOCAL-SEQ-LENS",
+    "shardspec.conformance.broken.state:DraftCountsCachedByRequestSet": "INV-LOCAL-DRAFTS",
+}
+
+
+@pytest.mark.parametrize("target", sorted(KEPT_BY_REQUESTS))
+@pytest.mark.parametrize("tp", [1, 2, 8])
+def test_the_default_runs_decode_loop_catches_state_kept_by_requests(default_run, tp, target):
+    config, case_set = default_run
+    ran = {c.case_id for c in cases_of_entry(config, ImplChoice.parse("reference"), case_set, tp)}
+    multi = {parent.case_id: parent for step_id, parent in case_set.parents.items() if step_id in ran}.values()
+    assert multi, f"no multi-step case at tp {tp}"
+    violated = set()
+    for case in multi:
+        violated |= {v["invariant_id"] for v in run_case_in_process(case, ImplChoice(target)).violations}
+    assert KEPT_BY_REQUESTS[target] in violated, (target, sorted(violated))
