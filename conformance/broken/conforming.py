@@ -74,3 +74,32 @@ class EveryCallOnAGroupOfItsOwn(ReferenceSharder):
 
         ranks = dist.get_process_group_ranks(self.comm.group)
         self.comm = TorchDistComm(dist.new_group(ranks, use_local_synchronization=True))
+
+
+class ExchangeOnTheBackendObject(ReferenceSharder):
+    """Issues the spec's all-to-all and all-gathers on the TP group's backend object
+    (comm.group._get_backend(device).alltoall_base / _allgather_base): the same collectives on the same
+    group as torch.distributed's functions issue, so a peer calling those meets them. Multi-process only, like
+    EveryCallOnAGroupOfItsOwn (torch's threaded group has no backend object)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.comm = _OnTheBackend(self.comm)
+
+
+class _OnTheBackend:
+    def __init__(self, comm):
+        self._comm = comm
+
+    def _backend(self, tensor):
+        return self._comm.group._get_backend(tensor.device)
+
+    def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes):
+        splits = (list(output_split_sizes), list(input_split_sizes))
+        self._backend(input).alltoall_base(output, input, *splits).wait()
+
+    def all_gather_into_tensor(self, output, input):
+        self._backend(input)._allgather_base(output, input.contiguous()).wait()
+
+    def __getattr__(self, name: str):
+        return getattr(self._comm, name)

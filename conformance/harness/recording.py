@@ -8,7 +8,13 @@ import threading
 from shardspec.conformance.harness.group_names import group_argument, placement
 from shardspec.conformance.harness.patching import DIRECT_CALLS, STARTED_THREADS, operator_calls
 from shardspec.conformance.harness.progress import Progress
-from shardspec.conformance.harness.wire_calls import SPEC_COLLECTIVES, generic_call, operator_call, spec_call
+from shardspec.conformance.harness.wire_calls import (
+    METHOD_SPEC_CALLS,
+    SPEC_COLLECTIVES,
+    generic_call,
+    operator_call,
+    spec_call,
+)
 from shardspec.conformance.record import OFF_GROUP, WireCall
 
 
@@ -140,8 +146,11 @@ class RecordingComm:
         """One direct ``torch.distributed`` call, recorded unless it happens inside a recorded one."""
         if getattr(self._inside, "active", False):
             return original(*args, **kwargs)
+        method = name.partition(".")[2] if name.startswith(("ProcessGroup.", "Backend.")) else None
         if name in SPEC_COLLECTIVES:
             call = spec_call(SPEC_COLLECTIVES[name], args, kwargs)
+        elif method in METHOD_SPEC_CALLS:  # the object is the first argument
+            call = spec_call(METHOD_SPEC_CALLS[method], args[1:], _function_keywords(kwargs))
         else:
             call = generic_call(name, args, kwargs)
         self.on_group(call, group_argument(name, original, args, kwargs))
@@ -200,7 +209,7 @@ class ObservedCommunicator:
             if getattr(recorder._inside, "active", False):
                 return value(*args, **kwargs)
             if attribute in ENGINE_SPEC_CALLS:
-                call = spec_call(ENGINE_SPEC_CALLS[attribute], args, _engine_keywords(kwargs))
+                call = spec_call(ENGINE_SPEC_CALLS[attribute], args, _function_keywords(kwargs))
             else:
                 call = generic_call(attribute, args, kwargs)
                 call.kind = f"{attribute} ({name})"
@@ -210,7 +219,8 @@ class ObservedCommunicator:
         return recorded
 
 
-def _engine_keywords(kwargs: dict) -> dict:
-    """An engine communicator's keywords as torch.distributed's (``output_tensor``, ``input_tensor``)."""
+def _function_keywords(kwargs: dict) -> dict:
+    """A method's keywords (``output``, ``input``: an engine communicator's, a process group's) as
+    torch.distributed's functions name them (``output_tensor``, ``input_tensor``)."""
     renamed = {"output": "output_tensor", "input": "input_tensor"}
     return {renamed.get(key, key): value for key, value in kwargs.items()}

@@ -16,6 +16,9 @@ SPEC_COLLECTIVES = {
     "all_gather_into_tensor": "all_gather_into_tensor",
     "all_gather_single": "all_gather_into_tensor",
 }
+# The methods of a process group or backend object that carry the step's own collectives (the object is their
+# first argument): output, input (and the split sizes), as torch.distributed's functions take them.
+METHOD_SPEC_CALLS = {"alltoall_base": "all_to_all_single", "_allgather_base": "all_gather_into_tensor"}
 # Every other torch.distributed function that talks to peers.
 OTHER_FUNCTIONS = (
     "all_reduce",

@@ -13,6 +13,8 @@ ENTRIES = [
     ("reference", None),
     # a group of its own over exactly the TP group's ranks, for every call of the step: the TP group (issue 34)
     ("shardspec.conformance.broken.conforming:EveryCallOnAGroupOfItsOwn", None),
+    # the spec's calls on the TP group's backend object: the same collectives, recorded under the spec's names
+    ("shardspec.conformance.broken.conforming:ExchangeOnTheBackendObject", None),
     (f"{UNSEEN}:AllReduceOnTheBackend", "INV-WIRE-SEQUENCE"),
     (f"{UNSEEN}:AllReduceOnAPrivateGlooGroup", "INV-WIRE-SEQUENCE"),
     (f"{UNSEEN}:AllReduceInAHelperThread", "INV-WIRE-SEQUENCE"),
