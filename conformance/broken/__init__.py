@@ -220,6 +220,12 @@ CORPUS += [
         "decode-bf16-logits-limits",
     ),
     _entry("host-slots-of-any-dtype", "input_space", "HostSlotsOfAnyDtype", "float-host-slots"),
+    _entry(
+        "half-infinities-clamped-in-bfloat16",
+        "input_space",
+        "HalfInfinitiesClampedInBfloat16",
+        "decode-bf16-logits-limits",
+    ),
     _entry("upper-bound-made-up", "input_space", "UpperBoundMadeUpWhenAbsent", "seq-lens-cpu-upper-bound-absent"),
     _entry(
         "lengths-checked-from-below-only",

@@ -270,3 +270,14 @@ class LengthsCheckedFromBelowOnly(ReferenceSharder):
                 batch, seq_lens=batch.seq_lens[: batch.num_reqs], logits_indices=batch.logits_indices[:num_logits]
             )
         return super().shard_sampler_inputs(batch, grammar)
+
+
+class HalfInfinitiesClampedInBfloat16(ReferenceSharder):
+    """INV-A2A-SPLITS: in bfloat16 logits, infinities become bfloat16's largest finite values before the exchange
+    (a guard written for float16 applied to bfloat16); float32 and float16 logits pass untouched."""
+
+    def all_to_all_logits(self, logits_shard, metadata):
+        if logits_shard.dtype == torch.bfloat16:
+            largest = torch.finfo(torch.bfloat16).max
+            logits_shard = logits_shard.nan_to_num(nan=float("nan"), posinf=largest, neginf=-largest)
+        return super().all_to_all_logits(logits_shard, metadata)

@@ -20,12 +20,14 @@ from shardspec.conformance.cases.input_space import (
     LAYOUT,
     LAYOUTS_1D,
     LAYOUTS_2D,
+    PAIR,
     PRESENCE,
     STEP,
     VALUE,
     Variation,
     input_fields,
     input_space,
+    pair_parts,
     raw_data_model,
 )
 from shardspec.spec.case_edits import LOGITS_LIMITS_EDIT, UPPER_BOUND_ABSENT
@@ -311,7 +313,8 @@ def exercised(case, previous=None) -> set[Variation]:
         if _same_step(previous, case):
             add("batch", STEP, "repeated")
     space = set(input_space(case.profile))
-    return {Variation(*v) for v in got} & space
+    drawn = {Variation(*v) for v in got} & space
+    return drawn | {v for v in space if v.axis == PAIR and set(pair_parts(v)) <= drawn}
 
 
 def _loop_changes(previous, case) -> dict[str, bool]:

@@ -18,6 +18,11 @@ variations of each field, along six axes:
   ``large`` for an optional collection of per-request or per-row entries (the extension fields):
   present in a batch of at least :data:`LARGE_BATCH` requests, where a gather that is right only for
   small batches (an unrolled path, one block) shows;
+* ``pair``: two variations of one field drawn together on purpose (one case draws both): each of its
+  dtypes with each of its non-contiguous layouts and with each limit of its values; a defect in the
+  strided int32 path, or in float16's infinities, needs both. Left out: float32's largest, lowest and
+  smallest subnormal in float16 and bfloat16 logits, which round to infinities and 0 there
+  (:data:`PAIRS_LEFT_OUT`);
 * ``step``: ``changed`` for each argument an engine may change between consecutive steps of one
   sharder (the sharder's construction parameters are fixed for its lifetime); ``changed`` for each
   field of :data:`LOOP_FIELDS` as well, where the step has the same requests as the one before and that
@@ -37,7 +42,8 @@ from functools import cache
 from shardspec.spec.model import DEFAULT_PROFILE
 
 VALUE, DTYPE, LAYOUT, PRESENCE, DIMS, STEP = "value", "dtype", "layout", "presence", "dims", "step"
-AXES = (VALUE, DTYPE, LAYOUT, PRESENCE, DIMS, STEP)
+PAIR = "pair"
+AXES = (VALUE, DTYPE, LAYOUT, PRESENCE, DIMS, STEP, PAIR)
 LAYOUTS_1D = ("contiguous", "strided", "offset")
 LAYOUTS_2D = LAYOUTS_1D + ("row-padded", "column-slice")
 FLOAT_LIMITS = ("+inf", "-inf", "nan", "largest", "lowest", "subnormal")
@@ -170,9 +176,44 @@ def variations_of(field: InputField) -> list[Variation]:
     return [Variation(field.path, axis, value) for axis, value in out]
 
 
+# Pairs no input can draw, and why (the input space leaves them out).
+PAIRS_LEFT_OUT = {
+    (dtype, limit): f"float32's {limit} value rounds to an infinity or 0 in {dtype}"
+    for dtype in ("float16", "bfloat16")
+    for limit in ("largest", "lowest", "subnormal")
+}
+
+
+def pair(field: str, first: tuple[str, str], second: tuple[str, str]) -> Variation:
+    """The pair variation of ``field`` drawing (axis, value) ``first`` and ``second`` together."""
+    return Variation(field, PAIR, f"{first[0]}={first[1]},{second[0]}={second[1]}")
+
+
+def pair_parts(variation: Variation) -> tuple[Variation, Variation]:
+    """The two variations a pair variation draws together."""
+    return tuple(Variation(variation.field, *part.split("=", 1)) for part in variation.value.split(","))
+
+
+def pairs_of(variations: list[Variation]) -> list[Variation]:
+    """Each dtype of one field's variations with each of its non-contiguous layouts and value limits."""
+    dtypes = [v.value for v in variations if v.axis == DTYPE]
+    others = [(v.axis, v.value) for v in variations if (v.axis == LAYOUT and v.value != "contiguous")]
+    others += [(VALUE, v.value) for v in variations if v.axis == VALUE and v.value in FLOAT_LIMITS + INT_LIMITS]
+    return [
+        pair(variations[0].field, (DTYPE, dtype), other)
+        for dtype in dtypes
+        for other in others
+        if (dtype, other[1]) not in PAIRS_LEFT_OUT
+    ]
+
+
 def derive(data_model: dict, profile: str | None = DEFAULT_PROFILE) -> tuple[Variation, ...]:
     """The input space of a raw data model (pure: no files read)."""
-    return tuple(v for field in input_fields(data_model, profile) for v in variations_of(field))
+    out = []
+    for field in input_fields(data_model, profile):
+        single = variations_of(field)
+        out += single + (pairs_of(single) if single else [])
+    return tuple(out)
 
 
 def raw_data_model() -> dict:

@@ -9,6 +9,7 @@ variation the random draw missed into some case of a run.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import replace
 
@@ -33,9 +34,11 @@ from shardspec.conformance.cases.input_space import (
     LAYOUT,
     LAYOUTS_1D,
     LAYOUTS_2D,
+    PAIR,
     VALUE,
     Variation,
     input_space,
+    pair_parts,
 )
 from shardspec.spec.case_edits import LOGITS_LIMITS_EDIT, UPPER_BOUND_ABSENT
 from shardspec.spec.model import DEFAULT_PROFILE, VLLM_033
@@ -356,30 +359,39 @@ REALIZERS: dict[str, Callable] = _realizers()
 
 
 def realizable(profile: str = DEFAULT_PROFILE) -> list[Variation]:
-    """The variations of the space that a case can be made to draw on purpose."""
-    return [v for v in input_space(profile) if v.key in REALIZERS]
+    """The variations of the space that a case can be made to draw on purpose (a pair: both its parts)."""
+    return [v for v in input_space(profile) if all(part.key in REALIZERS for part in _parts(v))]
+
+
+def _parts(variation: Variation) -> tuple[Variation, ...]:
+    return pair_parts(variation) if variation.axis == PAIR else (variation,)
 
 
 def fill_gaps(cases: list, profile: str, rng) -> list:
     """``cases`` with every realizable variation that none of them draws made to appear in one of
     them: a covering selection on top of the random draw. Each change is kept only where the changed
-    case then draws the variation and those made to appear in it before (measured, not assumed); a
-    case may take several."""
+    case then draws the variation and those made to appear in it before, and loses nothing that no
+    other case draws (measured, not assumed); a case may take several."""
     cases = list(cases)
     if not cases:
         return cases
-    drawn = set().union(*(exercised(c) for c in cases))
+    draws = [exercised(c) for c in cases]
+    counts = Counter(v for drawn in draws for v in drawn)  # variation -> cases drawing it
     forced: dict[int, set[Variation]] = {}
     for variation in realizable(profile):
-        if variation in drawn:
+        if counts[variation]:
             continue
         for index in (int(i) for i in rng.permutation(len(cases))):
             changed = realize(cases[index], variation, rng)
-            # Kept only if the case then draws it, and still draws what was made to appear in it before.
-            if changed is not None and exercised(changed) >= forced.get(index, set()) | {variation}:
-                cases[index] = changed
+            if changed is None:
+                continue
+            now = exercised(changed)
+            lost_alone = {v for v in draws[index] - now if counts[v] == 1}
+            if now >= forced.get(index, set()) | {variation} and not lost_alone:
+                counts.subtract(draws[index])
+                counts.update(now)
+                cases[index], draws[index] = changed, now
                 forced.setdefault(index, set()).add(variation)
-                drawn |= exercised(changed)
                 break
     return cases
 
@@ -387,5 +399,8 @@ def fill_gaps(cases: list, profile: str, rng) -> list:
 def realize(case, variation: Variation, rng):
     """``case`` changed so that it draws ``variation``, or None where this case cannot (no requests,
     no explicit outputs, a view the case format cannot make)."""
-    realizer = REALIZERS.get(variation.key)
-    return None if realizer is None else realizer(case, rng)
+    # A pair's dtype last: the logits-limits realizer picks float32 logits, which a float16 pair then changes.
+    for part in reversed(_parts(variation)):
+        realizer = REALIZERS.get(part.key)
+        case = None if realizer is None or case is None else realizer(case, rng)
+    return case

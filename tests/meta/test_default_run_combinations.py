@@ -53,3 +53,22 @@ def test_the_default_runs_decode_loop_catches_state_kept_by_requests(default_run
     for case in multi:
         violated |= {v["invariant_id"] for v in run_case_in_process(case, ImplChoice(target)).violations}
     assert KEPT_BY_REQUESTS[target] in violated, (target, sorted(violated))
+
+
+CLAMPS_BF16_INFINITIES = "shardspec.conformance.broken.input_space:HalfInfinitiesClampedInBfloat16"
+
+
+@pytest.mark.parametrize("tp", [1, 2, 4, 8])
+def test_bfloat16_logits_meet_infinities_at_every_tp(default_run, tp):
+    """Drawn one field at a time, bfloat16 logits and infinite logits met only by chance."""
+    config, case_set = default_run
+    cases = cases_of_entry(config, ImplChoice.parse("reference"), case_set, tp)
+    both = [c for c in cases if c.logits_dtype == "bfloat16" and "logits-limits" in c.edits and not c.expect_error]
+    assert both, f"no case at tp {tp} has bfloat16 logits at their limits"
+    violated = set().union(
+        *(
+            {v["invariant_id"] for v in run_case_in_process(c, ImplChoice(CLAMPS_BF16_INFINITIES)).violations}
+            for c in both
+        )
+    )
+    assert "INV-A2A-SPLITS" in violated, sorted(violated)

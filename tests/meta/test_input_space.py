@@ -39,7 +39,17 @@ def test_a_field_added_to_the_data_model_gets_its_variations():
     want = {f"{path}:value={v}" for v in ("min", *space.FLOAT_LIMITS)}
     want |= {f"{path}:dtype=float32", f"{path}:dtype=bfloat16", f"{path}:presence=present", f"{path}:presence=absent"}
     want |= {f"{path}:layout={layout}" for layout in space.LAYOUTS_1D} | {f"{path}:dims=empty"}
+    # Each dtype with each limit (bfloat16 without float32's finite limits) and each non-contiguous layout.
+    limits = {"float32": space.FLOAT_LIMITS, "bfloat16": ("+inf", "-inf", "nan")}
+    want |= {f"{path}:pair=dtype={d},value={v}" for d, values in limits.items() for v in values}
+    want |= {f"{path}:pair=dtype={d},layout={layout}" for d in limits for layout in ("strided", "offset")}
     assert added == want
+
+
+def test_a_pair_names_its_two_parts():
+    pair = space.pair("logits_shard", ("dtype", "float16"), ("value", "+inf"))
+    assert pair.key == "logits_shard:pair=dtype=float16,value=+inf"
+    assert [p.key for p in space.pair_parts(pair)] == ["logits_shard:dtype=float16", "logits_shard:value=+inf"]
 
 
 def test_the_spec_s_fields_get_their_variations():
