@@ -193,6 +193,13 @@ def preload(argv: list[str]) -> None:
         load_implementation(name)
 
 
+def exit_status(exc: SystemExit) -> int:
+    """The status ``sys.exit(code)`` ends a process with."""
+    if isinstance(exc.code, int):
+        return exc.code
+    return 0 if exc.code is None else 1
+
+
 def main(argv: list[str]) -> int:
     run_dir, launch_file = pathlib.Path(argv[0]), pathlib.Path(argv[1])
     launch = json.loads(launch_file.read_text())
@@ -253,6 +260,9 @@ def main(argv: list[str]) -> int:
             )
             kept[name] = (case.case_id, sharder)
             record["outputs"] = streamer.final(record["outputs"])
+        except SystemExit as exc:  # the implementation ended the rank: said here, whatever launcher started it
+            writer.write({"job": index, "case_id": case.case_id, "rank": rank, "exited": exit_status(exc)})
+            raise
         except Exception:  # a defect of the suite itself, not of the implementation
             writer.write({"job": index, "case_id": case.case_id, "rank": rank, "harness_error": traceback.format_exc()})
             os._exit(0)

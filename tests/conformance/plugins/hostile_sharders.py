@@ -146,3 +146,13 @@ class ExitInEveryGather(ReferenceSharder):
         if self.rank == 1:
             os._exit(5)
         return super().gather_sampler_output(local_output, metadata, global_batch, local_batch, **kwargs)
+
+
+class ExitOnRankZeroInAllToAll(ReferenceSharder):
+    """Rank 0 exits before its all-to-all, whatever the batch: in a must-reject case its peer then loses it in
+    that collective, before the step where the peer must raise; the peer is not to blame."""
+
+    def all_to_all_logits(self, logits_shard, metadata):
+        if self.rank == 0:
+            sys.exit(3)
+        return super().all_to_all_logits(logits_shard, metadata)
