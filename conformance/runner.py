@@ -77,6 +77,9 @@ class CaseSet:
     # The generated cases and the multi-step case (its steps) a mixed entry runs at each size: those that
     # draw the most of the input space beyond the fixtures (cases/spread.py).
     for_mixed: set[str] = field(default_factory=set)
+    # Case id -> what selects it in a reproduce command (``--case ID``, ``--case-file PATH --tp N``), made
+    # before any case runs (:func:`prepare_reproduction`), so an interrupted run still says how to reproduce.
+    selections: dict[str, str] = field(default_factory=dict)
 
 
 def collect_cases(config: RunConfig) -> CaseSet:
@@ -247,6 +250,7 @@ def run_group_size(
     the ranks costs more than most cases). ``load_problems``: why an implementation cannot be loaded
     (see :func:`shardspec.conformance.harness.probe.probe`)."""
     start = {entry: len(results[entry]) for entry in entries}
+    prepare_reproduction(case_set, run_dir)
     jobs, owners = [], []
     for entry in entries:
         choice = ImplChoice.parse(entry)
@@ -254,7 +258,9 @@ def run_group_size(
         problem = next((load_problems[name] for name in choice.names() if load_problems.get(name)), None)
         if problem:
             log(f"cannot run {choice.label}: {problem}")
-            results[entry] += [not_run(case, choice.label, problem) for case in cases]
+            results[entry] += [
+                annotate(config, choice, not_run(case, choice.label, problem), case_set, run_dir) for case in cases
+            ]
             continue
         jobs += [Job(choice, case) for case in cases]
         owners += [entry] * len(cases)
@@ -264,29 +270,55 @@ def run_group_size(
 
         def deliver(result: CaseResult) -> None:
             delivered.add(id(result))
+            annotate(config, ImplChoice.parse(entry_of[result.impl]), result, case_set, run_dir)
             results[entry_of[result.impl]].append(result)
 
         for entry, result in zip(owners, _run_jobs(config, group, tp, jobs, log, deliver), strict=False):
             if id(result) not in delivered:  # not run: never delivered on the way
-                results[entry].append(result)
+                results[entry].append(annotate(config, ImplChoice.parse(entry), result, case_set, run_dir))
     for entry in entries:
         _finish_results(config, ImplChoice.parse(entry), results[entry][start[entry] :], case_set, run_dir, log)
 
 
 def _finish_results(config, choice, results, case_set, run_dir, log) -> None:
-    """Shrink failing generated cases, and say how to reproduce every result."""
-    _shrink_failures(config, choice, results, case_set.generated, run_dir, log)
-    mode = mode_args(config)
+    """Shrink failing generated cases; every result says how to reproduce it."""
     for result in results:
-        result.generated = result.case_id in case_set.generated
-        parent = case_set.parents.get(result.case_id)
-        if not result.reproduce and parent is not None and result.case_id not in case_set.files:
-            path = write_case_file(parent, run_dir)  # the whole case: a later step needs the ones before
-            result.reproduce = _command(choice, f"--case-file {path} --tp {parent.tp_size}", mode)
-        if not result.reproduce and result.case_id in case_set.files:
-            result.reproduce = _command(choice, f"--case-file {case_set.files[result.case_id]}", mode)
-        made_here = result.generated or result.case_id in case_set.boundary
-        result.reproduce = result.reproduce or reproduce_command(choice, result.case, made_here, run_dir, mode)
+        annotate(config, choice, result, case_set, run_dir)
+    _shrink_failures(config, choice, results, case_set.generated, run_dir, log)
+
+
+def prepare_reproduction(case_set: CaseSet, run_dir: pathlib.Path) -> None:
+    """What selects each case in a reproduce command, made before any case runs (an interruption cannot
+    lose it): a fixture by its id, a case file by its path, a case made by this run (generated, at a
+    boundary) by the file written for it here, and a step of a multi-step case by its whole case's file (a
+    later step needs the ones before). Cases already prepared are kept."""
+    for case in case_set.cases:
+        if case.case_id in case_set.selections:
+            continue
+        parent = case_set.parents.get(case.case_id)
+        if case.case_id in case_set.files:
+            selection = f"--case-file {case_set.files[case.case_id]}"
+        elif parent is not None:
+            path = run_dir / "failing" / f"{parent.case_id}.yaml"
+            if not path.exists():
+                write_case_file(parent, run_dir)
+            selection = f"--case-file {path} --tp {parent.tp_size}"
+        elif case.case_id in case_set.generated or case.case_id in case_set.boundary:
+            selection = f"--case-file {write_case_file(case, run_dir)} --tp {case.tp_size}"
+        else:
+            selection = f"--case {case.case_id}"
+        case_set.selections[case.case_id] = selection
+
+
+def annotate(config, choice: ImplChoice, result: CaseResult, case_set: CaseSet, run_dir: pathlib.Path) -> CaseResult:
+    """``result`` with whether its case was generated and, unless it has one, its reproduce command."""
+    result.generated = result.case_id in case_set.generated
+    if not result.reproduce:
+        if result.case_id not in case_set.selections:
+            prepare_reproduction(case_set, run_dir)
+        selection = case_set.selections.get(result.case_id, f"--case {result.case_id}")
+        result.reproduce = _command(choice, selection, mode_args(config))
+    return result
 
 
 def _run_jobs(config, group: Group, tp, jobs, log, deliver) -> list[CaseResult]:

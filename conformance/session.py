@@ -21,9 +21,11 @@ from shardspec.conformance.runner import (
     CaseSet,
     Log,
     RunConfig,
+    annotate,
     cases_of_entry,
     collect_cases,
     make_run_dir,
+    prepare_reproduction,
     remove_run_dir,
     run_group_size,
     tp_sizes_of,
@@ -44,6 +46,7 @@ class ConformanceSession:
         for note in self.case_set.notes:
             log(f"note: {note}")
         self.tp_sizes = tp_sizes_of(config, self.case_set.cases)
+        prepare_reproduction(self.case_set, self.run_dir)  # before any case runs: an interruption keeps them
         self.group = group_for(config, self.run_dir, log)  # where the ranks run; closed by finish()
         self.results: dict[str, list[CaseResult]] = {impl: [] for impl in config.impls}
         self.sizes_run: set[int] = set()
@@ -233,7 +236,8 @@ class ConformanceSession:
                 done = {r.case_id for r in self.results[impl] if r.tp == tp}
                 for case in cases_of_entry(self.config, choice, self.case_set, tp):
                     if case.case_id not in done:
-                        self.results[impl].append(not_run(case, impl, reason))
+                        result = not_run(case, choice.label, reason)
+                        self.results[impl].append(annotate(self.config, choice, result, self.case_set, self.run_dir))
 
     def _backend(self) -> tuple[str, str]:
         import torch
