@@ -202,10 +202,14 @@ class ConformanceSession:
         log = log or self.log
         for line in text.splitlines():
             log(line)
+        failures = list(getattr(self.group, "launch_failures", ()))
+        for line in report.describe_launch_failures(failures):
+            log(line)
         judged = sum(r.status != NOT_RUN for results in self.results.values() for r in results)
         if judged == 0:
-            warnings.append("no case was judged: the run proves nothing")
-            log("error: no case was judged: the run proves nothing")
+            why = f" ({len(failures)} launch(es) did not run: see above)" if failures else ""
+            warnings.append(f"no case was judged: the run proves nothing{why}")
+            log(f"error: no case was judged: the run proves nothing{why}")
             exit_code = 1
         if interrupted:
             warnings.append(f"interrupted by {interrupted}: partial report")
@@ -220,7 +224,7 @@ class ConformanceSession:
                 *self._backend(),
                 self._extra(),
             )
-            data = report.json_report(metadata, sections, tables, warnings, exit_code, self.invariants)
+            data = report.json_report(metadata, sections, tables, warnings, exit_code, self.invariants, failures)
             write_atomically(pathlib.Path(self.config.json_path), json.dumps(data, indent=1, default=repr))
             log(f"JSON report: {self.config.json_path}")
         log(f"{'FAILED' if exit_code else 'PASSED'} in {wall:.1f}s")

@@ -104,6 +104,25 @@ def kill_group(proc) -> None:
     proc.wait()
 
 
+ERROR_LINES = 15  # of a rank's error, in the report of a launch that did not run
+
+
+def first_error(text: str, lines: int = ERROR_LINES) -> str:
+    """The first error a launch log holds: its first traceback, to the exception's line (its first frames and
+    its last lines where it is longer than ``lines``); else the log's last lines."""
+    rows = text.splitlines()
+    start = next((i for i, row in enumerate(rows) if row.startswith("Traceback (most recent call last)")), None)
+    if start is None:
+        return "\n".join(rows[-lines:])
+    end = start + 1
+    while end < len(rows) and (rows[end].startswith((" ", "\t")) or not rows[end].strip()):
+        end += 1  # the frames; the exception's line is the first one not indented
+    block = rows[start : end + 1]
+    if len(block) > lines:
+        block = block[:3] + ["  ..."] + block[-(lines - 4) :]
+    return "\n".join(block)
+
+
 def tail(path: pathlib.Path, lines: int = 30) -> str:
     try:
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
