@@ -6,11 +6,11 @@ from __future__ import annotations
 import atexit
 import os
 import pathlib
-import signal
 import subprocess
 import sys
 
 from shardspec.conformance.harness.external import ExternalGroup, rank_command
+from shardspec.conformance.harness.reaper import keeper_command, stop_kept
 from shardspec.conformance.harness.spawn import RankServer, ServedGroup
 
 WORKER = "shardspec.conformance.harness.worker"
@@ -69,8 +69,10 @@ class GroupStarter:
         else:
             log_path.write_text("")
             return _rank_server(self.servers, env, self.run_dir, name).start(world, args, log_path)
-        with open(log_path, "w") as log_file:
-            return subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True, env=env)
+        with open(log_path, "w") as log_file:  # under a keeper, which ends every process of the launch with it
+            return subprocess.Popen(
+                keeper_command(command), stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True, env=env
+            )
 
 
 def _worker_env(device_kind: str) -> dict[str, str]:
@@ -97,11 +99,7 @@ def kill_group(proc) -> None:
     if isinstance(proc, ServedGroup):
         proc.kill()
         return
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    proc.wait()
+    stop_kept(proc)  # its keeper ends the launcher, the ranks and whatever they started
 
 
 ERROR_LINES = 15  # of a rank's error, in the report of a launch that did not run

@@ -132,6 +132,9 @@ def describe_exit(code: int) -> str:
 def serve(module_name: str, args: list[str]) -> int:
     """Fork one group per request line ``{"world_size", "args", "log", "exit"}``; the group's exit
     status goes to the file ``exit`` (written whole, by a rename)."""
+    from shardspec.conformance.harness.reaper import become_subreaper, end_descendants
+
+    become_subreaper()  # a rank's orphans (a daemon it started) become this process's children
     module = preloaded(module_name, args)
     for line in sys.stdin:
         request = json.loads(line)
@@ -141,9 +144,11 @@ def serve(module_name: str, args: list[str]) -> int:
         partial.write_text(str(pids[0]))
         os.replace(partial, group)
         code, culprit = wait_group(pids)
+        end_descendants()  # whatever the ranks started, before the group is said to have ended
         partial = request["exit"] + ".partial"
         pathlib.Path(partial).write_text(json.dumps({"code": code, "culprit": culprit}))
         os.replace(partial, request["exit"])
+    end_descendants()
     return 0
 
 

@@ -4,22 +4,27 @@ is ended with it.
 Real command-line runs, one process per rank; marked slow.
 """
 
+import contextlib
 import json
 import os
+import pathlib
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
-from harness_cases import PLUGINS
+from harness_cases import PLUGINS, small_cases, write_cases
 
 pytestmark = pytest.mark.slow
 
 LAUNCHERS = ["fork", "torchrun"]
 
 
-def _conformance(tmp_path, *args, timeout=300):
+def _conformance(tmp_path, *args, timeout=300, env=None):
     report = tmp_path / "r.json"
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(PLUGINS), os.environ.get("PYTHONPATH")])))
+    env = dict(env or os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PLUGINS), os.environ.get("PYTHONPATH")]))
     command = [sys.executable, "-m", "shardspec.conformance", "--no-shrink", "--json", str(report)]
     command += ["--run-dir", str(tmp_path / "run"), *args]
     proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout)
@@ -67,3 +72,44 @@ def test_a_launch_that_did_not_run_says_why_in_the_terminal_the_json_and_the_htm
     page = (tmp_path / "html" / "index.html").read_text()
     assert "tp 2, launch 1 did not run: the group did not start (exit 1)" in page
     assert "RuntimeError: expected[0].wire[0].send" in page and failure["log"] in page
+
+
+def _marked(mark: bytes) -> list[int]:
+    """The processes whose environment holds ``mark`` (every process a run started inherits it)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        try:
+            if entry.isdigit() and mark in pathlib.Path(f"/proc/{entry}/environ").read_bytes().split(b"\0"):
+                found.append(int(entry))
+        except OSError:
+            continue
+    return found
+
+
+@pytest.mark.parametrize("launcher", LAUNCHERS)
+def test_no_process_of_a_launch_outlives_it(tmp_path, launcher):
+    """A rank stopped by SIGSTOP, a rank holding the GIL and a daemon (double fork, a session of its own) a
+    rank started: none is left after the run, with either launcher (torchrun left the stopped rank, the
+    hung one and the daemon running, fork the daemon), and the daemon costs its launch no wait."""
+    entries = [f"hostile_sharders:{name}" for name in ("StopInGather", "GilHangInGather", "DaemonInGather")]
+    files = write_cases(small_cases(2), tmp_path)
+    mark = f"SHARDSPEC_TEST_LAUNCH_ENDS={tmp_path}"
+    args = ["--impl", ",".join(entries), "--launcher", launcher, "--timeout", "6"]
+    args += [arg for path in files for arg in ("--case-file", path)]
+    start = time.monotonic()
+    try:
+        proc, sections, _ = _conformance(tmp_path, *args, env={**os.environ, mark.split("=")[0]: str(tmp_path)})
+        wall = time.monotonic() - start
+        time.sleep(0.5)  # a process being ended is gone from /proc once reaped
+        left = _marked(mark.encode())
+    finally:
+        for pid in _marked(mark.encode()):  # leave nothing behind, whatever failed
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert left == [], [
+        pathlib.Path(f"/proc/{pid}/cmdline").read_bytes() for pid in left if os.path.exists(f"/proc/{pid}")
+    ]
+    assert {c["status"] for c in sections[entries[2]].values()} == {"pass"}
+    assert all(sections[entry]["small-tp2-3"]["status"] == "error" for entry in entries[:2])
+    assert wall < 150, wall

@@ -156,3 +156,17 @@ class ExitOnRankZeroInAllToAll(ReferenceSharder):
         if self.rank == 0:
             sys.exit(3)
         return super().all_to_all_logits(logits_shard, metadata)
+
+
+class DaemonInGather(_OnGather):
+    """Starts a daemon (double fork, a session of its own) that outlives the rank, then behaves."""
+
+    def attack(self) -> None:
+        if os.fork() == 0:
+            os.setsid()
+            if os.fork() == 0:
+                signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
+                while True:
+                    ctypes.CDLL(None).sleep(3600)
+            os._exit(0)
+        os.wait()
