@@ -71,7 +71,12 @@ class GroupStarter:
             return _rank_server(self.servers, env, self.run_dir, name).start(world, args, log_path)
         with open(log_path, "w") as log_file:  # under a keeper, which ends every process of the launch with it
             return subprocess.Popen(
-                keeper_command(command), stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True, env=env
+                keeper_command(command),
+                stdin=subprocess.DEVNULL,  # nothing of the judge's is held by what a rank starts
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                env=env,
             )
 
 
