@@ -88,12 +88,20 @@ def _run_fork(module, args: list[str], env: dict[str, str], log_path: str | None
         code = module.main(args) or 0
     except SystemExit as exc:  # sys.exit(n) in a rank: its status, as an unforked process would exit
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-    except BaseException:  # the rank's failure, reported like an unforked process would
-        traceback.print_exc()
+    except BaseException:  # the rank's failure, reported like an unforked process would, in one write: the
+        write_whole(traceback.format_exc())  # ranks append to one log, and their lines would interleave
         code = 1
     sys.stdout.flush()
     sys.stderr.flush()
     return code
+
+
+def write_whole(text: str, fd: int = 2) -> None:
+    """``text`` to ``fd`` in one write (an append no other rank's write interleaves with)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    with contextlib.suppress(OSError):
+        os.write(fd, text.encode(errors="replace"))
 
 
 def wait_all(pids: list[int]) -> int:

@@ -280,5 +280,16 @@ def main(argv: list[str]) -> int:
     return 0
 
 
+def run_rank(argv: list[str]) -> int:
+    """:func:`main`, its traceback written whole where it fails (the ranks of a launch share one log)."""
+    try:
+        return main(argv)
+    except Exception:
+        from shardspec.conformance.harness.spawn import write_whole
+
+        write_whole(traceback.format_exc())
+        return 1
+
+
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(run_rank(sys.argv[1:]))
