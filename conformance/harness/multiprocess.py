@@ -167,21 +167,24 @@ def _launch(jobs, indices, tp, options, name, results, on_result, starter, judge
             kill_group(proc)
     follower.read()
     if not follower.ready:
-        return launch_failure(proc.returncode, log_path, starter)
+        return launch_failure(proc.returncode, ended, log_path, starter)
     follower.note_cut(indices)
     settle.broken_job(indices, ended, getattr(proc, "culprit", None))
     return None
 
 
-def launch_failure(code, log_path: pathlib.Path, starter) -> dict:
-    """Why a group never started: its exit status, and the first error of its ranks' log (of the preloaded
-    rank server's log, where the ranks wrote nothing: it failed to fork them)."""
+def launch_failure(code, ended: str, log_path: pathlib.Path, starter) -> dict:
+    """Why a group never started: its exit status (or how the judge ended it), and the first error of its
+    ranks' log (of the preloaded rank server's log, where the ranks wrote nothing: it failed to fork them)."""
+    reason = f"the group did not start (exit {code})"
+    if not ended.startswith("the launch ended"):  # the judge ended it: say why
+        reason = f"the group did not start: {ended}"
     logs = [log_path] + sorted(starter.run_dir.glob("server-*.log"), key=lambda p: p.stat().st_mtime)[-1:]
     for path in logs:
         text = path.read_text(errors="replace") if path.exists() else ""
         if text.strip():
-            return {"reason": f"the group did not start (exit {code})", "log": str(path), "error": first_error(text)}
-    return {"reason": f"the group did not start (exit {code})", "log": str(log_path), "error": ""}
+            return {"reason": reason, "log": str(path), "error": first_error(text)}
+    return {"reason": reason, "log": str(log_path), "error": ""}
 
 
 def _follow(proc, limit, follower, indices, settle, options, heartbeats: bool) -> str:
