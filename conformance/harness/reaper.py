@@ -7,7 +7,8 @@ harness tracks them itself, whatever the launcher: the process that starts a lau
 subreaper* (``PR_SET_CHILD_SUBREAPER``), so every process of the launch whose parent ends becomes its child
 instead of init's, and when the launch ends it kills every descendant it has (found through ``/proc``),
 until none is left, and reaps them. The preloaded rank server (:mod:`.spawn`) does it after each group it
-forks; every other launch runs under this module's keeper::
+forks (and when it is sent SIGTERM, or the judge that started it dies); every other launch runs under this
+module's keeper::
 
     python -m shardspec.conformance.harness.reaper COMMAND ARGS...
 
@@ -92,6 +93,21 @@ def end_descendants(timeout_s: float = ENDING_S) -> int:
             break
         time.sleep(0.01)
     return len(killed)
+
+
+def end_when_asked() -> None:
+    """Make this process the subreaper of what it starts, ending all of it and itself on SIGTERM, or when the
+    judge that started it dies (it is sent SIGTERM then): for a long-lived process that starts launches."""
+    become_subreaper()
+
+    def end(signum, frame):
+        end_descendants()
+        os._exit(128 + signum)
+
+    signal.signal(signal.SIGTERM, end)
+    _prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    if os.getppid() == 1:  # the judge died before the death signal was set
+        end(signal.SIGTERM, None)
 
 
 def keep(command: list[str]) -> int:

@@ -69,6 +69,7 @@ def fork_group(module, world_size: int, args: list[str], port: int, log_path: st
     for rank in range(world_size):
         pid = os.fork()
         if pid == 0:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the server's handler is not the rank's
             with contextlib.suppress(OSError):  # the parent may have done it first
                 os.setpgid(0, pids[0] if pids else 0)
             os._exit(_run_fork(module, args, rank_env(rank, world_size, port), log_path))
@@ -140,9 +141,11 @@ def describe_exit(code: int) -> str:
 def serve(module_name: str, args: list[str]) -> int:
     """Fork one group per request line ``{"world_size", "args", "log", "exit"}``; the group's exit
     status goes to the file ``exit`` (written whole, by a rename)."""
-    from shardspec.conformance.harness.reaper import become_subreaper, end_descendants
+    from shardspec.conformance.harness.reaper import end_when_asked
 
-    become_subreaper()  # a rank's orphans (a daemon it started) become this process's children
+    end_when_asked()  # a rank's orphans become this process's children, ended with their group or this process
+    from shardspec.conformance.harness.reaper import end_descendants
+
     module = preloaded(module_name, args)
     for line in sys.stdin:
         request = json.loads(line)
