@@ -15,6 +15,11 @@ module's keeper::
 which runs COMMAND (torchrun, or the ranks' own spawner), and when COMMAND exits, or the keeper is asked to
 end (SIGTERM, SIGINT, SIGHUP, or the death of the judge that started it), ends every process below it and
 exits with COMMAND's status (128 + the signal when it was asked to end).
+
+While a launch runs, an orphan (a process whose parent ended: a daemon, or what a rank that ended had
+started) is ended at once, by the server and the keeper alike: it holds a copy of the sockets of the rank
+that started it, and a peer of that rank, waiting for it in a collective, would learn it left only once
+nothing holds them (at its process-group timeout). A rank's helper processes must stay its children.
 """
 
 from __future__ import annotations
@@ -64,6 +69,50 @@ def descendants(root: int) -> list[int]:
             found.append(child)
             queue.append(child)
     return found
+
+
+def children(pid: int) -> list[int]:
+    """The children of ``pid`` (its adopted orphans included), from /proc's per-thread lists where the
+    kernel keeps them (cheap enough to read every few milliseconds), else from every process's parent."""
+    found, listed = [], False
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        tasks = []
+    for task in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{task}/children") as listing:
+                found += [int(child) for child in listing.read().split()]
+                listed = True
+        except OSError:
+            continue
+    if listed:
+        return found
+    below = set(descendants(pid))
+    return [child for child in below if _parent(child) == pid]
+
+
+def _parent(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            return int(stat.read().rsplit(b")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def end_orphans(keep) -> int:
+    """SIGKILL this process's children but ``keep`` (as a subreaper, its other children are orphans: a
+    daemon, or what a process that ended started); their children become this process's and are ended by a
+    later call. Reaps them; returns how many were killed."""
+    killed = 0
+    for child in children(os.getpid()):
+        if child not in keep:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(child, signal.SIGKILL)
+                killed += 1
+    if killed:
+        reap()
+    return killed
 
 
 def reap() -> None:
@@ -126,6 +175,9 @@ def keep(command: list[str]) -> int:
         return 128 + signal.SIGTERM
     proc = subprocess.Popen(command)
     while proc.poll() is None and not asked:
+        # An orphan (a daemon, or what a rank that ended started) ends at once: it may hold the rank's end of a
+        # connection, and a peer would wait for it until its process-group timeout.
+        end_orphans(keep={proc.pid})
         time.sleep(0.05)
     end_descendants()
     if asked:

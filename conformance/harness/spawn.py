@@ -110,11 +110,16 @@ def wait_all(pids: list[int]) -> int:
     return wait_group(pids)[0]
 
 
-def wait_group(pids: list[int]) -> tuple[int, dict | None]:
-    """Like :func:`wait_all`, and which rank failed first and how (``{"rank", "how"}``), if one did."""
+def wait_group(pids: list[int], meanwhile=None) -> tuple[int, dict | None]:
+    """Like :func:`wait_all`, and which rank failed first and how (``{"rank", "how"}``), if one did.
+    ``meanwhile(running)``: called while waiting, every few milliseconds, with the ranks still running."""
     running = set(pids)
     while running:
-        pid, status = os.waitpid(-1, 0)
+        pid, status = os.waitpid(-1, os.WNOHANG if meanwhile else 0)
+        if pid == 0:
+            meanwhile(running)
+            time.sleep(0.02)
+            continue
         if pid not in running:
             continue
         running.discard(pid)
@@ -144,7 +149,7 @@ def serve(module_name: str, args: list[str]) -> int:
     from shardspec.conformance.harness.reaper import end_when_asked
 
     end_when_asked()  # a rank's orphans become this process's children, ended with their group or this process
-    from shardspec.conformance.harness.reaper import end_descendants
+    from shardspec.conformance.harness.reaper import end_descendants, end_orphans
 
     module = preloaded(module_name, args)
     for line in sys.stdin:
@@ -154,7 +159,9 @@ def serve(module_name: str, args: list[str]) -> int:
         partial = group.with_name(group.name + ".partial")
         partial.write_text(str(pids[0]))
         os.replace(partial, group)
-        code, culprit = wait_group(pids)
+        # A process a rank left (its daemon, or what it started before it ended) ends at once: it may hold the
+        # rank's end of a connection, and a peer would wait for it until its process-group timeout.
+        code, culprit = wait_group(pids, meanwhile=lambda running: end_orphans(keep=running))
         end_descendants()  # whatever the ranks started, before the group is said to have ended
         partial = request["exit"] + ".partial"
         pathlib.Path(partial).write_text(json.dumps({"code": code, "culprit": culprit}))

@@ -146,3 +146,20 @@ def test_a_judge_killed_outright_leaves_no_rank_behind(tmp_path, launcher):
             with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGKILL)
     assert left == []
+
+
+@pytest.mark.parametrize("launcher", LAUNCHERS)
+def test_a_daemon_holding_a_dead_ranks_sockets_costs_its_peer_no_wait(tmp_path, launcher):
+    """Rank 1 starts a daemon (which holds a copy of its sockets), then raises before its all-gather: rank 0,
+    waiting there, learns at once that rank 1 left, since the daemon is ended as soon as it is an orphan;
+    before, it waited for its process-group timeout (30 s here: 39 s with fork, 50 s with torchrun)."""
+    import re
+
+    entry = "hostile_sharders:DaemonThenRaiseInGather"
+    [path] = write_cases(small_cases(2)[1:2], tmp_path)
+    args = ["--impl", entry, "--case-file", path, "--launcher", launcher, "--timeout", "30", "--pg-timeout", "30"]
+    proc, sections, _ = _conformance(tmp_path, *args)
+    case = sections[entry]["small-tp2-3"]
+    assert [(e["rank"], e["kind"]) for e in case["errors"]] == [(1, "raised"), (0, "peer")], case["errors"]
+    seconds = float(re.search(r"tp 2: 1 job\(s\) in ([0-9.]+)s", proc.stdout).group(1))
+    assert seconds < 20, proc.stdout[-3000:]

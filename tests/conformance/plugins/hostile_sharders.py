@@ -170,3 +170,12 @@ class DaemonInGather(_OnGather):
                     ctypes.CDLL(None).sleep(3600)
             os._exit(0)
         os.wait()
+
+
+class DaemonThenRaiseInGather(DaemonInGather):
+    """Starts a daemon, which holds a copy of every socket of the rank, then raises before its all-gather: the
+    peer waiting there learns that the rank left only once nothing holds the rank's end of their connection."""
+
+    def attack(self) -> None:
+        super().attack()
+        raise RuntimeError("deliberate failure after starting a daemon")
