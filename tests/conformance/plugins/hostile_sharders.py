@@ -12,6 +12,7 @@ import signal
 import struct
 import sys
 import threading
+import time
 from dataclasses import replace
 
 import numpy as np
@@ -179,3 +180,14 @@ class DaemonThenRaiseInGather(DaemonInGather):
     def attack(self) -> None:
         super().attack()
         raise RuntimeError("deliberate failure after starting a daemon")
+
+
+class ChildThenHangInGather(_OnGather):
+    """Starts a child in a session of its own (it stays the rank's child), then never returns."""
+
+    def attack(self) -> None:
+        import subprocess
+
+        subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"], start_new_session=True)
+        while True:
+            time.sleep(1)
