@@ -13,7 +13,9 @@ consecutive ranks, <R> the world rank), each running every job.
 After an unexpected error the group's collectives are misaligned, so the
 rank writes its record and leaves the launch (the launcher relaunches for
 the remaining cases). A watchdog thread ends the process when a case makes
-no progress for ``case_timeout_s`` seconds, after writing where it hung.
+no progress for ``case_timeout_s`` seconds, after writing where it hung. An
+implementation that ends the process (``sys.exit``) is said in the job's last
+frame (``exited``), whichever launcher started the rank.
 """
 
 from __future__ import annotations
