@@ -6,12 +6,13 @@ from __future__ import annotations
 import atexit
 import os
 import pathlib
+import re
 import subprocess
 import sys
 
 from shardspec.conformance.harness.external import ExternalGroup, rank_command
 from shardspec.conformance.harness.reaper import keeper_command, stop_kept
-from shardspec.conformance.harness.spawn import RankServer, ServedGroup
+from shardspec.conformance.harness.spawn import RankServer, ServedGroup, describe_exit
 
 WORKER = "shardspec.conformance.harness.worker"
 
@@ -105,6 +106,17 @@ def kill_group(proc) -> None:
         proc.kill()
         return
     stop_kept(proc)  # its keeper ends the launcher, the ranks and whatever they started
+
+
+def torchrun_culprit(log: str) -> dict | None:
+    """The rank whose failure ended a torchrun launch, and how (``{"rank", "how"}``, a world rank), from the
+    root cause torchrun prints; None where it printed none."""
+    cause = log.partition("Root Cause (first observed failure):")[2]
+    rank = re.search(r"^\s*rank\s*:\s*(\d+)", cause, re.MULTILINE)
+    code = re.search(r"^\s*exitcode\s*:\s*(-?\d+)", cause, re.MULTILINE)
+    if rank is None or code is None:
+        return None
+    return {"rank": int(rank.group(1)), "how": describe_exit(int(code.group(1)))}
 
 
 ERROR_LINES = 15  # of a rank's error, in the report of a launch that did not run

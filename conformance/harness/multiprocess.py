@@ -25,7 +25,7 @@ from shardspec.conformance.harness.expectations import rank_device_kind, save_ex
 from shardspec.conformance.harness.external import JOIN_S
 from shardspec.conformance.harness.follower import Follower
 from shardspec.conformance.harness.group import Job
-from shardspec.conformance.harness.launch import GroupStarter, first_error, kill_group, let_finish
+from shardspec.conformance.harness.launch import GroupStarter, first_error, kill_group, let_finish, torchrun_culprit
 from shardspec.conformance.harness.settle import Settler
 from shardspec.conformance.record import CaseResult, not_run
 
@@ -169,7 +169,10 @@ def _launch(jobs, indices, tp, options, name, results, on_result, starter, judge
     if not follower.ready:
         return launch_failure(proc.returncode, ended, log_path, starter)
     follower.note_cut(indices)
-    settle.broken_job(indices, ended, getattr(proc, "culprit", None))
+    culprit = getattr(proc, "culprit", None)  # the forked ranks' server says which rank failed first
+    if culprit is None and starter.use_torchrun and ended.startswith("the launch ended"):
+        culprit = torchrun_culprit(log_path.read_text(errors="replace") if log_path.exists() else "")
+    settle.broken_job(indices, ended, culprit)
     return None
 
 

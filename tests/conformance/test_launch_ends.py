@@ -163,3 +163,18 @@ def test_a_daemon_holding_a_dead_ranks_sockets_costs_its_peer_no_wait(tmp_path, 
     assert [(e["rank"], e["kind"]) for e in case["errors"]] == [(1, "raised"), (0, "peer")], case["errors"]
     seconds = float(re.search(r"tp 2: 1 job\(s\) in ([0-9.]+)s", proc.stdout).group(1))
     assert seconds < 20, proc.stdout[-3000:]
+
+
+def test_under_torchrun_a_rank_killed_by_a_signal_is_named_died_with_its_signal(tmp_path):
+    """torchrun's root cause names the rank that failed first and how: a segfault in gather is that rank's
+    death with its signal (it was 'did not return', a hang), and its peer is not blamed."""
+    entry = "hostile_sharders:SegfaultInGather"
+    [path] = write_cases(small_cases(2)[1:2], tmp_path)
+    proc, sections, _ = _conformance(tmp_path, "--impl", entry, "--case-file", path, "--launcher", "torchrun")
+    case = sections[entry]["small-tp2-3"]
+    first = case["errors"][0]
+    assert (first["rank"], first["kind"], first["step"]) == (1, "died", "gather"), case["errors"]
+    assert "rank 1 was killed by SIGSEGV in step gather of case small-tp2-3" in first["message"]
+    assert case["violations"] == [] and all(
+        e["kind"] in ("stopped", "peer", "peer-timeout") for e in case["errors"][1:]
+    )

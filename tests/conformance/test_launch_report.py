@@ -51,3 +51,27 @@ def test_the_json_model_reads_them_and_older_reports_have_none():
     report = parse_report({"sections": [], "launch_failures": [failure]}, "r.json", "r")
     assert report.launch_failures == [{**failure, "tp": "2", "launch": "1"}]
     assert parse_report({"sections": []}, "r.json", "r").launch_failures == []
+
+
+TORCHRUN_LOG = """E1206 06:04:20 torch/distributed/elastic/multiprocessing/api.py failed (exitcode: -11) local_rank: 1
+Failures:
+[1]:
+  rank      : 0 (local_rank: 0)
+  exitcode  : -9 (pid: 10164)
+------------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  time      : 2026-12-06_06:04:20
+  host      : localhost
+  rank      : 1 (local_rank: 1)
+  exitcode  : -11 (pid: 10165)
+  error_file: <N/A>
+"""
+
+
+def test_torchrun_names_the_rank_that_failed_first_and_how():
+    from shardspec.conformance.harness.launch import torchrun_culprit
+
+    assert torchrun_culprit(TORCHRUN_LOG) == {"rank": 1, "how": "was killed by SIGSEGV"}
+    assert torchrun_culprit(TORCHRUN_LOG.replace("-11 (pid", "3 (pid")) == {"rank": 1, "how": "exited with status 3"}
+    assert torchrun_culprit("no root cause printed") is None

@@ -13,14 +13,14 @@ DAEMON = """
 import os, pathlib, sys, time
 if os.fork() == 0:
     os.setsid()
-    if os.fork() == 0:
-        pathlib.Path(sys.argv[1]).write_text(str(os.getpid()))
+    daemon = os.fork()
+    if daemon == 0:
         while True:
             time.sleep(1)
+    pathlib.Path(sys.argv[1]).write_text(str(daemon))  # before the daemon is an orphan
     os._exit(0)
 os.wait()
-while not pathlib.Path(sys.argv[1]).exists():
-    time.sleep(0.01)
+time.sleep(1)
 """
 
 STOPPED = """
