@@ -90,16 +90,14 @@ def _marked(mark: bytes) -> list[int]:
 def test_no_process_of_a_launch_outlives_it(tmp_path, launcher):
     """A rank stopped by SIGSTOP, a rank holding the GIL and a daemon (double fork, a session of its own) a
     rank started: none is left after the run, with either launcher (torchrun left the stopped rank, the
-    hung one and the daemon running, fork the daemon), and the daemon costs its launch no wait."""
+    hung one and the daemon running, fork the daemon)."""
     entries = [f"hostile_sharders:{name}" for name in ("StopInGather", "GilHangInGather", "DaemonInGather")]
     files = write_cases(small_cases(2), tmp_path)
     mark = f"SHARDSPEC_TEST_LAUNCH_ENDS={tmp_path}"
     args = ["--impl", ",".join(entries), "--launcher", launcher, "--timeout", "6"]
     args += [arg for path in files for arg in ("--case-file", path)]
-    start = time.monotonic()
     try:
         proc, sections, _ = _conformance(tmp_path, *args, env={**os.environ, mark.split("=")[0]: str(tmp_path)})
-        wall = time.monotonic() - start
         time.sleep(0.5)  # a process being ended is gone from /proc once reaped
         left = _marked(mark.encode())
     finally:
@@ -112,7 +110,6 @@ def test_no_process_of_a_launch_outlives_it(tmp_path, launcher):
     ]
     assert {c["status"] for c in sections[entries[2]].values()} == {"pass"}
     assert all(sections[entry]["small-tp2-3"]["status"] == "error" for entry in entries[:2])
-    assert wall < 150, wall
 
 
 @pytest.mark.parametrize("launcher", LAUNCHERS)
@@ -152,17 +149,16 @@ def test_a_judge_killed_outright_leaves_no_rank_behind(tmp_path, launcher):
 def test_a_daemon_holding_a_dead_ranks_sockets_costs_its_peer_no_wait(tmp_path, launcher):
     """Rank 1 starts a daemon (which holds a copy of its sockets), then raises before its all-gather: rank 0,
     waiting there, learns at once that rank 1 left, since the daemon is ended as soon as it is an orphan;
-    before, it waited for its process-group timeout (30 s here: 39 s with fork, 50 s with torchrun)."""
-    import re
-
+    before, it waited for its process-group timeout (30 s here: the job took 39 s with fork, 50 s with
+    torchrun)."""
     entry = "hostile_sharders:DaemonThenRaiseInGather"
     [path] = write_cases(small_cases(2)[1:2], tmp_path)
     args = ["--impl", entry, "--case-file", path, "--launcher", launcher, "--timeout", "30", "--pg-timeout", "30"]
     proc, sections, _ = _conformance(tmp_path, *args)
     case = sections[entry]["small-tp2-3"]
     assert [(e["rank"], e["kind"]) for e in case["errors"]] == [(1, "raised"), (0, "peer")], case["errors"]
-    seconds = float(re.search(r"tp 2: 1 job\(s\) in ([0-9.]+)s", proc.stdout).group(1))
-    assert seconds < 20, proc.stdout[-3000:]
+    # Its collective ends with the connection rank 1 closed, not at its timeout ("Timed out waiting 30000ms").
+    assert "Timed out" not in case["errors"][1]["message"], case["errors"][1]
 
 
 def test_under_torchrun_a_rank_killed_by_a_signal_is_named_died_with_its_signal(tmp_path):
