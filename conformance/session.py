@@ -17,15 +17,14 @@ from shardspec.conformance.harness.group import group_for
 from shardspec.conformance.record import NOT_RUN, PASS, CaseResult, not_run
 from shardspec.conformance.report import summary as report
 from shardspec.conformance.report.input_coverage import input_coverage, summary_lines
+from shardspec.conformance.reproduce import annotate, prepare_reproduction
 from shardspec.conformance.runner import (
     CaseSet,
     Log,
     RunConfig,
-    annotate,
     cases_of_entry,
     collect_cases,
     make_run_dir,
-    prepare_reproduction,
     remove_run_dir,
     run_group_size,
     tp_sizes_of,
