@@ -21,7 +21,7 @@ from shardspec.conformance.reproduce import (
     reproduce_command,
     write_case_file,
 )
-from shardspec.conformance.usage import DEFAULT_MAX_EXAMPLES, GENERATED_POOL
+from shardspec.conformance.usage import DEFAULT_MAX_EXAMPLES, GENERATED_POOL, MIXED_MAX_EXAMPLES
 from shardspec.spec.case import Case
 from shardspec.spec.model import DEFAULT_PROFILE
 
@@ -37,7 +37,7 @@ class RunConfig:
     max_examples: int = DEFAULT_MAX_EXAMPLES  # generated cases judged per group size
     # Mixed entries mostly test the wire layout between implementations, which
     # the fixtures and a few generated cases already cover.
-    mixed_max_examples: int = 25
+    mixed_max_examples: int = MIXED_MAX_EXAMPLES
     fixtures_only: bool = False
     case_ids: list[str] = field(default_factory=list)
     case_files: list[str] = field(default_factory=list)

@@ -137,7 +137,10 @@ class Judge:
                     transcript,
                     self.rank(case, {**final, "outputs": transcript.outputs}, returned_steps(transcript.outputs)),
                 )
-            return self.rank(case, {**final, "outputs": transcript.outputs})
+            judged = self.rank(case, {**final, "outputs": transcript.outputs})
+            if culprit_here and transcript.after_step_missing:  # it died after returning: its thread, say
+                return {**_died(case, rank, transcript, ended, culprit), "violations": judged.get("violations", [])}
+            return judged
         partial = self.partial_violations(case, rank, transcript)
         if final is not None and "exited" in final:  # the implementation ended the rank's process (sys.exit)
             how = {"how": f"exited with status {final['exited']}"}
