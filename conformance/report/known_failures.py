@@ -135,7 +135,7 @@ class KnownFailure:
 
     @property
     def label(self) -> str:
-        where = ", ".join(f"{k}={v}" for k, v in self.when.items())
+        where = ", ".join(f"{k}={'|'.join(map(str, v)) if isinstance(v, tuple) else v}" for k, v in self.when.items())
         return f"{'/'.join(self.invariants)} when {where or 'any case'}"
 
     def covers(self, invariant_id: str, result) -> bool:

@@ -159,7 +159,7 @@ def test_an_entry_that_covers_nothing_is_reported_stale_and_id_entries_still_wor
     assert xfails.covers("INV-X", _result(_case("a")))
     warnings = xfails.warnings({"INV-OLD", "INV-X"}, {"a"})
     assert warnings == [
-        "known failure 'INV-X when tp=(4,)' did not fail in this run (remove it?)",
+        "known failure 'INV-X when tp=4' did not fail in this run (remove it?)",
         "known failure 'INV-GONE when any case': INV-GONE is no invariant of this run",
     ]
 
