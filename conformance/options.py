@@ -135,7 +135,7 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "case_file", "--case-file", "run the case in this file (repeatable)", kind="repeat", default=[], metavar="PATH"
     ),
-    Option("json", "--json", "write the JSON report here", parse=read.writable_file, metavar="PATH"),
+    Option("json", "--json", "write the JSON report here", parse=read.report_file, metavar="PATH"),
     Option(
         "xfails_file",
         "--xfails-file",

@@ -333,7 +333,10 @@ def json_report(
     invariants: list[InvariantInfo] | None = None,
 ) -> dict[str, Any]:
     levels = {inv.id: inv.level for inv in invariants or []}
+    from shardspec.conformance.output_paths import REPORT_MARKER
+
     return {
+        "report": REPORT_MARKER,  # first: how a later run knows the file it may replace (output_paths.py)
         "metadata": metadata,
         "exit_code": exit_code,
         "warnings": warnings,
