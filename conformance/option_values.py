@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import pathlib
 
-from shardspec.conformance.usage import MAX_EXAMPLES, MAX_TP, UsageError
+from shardspec.conformance.usage import MAX_EXAMPLES, MAX_TIMEOUT_S, MAX_TP, MIN_TIMEOUT_S, UsageError
 from shardspec.spec.profiles import PROFILES
 
 
@@ -34,6 +34,13 @@ def seconds(text: str, where: str) -> float:
         raise UsageError(f"{where}: {text!r} is not a number of seconds") from None
     if not math.isfinite(value) or value <= 0:
         raise UsageError(f"{where}: {text!r} must be a finite number of seconds above 0")
+    if value < MIN_TIMEOUT_S:
+        raise UsageError(
+            f"{where}: {text!r} is below {MIN_TIMEOUT_S:g} second, the least a case needs to start (every case "
+            "would time out)"
+        )
+    if value > MAX_TIMEOUT_S:
+        raise UsageError(f"{where}: {text!r} is above {MAX_TIMEOUT_S:g} seconds (one day; a hang would never end)")
     return value
 
 

@@ -23,8 +23,10 @@ from shardspec.conformance.usage import (
     DEFAULT_MAX_EXAMPLES,
     GENERATED_POOL,
     MAX_EXAMPLES,
+    MAX_TIMEOUT_S,
     MAX_TP,
     MAX_TP_GROUPS,
+    MIN_TIMEOUT_S,
     UsageError,
 )
 from shardspec.spec.profiles import DEFAULT_PROFILE, PROFILES
@@ -147,7 +149,8 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "timeout",
         "--timeout",
-        "seconds a case may make no progress on a rank before it counts as hung",
+        f"seconds a case may make no progress on a rank before it counts as hung, {MIN_TIMEOUT_S:g} to "
+        f"{MAX_TIMEOUT_S:g}",
         parse=read.seconds,
         default=60.0,
         env="SHARDSPEC_TIMEOUT",
@@ -177,7 +180,7 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "pg_timeout",
         "--pg-timeout",
-        "the process-group timeout in seconds",
+        f"the process-group timeout in seconds, {MIN_TIMEOUT_S:g} to {MAX_TIMEOUT_S:g}",
         parse=read.seconds,
         default=lambda values: values["timeout"],
         default_text="--timeout",

@@ -17,6 +17,10 @@ MAX_EXAMPLES = 10_000
 # run judges DEFAULT_MAX_EXAMPLES, which draw as many variations as the whole pool does.
 GENERATED_POOL = 100
 DEFAULT_MAX_EXAMPLES = 30
+# Seconds a timeout (--timeout, --pg-timeout) may be: below the least a case needs to start, every case times
+# out and the run proves nothing; above a day, a hang is never caught (and timers overflow).
+MIN_TIMEOUT_S = 1.0
+MAX_TIMEOUT_S = 86_400.0
 
 
 class UsageError(ValueError):
