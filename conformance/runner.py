@@ -155,6 +155,8 @@ def _loaded(load, name: str, option: str) -> Case:
         return load(name)
     except (ValueError, KeyError, OSError) as exc:  # the loaders name the file, field and problem
         raise UsageError(f"{option} {name}: {exc}") from None
+    except RecursionError:  # YAML's parser recurses once per level of nesting
+        raise UsageError(f"{option} {name}: nested too deeply to be a case file") from None
 
 
 def _agrees_with_reference(case: Case, where: str, timeout_s: float) -> None:
