@@ -160,44 +160,14 @@ def _loaded(load, name: str, option: str) -> Case:
 
 
 def _agrees_with_reference(case: Case, where: str, timeout_s: float) -> None:
-    """A UsageError unless the reference raises exactly where ``case`` says: the precondition of its
-    ``expect_error`` on some rank, or nothing on any rank where it expects no error. Checked on the CPU."""
-    from shardspec.conformance.harness.expectations import compute_expectation
+    """A UsageError unless the reference raises exactly where ``case`` says (harness/expectations.py,
+    contradiction). Checked on the CPU."""
+    from shardspec.conformance.harness.expectations import contradiction
     from shardspec.conformance.usage import UsageError
-    from shardspec.spec.errors import names_precondition
 
-    try:
-        expected = compute_expectation(case, timeout_s, "cpu").expected
-    except Exception as exc:  # the reference's own group failed: the case cannot be judged
-        raise UsageError(
-            f"{where}: case {case.case_id}: the reference cannot run it ({type(exc).__name__}: {_first_line(exc)})"
-        ) from None
-    raised = [(rank, out) for rank, out in enumerate(expected) if out.error is not None]
-    if case.expect_error is None:
-        if raised:
-            rank, out = next(((r, o) for r, o in raised if getattr(o.error, "precondition_id", None)), raised[0])
-            raise UsageError(
-                f"{where}: case {case.case_id} expects no error, but the reference raises "
-                f"{_named(out.error)} on rank {rank} in step {out.failed_step}; set expect_error or fix the inputs"
-            )
-        return
-    if any(names_precondition(out.error, case.expect_error) for _, out in raised):
-        return
-    instead = f"; it raises {_named(raised[0][1].error)}" if raised else "; it completes the step"
-    raise UsageError(
-        f"{where}: case {case.case_id} expects {case.expect_error}, but the reference does not raise it{instead} "
-        "(a case is judged against the reference: fix expect_error or the inputs)"
-    )
-
-
-def _named(error: BaseException) -> str:
-    precondition = getattr(error, "precondition_id", None)
-    return str(precondition) if precondition else f"{type(error).__name__} ({_first_line(error)})"
-
-
-def _first_line(error: BaseException) -> str:
-    text = str(error).strip().splitlines()
-    return text[0][:200] if text else ""
+    problem = contradiction(case, timeout_s, "cpu")
+    if problem is not None:
+        raise UsageError(f"{where}: {problem}")
 
 
 def _fixture_cases(notes: list[str], profile: str) -> list[Case]:

@@ -76,3 +76,23 @@ def test_invariants_a_rejection_case_cannot_judge_read_na(tmp_path, impl):
     for invariant in ("INV-OWNER", "INV-GATHER-SAMPLED-IDS", "INV-RANK-AGREEMENT", "INV-WIRE-SEQUENCE"):
         assert cells[invariant] == "n/a", (invariant, cells[invariant])
     assert cells["INV-REJECT-INVALID"] == "pass"
+
+
+def test_the_shrinker_keeps_no_variant_the_reference_contradicts():
+    """A shrunk case is written for --case-file to reproduce: a variant --case-file would refuse is never
+    kept, whatever the implementation does with it."""
+    from shardspec.conformance.cases.shrink import signature
+    from shardspec.conformance.record import FAIL, CaseResult
+    from shardspec.conformance.replay import agreeing
+
+    ran = []
+
+    def failing(case):
+        ran.append(case.case_id)
+        violation = {"invariant_id": "INV-OWNER", "message": "...", "rank": 0, "request": None, "field": None}
+        return CaseResult(case, "x", FAIL, violations=[violation])
+
+    run = agreeing(failing, "cpu")
+    contradicted = replace(small_cases(2)[0], case_id="contradicted", expect_error="PRE-CAPACITY-REQS")
+    assert signature(run(contradicted)) == set() and ran == []
+    assert signature(run(small_cases(2)[0])) == {"INV-OWNER"} and ran == [small_cases(2)[0].case_id]
