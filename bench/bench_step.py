@@ -74,6 +74,12 @@ def parse_args(argv=None):
     return args
 
 
+def engine_batch(slots, num_logits_per_req, device: torch.device):
+    """A batch as vLLM's model runner builds it since 0.33: with seq_lens_cpu_upper_bound, which vLLM's
+    own batch_shard.py always reads (without it, ``--upstream`` fails where the bench should time it)."""
+    return build_input_batch(slots, num_logits_per_req, device=device, seq_lens_upper_bound=True)
+
+
 class Bench:
     """One batch shape on one device: inputs, synthetic sampler output, and the timed calls."""
 
@@ -81,7 +87,7 @@ class Bench:
         rng = np.random.default_rng(num_reqs * 10 + logits_per_req + 1000 * tp)
         slots = rng.permutation(args.max_num_reqs)[:num_reqs]
         self.tp, self.device = tp, device
-        self.batch = build_input_batch(slots, [logits_per_req] * num_reqs, device=device)
+        self.batch = engine_batch(slots, [logits_per_req] * num_reqs, device)
         self.dims = (args.num_logprobs, 0)
         self.capacity = (args.max_num_reqs, max(args.logits_per_req))
         num_logits = num_reqs * logits_per_req

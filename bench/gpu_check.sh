@@ -7,12 +7,20 @@
 # Each part has its own time limit; the exit status is the worst part's. With SHARDSPEC_UPSTREAM_FILE
 # set (vLLM's batch_shard.py), the benchmark times and counts it too and the part upstream-tp1-nccl
 # runs the suite over it, its known failures (examples/upstream_vllm) as xfails.
+# The record, $OUT/summary.txt (the commit, the card, each part with its exit code and time, and the
+# end of its log), is what bench/results/gpu-check-<commit>.txt keeps: SHARDSPEC_COMMIT names the commit
+# where the tree has no .git (a copy sent to a GPU machine).
 #   bash bench/gpu_check.sh [PART ...]     (default: every part)
 set -u
 OUT=${OUT:-gpu-check}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 status=0
+summary="$OUT/summary.txt"
+commit=${SHARDSPEC_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
+card=$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -n 1)
+versions=$(python -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)' 2>&1)
+{ echo "gpu_check at $commit, $(date -u +%Y-%m-%dT%H:%MZ)"; echo "card: ${card:-none found}"; echo "$versions"; } >"$summary"
 upstream=${SHARDSPEC_UPSTREAM_FILE:-}
 default="gpu-tests bench counts conformance-tp1-nccl conformance-in-process-cuda conformance-torch-threads-cuda"
 default="$default conformance-tp2-gloo-interpreted"
@@ -24,7 +32,7 @@ part() {  # part NAME SECONDS COMMAND...
   local start=$SECONDS
   timeout "$limit" "$@" >"$OUT/$name.log" 2>&1
   local rc=$?
-  echo "== $name: exit $rc in $((SECONDS - start)) s"; tail -n "${TAIL:-6}" "$OUT/$name.log"
+  { echo "== $name: exit $rc in $((SECONDS - start)) s"; tail -n "${TAIL:-6}" "$OUT/$name.log"; } | tee -a "$summary"
   [ "$rc" -ne 0 ] && status=$rc
   return 0
 }
@@ -41,4 +49,5 @@ part conformance-tp2-gloo-interpreted 200 python -m shardspec.conformance --impl
 part upstream-tp1-nccl 300 env PYTHONPATH="examples/upstream_vllm${PYTHONPATH:+:$PYTHONPATH}" \
   python -m shardspec.conformance --impl shardspec_upstream:make_sharder --tp 1 \
   --xfails-file examples/upstream_vllm/known_failures.yaml --json "$OUT/upstream-tp1.json"
+echo "== worst exit: $status" | tee -a "$summary"
 exit $status

@@ -12,11 +12,10 @@ from collections.abc import Callable
 
 import numpy as np
 import torch
-from bench_step import IMPLS, Bench, burst_us, synchronize
+from bench_step import IMPLS, Bench, burst_us, engine_batch, synchronize
 
 from shardspec.comm import LoopbackComm
 from shardspec.engine import engine_step
-from shardspec.spec.builders import build_input_batch
 from shardspec.spec.model import SamplerOutput
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -58,7 +57,7 @@ class ScaleShape(Bench):
         self.tp, self.device, self.vocab, self.rows = tp, device, vocab, rows
         self.comm = comm if comm is not None else LoopbackComm(0, tp)
         self.num_reqs, self.dtype = num_reqs, DTYPES[dtype]
-        self.batch = build_input_batch(balanced_slots(num_reqs, tp, capacity[0], rng), [rows] * num_reqs, device=device)
+        self.batch = engine_batch(balanced_slots(num_reqs, tp, capacity[0], rng), [rows] * num_reqs, device)
         self.dims = (num_logprobs, 0)
         self.capacity = capacity
         self.num_logits = num_reqs * rows

@@ -27,6 +27,7 @@ from shardspec.conformance.usage import (
     MAX_TP,
     MAX_TP_GROUPS,
     MIN_TIMEOUT_S,
+    MIXED_MAX_EXAMPLES,
     UsageError,
 )
 from shardspec.spec.profiles import DEFAULT_PROFILE, PROFILES
@@ -39,7 +40,6 @@ if TYPE_CHECKING:
 
 QUICK_TP_SIZES = [2, 4]
 QUICK_MAX_EXAMPLES = 10
-MIXED_MAX_EXAMPLES = 25
 DEFAULT_TP_SIZES = [1, 2, 3, 4, 8]
 # Groups whose ranks are threads of one process (harness/inprocess.py, harness/threaded.py).
 THREAD_GROUPS = ("lockstep", "torch-threads")

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, replace
 from shardspec.conformance.api import ImplChoice
 from shardspec.conformance.harness.group import Group, Job
 from shardspec.conformance.record import ERROR, FAIL, NOT_RUN, CaseResult, not_run
-from shardspec.conformance.usage import DEFAULT_MAX_EXAMPLES, GENERATED_POOL
+from shardspec.conformance.usage import DEFAULT_MAX_EXAMPLES, GENERATED_POOL, MIXED_MAX_EXAMPLES
 from shardspec.spec.case import Case
 from shardspec.spec.model import DEFAULT_PROFILE
 
@@ -30,7 +30,7 @@ class RunConfig:
     max_examples: int = DEFAULT_MAX_EXAMPLES  # generated cases judged per group size
     # Mixed entries mostly test the wire layout between implementations, which
     # the fixtures and a few generated cases already cover.
-    mixed_max_examples: int = 25
+    mixed_max_examples: int = MIXED_MAX_EXAMPLES
     fixtures_only: bool = False
     case_ids: list[str] = field(default_factory=list)
     case_files: list[str] = field(default_factory=list)

@@ -16,7 +16,9 @@ MAX_EXAMPLES = 10_000
 # input space beyond the fixtures (cases/spread.py), so that fewer cases lose no variation. The default
 # run judges DEFAULT_MAX_EXAMPLES, which draw as many variations as the whole pool does.
 GENERATED_POOL = 100
-DEFAULT_MAX_EXAMPLES = 30
+DEFAULT_MAX_EXAMPLES = 36
+# A mixed entry A/B runs fewer: it mostly tests the wire between two implementations.
+MIXED_MAX_EXAMPLES = 36
 # Seconds a timeout (--timeout, --pg-timeout) may be: below the least a case needs to start, every case times
 # out and the run proves nothing; above a day, a hang is never caught (and timers overflow).
 MIN_TIMEOUT_S = 1.0

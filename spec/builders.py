@@ -37,6 +37,7 @@ def build_input_batch(
     admitted_drafts: Sequence[int] | None = None,
     seq_lens_upper_bound: bool = False,
     dtypes: dict[str, str] | None = None,
+    seq_lens_growth: int = 0,
 ) -> InputBatch:
     """A batch that meets every precondition.
 
@@ -49,7 +50,8 @@ def build_input_batch(
     rows; the device fields lay out 1 + admitted rows per request, cu_num_logits_np and
     num_draft_tokens_per_req keep the scheduled counts. ``seq_lens_upper_bound`` adds
     seq_lens_cpu_upper_bound (a CPU tensor at or above seq_lens). ``dtypes`` gives device fields another
-    integer dtype.
+    integer dtype. ``seq_lens_growth`` makes every default seq_len that many tokens longer (the same
+    requests some decode steps later).
     """
     if admitted_drafts is not None:
         scheduled = np.asarray(num_logits_per_req, dtype=np.int64).reshape(-1)
@@ -64,6 +66,7 @@ def build_input_batch(
             device=device,
             seq_lens_upper_bound=seq_lens_upper_bound,
             dtypes=dtypes,
+            seq_lens_growth=seq_lens_growth,
         )
         cu = np.zeros(batch.num_reqs + 1, dtype=np.int32)
         np.cumsum(scheduled, out=cu[1:])
@@ -87,7 +90,7 @@ def build_input_batch(
     owner = np.repeat(np.arange(num_reqs), counts)
     local_pos = np.arange(int(cu[-1])) - cu[owner]
     logits_indices = qsl[owner + 1] - counts[owner] + local_pos
-    s_lens = (q_lens + 7 + slots_np) if seq_lens is None else np.asarray(seq_lens, dtype=np.int64)
+    s_lens = (q_lens + 7 + slots_np + seq_lens_growth) if seq_lens is None else np.asarray(seq_lens, dtype=np.int64)
     drafts = (counts - 1).astype(np.int32) if spec_decode else None
     dev = torch.device(device)
     dtype = {name: getattr(torch, value) for name, value in (dtypes or {}).items()}

@@ -124,6 +124,9 @@ class Case:
     # Device fields of the batch in another integer dtype than the default, e.g. {"idx_mapping": "int32"}
     # (the local batch follows them in vllm-0.33, CL-LOCAL-DTYPES).
     batch_dtypes: dict[str, str] = field(default_factory=dict)
+    # Tokens every request decoded since the batch's first step: each seq_len (and its bound) that much
+    # longer, as an engine's next step of the same requests has them.
+    seq_lens_growth: int = 0
 
     @property
     def padded_vocab_size(self) -> int:
@@ -185,6 +188,7 @@ def build_case_inputs(case: Case, device: torch.device | str = "cpu") -> CaseInp
         admitted_drafts=case.admitted_drafts,
         seq_lens_upper_bound=vllm_033,
         dtypes=case.batch_dtypes,
+        seq_lens_growth=case.seq_lens_growth,
     )
     grammar = None
     if case.grammar_positions is not None:

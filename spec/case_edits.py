@@ -111,6 +111,17 @@ def _host_device_mismatch(batch: InputBatch) -> torch.Tensor:
     return device_slots
 
 
+def _one_long(t: torch.Tensor) -> torch.Tensor:
+    """``t`` with its last entry repeated: one entry too many, and no value outside what it held."""
+    return torch.cat([t, t[-1:]])
+
+
+def _free_slot(batch: InputBatch) -> int:
+    """A slot no request of ``batch`` has (so that a host copy one entry long repeats no slot)."""
+    used = set(np.asarray(batch.idx_mapping_np).tolist())
+    return next(s for s in range(len(used) + 1) if s not in used)
+
+
 # The valid edits other modules name: vllm-0.33's optional bound left out, float32's limits in the logits.
 UPPER_BOUND_ABSENT = "seq-lens-upper-bound-absent"
 LOGITS_LIMITS_EDIT = "logits-limits"
@@ -152,6 +163,16 @@ INPUT_EDITS: dict[str, Callable] = {
     "logits-indices-short": _batch(logits_indices=lambda b: b.logits_indices[:-1]),
     "expanded-idx-mapping-short": _batch(expanded_idx_mapping=lambda b: b.expanded_idx_mapping[:-1]),
     "expanded-local-pos-short": _batch(expanded_local_pos=lambda b: b.expanded_local_pos[:-1]),
+    # The other side of each length: one entry too many (a copy of the last, so only the length is wrong).
+    "req-ids-long": _batch(req_ids=lambda b: [*b.req_ids, "req-extra"]),
+    "idx-mapping-np-long": _batch(idx_mapping_np=lambda b: np.append(b.idx_mapping_np, _free_slot(b))),
+    "cu-logits-np-long": _batch(cu_num_logits_np=lambda b: np.append(b.cu_num_logits_np, b.cu_num_logits_np[-1] + 1)),
+    "seq-lens-long": _batch(seq_lens=lambda b: _one_long(b.seq_lens)),
+    "seq-lens-upper-bound-long": _batch(seq_lens_cpu_upper_bound=lambda b: _one_long(b.seq_lens_cpu_upper_bound)),
+    "logits-indices-long": _batch(logits_indices=lambda b: _one_long(b.logits_indices)),
+    "expanded-idx-mapping-long": _batch(expanded_idx_mapping=lambda b: _one_long(b.expanded_idx_mapping)),
+    "expanded-local-pos-long": _batch(expanded_local_pos=lambda b: _one_long(b.expanded_local_pos)),
+    "grammar-bitmask-long": lambda b, g: (b, replace(g, grammar_bitmask=_one_long(g.grammar_bitmask))),
     "grammar-id-unknown": lambda b, g: (
         b,
         replace(g, structured_output_request_ids=[*g.structured_output_request_ids[:-1], "req-unknown"]),

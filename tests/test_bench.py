@@ -264,3 +264,27 @@ def test_multi_rank_bench_outside_torchrun_says_how_to_run_it():
         [sys.executable, str(ROOT / "bench" / "multi_rank.py"), "--quick"], capture_output=True, text=True, timeout=60
     )
     assert proc.returncode == 2 and "run it under torchrun" in proc.stderr
+
+
+VLLM_033_FILE = (
+    ROOT.parent / "shared" / "upstream" / "vllm-0.33.0" / "vllm" / "v1" / "worker" / "gpu" / "sample" / "batch_shard.py"
+)
+
+
+@pytest.mark.skipif(not VLLM_033_FILE.exists(), reason=f"vLLM 0.33.0's batch_shard.py is not at {VLLM_033_FILE}")
+def test_the_bench_times_vllm_0_33_on_the_batches_its_engine_sends(tmp_path):
+    """vLLM 0.33's file always reads seq_lens_cpu_upper_bound: the bench's batches carry it, as its
+    model runner's do, so the file is timed instead of failing on the first row."""
+    out = tmp_path / "bench.json"
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "bench_step.py"), "--quick", "--upstream", str(VLLM_033_FILE)]
+        + ["--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=dict(os.environ, TRITON_INTERPRET="1"),
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = json.loads(out.read_text())["rows"]
+    assert rows and all(row["upstream.step"]["wall_us"] > 0 for row in rows)

@@ -122,6 +122,12 @@ CORPUS: list[Entry] = [
     # what engines add: extension fields, their own batch fields
     _entry("drops-extension-field", "extensions", "DropsExtensionField", "extensions"),
     _entry("rebuilds-local-batch", "extensions", "RebuildsLocalBatch", "engine-batch"),
+    _entry(
+        "extension-entries-rotated-in-large-batches",
+        "extensions",
+        "ExtensionEntriesRotatedInLargeBatches",
+        "extensions-many-requests",
+    ),
 ]
 
 CORPUS += [
@@ -149,6 +155,12 @@ CORPUS += [
     _entry("plan-cached-by-batch-size", "state", "PlanCachedByBatchSize", "multi-step"),
     _entry("sampled-ids-in-reused-buffer", "state", "SampledIdsInReusedBuffer", "multi-step"),
     _entry("local-counts-returned-at-tp1", "state", "GatherReturnsLocalCountsAtTpOne", "decode-tp1"),
+    _entry("step-cached-by-requests", "state", "StepCachedByRequests", "decode-loop"),
+    _entry("draft-counts-cached-by-request-set", "state", "DraftCountsCachedByRequestSet", "decode-loop"),
+    # writes a thread makes after the step returned (the collectives of broken/unseen.py need a multi-process
+    # world: tests/conformance/test_unseen_collectives.py)
+    _entry("writes-input-after-returning", "unseen", "WritesItsInputAfterReturning", "decode"),
+    _entry("writes-result-after-returning", "unseen", "WritesItsResultAfterReturning", "decode"),
 ]
 
 CORPUS += [
@@ -208,7 +220,20 @@ CORPUS += [
         "decode-bf16-logits-limits",
     ),
     _entry("host-slots-of-any-dtype", "input_space", "HostSlotsOfAnyDtype", "float-host-slots"),
+    _entry(
+        "half-infinities-clamped-in-bfloat16",
+        "input_space",
+        "HalfInfinitiesClampedInBfloat16",
+        "decode-bf16-logits-limits",
+    ),
     _entry("upper-bound-made-up", "input_space", "UpperBoundMadeUpWhenAbsent", "seq-lens-cpu-upper-bound-absent"),
+    _entry(
+        "lengths-checked-from-below-only",
+        "input_space",
+        "LengthsCheckedFromBelowOnly",
+        "seq-lens-one-long",
+        "logits-indices-one-long",
+    ),
     _entry(
         "sampler-prefix-sums-passed-on",
         "input_space",

@@ -129,6 +129,18 @@ EXTENSIONS = _case(
     },
 )
 
+# Eight requests whose owners interleave, with a per-row and a per-request extension field.
+EXTENSIONS_MANY = _case(
+    "extensions-many-requests",
+    tp_size=2,
+    slots=[5, 0, 3, 6, 1, 2, 7, 4],
+    num_logits_per_req=[1, 2, 1, 1, 3, 1, 2, 1],
+    extensions={
+        "num_kept": {"per": "logits_row", "dtype": "int32", "shape": []},
+        "asked": {"per": "request", "dtype": "bool"},
+    },
+)
+
 # An engine's batch type with a field the spec does not list.
 ENGINE_BATCH = _case("engine-batch", slots=[0, 1, 2], num_logits_per_req=[1, 1, 1], edits=["engine-batch-field"])
 
@@ -149,6 +161,7 @@ ALL = [
     ZERO_LOGITS,
     LOGITS_TAIL,
     EXTENSIONS,
+    EXTENSIONS_MANY,
     ENGINE_BATCH,
 ]
 # SPEC's batch with every batch field and the logits shard passed as views (spec/layouts.py):
@@ -203,6 +216,18 @@ MULTI_STEP = _case(
     ],
 )
 ALL += [MULTI_STEP]
+# The same four requests three steps running, as a decode loop has them: each seq_len one token longer,
+# then the rows per request changed by the drafts.
+DECODE_LOOP = _case(
+    "decode-loop",
+    slots=[0, 1, 2, 3],
+    num_logits_per_req=[1, 2, 1, 1],
+    then=[
+        _case("decode-loop", slots=[0, 1, 2, 3], num_logits_per_req=[1, 2, 1, 1], seq_lens_growth=1),
+        _case("decode-loop", slots=[0, 1, 2, 3], num_logits_per_req=[2, 1, 3, 1], seq_lens_growth=2),
+    ],
+)
+ALL += [DECODE_LOOP]
 # One rank: the gather could hand the local output back unchanged.
 DECODE_TP1 = _case("decode-tp1", tp_size=1, slots=[0, 1, 2, 3], num_logits_per_req=[1, 2, 1, 1])
 ALL += [DECODE_TP1]

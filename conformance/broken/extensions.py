@@ -28,3 +28,14 @@ class RebuildsLocalBatch(ReferenceSharder):
         local = result.local_batch
         plain = InputBatch(**{f.name: getattr(local, f.name) for f in dataclasses.fields(InputBatch)})
         return result._replace(local_batch=plain)
+
+
+class ExtensionEntriesRotatedInLargeBatches(ReferenceSharder):
+    """INV-GATHER-EXTENSIONS: above 6 requests the gathered extension entries come out rotated by one request
+    (an unrolled path for small batches, a wrong one for the rest)."""
+
+    def gather_sampler_output(self, local_output, metadata, global_batch, local_batch, **kwargs):
+        gathered = super().gather_sampler_output(local_output, metadata, global_batch, local_batch, **kwargs)
+        if not gathered.extensions or global_batch.num_reqs <= 6:
+            return gathered
+        return replace(gathered, extensions={k: v.roll(1, dims=0) for k, v in gathered.extensions.items()})

@@ -184,6 +184,16 @@ def _sampler_prefix_sums() -> list[Case]:
     ]
 
 
+def _one_short_and_one_long() -> list[Case]:
+    """seq_lens and logits_indices one entry short (the old boundary cases) and one entry long (the new)."""
+    names = {"seq-lens": "n", "logits-indices": "l"}
+    return [
+        replace(_boundary(f"tp2-reject-field-shapes-at-{name}-{side}-{size}-1"), case_id=f"{name}-one-{word}")
+        for name, size in names.items()
+        for side, word in (("below", "short"), ("above", "long"))
+    ]
+
+
 CASES = [
     replace(_boundary("tp2-reject-slot-range-at-idx-mapping-below-1"), case_id="negative-slot"),
     replace(_boundary("tp2-reject-dtypes-at-idx-mapping-np-other-float64"), case_id="float-host-slots"),
@@ -199,6 +209,7 @@ CASES = [
     *_two_dimensional_views(),
     *_logits_at_their_limits(),
     *_sampler_prefix_sums(),
+    *_one_short_and_one_long(),
 ]
 
 
@@ -246,3 +257,27 @@ class HostSlotsOfAnyDtype(ReferenceSharder):
         if slots is not None and np.asarray(slots).dtype.kind == "f":
             batch = replace(batch, idx_mapping_np=np.asarray(slots).astype(np.intp))
         return super().shard_sampler_inputs(batch, grammar)
+
+
+class LengthsCheckedFromBelowOnly(ReferenceSharder):
+    """INV-REJECT-INVALID: checks that seq_lens and logits_indices are long enough, not that they are exactly N
+    and L long: one entry too many is cut off and the step goes on, where PRE-FIELD-SHAPES says reject."""
+
+    def shard_sampler_inputs(self, batch, grammar):
+        num_logits = int(np.asarray(batch.cu_num_logits_np)[-1]) if len(batch.cu_num_logits_np) else 0
+        if batch.seq_lens.shape[0] > batch.num_reqs or batch.logits_indices.shape[0] > num_logits:
+            batch = replace(
+                batch, seq_lens=batch.seq_lens[: batch.num_reqs], logits_indices=batch.logits_indices[:num_logits]
+            )
+        return super().shard_sampler_inputs(batch, grammar)
+
+
+class HalfInfinitiesClampedInBfloat16(ReferenceSharder):
+    """INV-A2A-SPLITS: in bfloat16 logits, infinities become bfloat16's largest finite values before the exchange
+    (a guard written for float16 applied to bfloat16); float32 and float16 logits pass untouched."""
+
+    def all_to_all_logits(self, logits_shard, metadata):
+        if logits_shard.dtype == torch.bfloat16:
+            largest = torch.finfo(torch.bfloat16).max
+            logits_shard = logits_shard.nan_to_num(nan=float("nan"), posinf=largest, neginf=-largest)
+        return super().all_to_all_logits(logits_shard, metadata)

@@ -45,3 +45,33 @@ class GatherReturnsLocalCountsAtTpOne(ReferenceSharder):
         if self.tp_size == 1 and local_output is not None and local_output.num_sampled is not None:
             return replace(gathered, num_sampled=local_output.num_sampled)
         return gathered
+
+
+class StepCachedByRequests(ReferenceSharder):
+    """INV-LOCAL-SEQ-LENS: reuses the shard step's result whenever the same requests come back in the same order, so
+    a later decode step of them gets the seq_lens of the first (a plan cache keyed by the request ids)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._steps: dict[tuple, object] = {}
+
+    def shard_sampler_inputs(self, batch, grammar_output=None):
+        key = tuple(batch.req_ids)
+        if key not in self._steps:
+            self._steps[key] = super().shard_sampler_inputs(batch, grammar_output)
+        return self._steps[key]
+
+
+class DraftCountsCachedByRequestSet(ReferenceSharder):
+    """INV-LOCAL-DRAFTS: keeps the local draft counts of the first step with a set of requests, so a later step
+    of the same requests whose drafts changed gets the counts of the first."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._drafts: dict[frozenset, object] = {}
+
+    def shard_sampler_inputs(self, batch, grammar_output=None):
+        result = super().shard_sampler_inputs(batch, grammar_output)
+        local = result.local_batch
+        kept = self._drafts.setdefault(frozenset(batch.req_ids), local.num_draft_tokens_per_req)
+        return result._replace(local_batch=replace(local, num_draft_tokens_per_req=kept))

@@ -150,9 +150,9 @@ def _grammar(case: Case, **fields) -> Case:
     return replace(case, grammar_positions=list(range(len(case.slots))), **fields)
 
 
-def _explicit_outputs(case: Case, shorten: str | None = None, drop_rank: bool = False) -> Case:
-    """Valid explicit outputs for every owning rank, one of them with ``shorten`` one entry short (or,
-    with ``drop_rank``, one owning rank passing None)."""
+def _explicit_outputs(case: Case, shorten: str | None = None, drop_rank: bool = False, by: int = -1) -> Case:
+    """Valid explicit outputs for every owning rank, each with ``shorten`` one entry short (``by`` -1) or
+    long (``by`` 1) (or, with ``drop_rank``, every owning rank passing None)."""
     outputs = {}
     for rank in range(case.tp_size):
         owned = [i for i, s in enumerate(case.slots) if s % case.tp_size == rank]
@@ -168,19 +168,22 @@ def _explicit_outputs(case: Case, shorten: str | None = None, drop_rank: bool = 
             logprobs=[[-0.5, -1.0, -2.0] for _ in range(rows)],
             selected_token_ranks=[0] * rows,
         )
-        if shorten == "logprobs_tensors":
-            out = replace(
-                out,
-                logprob_token_ids=out.logprob_token_ids[:-1],
-                logprobs=out.logprobs[:-1],
-                selected_token_ranks=out.selected_token_ranks[:-1],
-            )
-        elif shorten is not None:
-            out = replace(out, **{shorten: getattr(out, shorten)[:-1]})
+        names = ("logprob_token_ids", "logprobs", "selected_token_ranks") if shorten == "logprobs_tensors" else ()
+        if shorten is not None:
+            out = replace(out, **{name: _one_off(getattr(out, name), by) for name in names or (shorten,)})
         outputs[rank] = out
     if drop_rank:
         outputs = {}  # every owning rank passes None
     return replace(case, local_outputs=outputs, logprobs_dims=(2, 0), gather_num_nans=True)
+
+
+def _one_off(values: list, by: int) -> list:
+    """``values`` one entry short (``by`` -1) or long (``by`` 1: its last entry repeated)."""
+    return values[:-1] if by < 0 else [*values, values[-1]]
+
+
+def _edit(name: str) -> Callable:
+    return lambda case, rng: replace(case, edits=[name])
 
 
 REALIZERS: dict[str, Callable] = {
@@ -241,6 +244,23 @@ REALIZERS: dict[str, Callable] = {
     "local_output.num_rejected:below=n - 1": lambda c, r: _explicit_outputs(c, "num_rejected"),
     "local_output.num_nans:below=L_local - 1": lambda c, r: _explicit_outputs(c, "num_nans"),
     "local_output.logprobs_tensors:below=L_local - 1": lambda c, r: _explicit_outputs(c, "logprobs_tensors"),
+    "local_output.sampled_token_ids:below=n - 1": lambda c, r: _explicit_outputs(c, "sampled_token_ids"),
+    "local_output.num_sampled:above=n + 1": lambda c, r: _explicit_outputs(c, "num_sampled", by=1),
+    "local_output.num_rejected:above=n + 1": lambda c, r: _explicit_outputs(c, "num_rejected", by=1),
+    "local_output.num_nans:above=L_local + 1": lambda c, r: _explicit_outputs(c, "num_nans", by=1),
+    "local_output.logprobs_tensors:above=L_local + 1": lambda c, r: _explicit_outputs(c, "logprobs_tensors", by=1),
+    "batch.req_ids:above=num_reqs + 1": _edit("req-ids-long"),
+    "batch.idx_mapping_np:above=num_reqs + 1": _edit("idx-mapping-np-long"),
+    "batch.cu_num_logits_np:above=N + 2 entries": _edit("cu-logits-np-long"),
+    "batch.seq_lens:above=N + 1": _edit("seq-lens-long"),
+    "batch.seq_lens_cpu_upper_bound:above=N + 1": _edit("seq-lens-upper-bound-long"),
+    "batch.logits_indices:above=L + 1": _edit("logits-indices-long"),
+    "batch.expanded_idx_mapping:above=L + 1": _edit("expanded-idx-mapping-long"),
+    "batch.expanded_local_pos:above=L + 1": _edit("expanded-local-pos-long"),
+    "grammar.grammar_bitmask:above=G * S + 1": lambda c, r: _grammar(
+        c, max_num_logits_per_req=1, edits=["grammar-bitmask-long"]
+    ),
+    "grammar.grammar_bitmask:above=R + 1": lambda c, r: _grammar(c, edits=["grammar-bitmask-long"]),
     "logprobs_dims:below=k = -1": lambda c, r: replace(c, logprobs_dims=(-1, int(r.integers(0, 3)))),
     "logprobs_dims:below=t = -1": lambda c, r: replace(c, logprobs_dims=(int(r.integers(0, 3)), -1)),
     "logits_shard:above=L + 1": lambda c, r: replace(c, edits=["logits-shard-extra-row"]),
@@ -312,6 +332,29 @@ def boundary_cases_for_run(tp: int, profile: str = DEFAULT_PROFILE, seed: int = 
     mine = [b for i, b in enumerate(made) if sizes[(i + seed) % len(sizes)] == tp]
     cases = [_case_for(b, tp, profile, seed) for b in mine]
     return [c if c.profile == VLLM_033 else replace(c, adaptive_verification=False) for c in cases]
+
+
+# Sizes of the data model a length is stated in (spec/data_model.yaml): a sequence stated to have one of
+# them is violated on both sides, one entry short ("<size> - 1") and one long ("<size> + 1"). A sharder's
+# construction parameters are scalars: "num_reqs - 1" there is a capacity, one side of a range.
+LENGTH_SIZES = ("N", "L", "n", "L_local", "G", "G * S", "R", "num_reqs")
+_LENGTH = re.compile(r"^(?P<size>.+) (?P<sign>[-+]) 1$")
+# Lengths stated in entries rather than a size minus one.
+_OTHER_SIDE = {"N entries": "N + 2 entries", "N + 2 entries": "N entries"}
+
+
+def one_sided(found: list[Boundary]) -> list[tuple[str, str, str]]:
+    """(precondition, field, the missing value) for every length violated on one side only."""
+    stated = {(b.pre, b.fields[0], b.value) for b in found}
+    gaps = []
+    for pre, field, value in sorted(stated):
+        other = _OTHER_SIDE.get(value)
+        length = _LENGTH.match(value)
+        if other is None and length and length["size"] in LENGTH_SIZES:
+            other = f"{length['size']} {'+' if length['sign'] == '-' else '-'} 1"
+        if other is not None and not field.startswith("sharder.") and (pre, field, other) not in stated:
+            gaps.append((pre, field, other))
+    return gaps
 
 
 def missing(profile: str = DEFAULT_PROFILE) -> list[Boundary]:

@@ -16,15 +16,18 @@ from shardspec.conformance.cases.input_space import (
     FLOAT32_SUBNORMAL,
     INT32,
     INT64,
+    LARGE_BATCH,
     LAYOUT,
     LAYOUTS_1D,
     LAYOUTS_2D,
+    PAIR,
     PRESENCE,
     STEP,
     VALUE,
     Variation,
     input_fields,
     input_space,
+    pair_parts,
     raw_data_model,
 )
 from shardspec.spec.case_edits import LOGITS_LIMITS_EDIT, UPPER_BOUND_ABSENT
@@ -269,6 +272,9 @@ def exercised(case, previous=None) -> set[Variation]:
     add("logprobs_dims", PRESENCE, "absent" if case.logprobs_dims is None else "present")
     add("extension_fields", PRESENCE, "present" if case.extensions else "absent")
     add("local_output.extensions", PRESENCE, "present" if case.extensions else "absent")
+    if case.extensions and n_reqs >= LARGE_BATCH:
+        add("extension_fields", DIMS, "large")
+        add("local_output.extensions", DIMS, "large")
     if case.local_outputs == "toy":
         if idle:
             for path in LOCAL_TENSORS:
@@ -291,7 +297,8 @@ def exercised(case, previous=None) -> set[Variation]:
     # step: what changed since the step before, on the same sharder
     if previous is not None:
         changed = {
-            "batch": (previous.slots, previous.num_logits_per_req) != (slots, counts),
+            "batch": (previous.slots, previous.num_logits_per_req, previous.seq_lens_growth)
+            != (slots, counts, case.seq_lens_growth),
             "grammar": previous.grammar_positions != case.grammar_positions,
             "logits_shard": (previous.logits_dtype, previous.layouts.get("logits_shard"), previous.slots)
             != (case.logits_dtype, case.layouts.get("logits_shard"), slots),
@@ -300,11 +307,44 @@ def exercised(case, previous=None) -> set[Variation]:
             "logprobs_dims": previous.logprobs_dims != case.logprobs_dims,
             "extension_fields": previous.extensions != case.extensions,
         }
-        for path, differs in changed.items():
+        for path, differs in {**changed, **_loop_changes(previous, case)}.items():
             if differs:
                 add(path, STEP, "changed")
+        if _same_step(previous, case):
+            add("batch", STEP, "repeated")
     space = set(input_space(case.profile))
-    return {Variation(*v) for v in got} & space
+    drawn = {Variation(*v) for v in got} & space
+    return drawn | {v for v in space if v.axis == PAIR and set(pair_parts(v)) <= drawn}
+
+
+def _loop_changes(previous, case) -> dict[str, bool]:
+    """Which of LOOP_FIELDS moved between two steps of the same requests (none for other requests)."""
+    if sorted(previous.slots) != sorted(case.slots):
+        return {}
+
+    def listed(step) -> list[int]:
+        return [step.slots[p] for p in step.grammar_positions or []]
+
+    def rows(step) -> dict[int, int]:
+        return dict(zip(step.slots, step.num_logits_per_req, strict=True))
+
+    reordered = previous.slots != case.slots
+    return {
+        # seq_lens follow the query lengths (the rows) and the tokens decoded (spec/builders.py)
+        "batch.seq_lens": reordered or rows(previous) != rows(case) or previous.seq_lens_growth != case.seq_lens_growth,
+        "batch.cu_num_logits": previous.num_logits_per_req != case.num_logits_per_req,
+        "batch.idx_mapping": reordered,
+        "grammar.structured_output_request_ids": listed(previous) != listed(case),
+    }
+
+
+def _same_step(previous, case) -> bool:
+    """The step before again: the same inputs but the logits (a step's seed draws its logits)."""
+
+    def inputs(step):
+        return replace(step, case_id="", description="", seed=0, continues=None, then=[])
+
+    return inputs(previous) == inputs(case)
 
 
 def steps_of(cases: Iterable) -> list[tuple[object, object | None]]:

@@ -15,8 +15,18 @@ variations of each field, along six axes:
   middle of a wider buffer);
 * ``presence``: ``present`` and ``absent`` for an optional field;
 * ``dims``: ``empty`` for a field whose leading size may be 0 (no requests, a rank that owns none);
+  ``large`` for an optional collection of per-request or per-row entries (the extension fields):
+  present in a batch of at least :data:`LARGE_BATCH` requests, where a gather that is right only for
+  small batches (an unrolled path, one block) shows;
+* ``pair``: two variations of one field drawn together on purpose (one case draws both): each of its
+  dtypes with each of its non-contiguous layouts and with each limit of its values; a defect in the
+  strided int32 path, or in float16's infinities, needs both. Left out: float32's largest, lowest and
+  smallest subnormal in float16 and bfloat16 logits, which round to infinities and 0 there
+  (:data:`PAIRS_LEFT_OUT`);
 * ``step``: ``changed`` for each argument an engine may change between consecutive steps of one
-  sharder (the sharder's construction parameters are fixed for its lifetime).
+  sharder (the sharder's construction parameters are fixed for its lifetime); ``changed`` for each
+  field of :data:`LOOP_FIELDS` as well, where the step has the same requests as the one before and that
+  field moved (a decode loop), and ``repeated`` for the batch, where nothing but the logits moved.
 
 A field added to the YAML gets its variations here without new code. What a case exercises is
 measured by :func:`exercised` from the case itself; :func:`coverage` sets that against the space,
@@ -32,7 +42,8 @@ from functools import cache
 from shardspec.spec.model import DEFAULT_PROFILE
 
 VALUE, DTYPE, LAYOUT, PRESENCE, DIMS, STEP = "value", "dtype", "layout", "presence", "dims", "step"
-AXES = (VALUE, DTYPE, LAYOUT, PRESENCE, DIMS, STEP)
+PAIR = "pair"
+AXES = (VALUE, DTYPE, LAYOUT, PRESENCE, DIMS, STEP, PAIR)
 LAYOUTS_1D = ("contiguous", "strided", "offset")
 LAYOUTS_2D = LAYOUTS_1D + ("row-padded", "column-slice")
 FLOAT_LIMITS = ("+inf", "-inf", "nan", "largest", "lowest", "subnormal")
@@ -45,6 +56,11 @@ FLOAT32_MAX = 3.4028234663852886e38
 FLOAT32_SUBNORMAL = 1.401298464324817e-45
 # Sizes that may be 0: an empty batch, a rank that owns no request.
 ZERO_SIZES = ("N", "L", "n", "L_local")
+# What an engine changes between two steps of the same requests: seq_lens (one token longer each step),
+# the rows per request (drafts), the batch order, the requests the grammar lists.
+LOOP_FIELDS = ("batch.seq_lens", "batch.cu_num_logits", "batch.idx_mapping", "grammar.structured_output_request_ids")
+# A large batch: more requests than any small one draws and more than a 64-entry block.
+LARGE_BATCH = 65
 
 
 @dataclass(frozen=True, order=True)
@@ -151,14 +167,53 @@ def variations_of(field: InputField) -> list[Variation]:
             out.append((DIMS, "empty"))
     if field.optional:
         out += [(PRESENCE, "present"), (PRESENCE, "absent")]
-    if field.top_level and not field.fixed:
+    if field.optional and field.type.startswith("dict["):
+        out.append((DIMS, "large"))
+    if (field.top_level and not field.fixed) or field.path in LOOP_FIELDS:
         out.append((STEP, "changed"))
+    if field.path == "batch":
+        out.append((STEP, "repeated"))
     return [Variation(field.path, axis, value) for axis, value in out]
+
+
+# Pairs no input can draw, and why (the input space leaves them out).
+PAIRS_LEFT_OUT = {
+    (dtype, limit): f"float32's {limit} value rounds to an infinity or 0 in {dtype}"
+    for dtype in ("float16", "bfloat16")
+    for limit in ("largest", "lowest", "subnormal")
+}
+
+
+def pair(field: str, first: tuple[str, str], second: tuple[str, str]) -> Variation:
+    """The pair variation of ``field`` drawing (axis, value) ``first`` and ``second`` together."""
+    return Variation(field, PAIR, f"{first[0]}={first[1]},{second[0]}={second[1]}")
+
+
+def pair_parts(variation: Variation) -> tuple[Variation, Variation]:
+    """The two variations a pair variation draws together."""
+    return tuple(Variation(variation.field, *part.split("=", 1)) for part in variation.value.split(","))
+
+
+def pairs_of(variations: list[Variation]) -> list[Variation]:
+    """Each dtype of one field's variations with each of its non-contiguous layouts and value limits."""
+    dtypes = [v.value for v in variations if v.axis == DTYPE]
+    others = [(v.axis, v.value) for v in variations if (v.axis == LAYOUT and v.value != "contiguous")]
+    others += [(VALUE, v.value) for v in variations if v.axis == VALUE and v.value in FLOAT_LIMITS + INT_LIMITS]
+    return [
+        pair(variations[0].field, (DTYPE, dtype), other)
+        for dtype in dtypes
+        for other in others
+        if (dtype, other[1]) not in PAIRS_LEFT_OUT
+    ]
 
 
 def derive(data_model: dict, profile: str | None = DEFAULT_PROFILE) -> tuple[Variation, ...]:
     """The input space of a raw data model (pure: no files read)."""
-    return tuple(v for field in input_fields(data_model, profile) for v in variations_of(field))
+    out = []
+    for field in input_fields(data_model, profile):
+        single = variations_of(field)
+        out += single + (pairs_of(single) if single else [])
+    return tuple(out)
 
 
 def raw_data_model() -> dict:

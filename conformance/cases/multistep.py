@@ -5,7 +5,8 @@ later step: a plan cached by batch size, a buffer sized by the first batch, a
 view into last step's output. Each multi-step case starts from a generated
 case and then changes the batch the way engines do: the same number of
 requests in other slots, fewer requests, more requests (up to the capacity),
-and the first shape again. The step's options change too, as the input space
+a decode loop on those (:func:`decode_loop`: the same requests step after step, one field changed each
+time), and the first shape again. The step's options change too, as the input space
 says an engine may change them between steps (conformance/cases/input_space.py,
 axis ``step``): the grammar output comes and goes, NaN counts and logprobs are
 asked for on some steps only, and the last step declares an extension field. A
@@ -31,7 +32,7 @@ def multi_step_cases(tp_size: int, count: int, seed: int) -> list[Case]:
     from shardspec.conformance.cases.strategies import generate_cases
 
     # Bases without vLLM 0.33's per-request inputs: the later steps are derived from the first's fields.
-    bases = [c for c in generate_cases(tp_size, count * 2, seed + 7919, VLLM_SEED, fill_gaps=False) if _usable(c)][
+    bases = [c for c in generate_cases(tp_size, count * 2 + 8, seed + 7919, VLLM_SEED, fill_gaps=False) if _usable(c)][
         :count
     ]
     cases = []
@@ -44,8 +45,9 @@ def multi_step_cases(tp_size: int, count: int, seed: int) -> list[Case]:
 
 
 def _usable(case: Case) -> bool:
-    """A valid first step whose later steps can be derived (no rejection, no edits of the inputs)."""
-    return case.expect_error is None and not case.edits and len(case.slots) > 0
+    """A valid first step whose later steps can be derived (no rejection, no edits of the inputs), on a
+    sharder whose requests may change their rows (the decode loop's drafts)."""
+    return case.expect_error is None and not case.edits and len(case.slots) > 0 and case.max_num_logits_per_req > 1
 
 
 def with_steps(base: Case, rng: np.random.Generator) -> Case:
@@ -55,9 +57,69 @@ def with_steps(base: Case, rng: np.random.Generator) -> Case:
         slots = _slots(kind, first, previous, rng)
         step = _step(first, slots, rng, seed=base.seed + k, description=f"multi-step: {kind}")
         steps.append(replace(step, **_options(kind, first, previous, slots)))
+        if kind == "grow":  # the most requests of any step (at least two): the decode loop's
+            steps += decode_loop(steps[-1], rng, seed=base.seed + 100)
         previous = steps[-1]
     first.then = steps
     return first
+
+
+# A decode loop: the step before's requests again, in the same slots, each step with one thing changed
+# (or none), as an engine's consecutive steps have them. A sharder that keys something it kept on the
+# requests (a plan, a width, the local batch) and reuses it where one field moved fails there.
+LOOP_KINDS = ("seq-lens", "drafts", "grammar-joins", "logprobs", "nan-counts", "extensions", "order", "same")
+
+
+def decode_loop(previous: Case, rng: np.random.Generator, seed: int) -> list[Case]:
+    steps = []
+    for k, kind in enumerate(LOOP_KINDS):
+        step = replace(previous, seed=seed + k, description=f"multi-step: same requests, {kind}", then=[])
+        changed = _loop_change(kind, step, rng)
+        if changed is not None:
+            steps.append(replace(step, **changed))
+            previous = steps[-1]
+    return steps
+
+
+def _loop_change(kind: str, step: Case, rng: np.random.Generator) -> dict | None:
+    """The one change of ``kind`` to the step before (None where it cannot change: one row per request at
+    most, a single request to reorder)."""
+    n = len(step.slots)
+    if kind == "seq-lens":
+        return {"seq_lens_growth": step.seq_lens_growth + 1}
+    if kind == "drafts":
+        if step.max_num_logits_per_req == 1:
+            return None
+        counts = list(step.num_logits_per_req)
+        i = int(rng.integers(n))
+        counts[i] = counts[i] % step.max_num_logits_per_req + 1  # another count in [1, max]
+        return {"num_logits_per_req": counts, "spec_decode": None}
+    if kind == "grammar-joins":
+        listed = list(step.grammar_positions or [])
+        left = [p for p in range(n) if p not in listed]
+        return {"grammar_positions": [*listed, left[0]]} if left else {"grammar_positions": None}
+    if kind == "logprobs":
+        return {"logprobs_dims": None if step.logprobs_dims is not None else (1, 2)}
+    if kind == "nan-counts":
+        return {"gather_num_nans": not step.gather_num_nans}
+    if kind == "extensions":
+        return {"extensions": {} if step.extensions else dict(EXTENSION)}
+    if kind == "order":
+        return None if n < 2 else _reordered(step)
+    return {}  # same: nothing changed
+
+
+def _reordered(step: Case) -> dict:
+    """The same requests one batch position later each (the last first); the grammar follows its requests."""
+    last = len(step.slots) - 1
+    order = [last, *range(last)]
+    where = {old: new for new, old in enumerate(order)}
+    grammar = None if step.grammar_positions is None else [where[p] for p in step.grammar_positions]
+    return {
+        "slots": [step.slots[i] for i in order],
+        "num_logits_per_req": [step.num_logits_per_req[i] for i in order],
+        "grammar_positions": grammar,
+    }
 
 
 def _slots(kind: str, first: Case, previous: Case, rng: np.random.Generator) -> list[int]:

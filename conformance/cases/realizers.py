@@ -9,6 +9,7 @@ variation the random draw missed into some case of a run.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import replace
 
@@ -29,12 +30,15 @@ from shardspec.conformance.cases.input_space import (
     FLOAT32_SUBNORMAL,
     INT32,
     INT64,
+    LARGE_BATCH,
     LAYOUT,
     LAYOUTS_1D,
     LAYOUTS_2D,
+    PAIR,
     VALUE,
     Variation,
     input_space,
+    pair_parts,
 )
 from shardspec.spec.case_edits import LOGITS_LIMITS_EDIT, UPPER_BOUND_ABSENT
 from shardspec.spec.model import DEFAULT_PROFILE, VLLM_033
@@ -137,6 +141,46 @@ EXTENSION = {"num_kept": {"per": "logits_row", "dtype": "int32", "shape": []}}
 
 def _with_extension(case, rng):
     return replace(case, extensions={**case.extensions, **EXTENSION})
+
+
+def _large_with_extension(case, rng):
+    """The extension fields in a case of at least LARGE_BATCH requests (None for a smaller one: making it
+    large would lose what it draws, and the generated cases hold large ones)."""
+    return _with_extension(case, rng) if len(case.slots) >= LARGE_BATCH else None
+
+
+# Capacities of a large batch: hundreds of requests, over a few 64-entry blocks.
+LARGE_CAPACITIES = (128, 256, 512)
+
+
+def as_large_batch(case, rng: np.random.Generator):
+    """Hundreds of requests (half of the time exactly the capacity) over a small vocabulary, toy-sampled."""
+    max_num_reqs = int(rng.choice(LARGE_CAPACITIES))
+    num_reqs = int(rng.choice([LARGE_BATCH, max_num_reqs // 2 + 1, max_num_reqs, max_num_reqs]))
+    max_logits = int(rng.integers(1, 5))
+    slots = [int(s) for s in rng.choice(max_num_reqs, size=num_reqs, replace=False)]
+    counts = [int(c) for c in rng.integers(1, max_logits + 1, size=num_reqs)]
+    vocab_size = int(rng.choice([8, 33]))
+    grammar = None
+    if rng.random() < 0.5:
+        grammar = [int(p) for p in rng.permutation(num_reqs)[: int(rng.integers(1, num_reqs + 1))]]
+    return replace(
+        case,
+        slots=slots,
+        num_logits_per_req=counts,
+        max_num_reqs=max_num_reqs,
+        max_num_logits_per_req=max_logits,
+        spec_decode=None if max(counts) > 1 else case.spec_decode,
+        grammar_positions=grammar,
+        vocab_size=vocab_size,
+        nan_tokens=sorted(int(t) for t in rng.choice(num_tokens(slots, counts), size=3, replace=False)),
+        local_outputs="toy",
+    )
+
+
+def num_tokens(slots: list[int], counts: list[int]) -> int:
+    """The batch's scheduled tokens: build_input_batch's query lengths."""
+    return sum(c + s % 3 for c, s in zip(counts, slots, strict=True))
 
 
 def _capacity_one(case, rng):
@@ -278,6 +322,8 @@ def _realizers() -> dict[str, Callable]:
     out["gather_num_nans:value=false"] = lambda c, r: replace(c, gather_num_nans=False)
     out["extension_fields:presence=present"] = _with_extension
     out["local_output.extensions:presence=present"] = _with_extension
+    out["extension_fields:dims=large"] = _large_with_extension
+    out["local_output.extensions:dims=large"] = _large_with_extension
     out["sharder.max_num_reqs:value=min"] = _capacity_one
     out["local_output.num_nans:presence=absent"] = _without_nan_counts
     out["local_output:presence=absent"] = _no_local_output
@@ -313,30 +359,39 @@ REALIZERS: dict[str, Callable] = _realizers()
 
 
 def realizable(profile: str = DEFAULT_PROFILE) -> list[Variation]:
-    """The variations of the space that a case can be made to draw on purpose."""
-    return [v for v in input_space(profile) if v.key in REALIZERS]
+    """The variations of the space that a case can be made to draw on purpose (a pair: both its parts)."""
+    return [v for v in input_space(profile) if all(part.key in REALIZERS for part in _parts(v))]
+
+
+def _parts(variation: Variation) -> tuple[Variation, ...]:
+    return pair_parts(variation) if variation.axis == PAIR else (variation,)
 
 
 def fill_gaps(cases: list, profile: str, rng) -> list:
     """``cases`` with every realizable variation that none of them draws made to appear in one of
     them: a covering selection on top of the random draw. Each change is kept only where the changed
-    case then draws the variation and those made to appear in it before (measured, not assumed); a
-    case may take several."""
+    case then draws the variation and those made to appear in it before, and loses nothing that no
+    other case draws (measured, not assumed); a case may take several."""
     cases = list(cases)
     if not cases:
         return cases
-    drawn = set().union(*(exercised(c) for c in cases))
+    draws = [exercised(c) for c in cases]
+    counts = Counter(v for drawn in draws for v in drawn)  # variation -> cases drawing it
     forced: dict[int, set[Variation]] = {}
     for variation in realizable(profile):
-        if variation in drawn:
+        if counts[variation]:
             continue
         for index in (int(i) for i in rng.permutation(len(cases))):
             changed = realize(cases[index], variation, rng)
-            # Kept only if the case then draws it, and still draws what was made to appear in it before.
-            if changed is not None and exercised(changed) >= forced.get(index, set()) | {variation}:
-                cases[index] = changed
+            if changed is None:
+                continue
+            now = exercised(changed)
+            lost_alone = {v for v in draws[index] - now if counts[v] == 1}
+            if now >= forced.get(index, set()) | {variation} and not lost_alone:
+                counts.subtract(draws[index])
+                counts.update(now)
+                cases[index], draws[index] = changed, now
                 forced.setdefault(index, set()).add(variation)
-                drawn |= exercised(changed)
                 break
     return cases
 
@@ -344,5 +399,8 @@ def fill_gaps(cases: list, profile: str, rng) -> list:
 def realize(case, variation: Variation, rng):
     """``case`` changed so that it draws ``variation``, or None where this case cannot (no requests,
     no explicit outputs, a view the case format cannot make)."""
-    realizer = REALIZERS.get(variation.key)
-    return None if realizer is None else realizer(case, rng)
+    # A pair's dtype last: the logits-limits realizer picks float32 logits, which a float16 pair then changes.
+    for part in reversed(_parts(variation)):
+        realizer = REALIZERS.get(part.key)
+        case = None if realizer is None or case is None else realizer(case, rng)
+    return case

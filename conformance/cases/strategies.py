@@ -49,9 +49,6 @@ MAX_LOGITS_PER_REQ = 8
 LARGE_BATCH_SHARE = 0.1
 EXPLICIT_OUTPUT_SHARE = 0.25
 EXTREME_SHARE = 0.5  # of explicit outputs; then each value is at a limit with odds 1/4
-LARGE_CAPACITIES = (128, 256, 512)
-# Large batches have more requests than any small one and more than a 64-entry block.
-MIN_LARGE_BATCH = 65
 INT32_MAX, INT64_MAX, INT64_MIN = 2**31 - 1, 2**63 - 1, -(2**63)
 FLOAT32_LOWEST = -3.4028234663852886e38
 # Token ids: the dtype's limits, and the first values past the vocabulary and past int32.
@@ -89,7 +86,7 @@ def base_cases(draw, tp_size: int) -> tuple[Case, dict[int, ExplicitLocalOutput]
     max_num_reqs, max_logits, slots, counts = draw(_small_batch(tp_size))
     vocab_size = draw(st.sampled_from([8, 33, 100, 130, 257]))
     spec_decode = None if any(c > 1 for c in counts) else draw(st.sampled_from([None, True]))
-    num_tokens = _num_tokens(slots, counts)
+    num_tokens = realizers.num_tokens(slots, counts)
     case = Case(
         case_id="generated",
         tp_size=tp_size,
@@ -121,7 +118,7 @@ def cases(draw, tp_size: int, case_id: str = "generated") -> Case:
 def with_kind(case: Case, candidate, kind: np.random.Generator) -> Case:
     """``case`` as a large batch or with explicit outputs, in a logits dtype, with its views and logprobs dims."""
     if kind.random() < LARGE_BATCH_SHARE:
-        case = _as_large_batch(case, kind)
+        case = realizers.as_large_batch(case, kind)
     elif candidate is not None and kind.random() < EXPLICIT_OUTPUT_SHARE:
         extreme = kind.random() < EXTREME_SHARE
         case = replace(
@@ -160,36 +157,6 @@ def _small_batch(draw, tp_size: int):
     count = st.just(max_logits) if at_capacity else st.integers(1, max_logits)
     counts = draw(st.lists(count, min_size=len(slots), max_size=len(slots)))
     return max_num_reqs, max_logits, slots, counts
-
-
-def _as_large_batch(case: Case, rng: np.random.Generator) -> Case:
-    """Hundreds of requests (half of the time exactly the capacity) over a small vocabulary, toy-sampled."""
-    max_num_reqs = int(rng.choice(LARGE_CAPACITIES))
-    num_reqs = int(rng.choice([MIN_LARGE_BATCH, max_num_reqs // 2 + 1, max_num_reqs, max_num_reqs]))
-    max_logits = int(rng.integers(1, 5))
-    slots = [int(s) for s in rng.choice(max_num_reqs, size=num_reqs, replace=False)]
-    counts = [int(c) for c in rng.integers(1, max_logits + 1, size=num_reqs)]
-    vocab_size = int(rng.choice([8, 33]))
-    grammar = None
-    if rng.random() < 0.5:
-        grammar = [int(p) for p in rng.permutation(num_reqs)[: int(rng.integers(1, num_reqs + 1))]]
-    num_tokens = _num_tokens(slots, counts)
-    return replace(
-        case,
-        slots=slots,
-        num_logits_per_req=counts,
-        max_num_reqs=max_num_reqs,
-        max_num_logits_per_req=max_logits,
-        spec_decode=None if max(counts) > 1 else case.spec_decode,
-        grammar_positions=grammar,
-        vocab_size=vocab_size,
-        nan_tokens=sorted(int(t) for t in rng.choice(num_tokens, size=3, replace=False)),
-        local_outputs="toy",
-    )
-
-
-def _num_tokens(slots: list[int], counts: list[int]) -> int:
-    return sum(c + s % 3 for c, s in zip(counts, slots, strict=True))  # build_input_batch's query lengths
 
 
 def _layouts(case: Case, kind: np.random.Generator) -> dict[str, str]:

@@ -164,9 +164,11 @@ def _encode_tensor(t: torch.Tensor) -> TensorData:
     )
 
 
-def decode(value: Any, device: str | None = None) -> Any:
+def decode(value: Any, device: str | torch.device | None = None) -> Any:
     """The inverse of :func:`encode`; tensors land on ``device`` (default: where they were, when possible).
     Raises :class:`DecodeError` for what the judge cannot rebuild."""
+    if device is not None and not isinstance(device, str):
+        device = str(torch.device(device))  # a rank passes its torch.device; the targets below compare text
     if isinstance(value, Unsendable):
         raise DecodeError(value.why)
     if isinstance(value, TensorData):

@@ -8,7 +8,8 @@ import functools
 
 import pytest
 
-from shardspec.conformance.cases.strategies import INT32_MAX, INT64_MAX, MIN_LARGE_BATCH, generate_cases
+from shardspec.conformance.cases.input_space import LARGE_BATCH
+from shardspec.conformance.cases.strategies import INT32_MAX, INT64_MAX, generate_cases
 from shardspec.spec.layouts import LOGITS_DTYPES, OFFSET, STRIDED
 
 DEFAULT_COUNT, DEFAULT_SEED = 100, 0
@@ -44,7 +45,7 @@ def test_batch_sizes_from_empty_to_capacity(tp):
     cases = default_cases(tp)
     sizes = [len(case.slots) for case in cases]
     assert 0 in sizes
-    large = [case for case in cases if len(case.slots) >= MIN_LARGE_BATCH]
+    large = [case for case in cases if len(case.slots) >= LARGE_BATCH]
     assert len(large) >= 3, "hundreds of requests in some cases"
     assert any(len(case.slots) == case.max_num_reqs for case in large), "a batch at the capacity"
     assert max(sizes) >= 257

@@ -7,6 +7,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 import torch
+from impl_steps import DEVICE
 
 from shardspec.comm import LoopbackComm
 from shardspec.impl import ProductionSharder, checks
@@ -127,9 +128,10 @@ def test_an_unsigned_slot_past_the_capacity_is_out_of_range():
 def test_vllm_seed_with_the_checks_off_does_not_read_admitted_counts():
     """The guards kept with the checks off follow the sharder's profile: vllm-seed has no admitted
     counts, so counts that vllm-0.33 would reject (and whose rows it would lay out) change nothing."""
-    batch = _batch()
+    # The step launches Triton kernels: the batch and the sharder on the device they run on (a GPU where there is one).
+    batch = build_input_batch([4, 1, 6, 3, 0], [3, 2, 4, 1, 3], device=DEVICE)
     ignored = replace(batch, num_admitted_draft_tokens=np.full(5, 9, np.int32))
-    sharder = _sharder(profile=VLLM_SEED, check_preconditions=False)
+    sharder = _sharder(profile=VLLM_SEED, check_preconditions=False, device=DEVICE)
     plain = sharder.shard_sampler_inputs(batch, None).metadata
     got = sharder.shard_sampler_inputs(ignored, None).metadata
     assert got.num_logits_per_rank == plain.num_logits_per_rank == [10, 3]

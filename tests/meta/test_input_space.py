@@ -39,7 +39,17 @@ def test_a_field_added_to_the_data_model_gets_its_variations():
     want = {f"{path}:value={v}" for v in ("min", *space.FLOAT_LIMITS)}
     want |= {f"{path}:dtype=float32", f"{path}:dtype=bfloat16", f"{path}:presence=present", f"{path}:presence=absent"}
     want |= {f"{path}:layout={layout}" for layout in space.LAYOUTS_1D} | {f"{path}:dims=empty"}
+    # Each dtype with each limit (bfloat16 without float32's finite limits) and each non-contiguous layout.
+    limits = {"float32": space.FLOAT_LIMITS, "bfloat16": ("+inf", "-inf", "nan")}
+    want |= {f"{path}:pair=dtype={d},value={v}" for d, values in limits.items() for v in values}
+    want |= {f"{path}:pair=dtype={d},layout={layout}" for d in limits for layout in ("strided", "offset")}
     assert added == want
+
+
+def test_a_pair_names_its_two_parts():
+    pair = space.pair("logits_shard", ("dtype", "float16"), ("value", "+inf"))
+    assert pair.key == "logits_shard:pair=dtype=float16,value=+inf"
+    assert [p.key for p in space.pair_parts(pair)] == ["logits_shard:dtype=float16", "logits_shard:value=+inf"]
 
 
 def test_the_spec_s_fields_get_their_variations():
@@ -94,6 +104,31 @@ def test_every_precondition_is_violated_at_every_boundary_and_tp(profile):
                 assert not idle, f"{case.case_id}: every rank is faulty"
 
 
+@pytest.mark.parametrize("profile", PROFILES)
+def test_every_length_is_violated_one_short_and_one_long(profile):
+    assert bounds.one_sided(bounds.boundaries(profile)) == []
+
+
+def test_a_length_violated_on_one_side_only_is_named():
+    def boundary(field, side, value):
+        return bounds.Boundary("PRE-X", (field,), side, value, "every rank", ())
+
+    found = [
+        boundary("batch.seq_lens", "below", "N - 1"),
+        boundary("logits_shard", "above", "L + 1"),
+        boundary("batch.cu_num_logits_np", "below", "N entries"),
+        boundary("batch.num_reqs", "above", "max_num_reqs + 1"),  # a range's one stated side, not a length
+        boundary("sharder.max_num_reqs", "below", "num_reqs - 1"),  # a capacity below the batch
+        boundary("local_output.num_nans", "below", "L_local - 1"),
+        boundary("local_output.num_nans", "above", "L_local + 1"),
+    ]
+    assert bounds.one_sided(found) == [
+        ("PRE-X", "batch.cu_num_logits_np", "N + 2 entries"),
+        ("PRE-X", "batch.seq_lens", "N + 1"),
+        ("PRE-X", "logits_shard", "L - 1"),
+    ]
+
+
 @pytest.mark.parametrize("seed", [0, 3])
 def test_a_run_checks_every_boundary_once(seed):
     for profile in PROFILES:
@@ -131,6 +166,7 @@ OLD_INPUTS = {
     "host-slots-of-any-dtype": ["tp2-error-slot-range", "tp4-reject-slot-range", "decode", "spec"],
     "upper-bound-made-up": ["adaptive-admitted", "decode", "strided-inputs", "admitted-drafts"],
     "sampler-prefix-sums-passed-on": ["spec", "explicit-widths", "strided-local-output", "logprob-plus-inf"],
+    "lengths-checked-from-below-only": ["seq-lens-one-short", "logits-indices-one-short", "decode", "spec"],
 }
 
 

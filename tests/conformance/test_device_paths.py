@@ -1,0 +1,67 @@
+"""The paths a GPU run takes, taken on the CPU: CI has no GPU, and a break on these paths once left
+every multi-process CUDA run judging no case (a rank's device is a ``torch.device``, a recorded
+tensor says ``cuda:0``). Each test below takes the GPU run's path with CPU tensors."""
+
+import pytest
+import torch
+
+from shardspec.conformance.harness.expectations import compute_expectation, load_expectations, save_expectations
+from shardspec.conformance.harness.frames import FrameLog, decode_frames
+from shardspec.conformance.harness.transcript import ObjectData, TensorData, decode, encode, read_frames, write_frame
+from shardspec.fixtures.catalogue import load_cases
+
+DEVICE_NAMES = [pytest.param(torch.device("cpu"), id="torch.device"), pytest.param("cpu", id="text")]
+
+
+def _recorded_on(encoded, device: str):
+    """``encoded`` as a rank on ``device`` would have sent it: every device tensor says where it lay."""
+    if isinstance(encoded, TensorData):
+        encoded.device = device
+    elif isinstance(encoded, ObjectData):
+        for value in encoded.fields.values():
+            _recorded_on(value, device)
+    elif isinstance(encoded, (list, tuple)):
+        for value in encoded:
+            _recorded_on(value, device)
+    elif isinstance(encoded, dict):
+        for value in encoded.values():
+            _recorded_on(value, device)
+    return encoded
+
+
+@pytest.mark.parametrize("device", DEVICE_NAMES)
+def test_a_tensor_recorded_on_a_gpu_decodes_for_a_device_named_either_way(device):
+    encoded = _recorded_on(encode(torch.arange(6, dtype=torch.int32).view(2, 3)), "cuda:0")
+    decoded = decode(encoded, device)
+    assert decoded.device == torch.device("cpu")
+    assert decoded.tolist() == [[0, 1, 2], [3, 4, 5]]
+
+
+def test_a_tensor_recorded_on_a_gpu_lands_on_the_host_where_no_gpu_is():
+    encoded = _recorded_on(encode(torch.ones(3)), "cuda:1")
+    assert decode(encoded).device.type == ("cuda" if torch.cuda.is_available() else "cpu")
+
+
+@pytest.mark.parametrize("device", DEVICE_NAMES)
+def test_expectations_recorded_on_a_gpu_load_on_a_rank_device(tmp_path, device):
+    """What every rank of a CUDA launch does first (harness/worker.py): load the expectations for its device."""
+    cases = [c for c in load_cases() if c.tp_size == 2][:3]
+    path = tmp_path / "expectations.pt"
+    save_expectations(path, {c.case_id: compute_expectation(c, device="cpu") for c in cases})
+    frames, _ = read_frames(path.read_bytes())
+    with open(path, "wb") as stream:
+        write_frame(stream, _recorded_on(frames[0], "cuda:0"))
+    loaded = load_expectations(path, device)
+    assert sorted(loaded) == sorted(c.case_id for c in cases)
+    for case in cases:
+        expected = loaded[case.case_id].expected
+        assert len(expected) == 2 and all(isinstance(out.wire, list) for out in expected)
+
+
+@pytest.mark.parametrize("device", DEVICE_NAMES)
+def test_a_rank_transcript_recorded_on_a_gpu_decodes_for_the_judge(device):
+    log = FrameLog()
+    log.parts["shard"] = _recorded_on(encode({"send_splits": torch.tensor([1, 2])}), "cuda:0")
+    transcript = decode_frames(log, device)
+    assert transcript.decode_error is None
+    assert transcript.outputs.shard["send_splits"].tolist() == [1, 2]
