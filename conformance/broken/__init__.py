@@ -76,6 +76,7 @@ CORPUS: list[Entry] = [
     _entry("idx-mapping-host-stale", "shard", "IdxMappingHostStale", "decode"),
     _entry("cu-num-logits-device-off-by-one", "shard", "CuNumLogitsDeviceOffByOne", "spec"),
     _entry("empty-rank-cu-num-logits-empty", "shard", "EmptyRankCuNumLogitsEmpty", "idle-rank"),
+    _entry("idle-rank-prefix-sums-int32", "shard", "IdleRankPrefixSumsInt32", "idle-rank-int64-prefix-sums"),
     _entry("logits-indices-leading-rows", "shard", "LogitsIndicesLeadingRows", "spec"),
     _entry("expanded-local-pos-zero", "shard", "ExpandedLocalPosZero", "spec"),
     _entry("seq-lens-global", "shard", "SeqLensGlobal", "decode"),

@@ -267,5 +267,10 @@ ADMITTED_EXTENSIONS = _case(
         "asked": {"per": "request", "dtype": "bool"},
     },
 )
-ALL += [ADMITTED, BUDGET_ZERO, ADMITTED_EXTENSIONS]
+# One request (rank 1 owns nothing under either owner rule) in an int64 batch: the idle rank's local
+# cu_num_logits follows the batch's dtype (CL-EMPTY-RANK, CL-LOCAL-DTYPES).
+IDLE_RANK_INT64 = _case(
+    "idle-rank-int64-prefix-sums", slots=[4], num_logits_per_req=[2], batch_dtypes={"cu_num_logits": "int64"}
+)
+ALL += [ADMITTED, BUDGET_ZERO, ADMITTED_EXTENSIONS, IDLE_RANK_INT64]
 BY_ID = {case.case_id: case for case in ALL}
