@@ -96,3 +96,15 @@ def test_the_shrinker_keeps_no_variant_the_reference_contradicts():
     contradicted = replace(small_cases(2)[0], case_id="contradicted", expect_error="PRE-CAPACITY-REQS")
     assert signature(run(contradicted)) == set() and ran == []
     assert signature(run(small_cases(2)[0])) == {"INV-OWNER"} and ran == [small_cases(2)[0].case_id]
+
+
+def test_every_fixture_agrees_with_the_reference():
+    """--case checks a fixture as --case-file checks a file: every golden case must pass that check."""
+    from shardspec.conformance.harness.expectations import contradiction
+    from shardspec.conformance.runner import _expanded
+    from shardspec.fixtures import load_cases
+    from shardspec.spec.profiles import PROFILES
+
+    steps = [step for profile in PROFILES for step in _expanded(load_cases(profile))[0]]
+    problems = [problem for step in steps if (problem := contradiction(step, 60.0, "cpu"))]
+    assert steps and not problems, problems
