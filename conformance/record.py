@@ -39,6 +39,10 @@ class WireCall:
     output_shape: tuple
     output_split_sizes: list[int] | None = None
     input_split_sizes: list[int] | None = None
+    # None: issued on the step's TP group. Otherwise the process group of exactly the TP group's ranks that the
+    # implementation built and issued it on (vLLM builds its own), named alike on every rank: a step keeps to
+    # one group, and every rank to the same one (INV-WIRE-SEQUENCE).
+    group: str | None = None
 
 
 @dataclass
@@ -95,6 +99,9 @@ class RankTranscript:
     decode_error: tuple[str | None, str, str] | None = None
     next_step: str = "construct"  # the step the rank was in after the last one it finished
     waiting_in: str | None = None  # the collective its last frame entered (None: it was outside any)
+    # Its record announced a look at the step's inputs and result once the peers finished, which never came:
+    # the rank died, or was stopped, after its step returned.
+    after_step_missing: bool = False
 
 
 # The record a rank hands over for one case, beside its ``outputs`` (a StepOutputs): which case, rank and

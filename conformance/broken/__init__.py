@@ -99,6 +99,7 @@ CORPUS: list[Entry] = [
     _entry("idx-mapping-host-stale", "shard", "IdxMappingHostStale", "decode"),
     _entry("cu-num-logits-device-off-by-one", "shard", "CuNumLogitsDeviceOffByOne", "spec"),
     _entry("empty-rank-cu-num-logits-empty", "shard", "EmptyRankCuNumLogitsEmpty", "idle-rank"),
+    _entry("idle-rank-prefix-sums-int32", "shard", "IdleRankPrefixSumsInt32", "idle-rank-int64-prefix-sums"),
     _entry("logits-indices-leading-rows", "shard", "LogitsIndicesLeadingRows", "spec"),
     _entry("expanded-local-pos-zero", "shard", "ExpandedLocalPosZero", "spec"),
     _entry("seq-lens-global", "shard", "SeqLensGlobal", "decode"),
@@ -180,6 +181,10 @@ CORPUS += [
     _entry("local-counts-returned-at-tp1", "state", "GatherReturnsLocalCountsAtTpOne", "decode-tp1"),
     _entry("step-cached-by-requests", "state", "StepCachedByRequests", "decode-loop"),
     _entry("draft-counts-cached-by-request-set", "state", "DraftCountsCachedByRequestSet", "decode-loop"),
+    # writes a thread makes after the step returned (the collectives of broken/unseen.py need a multi-process
+    # world: tests/conformance/test_unseen_collectives.py)
+    _entry("writes-input-after-returning", "unseen", "WritesItsInputAfterReturning", "decode"),
+    _entry("writes-result-after-returning", "unseen", "WritesItsResultAfterReturning", "decode"),
 ]
 
 CORPUS += [

@@ -278,5 +278,10 @@ ADMITTED_NO_COUNTS = _case(
     grammar_block_rows=ADMITTED.grammar_block_rows,
     batch_dtypes=ADMITTED.batch_dtypes,
 )
-ALL += [ADMITTED, BUDGET_ZERO, ADMITTED_EXTENSIONS, ADMITTED_NO_COUNTS]
+# One request (rank 1 owns nothing under either owner rule) in an int64 batch: the idle rank's local
+# cu_num_logits follows the batch's dtype (CL-EMPTY-RANK, CL-LOCAL-DTYPES).
+IDLE_RANK_INT64 = _case(
+    "idle-rank-int64-prefix-sums", slots=[4], num_logits_per_req=[2], batch_dtypes={"cu_num_logits": "int64"}
+)
+ALL += [ADMITTED, BUDGET_ZERO, ADMITTED_EXTENSIONS, ADMITTED_NO_COUNTS, IDLE_RANK_INT64]
 BY_ID = {case.case_id: case for case in ALL}

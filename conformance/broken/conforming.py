@@ -58,3 +58,48 @@ class RankDependentRowsPastTheAdmitted(ReferenceSharder):
         ids[rows:], values[rows:], ranks[rows:] = junk, float(junk), junk
         lp = lp._replace(logprob_token_ids=ids, logprobs=values, selected_token_ranks=ranks)
         return type(out)(**{**vars(out), "logprobs_tensors": lp})
+
+
+class EveryCallOnAGroupOfItsOwn(ReferenceSharder):
+    """Builds its own process group over exactly the TP group's ranks and issues every collective of the step
+    on it, as vLLM does with the groups it builds (issue 34). Not a control of the in-process corpus: torch's
+    threaded backend cannot build a group while ranks take turns; it runs in multi-process worlds
+    (tests/conformance/test_unseen_collectives.py, test_multigroup.py)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        import torch.distributed as dist
+
+        from shardspec.comm import TorchDistComm
+
+        ranks = dist.get_process_group_ranks(self.comm.group)
+        self.comm = TorchDistComm(dist.new_group(ranks, use_local_synchronization=True))
+
+
+class ExchangeOnTheBackendObject(ReferenceSharder):
+    """Issues the spec's all-to-all and all-gathers on the TP group's backend object
+    (comm.group._get_backend(device).alltoall_base / _allgather_base): the same collectives on the same
+    group as torch.distributed's functions issue, so a peer calling those meets them. Multi-process only, like
+    EveryCallOnAGroupOfItsOwn (torch's threaded group has no backend object)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.comm = _OnTheBackend(self.comm)
+
+
+class _OnTheBackend:
+    def __init__(self, comm):
+        self._comm = comm
+
+    def _backend(self, tensor):
+        return self._comm.group._get_backend(tensor.device)
+
+    def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes):
+        splits = (list(output_split_sizes), list(input_split_sizes))
+        self._backend(input).alltoall_base(output, input, *splits).wait()
+
+    def all_gather_into_tensor(self, output, input):
+        self._backend(input)._allgather_base(output, input.contiguous()).wait()
+
+    def __getattr__(self, name: str):
+        return getattr(self._comm, name)

@@ -118,6 +118,17 @@ class EmptyRankCuNumLogitsEmpty(MisreportingSharder):
         )
 
 
+class IdleRankPrefixSumsInt32(MisreportingSharder):
+    """INV-LOCAL-CU-NUM-LOGITS: a rank owning nothing returns cu_num_logits int32 [1] whatever the batch's dtype
+    (what CL-EMPTY-RANK's prose once said, against CL-LOCAL-DTYPES)."""
+
+    def corrupt(self, batch, result):
+        local = result.local_batch
+        if local.num_reqs or local.cu_num_logits.dtype == torch.int32:
+            return result
+        return self.corrupt_local_batch(result, cu_num_logits=local.cu_num_logits.to(torch.int32))
+
+
 class LogitsIndicesLeadingRows(MisreportingSharder):
     """INV-LOCAL-LOGITS-INDICES: local logits_indices are the batch's first L_local rows, not the owned ones."""
 

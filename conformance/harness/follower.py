@@ -105,6 +105,10 @@ class Follower:
             for why in notes if job is not None else ():
                 self.transcripts.setdefault(job, {}).setdefault(rank, FrameLog()).add({"undecodable": why})
 
+    def _finished_step(self, job: int, rank: int) -> bool:
+        transcript = self.transcripts.get(job, {}).get(rank)
+        return transcript is not None and transcript.finished_step
+
     def _ended(self, job: int, rank: int) -> bool:
         transcript = self.transcripts.get(job, {}).get(rank)
         return transcript is not None and transcript.ended
@@ -130,7 +134,7 @@ class Follower:
                 for peer in range(first, first + self.tp)
                 if peer != rank
                 and when - self.heard.get(peer, self.started) >= silent_s
-                and not self._ended(job, peer)
+                and not self._finished_step(job, peer)
                 and not self._waits_with(self.transcripts[job].get(peer), failed)
             ]
             if silent:

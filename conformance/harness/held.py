@@ -20,9 +20,10 @@ class HeldResults:
     def __init__(self):
         self._held: list[tuple[str, Any, Any]] = []  # (case id, the result, its copy)
 
-    def hold(self, case_id: str, gathered) -> None:
+    def hold(self, case_id: str, gathered, copy: Any = None) -> None:
+        """Holds ``gathered`` beside ``copy`` (a snapshot taken when it was returned), or a copy made now."""
         if gathered is not None:
-            self._held.append((case_id, gathered, snapshot(gathered)))
+            self._held.append((case_id, gathered, snapshot(gathered) if copy is None else copy))
 
     def changed(self) -> list[dict[str, Any]]:
         """Each field of a held result whose contents differ from its copy: ``field`` (``<case id>.gathered.<name>``)

@@ -19,9 +19,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
+
 from shardspec.conformance.api import construction_kwargs
+from shardspec.conformance.harness.after_step import AfterStep
 from shardspec.conformance.harness.held import HeldResults, shared_memory
 from shardspec.conformance.harness.past_rejection import NotRejected, rejection_point
+from shardspec.conformance.harness.patching import DIRECT_CALLS, STARTED_THREADS
 from shardspec.conformance.harness.progress import Progress
 from shardspec.conformance.harness.recording import CollectiveError, RecordingComm
 from shardspec.conformance.harness.snapshots import changed_fields, snapshot
@@ -44,6 +48,11 @@ class RankRun:
     step: str = "construct"  # the step running now, or the last one
     on_step: StepCallback | None = None
     kept: KeptSharder | None = None  # the sharder, once constructed
+    # The second look at the step's inputs and result, where the caller defers it (see run_step).
+    after: AfterStep | None = None
+    # Whether to copy the gathered result as the gather returns it (for the second look), and the copy.
+    copy_result: bool = False
+    returned: Any = None
 
 
 @dataclass
@@ -83,6 +92,7 @@ def run_step(
     on_step: StepCallback | None = None,
     kept: KeptSharder | None = None,
     on_call: Callable[[Any], None] | None = None,
+    defer_after: bool = False,
 ) -> RankRun:
     """Run the whole step for ``comm.rank``; never raises for the implementation's errors.
 
@@ -90,18 +100,32 @@ def run_step(
     transcript can leave the rank before a later step crashes it. ``kept``:
     the sharder of this case's previous step (a multi-step case calls one
     sharder instance every step, as an engine does); None constructs one.
+
+    Every thread the step starts records to the same recorder until the
+    step's results are handed back, and the inputs and the gathered result
+    are compared once more then (:class:`AfterStep`): at the end of this
+    call, after waiting for the threads the step left running, or, with
+    ``defer_after``, when the caller calls ``run.after.finish(run.outputs)``
+    (a multi-process rank: once its peers have finished the step too).
     """
     recorder = kept.recorder if kept is not None else RecordingComm(comm, progress)
     recorder.calls = CallLog(on_call)  # this step's collectives only
     run = RankRun(outputs=StepOutputs(wire=recorder.calls), kept=kept)
     run.on_step = on_step
+    on_gpu = torch.device(device).type == "cuda"
+    run.copy_result = defer_after or on_gpu
     before = {"batch": snapshot(inputs.batch), "grammar": snapshot(inputs.grammar)}
     watched = {"batch": inputs.batch, "grammar": inputs.grammar}
     # Multi-process runs also record collectives issued on comm.group directly.
     intercept = recorder.intercept_torch_distributed() if recorder.group is not None else contextlib.nullcontext()
+    release = None
     try:
-        with intercept:
-            _steps(make_sharder, case, inputs, recorder, device, run, before, watched)
+        with STARTED_THREADS.adopted_by(recorder), intercept:
+            try:
+                _steps(make_sharder, case, inputs, recorder, device, run, before, watched)
+            finally:
+                if recorder.group is not None:  # torch.distributed stays patched for the threads left running
+                    release = DIRECT_CALLS.held_for(recorder)
     except Exception as exc:  # recorded; the checkers and the report judge it
         out = run.outputs
         out.failed_step, out.error = run.step, exc
@@ -118,6 +142,17 @@ def run_step(
     if run.kept is not None:
         run.outputs.held_results_modified = run.kept.held.changed()
         run.kept.held.hold(case.case_id, run.outputs.gathered)
+    left_running = any(thread.is_alive() for thread in recorder.adopted)
+    if not (defer_after or left_running or on_gpu):
+        if release is not None:  # nothing can change any more: no second look
+            release()
+        return run
+    gathered = run.outputs.gathered
+    after = AfterStep(recorder, before, watched, case.case_id, gathered, device, release, run.returned)
+    if defer_after:
+        run.after = after
+    else:
+        after.finish(run.outputs)
     return run
 
 
@@ -168,9 +203,16 @@ def _timed(run: RankRun, progress: Progress, step: str, fn, *args, **kwargs):
         run.timings[step] = time.perf_counter() - start
     if step in STEP_OUTPUT:
         setattr(run.outputs, STEP_OUTPUT[step], result)
+    if step == "gather" and (run.copy_result or _left_running(run)):
+        run.returned = snapshot(result)  # as returned: a thread the step left running may write into it
     if run.on_step is not None:
         run.on_step(step, run)
     return result
+
+
+def _left_running(run: RankRun) -> bool:
+    recorder = run.kept.recorder if run.kept is not None else None
+    return recorder is not None and any(thread.is_alive() for thread in recorder.adopted)
 
 
 def error_summary(run: RankRun) -> dict[str, Any] | None:
@@ -218,9 +260,11 @@ def run_case_on_rank(
     on_step: StepCallback | None = None,
     kept: KeptSharder | None = None,
     on_call: Callable[[Any], None] | None = None,
+    defer_after: bool = False,
 ) -> tuple[dict[str, Any], KeptSharder | None]:
     """Run ``case`` on ``comm.rank``, unjudged: the record carries the raw ``outputs``; and the sharder,
-    kept for a next step of the same case.
+    kept for a next step of the same case. With ``defer_after`` the record's ``"after_step"`` is the
+    step's :class:`AfterStep`, for the caller to finish (and take out of the record) later.
 
     The expectation only decides whether the group can go on after an error
     (the reference's collectives); judging is :func:`judge_rank`'s.
@@ -228,7 +272,9 @@ def run_case_on_rank(
     rank = comm.rank
     inputs = build_case_inputs(case, device)
     stop = rejection_point(case, expectation.expected[rank])  # stops the rank where it must raise
-    run = run_step(make_sharder, case, inputs, comm, device, progress, stop.steps(on_step), kept, stop.calls(on_call))
+    run = run_step(
+        make_sharder, case, inputs, comm, device, progress, stop.steps(on_step), kept, stop.calls(on_call), defer_after
+    )
     run.outputs.not_rejected = stop.stopped
     expected_to_raise = case.expect_error is not None or declines_extensions(case.extensions, run.outputs.error)
     return {
@@ -241,4 +287,5 @@ def run_case_on_rank(
         "error_in_collective": run.error_in_collective,
         "aligned": continue_after(case, run, expectation.expected),
         "outputs": run.outputs,
+        **({"after_step": run.after} if defer_after else {}),
     }, run.kept

@@ -5,10 +5,16 @@ from __future__ import annotations
 import contextlib
 import threading
 
-from shardspec.conformance.harness.group_names import group_argument, group_label
-from shardspec.conformance.harness.patching import DIRECT_CALLS, operator_calls
+from shardspec.conformance.harness.group_names import group_argument, placement
+from shardspec.conformance.harness.patching import DIRECT_CALLS, STARTED_THREADS, operator_calls
 from shardspec.conformance.harness.progress import Progress
-from shardspec.conformance.harness.wire_calls import SPEC_COLLECTIVES, generic_call, operator_call, spec_call
+from shardspec.conformance.harness.wire_calls import (
+    METHOD_SPEC_CALLS,
+    SPEC_COLLECTIVES,
+    generic_call,
+    operator_call,
+    spec_call,
+)
 from shardspec.conformance.record import OFF_GROUP, WireCall
 
 
@@ -32,6 +38,32 @@ class RecordingComm:
         self.calls: list[WireCall] = []
         self.progress = progress or Progress()
         self._inside = threading.local()
+        self.adopted: list[threading.Thread] = []  # threads the step started (patching.StartedThreads)
+
+    def adopt(self, thread: threading.Thread) -> None:
+        self.adopted = [t for t in self.adopted if t.is_alive()] + [thread]
+
+    @contextlib.contextmanager
+    def start_up(self):
+        """The engine's start-up inside a constructor (:func:`shardspec.comm.start_up`): its collectives on this
+        thread are not recorded. Only while the sharder is constructed; elsewhere a step's collectives all count."""
+        if self.progress.step != "construct":
+            yield
+            return
+        before = getattr(self._inside, "active", False)
+        self._inside.active = True
+        try:
+            with STARTED_THREADS.not_recorded():  # nor the threads it starts (a broadcaster of the engine's)
+                yield
+        finally:
+            self._inside.active = before
+
+    def observe_communicator(self, communicator, name: str = "engine communicator"):
+        """``communicator`` (an engine's own, such as vLLM's PyNccl communicator) as a proxy whose every method
+        call is recorded like a collective of this rank on the TP group (:class:`ObservedCommunicator`).
+        Reached through :func:`shardspec.comm.observed`, which an adapter calls with the Communicator the suite
+        gave it."""
+        return ObservedCommunicator(self, communicator, name)
 
     def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes):
         self.calls.append(
@@ -114,11 +146,14 @@ class RecordingComm:
         """One direct ``torch.distributed`` call, recorded unless it happens inside a recorded one."""
         if getattr(self._inside, "active", False):
             return original(*args, **kwargs)
+        method = name.partition(".")[2] if name.startswith(("ProcessGroup.", "Backend.")) else None
         if name in SPEC_COLLECTIVES:
             call = spec_call(SPEC_COLLECTIVES[name], args, kwargs)
+        elif method in METHOD_SPEC_CALLS:  # the object is the first argument
+            call = spec_call(METHOD_SPEC_CALLS[method], args[1:], _function_keywords(kwargs))
         else:
             call = generic_call(name, args, kwargs)
-        call.kind = self.on_group(call.kind, group_argument(name, original, args, kwargs))
+        self.on_group(call, group_argument(name, original, args, kwargs))
         self.calls.append(call)
         return self._run(call.kind, original, *args, **kwargs)
 
@@ -128,13 +163,64 @@ class RecordingComm:
         if getattr(self._inside, "active", False):
             return func(*args, **kwargs)
         call, group = operator_call(func, args, kwargs)
-        call.kind = self.on_group(call.kind, group)
+        self.on_group(call, group)
         self.calls.append(call)
         return self._run(call.kind, func, *args, **kwargs)
 
-    def on_group(self, kind: str, group) -> str:
-        """``kind`` for a call on the step's TP group (this Communicator's); ``"<kind> on <that group>"`` for
-        any other (the default group of a world holding several TP groups, a group of its own), which
-        INV-WIRE-SEQUENCE fails, naming the group. ``group`` None is the default group."""
-        label = group_label(group, self.group)
-        return kind if label is None else f"{kind}{OFF_GROUP}{label}"
+    def on_group(self, call: WireCall, group) -> None:
+        """Marks ``call`` with the group it ran on: its kind unchanged for the step's TP group (this
+        Communicator's), ``"<kind> on <that group>"`` for any other (the default group of a world holding
+        several TP groups, a group of other ranks, a backend no known group holds), which INV-WIRE-SEQUENCE
+        fails, naming the group; ``call.group`` names a group of exactly the TP group's ranks that the
+        implementation built (:func:`placement`). ``group`` None is the default group."""
+        label, own = placement(group, self.group)
+        if label is not None:
+            call.kind = f"{call.kind}{OFF_GROUP}{label}"
+        call.group = own
+
+
+# An engine communicator's methods that carry the step's own collectives, as (spec call, its argument order):
+# vLLM's PyNcclCommunicator.all_to_all_single(output, input, output_split_sizes, input_split_sizes) and
+# all_gather(output, input).
+ENGINE_SPEC_CALLS = {"all_to_all_single": "all_to_all_single", "all_gather": "all_gather_into_tensor"}
+ENGINE_SPEC_CALLS["all_gather_into_tensor"] = "all_gather_into_tensor"
+
+
+class ObservedCommunicator:
+    """An engine's own communicator seen by the recorder: every method call is a collective of the step.
+
+    ``all_to_all_single`` and ``all_gather`` (``all_gather_into_tensor``) are recorded as the spec's calls, with
+    their send buffers, so the wire checks judge them; any other method (``send``, ``recv``, ``all_reduce``,
+    ``group_start``, ...) is recorded by its name, ``"<name> (engine communicator)"``, which INV-WIRE-SEQUENCE
+    fails. What the communicator does inside a recorded call (its grouped send/recv, a torch.distributed
+    fallback) is not recorded again. Attributes that are not methods pass through.
+    """
+
+    def __init__(self, recorder: RecordingComm, communicator, name: str):
+        self._recorder, self._inner, self._name = recorder, communicator, name
+
+    def __getattr__(self, attribute: str):
+        value = getattr(self._inner, attribute)
+        if attribute.startswith("_") or not callable(value):
+            return value
+        recorder, name = self._recorder, self._name
+
+        def recorded(*args, **kwargs):
+            if getattr(recorder._inside, "active", False):
+                return value(*args, **kwargs)
+            if attribute in ENGINE_SPEC_CALLS:
+                call = spec_call(ENGINE_SPEC_CALLS[attribute], args, _function_keywords(kwargs))
+            else:
+                call = generic_call(attribute, args, kwargs)
+                call.kind = f"{attribute} ({name})"
+            recorder.calls.append(call)
+            return recorder._run(call.kind, value, *args, **kwargs)
+
+        return recorded
+
+
+def _function_keywords(kwargs: dict) -> dict:
+    """A method's keywords (``output``, ``input``: an engine communicator's, a process group's) as
+    torch.distributed's functions name them (``output_tensor``, ``input_tensor``)."""
+    renamed = {"output": "output_tensor", "input": "input_tensor"}
+    return {renamed.get(key, key): value for key, value in kwargs.items()}

@@ -16,6 +16,9 @@ SPEC_COLLECTIVES = {
     "all_gather_into_tensor": "all_gather_into_tensor",
     "all_gather_single": "all_gather_into_tensor",
 }
+# The methods of a process group or backend object that carry the step's own collectives (the object is their
+# first argument): output, input (and the split sizes), as torch.distributed's functions take them.
+METHOD_SPEC_CALLS = {"alltoall_base": "all_to_all_single", "_allgather_base": "all_gather_into_tensor"}
 # Every other torch.distributed function that talks to peers.
 OTHER_FUNCTIONS = (
     "all_reduce",
@@ -62,6 +65,29 @@ GROUP_METHODS = (
     "scatter",
     "reduce_scatter",
     "reduce_scatter_tensor_coalesced",
+    "_reduce_scatter_base",
+    "alltoall",
+    "alltoall_base",
+    "send",
+    "recv",
+    "recv_anysource",
+    "barrier",
+    "monitored_barrier",
+)
+# The methods of a backend object (``group._get_backend(device)``, or a ``ProcessGroupGloo`` an implementation
+# builds on a store): below the process group, past its collective operators. Recorded as "Backend.<name>";
+# a process group's own calls of them run in C++ and are not seen again.
+BACKEND_METHODS = (
+    "allreduce",
+    "allreduce_coalesced",
+    "reduce",
+    "broadcast",
+    "allgather",
+    "allgather_coalesced",
+    "_allgather_base",
+    "gather",
+    "scatter",
+    "reduce_scatter",
     "_reduce_scatter_base",
     "alltoall",
     "alltoall_base",

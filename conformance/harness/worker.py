@@ -250,9 +250,14 @@ def main(argv: list[str]) -> int:
                 on_step=streamer.on_step,
                 on_call=streamer.on_call,
                 kept=sharder if case.continues and case.continues == previous_id else None,
+                defer_after=True,
             )
             kept[name] = (case.case_id, sharder)
-            record["outputs"] = streamer.final(record["outputs"])
+            after = record.pop("after_step")
+            outputs = record["outputs"]
+            record["outputs"] = streamer.final(outputs)
+            # The job's last frame follows once the peers finished too (the status exchange): see below.
+            record["after_step"] = "pending" if record["aligned"] else None
         except Exception:  # a defect of the suite itself, not of the implementation
             writer.write({"job": index, "case_id": case.case_id, "rank": rank, "harness_error": traceback.format_exc()})
             os._exit(0)
@@ -260,9 +265,21 @@ def main(argv: list[str]) -> int:
         if not record["aligned"]:
             # Peers may wait in a collective this rank will never enter: leave
             # without a graceful shutdown, which could itself hang.
+            after.cancel()
             os._exit(0)
         progress.enter(step="status exchange")
-        if not _all_aligned(True, control):
+        peers_done = _all_aligned(True, control)
+        # Every rank of the group has finished the step (or left): what the step's threads or streams wrote
+        # into its inputs or result since it returned, and any collective they issued meanwhile (already
+        # streamed), close the job.
+        progress.enter(step="after the step")
+        try:
+            changed = after.finish(outputs)
+        except Exception:
+            writer.write({"job": index, "case_id": case.case_id, "rank": rank, "harness_error": traceback.format_exc()})
+            os._exit(0)
+        writer.write({"job": index, "rank": rank, "after_step": changed})
+        if not peers_done:
             os._exit(0)
         watchdog.disarm()
     dist.barrier(group=control)

@@ -11,7 +11,7 @@ each rank reduces its outputs to a digest::
       "sorted_logits_indices": TENSOR | None,
       "metadata": {field: value | TENSOR} | None,
       "wire": [{"kind", "send_shape", "send_dtype", "output_shape",
-                "input_split_sizes", "output_split_sizes"}, ...],   # in issue order
+                "input_split_sizes", "output_split_sizes", "group"}, ...],   # in issue order
     }
 
 ``gathered`` has the keys ``sampled_token_ids``, ``num_sampled``,
@@ -119,6 +119,7 @@ def _wire(out: StepOutputs) -> list[dict[str, Any]]:
             "output_shape": list(call.output_shape),
             "input_split_sizes": call.input_split_sizes,
             "output_split_sizes": call.output_split_sizes,
+            "group": getattr(call, "group", None),
         }
         for call in out.wire
     ]

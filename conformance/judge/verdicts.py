@@ -97,7 +97,10 @@ class Judge:
             if transcript.decode_error is not None:
                 step, where, why = transcript.decode_error
                 return _undecodable(case, rank, step, f"rank {rank}'s {where} could not be decoded: {why}")
-            return self.rank(case, {**final, "outputs": transcript.outputs})
+            judged = self.rank(case, {**final, "outputs": transcript.outputs})
+            if culprit_here and transcript.after_step_missing:  # it died after returning: its thread, say
+                return {**_died(case, rank, transcript, ended, culprit), "violations": judged.get("violations", [])}
+            return judged
         partial = self.partial_violations(case, rank, transcript)
         if final is not None:  # the rank reported a hang or a failure of the suite itself
             return {**final, "violations": partial}

@@ -46,6 +46,7 @@ from vllm.v1.worker.gpu import input_batch as vllm_input_batch  # noqa: E402
 from vllm.v1.worker.gpu.sample import batch_shard  # noqa: E402
 from vllm.v1.worker.gpu.sample.output import SamplerOutput as VllmSamplerOutput  # noqa: E402
 
+from shardspec.comm import start_up  # noqa: E402
 from shardspec.spec import model  # noqa: E402
 
 if not vllm.triton_utils.HAS_TRITON:
@@ -101,22 +102,11 @@ def _vllm_tp_group(comm, device: torch.device):
                 raise RuntimeError("vLLM's groups were set up on another process group in this process")
             return parallel_state.get_tp_group()
         # vLLM's setup talks to the peers (new_group, then broadcast_object_list, barrier and
-        # all_reduce to count nodes). An engine does this once at start-up, not in a sampling step,
-        # so it runs in a thread of its own: the suite records only the calling thread's collectives,
-        # and every collective of the steps (all in the calling thread) is still recorded.
-        failure: list[BaseException] = []
-
-        def set_up() -> None:
-            try:
-                _set_up_vllm_groups(group, device)
-            except BaseException as exc:  # re-raised in the calling thread
-                failure.append(exc)
-
-        thread = threading.Thread(target=set_up, name="vllm-group-setup")
-        thread.start()
-        thread.join()
-        if failure:
-            raise failure[0]
+        # all_reduce to count nodes). An engine does this once at start-up, not in a sampling step:
+        # shardspec.comm.start_up says so to the suite, which honours it while a sharder is
+        # constructed (as here) and records every collective of the steps, on every thread.
+        with start_up(comm):
+            _set_up_vllm_groups(group, device)
         _group_of.append(group)
     tp_group = parallel_state.get_tp_group()
     if tp_group.world_size != comm.world_size or tp_group.rank_in_group != comm.rank:

@@ -31,6 +31,25 @@ class Communicator(Protocol):
     def all_gather_into_tensor(self, output: torch.Tensor, input: torch.Tensor) -> None: ...
 
 
+def observed(comm, communicator, name: str = "engine communicator"):
+    """``communicator`` (an engine's own: vLLM's PyNccl communicator, a custom all-reduce) handed to whoever
+    watches ``comm``: under the conformance suite, a proxy whose every call is recorded as a collective of the
+    step; anywhere else, ``communicator`` itself. An adapter whose engine exchanges through a communicator of
+    its own puts what this returns where the engine looks for it."""
+    hand_over = getattr(comm, "observe_communicator", None)
+    return communicator if hand_over is None else hand_over(communicator, name)
+
+
+def start_up(comm):
+    """A context in which the collectives an engine issues to start up (building its process groups, agreeing
+    on its configuration) are not part of the step: under the conformance suite, honoured while a sharder is
+    constructed and nowhere else; anywhere else, nothing."""
+    import contextlib
+
+    enter = getattr(comm, "start_up", None)
+    return contextlib.nullcontext() if enter is None else enter()
+
+
 class TorchDistComm:
     """Collectives of a torch.distributed process group (gloo, NCCL, ...)."""
 

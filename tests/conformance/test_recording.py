@@ -119,7 +119,9 @@ def test_calls_on_the_tp_group_keep_their_plain_names():
 def test_calls_off_the_tp_group_and_past_the_patched_functions_are_recorded(tmp_path):
     """A gloo world of 2 processes whose TP groups are single ranks: every call keeps its group, and a
     torch.distributed function or process-group method captured before recording is still seen, the method
-    as the c10d operator it dispatches."""
+    as the c10d operator it dispatches; so are calls on a backend object (the TP group's, the default
+    group's, one built by hand on the default store, which no group holds), a call from a thread the
+    recording thread starts, and an engine's start-up outside its constructor (inside it, nothing)."""
     import os
     import subprocess
     import sys
@@ -136,6 +138,8 @@ def test_calls_off_the_tp_group_and_past_the_patched_functions_are_recorded(tmp_
     ]
     assert [rank.wait(timeout=120) for rank in ranks] == [0, 0]
     world = "the default group (world ranks [0, 1])"
+    unknown = "a ProcessGroupGloo that no process group of torch.distributed holds (one the implementation built "
+    unknown += "itself; hand an engine's own communicator to the recorder instead, see the guide)"
     for rank in range(2):
         calls = json.loads((tmp_path / f"rank{rank}.json").read_text())
         assert calls == [
@@ -145,4 +149,52 @@ def test_calls_off_the_tp_group_and_past_the_patched_functions_are_recorded(tmp_
             {"kind": f"_c10d_functional.all_reduce on {world}", "send": [1.0]},
             {"kind": "barrier", "send": []},
             {"kind": "all_gather_into_tensor", "send": [[rank, 3]]},
+            {"kind": "Backend.allreduce", "send": []},
+            {"kind": f"Backend.barrier on {world}", "send": []},
+            {"kind": f"Backend.allreduce on {unknown}", "send": []},
+            {"kind": "ProcessGroup.allreduce on a process group torch.distributed does not know", "send": []},
+            {"kind": "barrier", "send": []},  # from the helper thread
+            {"kind": "barrier", "send": []},  # start-up outside a constructor
         ], calls
+
+
+class _EngineCommunicator:
+    """Stands in for an engine's own communicator (vLLM's PyNcclCommunicator): its methods, its attributes."""
+
+    disabled = False
+
+    def __init__(self):
+        self.inner = RecordingComm(LoopbackComm(rank=0, world_size=1))  # what it does inside is not recorded again
+
+    def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes):
+        self.inner.all_to_all_single(output, input, output_split_sizes, input_split_sizes)
+
+    def all_gather(self, output, input):
+        output.copy_(input)
+
+    def send(self, tensor, dst):
+        return dst
+
+
+def test_an_engine_communicator_handed_to_the_recorder_is_recorded_and_alone_it_is_itself():
+    from shardspec.comm import observed, start_up
+
+    engine = _EngineCommunicator()
+    plain = LoopbackComm(rank=0, world_size=1)
+    assert observed(plain, engine) is engine  # outside the suite: nothing changes
+    with start_up(plain):
+        pass
+    recorder = RecordingComm(plain)
+    seen = observed(recorder, engine, "PyNccl")
+    assert seen.disabled is False  # attributes pass through
+    out = torch.zeros(2, 3)
+    seen.all_to_all_single(out, torch.ones(2, 3), [2], [2])
+    seen.all_gather(torch.zeros(1, 2), torch.tensor([[4.0, 5.0]]))
+    assert seen.send(torch.ones(1), 0) == 0
+    calls = [(c.kind, c.send.tolist(), c.output_shape, c.input_split_sizes) for c in recorder.calls]
+    assert calls == [
+        ("all_to_all_single", [[1.0] * 3] * 2, (2, 3), [2]),
+        ("all_gather_into_tensor", [[4.0, 5.0]], (1, 2), None),
+        ("send (PyNccl)", [1.0], (1,), None),  # not one of the step's calls: INV-WIRE-SEQUENCE fails it
+    ]
+    assert engine.inner.calls and out.eq(1.0).all()

@@ -78,3 +78,49 @@ def test_all_gather_receive_shapes(spec_record, index, checker):
 )
 def test_sequence_difference_names_the_call(kinds, difference):
     assert sequence_difference(kinds, [A2A, GATHER]) == difference
+
+
+OWN = "a group of the TP group's world ranks [0, 1] built by the implementation ('7')"
+
+
+@pytest.fixture(scope="module")
+def spec_digests():
+    from shardspec.conformance.judge.checks.digest import rank_digest
+
+    records = _reference_records(cases.STRIDED_INPUTS)
+    return records[0].case, {record.rank: rank_digest(record) for record in records}
+
+
+def _on_groups(digests: dict, groups) -> dict:
+    """``digests`` with each rank's calls on ``groups(rank, position)`` (None: the TP group)."""
+    return {
+        rank: {**digest, "wire": [{**call, "group": groups(rank, i)} for i, call in enumerate(digest["wire"])]}
+        for rank, digest in digests.items()
+    }
+
+
+def test_a_group_of_the_tp_ranks_used_for_the_whole_step_on_every_rank_is_the_tp_group(spec_digests):
+    from shardspec.conformance.judge.checks.wire import check_wire_sequence
+
+    case, digests = spec_digests
+    assert list(check_wire_sequence(case, digests)) == []
+    assert list(check_wire_sequence(case, _on_groups(digests, lambda rank, position: OWN))) == []
+
+
+def test_a_step_split_between_the_tp_group_and_a_group_of_its_own_fails(spec_digests):
+    from shardspec.conformance.judge.checks.wire import check_wire_sequence
+
+    case, digests = spec_digests
+    split = _on_groups(digests, lambda rank, position: OWN if position else None)
+    (violation, *_) = check_wire_sequence(case, split)
+    assert violation.invariant_id == "INV-WIRE-SEQUENCE"
+    assert f"collective 1 ({GATHER}) was issued on {OWN}, collective 0 on the TP group" in violation.message
+
+
+def test_ranks_on_different_groups_of_the_same_ranks_fail(spec_digests):
+    """A mixed group whose odd ranks exchange on a group of their own: the even ranks never meet them."""
+    from shardspec.conformance.judge.checks.wire import check_wire_sequence
+
+    case, digests = spec_digests
+    (violation,) = check_wire_sequence(case, _on_groups(digests, lambda rank, position: OWN if rank % 2 else None))
+    assert violation.rank == 1 and "'group'" in violation.message and "collective 0" in violation.message

@@ -162,9 +162,14 @@ def check_gather_result_owned(record: StepRecord) -> Iterable[Violation]:
         )
 
 
-@rank_check("INV-GATHER-RESULT-STABLE", applies=lambda record: bool(record.case.continues))
+@rank_check(
+    "INV-GATHER-RESULT-STABLE",
+    applies=lambda record: bool(record.case.continues) or bool(record.actual.held_results_modified),
+)
 def check_gather_result_stable(record: StepRecord) -> Iterable[Violation]:
-    """Judged on the later steps of a multi-step case: the harness holds every earlier gathered result."""
+    """Judged on the later steps of a multi-step case (the harness holds every earlier gathered result), and
+    on any step whose own result changed after the gather returned it (the harness looks again once the
+    peers finished, or the threads the step left running ended)."""
     changed = record.actual.held_results_modified
     if not changed:
         return
@@ -174,9 +179,14 @@ def check_gather_result_stable(record: StepRecord) -> Iterable[Violation]:
     # The row is a position in the earlier step's batch, not in this one's: it goes in the message.
     at = "" if row is None else f" (first at its {unit} {row})"
     fields = ", ".join(c["field"] for c in changed)
+    what = (
+        "the result this step returned changed after the gather returned it (a write the step left running)"
+        if earlier == record.case.case_id
+        else f"this step wrote into the result that step {earlier} returned"
+    )
     yield Violation(
         "INV-GATHER-RESULT-STABLE",
-        f"this step wrote into the result that step {earlier} returned: {fields}{at}",
+        f"{what}: {fields}{at}",
         rank=record.rank,
         field=first["field"],
     )

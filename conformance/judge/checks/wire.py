@@ -220,6 +220,8 @@ def expected_kinds(case: Case) -> list[str]:
 def _agreement_key(call: dict[str, Any]) -> dict[str, Any]:
     """What must be identical on every rank: the output and split sizes of an all_to_all are per rank."""
     key = {"kind": call.get("kind"), "send_shape": call.get("send_shape"), "send_dtype": call.get("send_dtype")}
+    if call.get("group") is not None:  # a group of the TP group's ranks the implementation built: the same one
+        key["group"] = call["group"]
     if call.get("kind") == ALL_GATHER:
         key["output_shape"] = call.get("output_shape")
     else:
@@ -232,7 +234,9 @@ def check_wire_sequence(case: Case, digests: dict[int, dict[str, Any]]) -> Itera
     """Every recorded call counts: the Communicator's methods, torch.distributed's collectives and
     point-to-point functions, the process group's methods and every collective operator, functional
     collectives included (all recorded by the harness), so an extra barrier or all_reduce fails here;
-    so does any call on a group other than the TP group, which the recorder names with its group."""
+    so does any call on a group other than the TP group, which the recorder names with its group. A group the
+    implementation built over exactly the TP group's ranks (vLLM builds its own) counts as the TP group where
+    the step issues every call on it and every rank uses the same one."""
     # Rejected inputs issue no collectives; a rank that raised is reported as an error.
     if case.expect_error is not None or any(d.get("failed_step") for d in digests.values()):
         return
@@ -245,6 +249,17 @@ def check_wire_sequence(case: Case, digests: dict[int, dict[str, Any]]) -> Itera
             yield Violation(
                 "INV-WIRE-SEQUENCE",
                 f"collective {off_group} ({kind}) was issued on {group}, not on the step's TP group",
+                rank=rank,
+                field="wire.sequence",
+            )
+            return
+        groups = [call.get("group") for call in digests[rank].get("wire", [])]
+        other = next((i for i, group in enumerate(groups) if group != groups[0]), None)
+        if other is not None:
+            yield Violation(
+                "INV-WIRE-SEQUENCE",
+                f"collective {other} ({kinds[other]}) was issued on {_group_words(groups[other])}, collective 0 on "
+                f"{_group_words(groups[0])}: a step's collectives go over one group, or a peer waits on the other",
                 rank=rank,
                 field="wire.sequence",
             )
@@ -270,6 +285,10 @@ def check_wire_sequence(case: Case, digests: dict[int, dict[str, Any]]) -> Itera
                     field="wire.sequence",
                 )
                 return
+
+
+def _group_words(group: str | None) -> str:
+    return "the TP group" if group is None else group
 
 
 def sequence_difference(kinds: list[str], want: list[str]) -> str:

@@ -146,3 +146,21 @@ class ExitInEveryGather(ReferenceSharder):
         if self.rank == 1:
             os._exit(5)
         return super().gather_sampler_output(local_output, metadata, global_batch, local_batch, **kwargs)
+
+
+class SegfaultAfterReturning(ReferenceSharder):
+    """A thread it leaves running crashes the rank a fraction of a second after the gather returned, while the
+    rank waits for its peers (tests/conformance/test_unseen_collectives.py)."""
+
+    def gather_sampler_output(self, *args, **kwargs):
+        gathered = super().gather_sampler_output(*args, **kwargs)
+        if self.rank == 1:
+
+            def crash() -> None:
+                import time
+
+                time.sleep(0.3)
+                ctypes.string_at(0)
+
+            threading.Thread(target=crash, daemon=True).start()
+        return gathered
