@@ -86,8 +86,9 @@ class RankTranscript:
     """What one rank of a multi-process run sent for one job, as the harness decoded its frames."""
 
     steps: list[str] = field(default_factory=list)  # the steps that returned, in order
-    # The job's last frame without its outputs: a rank record (RANK_RECORD_FIELDS), a timeout or a failure of
-    # the suite itself; None when the rank never sent it.
+    # The job's last frame without its outputs: a rank record (RANK_RECORD_FIELDS), a timeout, a failure of
+    # the suite itself or the status the implementation exited with (``exited``, sys.exit in a step); None
+    # when the rank never sent it.
     final: dict[str, Any] | None = None
     complete: bool = False  # the last frame carried the rank's outputs: the rank finished the case
     # What the returned steps, the wire and (when complete) the last frame hold; None when it could not be

@@ -14,6 +14,13 @@ from dataclasses import dataclass, field, replace
 from shardspec.conformance.api import ImplChoice
 from shardspec.conformance.harness.group import Group, Job
 from shardspec.conformance.record import ERROR, FAIL, NOT_RUN, CaseResult, not_run
+from shardspec.conformance.reproduce import (
+    annotate,
+    mode_args,
+    prepare_reproduction,
+    reproduce_command,
+    write_case_file,
+)
 from shardspec.conformance.usage import DEFAULT_MAX_EXAMPLES, GENERATED_POOL, MIXED_MAX_EXAMPLES
 from shardspec.spec.case import Case
 from shardspec.spec.model import DEFAULT_PROFILE
@@ -77,6 +84,9 @@ class CaseSet:
     # The generated cases and the multi-step case (its steps) a mixed entry runs at each size: those that
     # draw the most of the input space beyond the fixtures (cases/spread.py).
     for_mixed: set[str] = field(default_factory=set)
+    # Case id -> what selects it in a reproduce command (``--case ID``, ``--case-file PATH --tp N``), made
+    # before any case runs (:func:`prepare_reproduction`), so an interrupted run still says how to reproduce.
+    selections: dict[str, str] = field(default_factory=dict)
 
 
 def collect_cases(config: RunConfig) -> CaseSet:
@@ -247,6 +257,7 @@ def run_group_size(
     the ranks costs more than most cases). ``load_problems``: why an implementation cannot be loaded
     (see :func:`shardspec.conformance.harness.probe.probe`)."""
     start = {entry: len(results[entry]) for entry in entries}
+    prepare_reproduction(case_set, run_dir)
     jobs, owners = [], []
     for entry in entries:
         choice = ImplChoice.parse(entry)
@@ -254,7 +265,9 @@ def run_group_size(
         problem = next((load_problems[name] for name in choice.names() if load_problems.get(name)), None)
         if problem:
             log(f"cannot run {choice.label}: {problem}")
-            results[entry] += [not_run(case, choice.label, problem) for case in cases]
+            results[entry] += [
+                annotate(config, choice, not_run(case, choice.label, problem), case_set, run_dir) for case in cases
+            ]
             continue
         jobs += [Job(choice, case) for case in cases]
         owners += [entry] * len(cases)
@@ -264,29 +277,21 @@ def run_group_size(
 
         def deliver(result: CaseResult) -> None:
             delivered.add(id(result))
+            annotate(config, ImplChoice.parse(entry_of[result.impl]), result, case_set, run_dir)
             results[entry_of[result.impl]].append(result)
 
         for entry, result in zip(owners, _run_jobs(config, group, tp, jobs, log, deliver), strict=False):
             if id(result) not in delivered:  # not run: never delivered on the way
-                results[entry].append(result)
+                results[entry].append(annotate(config, ImplChoice.parse(entry), result, case_set, run_dir))
     for entry in entries:
         _finish_results(config, ImplChoice.parse(entry), results[entry][start[entry] :], case_set, run_dir, log)
 
 
 def _finish_results(config, choice, results, case_set, run_dir, log) -> None:
-    """Shrink failing generated cases, and say how to reproduce every result."""
-    _shrink_failures(config, choice, results, case_set.generated, run_dir, log)
-    mode = mode_args(config)
+    """Shrink failing generated cases; every result says how to reproduce it."""
     for result in results:
-        result.generated = result.case_id in case_set.generated
-        parent = case_set.parents.get(result.case_id)
-        if not result.reproduce and parent is not None and result.case_id not in case_set.files:
-            path = write_case_file(parent, run_dir)  # the whole case: a later step needs the ones before
-            result.reproduce = _command(choice, f"--case-file {path} --tp {parent.tp_size}", mode)
-        if not result.reproduce and result.case_id in case_set.files:
-            result.reproduce = _command(choice, f"--case-file {case_set.files[result.case_id]}", mode)
-        made_here = result.generated or result.case_id in case_set.boundary
-        result.reproduce = result.reproduce or reproduce_command(choice, result.case, made_here, run_dir, mode)
+        annotate(config, choice, result, case_set, run_dir)
+    _shrink_failures(config, choice, results, case_set.generated, run_dir, log)
 
 
 def _run_jobs(config, group: Group, tp, jobs, log, deliver) -> list[CaseResult]:
@@ -343,39 +348,6 @@ def _shrink_failures(config, choice, results, generated, run_dir, log) -> None:
         log(f"  minimal failing case ({path}), {result.shrunk}:")
         log(textwrap.indent(path.read_text().rstrip(), "    | "))
         log(f"  reproduce: {result.reproduce}")
-
-
-def write_case_file(case: Case, run_dir: pathlib.Path) -> pathlib.Path:
-    from shardspec.fixtures import case_to_yaml
-
-    folder = run_dir / "failing"
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / f"{case.case_id}.yaml"
-    path.write_text(case_to_yaml(case))
-    return path
-
-
-def reproduce_command(choice: ImplChoice, case: Case, made_here: bool, run_dir: pathlib.Path, mode: tuple = ()) -> str:
-    """A fixture is named by its id; a case made by this run (generated, or at a boundary) by its written file."""
-    if not made_here:
-        return _command(choice, f"--case {case.case_id}", mode)
-    path = run_dir / "failing" / f"{case.case_id}.yaml"
-    if not path.exists():
-        write_case_file(case, run_dir)
-    return _command(choice, f"--case-file {path} --tp {case.tp_size}", mode)
-
-
-def mode_args(config: RunConfig) -> tuple:
-    """The options that make a reproducing run use the same kind of group as this run."""
-    if not config.in_process:
-        return ()
-    device = config.in_process_device
-    chosen_device = ("--in-process-device", device) if device != "auto" else ()
-    return ("--in-process-group", config.in_process_group, *chosen_device)
-
-
-def _command(choice: ImplChoice, selection: str, mode: tuple = ()) -> str:
-    return " ".join(["python -m shardspec.conformance", *choice.cli_args(), *mode, selection])
 
 
 def make_run_dir(config: RunConfig) -> tuple[pathlib.Path, bool]:

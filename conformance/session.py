@@ -17,6 +17,7 @@ from shardspec.conformance.harness.group import group_for
 from shardspec.conformance.record import NOT_RUN, PASS, CaseResult, not_run
 from shardspec.conformance.report import summary as report
 from shardspec.conformance.report.input_coverage import input_coverage, summary_lines
+from shardspec.conformance.reproduce import annotate, prepare_reproduction
 from shardspec.conformance.runner import (
     CaseSet,
     Log,
@@ -44,6 +45,7 @@ class ConformanceSession:
         for note in self.case_set.notes:
             log(f"note: {note}")
         self.tp_sizes = tp_sizes_of(config, self.case_set.cases)
+        prepare_reproduction(self.case_set, self.run_dir)  # before any case runs: an interruption keeps them
         self.group = group_for(config, self.run_dir, log)  # where the ranks run; closed by finish()
         self.results: dict[str, list[CaseResult]] = {impl: [] for impl in config.impls}
         self.sizes_run: set[int] = set()
@@ -199,10 +201,14 @@ class ConformanceSession:
         log = log or self.log
         for line in text.splitlines():
             log(line)
+        failures = list(getattr(self.group, "launch_failures", ()))
+        for line in report.describe_launch_failures(failures):
+            log(line)
         judged = sum(r.status != NOT_RUN for results in self.results.values() for r in results)
         if judged == 0:
-            warnings.append("no case was judged: the run proves nothing")
-            log("error: no case was judged: the run proves nothing")
+            why = f" ({len(failures)} launch(es) did not run: see above)" if failures else ""
+            warnings.append(f"no case was judged: the run proves nothing{why}")
+            log(f"error: no case was judged: the run proves nothing{why}")
             exit_code = 1
         if interrupted:
             warnings.append(f"interrupted by {interrupted}: partial report")
@@ -217,7 +223,7 @@ class ConformanceSession:
                 *self._backend(),
                 self._extra(),
             )
-            data = report.json_report(metadata, sections, tables, warnings, exit_code, self.invariants)
+            data = report.json_report(metadata, sections, tables, warnings, exit_code, self.invariants, failures)
             write_atomically(pathlib.Path(self.config.json_path), json.dumps(data, indent=1, default=repr))
             log(f"JSON report: {self.config.json_path}")
         log(f"{'FAILED' if exit_code else 'PASSED'} in {wall:.1f}s")
@@ -233,7 +239,8 @@ class ConformanceSession:
                 done = {r.case_id for r in self.results[impl] if r.tp == tp}
                 for case in cases_of_entry(self.config, choice, self.case_set, tp):
                     if case.case_id not in done:
-                        self.results[impl].append(not_run(case, impl, reason))
+                        result = not_run(case, choice.label, reason)
+                        self.results[impl].append(annotate(self.config, choice, result, self.case_set, self.run_dir))
 
     def _backend(self) -> tuple[str, str]:
         import torch

@@ -24,7 +24,7 @@ class FrameLog:
     parts: dict[str, Any] = dataclasses.field(default_factory=dict)  # step -> what it returned
     wire: list = dataclasses.field(default_factory=list)  # encoded WireCalls, in issue order
     steps: list[str] = dataclasses.field(default_factory=list)  # steps that returned, in order
-    final: dict[str, Any] | None = None  # the job's last frame: its record, a timeout or a harness error
+    final: dict[str, Any] | None = None  # the job's last frame: its record, a timeout, a harness error, its exit
     undecodable: list[str] = dataclasses.field(default_factory=list)  # frames that could not be read, and why
     last_was_call: bool = False  # the rank's last frame was a collective it entered (and may wait in)
     # What changed in the step's inputs and result after it returned (see harness/after_step.py), sent once the

@@ -57,6 +57,9 @@ class ProcessGroup:
     max_crashes: int = 3  # see harness/crashes.py
     tp_groups: int = 1  # TP groups of one launched world
     servers: dict = field(default_factory=dict)  # the preloaded rank server, kept while its environment holds
+    # Each launch whose group never started: {"tp", "launch", "reason", "log", "error"} (the first lines of
+    # its ranks' error), for the report.
+    launch_failures: list[dict] = field(default_factory=list)
 
     def describe(self) -> str:
         groups = f", {self.tp_groups} TP groups per world" if self.tp_groups > 1 else ""
@@ -73,7 +76,9 @@ class ProcessGroup:
             max_crashes=self.max_crashes,
             tp_groups=self.tp_groups,
         )
-        return run_jobs_multiprocess(jobs, tp, options, judge, on_result, self.log, self.servers)
+        return run_jobs_multiprocess(
+            jobs, tp, options, judge, on_result, self.log, self.servers, failures=self.launch_failures
+        )
 
     def close(self) -> None:
         for server in self.servers.values():

@@ -6,12 +6,13 @@ from __future__ import annotations
 import atexit
 import os
 import pathlib
-import signal
+import re
 import subprocess
 import sys
 
 from shardspec.conformance.harness.external import ExternalGroup, rank_command
-from shardspec.conformance.harness.spawn import RankServer, ServedGroup
+from shardspec.conformance.harness.reaper import keeper_command, stop_kept
+from shardspec.conformance.harness.spawn import RankServer, ServedGroup, describe_exit
 from shardspec.spec.profiles import profile_environ
 
 WORKER = "shardspec.conformance.harness.worker"
@@ -70,8 +71,15 @@ class GroupStarter:
         else:
             log_path.write_text("")
             return _rank_server(self.servers, env, self.run_dir, name).start(world, args, log_path)
-        with open(log_path, "w") as log_file:
-            return subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True, env=env)
+        with open(log_path, "w") as log_file:  # under a keeper, which ends every process of the launch with it
+            return subprocess.Popen(
+                keeper_command(command),
+                stdin=subprocess.DEVNULL,  # nothing of the judge's is held by what a rank starts
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                env=env,
+            )
 
 
 def _worker_env(device_kind: str) -> dict[str, str]:
@@ -98,11 +106,37 @@ def kill_group(proc) -> None:
     if isinstance(proc, ServedGroup):
         proc.kill()
         return
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    proc.wait()
+    stop_kept(proc)  # its keeper ends the launcher, the ranks and whatever they started
+
+
+def torchrun_culprit(log: str) -> dict | None:
+    """The rank whose failure ended a torchrun launch, and how (``{"rank", "how"}``, a world rank), from the
+    root cause torchrun prints; None where it printed none."""
+    cause = log.partition("Root Cause (first observed failure):")[2]
+    rank = re.search(r"^\s*rank\s*:\s*(\d+)", cause, re.MULTILINE)
+    code = re.search(r"^\s*exitcode\s*:\s*(-?\d+)", cause, re.MULTILINE)
+    if rank is None or code is None:
+        return None
+    return {"rank": int(rank.group(1)), "how": describe_exit(int(code.group(1)))}
+
+
+ERROR_LINES = 15  # of a rank's error, in the report of a launch that did not run
+
+
+def first_error(text: str, lines: int = ERROR_LINES) -> str:
+    """The first error a launch log holds: its first traceback, to the exception's line (its first frames and
+    its last lines where it is longer than ``lines``); else the log's last lines."""
+    rows = text.splitlines()
+    start = next((i for i, row in enumerate(rows) if row.startswith("Traceback (most recent call last)")), None)
+    if start is None:
+        return "\n".join(rows[-lines:])
+    end = start + 1
+    while end < len(rows) and (rows[end].startswith((" ", "\t")) or not rows[end].strip()):
+        end += 1  # the frames; the exception's line is the first one not indented
+    block = rows[start : end + 1]
+    if len(block) > lines:
+        block = block[:3] + ["  ..."] + block[-(lines - 4) :]
+    return "\n".join(block)
 
 
 def tail(path: pathlib.Path, lines: int = 30) -> str:

@@ -25,7 +25,7 @@ from shardspec.conformance.harness.expectations import rank_device_kind, save_ex
 from shardspec.conformance.harness.external import JOIN_S
 from shardspec.conformance.harness.follower import Follower
 from shardspec.conformance.harness.group import Job
-from shardspec.conformance.harness.launch import GroupStarter, kill_group, let_finish, tail
+from shardspec.conformance.harness.launch import GroupStarter, first_error, kill_group, let_finish, torchrun_culprit
 from shardspec.conformance.harness.settle import Settler
 from shardspec.conformance.record import CaseResult, not_run
 
@@ -61,9 +61,11 @@ def run_jobs_multiprocess(
     on_result: Callable[[CaseResult], None] | None = None,
     log: Callable[[str], None] = print,
     servers: dict | None = None,
+    failures: list[dict] | None = None,
 ) -> list[CaseResult]:
     """Run ``jobs`` (all of group size ``tp``) in as few launches as possible; results in job order.
-    ``servers``: where the preloaded rank server of CPU launches is kept between calls (its owner closes it)."""
+    ``servers``: where the preloaded rank server of CPU launches is kept between calls (its owner closes it);
+    ``failures``: where each launch whose group never started is told (:func:`launch_failure`)."""
     run_dir = options.run_dir
     run_dir.mkdir(parents=True, exist_ok=True)
     device_kind = (
@@ -110,8 +112,14 @@ def run_jobs_multiprocess(
         idle_launches += len(still) == len(remaining)
         remaining = still
         if outcome is not None:  # the group never started: relaunching cannot help
+            failure = {"tp": tp, "launch": launch_number, **outcome}
+            log(f"  launch {launch_number} did not run: {failure['reason']}; full log {failure['log']}")
+            log("\n".join("    | " + line for line in failure["error"].splitlines()))
+            if failures is not None:
+                failures.append(failure)
+            why = f"{failure['reason']}: {failure['error'].splitlines()[-1] if failure['error'] else 'no output'}"
             for index in remaining:
-                results[index] = not_run(jobs[index].case, jobs[index].choice.label, outcome)
+                results[index] = not_run(jobs[index].case, jobs[index].choice.label, f"{why} (log {failure['log']})")
             remaining = []
     for index in remaining:
         results[index] = not_run(
@@ -133,8 +141,9 @@ def _breaks_group(expectation) -> bool:
     return not all(out.error is not None and len(out.wire) == len(outs[0].wire) for out in outs)
 
 
-def _launch(jobs, indices, tp, options, name, results, on_result, starter, judge) -> str | None:
-    """One launch of the group. Returns a reason when the group never became ready."""
+def _launch(jobs, indices, tp, options, name, results, on_result, starter, judge) -> dict | None:
+    """One launch of the group. Returns, when the group never became ready, why: the ``reason``, the path of
+    the ``log`` that holds the ranks' output and the first lines of the ``error`` it holds."""
     run_dir = options.run_dir
     spec = {
         "job_indices": indices,
@@ -158,10 +167,27 @@ def _launch(jobs, indices, tp, options, name, results, on_result, starter, judge
             kill_group(proc)
     follower.read()
     if not follower.ready:
-        return f"the group did not start (exit {proc.returncode}); log {log_path}:\n{tail(log_path)}"
+        return launch_failure(proc.returncode, ended, log_path, starter)
     follower.note_cut(indices)
-    settle.broken_job(indices, ended, getattr(proc, "culprit", None))
+    culprit = getattr(proc, "culprit", None)  # the forked ranks' server says which rank failed first
+    if culprit is None and starter.use_torchrun and ended.startswith("the launch ended"):
+        culprit = torchrun_culprit(log_path.read_text(errors="replace") if log_path.exists() else "")
+    settle.broken_job(indices, ended, culprit)
     return None
+
+
+def launch_failure(code, ended: str, log_path: pathlib.Path, starter) -> dict:
+    """Why a group never started: its exit status (or how the judge ended it), and the first error of its
+    ranks' log (of the preloaded rank server's log, where the ranks wrote nothing: it failed to fork them)."""
+    reason = f"the group did not start (exit {code})"
+    if not ended.startswith("the launch ended"):  # the judge ended it: say why
+        reason = f"the group did not start: {ended}"
+    logs = [log_path] + sorted(starter.run_dir.glob("server-*.log"), key=lambda p: p.stat().st_mtime)[-1:]
+    for path in logs:
+        text = path.read_text(errors="replace") if path.exists() else ""
+        if text.strip():
+            return {"reason": reason, "log": str(path), "error": first_error(text)}
+    return {"reason": reason, "log": str(log_path), "error": ""}
 
 
 def _follow(proc, limit, follower, indices, settle, options, heartbeats: bool) -> str:

@@ -72,6 +72,7 @@ def fork_group(module, world_size: int, args: list[str], port: int, log_path: st
     for rank in range(world_size):
         pid = os.fork()
         if pid == 0:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the server's handler is not the rank's
             with contextlib.suppress(OSError):  # the parent may have done it first
                 os.setpgid(0, pids[0] if pids else 0)
             os._exit(_run_fork(module, args, rank_env(rank, world_size, port), log_path))
@@ -91,12 +92,20 @@ def _run_fork(module, args: list[str], env: dict[str, str], log_path: str | None
         code = module.main(args) or 0
     except SystemExit as exc:  # sys.exit(n) in a rank: its status, as an unforked process would exit
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-    except BaseException:  # the rank's failure, reported like an unforked process would
-        traceback.print_exc()
+    except BaseException:  # the rank's failure, reported like an unforked process would, in one write: the
+        write_whole(traceback.format_exc())  # ranks append to one log, and their lines would interleave
         code = 1
     sys.stdout.flush()
     sys.stderr.flush()
     return code
+
+
+def write_whole(text: str, fd: int = 2) -> None:
+    """``text`` to ``fd`` in one write (an append no other rank's write interleaves with)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    with contextlib.suppress(OSError):
+        os.write(fd, text.encode(errors="replace"))
 
 
 def wait_all(pids: list[int]) -> int:
@@ -104,11 +113,16 @@ def wait_all(pids: list[int]) -> int:
     return wait_group(pids)[0]
 
 
-def wait_group(pids: list[int]) -> tuple[int, dict | None]:
-    """Like :func:`wait_all`, and which rank failed first and how (``{"rank", "how"}``), if one did."""
+def wait_group(pids: list[int], meanwhile=None) -> tuple[int, dict | None]:
+    """Like :func:`wait_all`, and which rank failed first and how (``{"rank", "how"}``), if one did.
+    ``meanwhile(running)``: called while waiting, every few milliseconds, with the ranks still running."""
     running = set(pids)
     while running:
-        pid, status = os.waitpid(-1, 0)
+        pid, status = os.waitpid(-1, os.WNOHANG if meanwhile else 0)
+        if pid == 0:
+            meanwhile(running)
+            time.sleep(0.02)
+            continue
         if pid not in running:
             continue
         running.discard(pid)
@@ -135,6 +149,11 @@ def describe_exit(code: int) -> str:
 def serve(module_name: str, args: list[str]) -> int:
     """Fork one group per request line ``{"world_size", "args", "log", "exit"}``; the group's exit
     status goes to the file ``exit`` (written whole, by a rename)."""
+    from shardspec.conformance.harness.reaper import end_when_asked
+
+    end_when_asked()  # a rank's orphans become this process's children, ended with their group or this process
+    from shardspec.conformance.harness.reaper import end_descendants, end_orphans
+
     module = preloaded(module_name, args)
     for line in sys.stdin:
         request = json.loads(line)
@@ -143,10 +162,14 @@ def serve(module_name: str, args: list[str]) -> int:
         partial = group.with_name(group.name + ".partial")
         partial.write_text(str(pids[0]))
         os.replace(partial, group)
-        code, culprit = wait_group(pids)
+        # A process a rank left (its daemon, or what it started before it ended) ends at once: it may hold the
+        # rank's end of a connection, and a peer would wait for it until its process-group timeout.
+        code, culprit = wait_group(pids, meanwhile=lambda running: end_orphans(keep=running))
+        end_descendants()  # whatever the ranks started, before the group is said to have ended
         partial = request["exit"] + ".partial"
         pathlib.Path(partial).write_text(json.dumps({"code": code, "culprit": culprit}))
         os.replace(partial, request["exit"])
+    end_descendants()
     return 0
 
 

@@ -13,7 +13,9 @@ consecutive ranks, <R> the world rank), each running every job.
 After an unexpected error the group's collectives are misaligned, so the
 rank writes its record and leaves the launch (the launcher relaunches for
 the remaining cases). A watchdog thread ends the process when a case makes
-no progress for ``case_timeout_s`` seconds, after writing where it hung.
+no progress for ``case_timeout_s`` seconds, after writing where it hung. An
+implementation that ends the process (``sys.exit``) is said in the job's last
+frame (``exited``), whichever launcher started the rank.
 """
 
 from __future__ import annotations
@@ -193,6 +195,13 @@ def preload(argv: list[str]) -> None:
         load_implementation(name)
 
 
+def exit_status(exc: SystemExit) -> int:
+    """The status ``sys.exit(code)`` ends a process with."""
+    if isinstance(exc.code, int):
+        return exc.code
+    return 0 if exc.code is None else 1
+
+
 def main(argv: list[str]) -> int:
     run_dir, launch_file = pathlib.Path(argv[0]), pathlib.Path(argv[1])
     launch = json.loads(launch_file.read_text())
@@ -258,6 +267,9 @@ def main(argv: list[str]) -> int:
             record["outputs"] = streamer.final(outputs)
             # The job's last frame follows once the peers finished too (the status exchange): see below.
             record["after_step"] = "pending" if record["aligned"] else None
+        except SystemExit as exc:  # the implementation ended the rank: said here, whatever launcher started it
+            writer.write({"job": index, "case_id": case.case_id, "rank": rank, "exited": exit_status(exc)})
+            raise
         except Exception:  # a defect of the suite itself, not of the implementation
             writer.write({"job": index, "case_id": case.case_id, "rank": rank, "harness_error": traceback.format_exc()})
             os._exit(0)
@@ -287,5 +299,16 @@ def main(argv: list[str]) -> int:
     return 0
 
 
+def run_rank(argv: list[str]) -> int:
+    """:func:`main`, its traceback written whole where it fails (the ranks of a launch share one log)."""
+    try:
+        return main(argv)
+    except Exception:
+        from shardspec.conformance.harness.spawn import write_whole
+
+        write_whole(traceback.format_exc())
+        return 1
+
+
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(run_rank(sys.argv[1:]))

@@ -86,6 +86,10 @@ def _rank_errors(case: Case, records: dict[int, dict[str, Any]], ended: str | No
         elif record.get("timeout"):
             kind = "peer-timeout" if record.get("in_collective") else "timeout"
             errors.append({"rank": rank, "kind": kind, "step": record.get("step"), "message": record["timeout"]})
+        elif record.get("peer_lost"):
+            errors.append(
+                {"rank": rank, "kind": "peer", "step": record.get("peer_lost_step"), "message": record["peer_lost"]}
+            )
         elif record.get("error"):
             error = record["error"]
             kind = "peer" if error.get("in_collective") else "raised"

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from shardspec.conformance.judge.rank import judge_rank
+from shardspec.conformance.judge.rank import judge_rank, returned_steps
 from shardspec.conformance.judge.results import combine
 from shardspec.conformance.record import CaseResult, Expectation, RankTranscript
 from shardspec.spec.case import Case, build_case_inputs
@@ -60,8 +60,9 @@ class Judge:
     ) -> CaseResult:
         """``culprit``: the rank whose process ended the launch, with how (``{"rank", "how"}``)."""
         records = {}
+        lost = self.lost_peers(case, transcripts, culprit)
         for rank, transcript in transcripts.items():
-            record = self.rank_record(case, rank, transcript, ended, culprit)
+            record = self.rank_record(case, rank, transcript, ended, culprit, rank in lost)
             if record is not None:
                 records[rank] = record
         if culprit is not None and culprit.get("rank") is not None and culprit["rank"] not in records:
@@ -86,9 +87,41 @@ class Judge:
                     break
         return found
 
+    def lost_peers(
+        self, case: Case, transcripts: dict[int, RankTranscript], culprit: dict[str, Any] | None
+    ) -> set[int]:
+        """Ranks that only lost a peer: each raised inside a collective its plan has (it went no further than
+        the reference), while another rank of the group failed on its own (it died, hung outside a
+        collective, sent what cannot be read, raised where the reference does not, or sent nothing). Their
+        error is the peer's doing: they are judged on the steps they finished only, never on that error."""
+        expected = self.expectation(case).expected
+        failed = {rank for rank in range(case.tp_size) if _failed_on_its_own(rank, transcripts.get(rank), expected)}
+        if culprit is not None and isinstance(culprit.get("rank"), int):
+            failed.add(culprit["rank"])
+        lost = set()
+        for rank, transcript in transcripts.items():
+            final = transcript.final or {}
+            if (
+                transcript.complete
+                and final.get("error_in_collective")
+                and failed - {rank}
+                and transcript.outputs is not None
+                and not transcript.outputs.not_rejected
+                and len(transcript.wire) <= len(expected[rank].wire)
+            ):
+                lost.add(rank)
+        return lost
+
     def rank_record(
-        self, case: Case, rank: int, transcript: RankTranscript, ended: str | None, culprit: dict[str, Any] | None
+        self,
+        case: Case,
+        rank: int,
+        transcript: RankTranscript,
+        ended: str | None,
+        culprit: dict[str, Any] | None,
+        peer_lost: bool = False,
     ) -> dict[str, Any] | None:
+        """``peer_lost``: the rank's error followed a peer's failure (:meth:`lost_peers`)."""
         final = transcript.final
         culprit_here = culprit is not None and culprit.get("rank") == rank
         if transcript.undecodable and not culprit_here and (final is None or transcript.complete):
@@ -97,11 +130,21 @@ class Judge:
             if transcript.decode_error is not None:
                 step, where, why = transcript.decode_error
                 return _undecodable(case, rank, step, f"rank {rank}'s {where} could not be decoded: {why}")
+            if peer_lost:
+                return _lost_peer(
+                    case,
+                    rank,
+                    transcript,
+                    self.rank(case, {**final, "outputs": transcript.outputs}, returned_steps(transcript.outputs)),
+                )
             judged = self.rank(case, {**final, "outputs": transcript.outputs})
             if culprit_here and transcript.after_step_missing:  # it died after returning: its thread, say
                 return {**_died(case, rank, transcript, ended, culprit), "violations": judged.get("violations", [])}
             return judged
         partial = self.partial_violations(case, rank, transcript)
+        if final is not None and "exited" in final:  # the implementation ended the rank's process (sys.exit)
+            how = {"how": f"exited with status {final['exited']}"}
+            return {**_died(case, rank, transcript, ended, how), "violations": partial}
         if final is not None:  # the rank reported a hang or a failure of the suite itself
             return {**final, "violations": partial}
         if culprit_here:
@@ -137,6 +180,33 @@ _INPUTS_KEPT = 16
 
 def _undecodable(case: Case, rank: int, step: str | None, why: str) -> dict[str, Any]:
     return {"rank": rank, "case_id": case.case_id, "step": step, "undecodable": why}
+
+
+def _failed_on_its_own(rank: int, transcript: RankTranscript | None, expected) -> bool:
+    """Whether ``rank`` failed whatever its peers did (see :meth:`Judge.lost_peers`)."""
+    if transcript is None or transcript.undecodable or transcript.final is None:
+        return True  # never heard of in this job, unreadable, or ended without its last frame
+    final = transcript.final
+    if "exited" in final or final.get("harness_error") or (final.get("timeout") and not final.get("in_collective")):
+        return True
+    raised = final.get("error") or final.get("rejection")
+    if not raised or raised.get("in_collective"):
+        return False
+    want = expected[rank]
+    return want.error is None or want.failed_step != raised.get("step")
+
+
+def _lost_peer(case: Case, rank: int, transcript: RankTranscript, record: dict[str, Any]) -> dict[str, Any]:
+    """``record`` of a rank that lost a peer: its error (or rejection) becomes that loss, judged on nothing."""
+    raised = record.pop("error", None) or record.pop("rejection", None) or {}
+    record["error"] = None
+    where = f" in {transcript.wire[-1].kind}" if transcript.wire else ""
+    record["peer_lost"] = (
+        f"rank {rank} lost its peer{where} in step {raised.get('step')} of case {case.case_id}: "
+        f"{raised.get('type', 'an error')}: {raised.get('message', '')}"
+    )
+    record["peer_lost_step"] = raised.get("step")
+    return record
 
 
 def _died(

@@ -176,4 +176,5 @@ def _run_summary(report) -> dict[str, Any]:
         "fields": fields,
         "warnings": report.warnings,
         "exit_code": report.exit_code,
+        "launch_failures": report.launch_failures,
     }

@@ -90,6 +90,8 @@ class Report:
     sections: list[Section]
     warnings: list[str] = field(default_factory=list)
     exit_code: int | None = None
+    # Each launch whose group never started: tp, launch, reason, log, error (absent from reports before it).
+    launch_failures: list[dict[str, Any]] = field(default_factory=list)
 
     def section(self, implementation: str) -> Section | None:
         return next((s for s in self.sections if s.implementation == implementation), None)
@@ -144,7 +146,20 @@ def parse_report(data: Any, path: str, name: str) -> Report:
         sections=sections,
         warnings=[str(w) for w in warnings] if isinstance(warnings, list) else [str(warnings)],
         exit_code=exit_code if isinstance(exit_code, int) else None,
+        launch_failures=_launch_failures(data.get("launch_failures"), path),
     )
+
+
+def _launch_failures(raw: Any, path: str) -> list[dict[str, Any]]:
+    if raw is None:
+        return []
+    _require(
+        isinstance(raw, list) and all(isinstance(f, dict) for f in raw),
+        path,
+        "launch_failures",
+        "is not a list of mappings",
+    )
+    return [{key: str(f.get(key, "")) for key in ("tp", "launch", "reason", "log", "error")} for f in raw]
 
 
 def _require(condition: bool, path: str, place: str, problem: str) -> None:

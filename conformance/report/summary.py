@@ -265,6 +265,23 @@ def _describe_errors(result: CaseResult) -> str:
     return "\n".join(parts)
 
 
+# -- launches that did not run -----------------------------------------------
+
+
+def describe_launch_failures(failures: list[dict[str, Any]]) -> list[str]:
+    """Each launch whose group never started: why, the first lines of its ranks' error and the full log."""
+    if not failures:
+        return []
+    lines = ["", "launches that did not run (their cases are not run):"]
+    for failure in failures:
+        lines.append(f"  tp {failure['tp']}, launch {failure['launch']}: {failure['reason']}")
+        if failure.get("error"):
+            lines.append("    the ranks' error (first lines):")
+            lines += [textwrap.indent(failure["error"], "      ")]
+        lines.append(f"    full log: {failure['log']}")
+    return lines
+
+
 # -- JSON --------------------------------------------------------------------
 
 
@@ -331,12 +348,15 @@ def json_report(
     warnings: list[str],
     exit_code: int,
     invariants: list[InvariantInfo] | None = None,
+    launch_failures: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     levels = {inv.id: inv.level for inv in invariants or []}
     return {
         "metadata": metadata,
         "exit_code": exit_code,
         "warnings": warnings,
+        # Each launch whose group never started: tp, launch, reason, log (its path), error (its first lines).
+        "launch_failures": list(launch_failures or []),
         "sections": [
             {
                 "implementation": section.label,

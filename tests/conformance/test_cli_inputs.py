@@ -190,6 +190,10 @@ def test_sigterm_ends_the_run_with_a_partial_report_and_no_rank_left(tmp_path):
     assert status["small-tp2-4"]["status"] == "not-run" and "interrupted by SIGTERM" in status["small-tp2-4"]["reason"]
     table = {row["invariant"]: row["results"]["2"] for row in data["sections"][0]["table"]}
     assert table["(cases not run)"] not in ("0", 0), table["(cases not run)"]
+    # Every case keeps its reproduce command, those judged before the signal and those it kept from running.
+    for case_id, case in status.items():
+        assert case["reproduce"].endswith(f"--case-file {tmp_path / case_id}.yaml"), case
+    assert not any(line.strip() == "reproduce:" for line in out.splitlines()), out[-3000:]
     time.sleep(1)
     left = subprocess.run(["pgrep", "-f", str(tmp_path / "run")], capture_output=True, text=True).stdout.split()
     assert not left, f"processes of the run still alive: {left}"

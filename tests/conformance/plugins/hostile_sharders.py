@@ -12,6 +12,7 @@ import signal
 import struct
 import sys
 import threading
+import time
 from dataclasses import replace
 
 import numpy as np
@@ -146,6 +147,50 @@ class ExitInEveryGather(ReferenceSharder):
         if self.rank == 1:
             os._exit(5)
         return super().gather_sampler_output(local_output, metadata, global_batch, local_batch, **kwargs)
+
+
+class ExitOnRankZeroInAllToAll(ReferenceSharder):
+    """Rank 0 exits before its all-to-all, whatever the batch: in a must-reject case its peer then loses it in
+    that collective, before the step where the peer must raise; the peer is not to blame."""
+
+    def all_to_all_logits(self, logits_shard, metadata):
+        if self.rank == 0:
+            sys.exit(3)
+        return super().all_to_all_logits(logits_shard, metadata)
+
+
+class DaemonInGather(_OnGather):
+    """Starts a daemon (double fork, a session of its own) that outlives the rank, then behaves."""
+
+    def attack(self) -> None:
+        if os.fork() == 0:
+            os.setsid()
+            if os.fork() == 0:
+                signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
+                while True:
+                    ctypes.CDLL(None).sleep(3600)
+            os._exit(0)
+        os.wait()
+
+
+class DaemonThenRaiseInGather(DaemonInGather):
+    """Starts a daemon, which holds a copy of every socket of the rank, then raises before its all-gather: the
+    peer waiting there learns that the rank left only once nothing holds the rank's end of their connection."""
+
+    def attack(self) -> None:
+        super().attack()
+        raise RuntimeError("deliberate failure after starting a daemon")
+
+
+class ChildThenHangInGather(_OnGather):
+    """Starts a child in a session of its own (it stays the rank's child), then never returns."""
+
+    def attack(self) -> None:
+        import subprocess
+
+        subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"], start_new_session=True)
+        while True:
+            time.sleep(1)
 
 
 class SegfaultAfterReturning(ReferenceSharder):

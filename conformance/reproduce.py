@@ -1,0 +1,86 @@
+"""How to reproduce each result: one command per case and entry, made before any case runs.
+
+A fixture is named by its id (``--case ID``), a case file by its path, a case the run made (generated, at
+a precondition's boundary) by the file written for it in the run directory, and a step of a multi-step
+case by its whole case's file. They are made when the run starts (:func:`prepare_reproduction`), so an
+interruption (SIGINT, SIGTERM) cannot leave a failure without its command.
+"""
+
+from __future__ import annotations
+
+import pathlib
+from typing import TYPE_CHECKING
+
+from shardspec.conformance.api import ImplChoice
+from shardspec.conformance.record import CaseResult
+from shardspec.spec.case import Case
+
+if TYPE_CHECKING:
+    from shardspec.conformance.runner import CaseSet, RunConfig
+
+
+def prepare_reproduction(case_set: CaseSet, run_dir: pathlib.Path) -> None:
+    """What selects each case in a reproduce command, made before any case runs (an interruption cannot
+    lose it): a fixture by its id, a case file by its path, a case made by this run (generated, at a
+    boundary) by the file written for it here, and a step of a multi-step case by its whole case's file (a
+    later step needs the ones before). Cases already prepared are kept."""
+    for case in case_set.cases:
+        if case.case_id in case_set.selections:
+            continue
+        parent = case_set.parents.get(case.case_id)
+        if case.case_id in case_set.files:
+            selection = f"--case-file {case_set.files[case.case_id]}"
+        elif parent is not None:
+            path = run_dir / "failing" / f"{parent.case_id}.yaml"
+            if not path.exists():
+                write_case_file(parent, run_dir)
+            selection = f"--case-file {path} --tp {parent.tp_size}"
+        elif case.case_id in case_set.generated or case.case_id in case_set.boundary:
+            selection = f"--case-file {write_case_file(case, run_dir)} --tp {case.tp_size}"
+        else:
+            selection = f"--case {case.case_id}"
+        case_set.selections[case.case_id] = selection
+
+
+def annotate(config, choice: ImplChoice, result: CaseResult, case_set: CaseSet, run_dir: pathlib.Path) -> CaseResult:
+    """``result`` with whether its case was generated and, unless it has one, its reproduce command."""
+    result.generated = result.case_id in case_set.generated
+    if not result.reproduce:
+        if result.case_id not in case_set.selections:
+            prepare_reproduction(case_set, run_dir)
+        selection = case_set.selections.get(result.case_id, f"--case {result.case_id}")
+        result.reproduce = _command(choice, selection, mode_args(config))
+    return result
+
+
+def write_case_file(case: Case, run_dir: pathlib.Path) -> pathlib.Path:
+    from shardspec.fixtures import case_to_yaml
+
+    folder = run_dir / "failing"
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{case.case_id}.yaml"
+    path.write_text(case_to_yaml(case))
+    return path
+
+
+def reproduce_command(choice: ImplChoice, case: Case, made_here: bool, run_dir: pathlib.Path, mode: tuple = ()) -> str:
+    """A fixture is named by its id; a case made by this run (generated, or at a boundary) by its written file."""
+    if not made_here:
+        return _command(choice, f"--case {case.case_id}", mode)
+    path = run_dir / "failing" / f"{case.case_id}.yaml"
+    if not path.exists():
+        write_case_file(case, run_dir)
+    return _command(choice, f"--case-file {path} --tp {case.tp_size}", mode)
+
+
+def mode_args(config: RunConfig) -> tuple:
+    """The options that make a reproducing run use the same kind of group as this run."""
+    if not config.in_process:
+        return ()
+    device = config.in_process_device
+    chosen_device = ("--in-process-device", device) if device != "auto" else ()
+    return ("--in-process-group", config.in_process_group, *chosen_device)
+
+
+def _command(choice: ImplChoice, selection: str, mode: tuple = ()) -> str:
+    return " ".join(["python -m shardspec.conformance", *choice.cli_args(), *mode, selection])
