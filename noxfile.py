@@ -13,7 +13,8 @@ Torch: the sessions install the CPU build pinned below (override with
 SHARDSPEC_TORCH, e.g. SHARDSPEC_TORCH="torch==2.11.0"). To use a torch you
 already have (e.g. a CUDA build), run any session in your own environment with
 `nox --no-venv -s <session>`: nothing is installed then, so install shardspec
-first (`pip install -e ".[impl,test]"`).
+first, keeping your torch:
+`pip install -e ".[impl,test]" "torch==$(python -c 'import torch; print(torch.__version__)')"`.
 """
 
 from __future__ import annotations

@@ -11,9 +11,8 @@ from __future__ import annotations
 import math
 import os
 import pathlib
-import tempfile
 
-from shardspec.conformance.usage import MAX_EXAMPLES, MAX_TP, UsageError
+from shardspec.conformance.usage import MAX_EXAMPLES, MAX_TIMEOUT_S, MAX_TP, MIN_TIMEOUT_S, UsageError
 from shardspec.spec.profiles import PROFILES, ProfileError, load_profile_file, profile_names
 
 
@@ -36,6 +35,13 @@ def seconds(text: str, where: str) -> float:
         raise UsageError(f"{where}: {text!r} is not a number of seconds") from None
     if not math.isfinite(value) or value <= 0:
         raise UsageError(f"{where}: {text!r} must be a finite number of seconds above 0")
+    if value < MIN_TIMEOUT_S:
+        raise UsageError(
+            f"{where}: {text!r} is below {MIN_TIMEOUT_S:g} second, the least a case needs to start (every case "
+            "would time out)"
+        )
+    if value > MAX_TIMEOUT_S:
+        raise UsageError(f"{where}: {text!r} is above {MAX_TIMEOUT_S:g} seconds (one day; a hang would never end)")
     return value
 
 
@@ -62,17 +68,14 @@ def flag(text: str | None, where: str) -> bool:
     raise UsageError(f"{where}: {text!r} is not a boolean (1/0, true/false)")
 
 
-def writable_file(path: str, where: str) -> str:
-    folder = pathlib.Path(path).expanduser().resolve().parent
-    if pathlib.Path(path).is_dir():
-        raise UsageError(f"{where}: {path} is a folder, not a file")
-    if not folder.is_dir():
-        raise UsageError(f"{where}: the folder {folder} does not exist")
+def report_file(path: str, where: str) -> str:
+    """A file the JSON report may be written to: nothing there yet, or an earlier report (output_paths.py)."""
+    from shardspec.conformance.output_paths import ReportPathError, check_report_path
+
     try:
-        with tempfile.NamedTemporaryFile(dir=folder, prefix=".shardspec-probe-"):
-            pass
-    except OSError as exc:
-        raise UsageError(f"{where}: cannot write into {folder}: {exc.strerror}") from None
+        check_report_path(path)
+    except ReportPathError as exc:
+        raise UsageError(f"{where}: {exc}") from None
     return path
 
 
@@ -129,11 +132,14 @@ def impl_odd(text: str, where: str) -> str:
 
 
 def run_dir(text: str, where: str) -> pathlib.Path:
-    """A run never reads files an earlier run left: its folder must be new or empty."""
-    run_dir = pathlib.Path(text)
-    if run_dir.exists() and (not run_dir.is_dir() or any(run_dir.iterdir())):
-        raise UsageError(f"{where}: {run_dir} is not an empty folder (a run never reuses an earlier run's files)")
-    return run_dir
+    """A run never reads files an earlier run left: its folder must be new (it is made here) or empty, and
+    no link (output_paths.py)."""
+    from shardspec.conformance.output_paths import ReportPathError, check_run_dir
+
+    try:
+        return check_run_dir(text)
+    except ReportPathError as exc:
+        raise UsageError(f"{where}: {exc}") from None
 
 
 def text(value: str, where: str) -> str:

@@ -23,8 +23,10 @@ from shardspec.conformance.usage import (
     DEFAULT_MAX_EXAMPLES,
     GENERATED_POOL,
     MAX_EXAMPLES,
+    MAX_TIMEOUT_S,
     MAX_TP,
     MAX_TP_GROUPS,
+    MIN_TIMEOUT_S,
     MIXED_MAX_EXAMPLES,
     UsageError,
 )
@@ -146,7 +148,7 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "case_file", "--case-file", "run the case in this file (repeatable)", kind="repeat", default=[], metavar="PATH"
     ),
-    Option("json", "--json", "write the JSON report here", parse=read.writable_file, metavar="PATH"),
+    Option("json", "--json", "write the JSON report here", parse=read.report_file, metavar="PATH"),
     Option(
         "xfails_file",
         "--xfails-file",
@@ -158,7 +160,8 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "timeout",
         "--timeout",
-        "seconds a case may make no progress on a rank before it counts as hung",
+        f"seconds a case may make no progress on a rank before it counts as hung, {MIN_TIMEOUT_S:g} to "
+        f"{MAX_TIMEOUT_S:g}",
         parse=read.seconds,
         default=60.0,
         env="SHARDSPEC_TIMEOUT",
@@ -168,7 +171,8 @@ OPTIONS: tuple[Option, ...] = (
         "max_crashes",
         "--max-crashes",
         "after this many cases of one entry at one group size end alike (a rank died, or hung, in the same "
-        "step), its other cases there are not run, with that reason; 0 runs every case",
+        "step, or its constructor raised the same error), its other cases there are not run, with that reason; "
+        "0 runs every case",
         parse=lambda text, where: read.integer(text, where, 0),
         default=3,
         env="SHARDSPEC_MAX_CRASHES",
@@ -188,7 +192,7 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "pg_timeout",
         "--pg-timeout",
-        "the process-group timeout in seconds",
+        f"the process-group timeout in seconds, {MIN_TIMEOUT_S:g} to {MAX_TIMEOUT_S:g}",
         parse=read.seconds,
         default=lambda values: values["timeout"],
         default_text="--timeout",

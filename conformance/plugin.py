@@ -13,6 +13,7 @@ the per-invariant table is printed at the end. ``-k INV-OWNER``, ``-x``,
 
 from __future__ import annotations
 
+import pathlib
 import signal
 import threading
 import warnings
@@ -22,6 +23,7 @@ import pytest
 from shardspec.conformance.options import OPTIONS, Resolved, add_plugin_options, given_any
 from shardspec.conformance.usage import UsageError
 
+_SUITE_MODULE = pathlib.Path(__file__).resolve().with_name("test_conformance.py")
 _RESOLVED = pytest.StashKey()  # the run's options, checked, and its named cases, loaded: once per session
 _RUN = pytest.StashKey()
 _SIGNAL = pytest.StashKey()  # the signal that ended the run, and the SIGTERM handler it replaced
@@ -65,6 +67,14 @@ def _resolved(config) -> Resolved:
         except UsageError as exc:
             raise pytest.UsageError(f"shardspec: {exc}") from None
     return config.stash[_RESOLVED]
+
+
+def pytest_collectstart(collector):
+    """The run is resolved (from the variables, where no option was given) before the suite's test module
+    is collected: a bad value is then pytest's usage error, printed in one line whatever reporter is on,
+    not a collection error that only the terminal reporter shows, with this plugin's frames."""
+    if isinstance(collector, pytest.Module) and collector.path.resolve() == _SUITE_MODULE:
+        _resolved(collector.config)
 
 
 def conformance_run(config):

@@ -23,7 +23,7 @@ from shardspec.conformance.harness.expectations import compute_expectation, expe
 from shardspec.conformance.harness.rank_step import run_step
 from shardspec.conformance.judge.checks.base import StepRecord
 from shardspec.conformance.judge.verdicts import Judge
-from shardspec.conformance.record import CaseResult
+from shardspec.conformance.record import ERROR, CaseResult
 from shardspec.spec.case import Case, build_case_inputs
 
 
@@ -104,6 +104,21 @@ def shrink_in_child(
     return outcome
 
 
+def agreeing(run, device: str = "auto"):
+    """``run`` for the shrinker, but for a variant the reference contradicts (harness/expectations.py,
+    contradiction): its result fails nothing of a target, so no such variant is kept, and a reproduce
+    command never names a case file that ``--case-file`` refuses."""
+    from shardspec.conformance.harness.expectations import contradiction
+
+    def run_agreeing(case):
+        problem = contradiction(case, 10.0, expectation_device(device))
+        if problem is None:
+            return run(case)
+        return CaseResult(case, "", ERROR, errors=[{"rank": None, "kind": "harness", "message": problem}])
+
+    return run_agreeing
+
+
 def _facts(case_file: pathlib.Path) -> pathlib.Path:
     """Where the child writes what the shrink found besides the case."""
     return case_file.with_suffix(".json")
@@ -124,7 +139,7 @@ def main(argv: list[str]) -> int:
     outcome = shrink_keeping(
         load_case_file(source),
         set(json.loads(target)),
-        lambda c: run_case_in_process(c, choice, timeout_s=10.0, group=group, device=device),
+        agreeing(lambda c: run_case_in_process(c, choice, timeout_s=10.0, group=group, device=device), device),
         float(budget),
     )
     facts = {

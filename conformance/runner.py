@@ -112,6 +112,9 @@ def collect_cases(config: RunConfig) -> CaseSet:
         files = {case.case_id: str(pathlib.Path(path).resolve()) for path, case in from_files.items()}
         steps, parents = _expanded(cases)
         files.update({step_id: files[parent.case_id] for step_id, parent in parents.items() if parent.case_id in files})
+        for step in steps:  # a case the reference contradicts would be judged by no checker, yet read pass
+            where = f"--case-file {files[step.case_id]}" if step.case_id in files else f"--case {step.case_id}"
+            _agrees_with_reference(step, where, config.case_timeout_s)
         return CaseSet(steps, set(), notes, files, parents)
     cases = [c for c in _fixture_cases(notes, config.profile) if c.tp_size in config.tp_sizes]
     generated: list[Case] = []
@@ -162,6 +165,19 @@ def _loaded(load, name: str, option: str) -> Case:
         return load(name)
     except (ValueError, KeyError, OSError) as exc:  # the loaders name the file, field and problem
         raise UsageError(f"{option} {name}: {exc}") from None
+    except RecursionError:  # YAML's parser recurses once per level of nesting
+        raise UsageError(f"{option} {name}: nested too deeply to be a case file") from None
+
+
+def _agrees_with_reference(case: Case, where: str, timeout_s: float) -> None:
+    """A UsageError unless the reference raises exactly where ``case`` says (harness/expectations.py,
+    contradiction). Checked on the CPU."""
+    from shardspec.conformance.harness.expectations import contradiction
+    from shardspec.conformance.usage import UsageError
+
+    problem = contradiction(case, timeout_s, "cpu")
+    if problem is not None:
+        raise UsageError(f"{where}: {problem}")
 
 
 def _fixture_cases(notes: list[str], profile: str) -> list[Case]:

@@ -7,8 +7,6 @@ Shared by the command line (one call runs everything) and the pytest entry
 from __future__ import annotations
 
 import json
-import os
-import pathlib
 import time
 
 from shardspec.conformance.api import ImplChoice
@@ -224,8 +222,14 @@ class ConformanceSession:
                 self._extra(),
             )
             data = report.json_report(metadata, sections, tables, warnings, exit_code, self.invariants, failures)
-            write_atomically(pathlib.Path(self.config.json_path), json.dumps(data, indent=1, default=repr))
-            log(f"JSON report: {self.config.json_path}")
+            from shardspec.conformance.output_paths import ReportPathError, write_report
+
+            try:
+                write_report(self.config.json_path, json.dumps(data, indent=1, default=repr))
+                log(f"JSON report: {self.config.json_path}")
+            except (ReportPathError, OSError) as exc:  # the path changed since the run started, or the disk is full
+                log(f"error: the JSON report was not written: --json {self.config.json_path}: {exc}")
+                exit_code = exit_code or 1
         log(f"{'FAILED' if exit_code else 'PASSED'} in {wall:.1f}s")
         everything_passed = all(r.status == PASS for results in self.results.values() for r in results)
         if exit_code == 0 and self.temporary_dir and everything_passed:
@@ -276,10 +280,3 @@ def _exit_status_of(signal_name: str) -> int:
         return 128 + signal.Signals[signal_name].value
     except KeyError:
         return 1
-
-
-def write_atomically(path: pathlib.Path, text: str) -> None:
-    """Readers see the old file or the new one, never half of one."""
-    partial = path.with_name(f".{path.name}.partial")
-    partial.write_text(text)
-    os.replace(partial, path)

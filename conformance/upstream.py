@@ -16,7 +16,9 @@ import ast
 import importlib.metadata
 import importlib.util
 import json
+import os
 import re
+import stat
 import sys
 import zipfile
 from dataclasses import dataclass
@@ -69,11 +71,43 @@ def read_source(arg: str) -> Source:
     raise UpstreamInputError(f"{arg}: not a vLLM source tree, a vLLM wheel (.whl) or a batch_shard.py")
 
 
-def _read_text(path: Path) -> str:
+# The most bytes a file of the check is read to (vLLM 0.33's batch_shard.py has about 40 KB, a wheel's METADATA
+# a few KB): a larger one is refused, never read into memory.
+MAX_MEMBER_BYTES = 4 << 20
+
+
+def _regular(path: Path) -> os.stat_result:
+    """``path``'s status if it is a regular file (a link to one is followed), else an UpstreamInputError: a
+    FIFO or a device would be waited on, or read for ever."""
     try:
-        return path.read_text(encoding="utf-8")
+        found = path.stat()
+    except OSError as exc:
+        raise UpstreamInputError(f"{path}: cannot be read: {exc.strerror}") from None
+    if not stat.S_ISREG(found.st_mode):
+        kinds = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"))
+        kind = next((name for test, name in kinds if test(found.st_mode)), "not a regular file")
+        raise UpstreamInputError(f"{path}: is {kind}, not a regular file")
+    return found
+
+
+def _read_text(path: Path) -> str:
+    size = _regular(path).st_size
+    if size > MAX_MEMBER_BYTES:
+        raise UpstreamInputError(f"{path}: {size} bytes, more than {MAX_MEMBER_BYTES} (not a source file of vLLM)")
+    try:
+        with open(path, "rb") as stream:
+            return stream.read(MAX_MEMBER_BYTES + 1)[:MAX_MEMBER_BYTES].decode("utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise UpstreamInputError(f"{path}: cannot be read: {exc}") from None
+
+
+def _member(wheel: zipfile.ZipFile, name: str, path: Path) -> str:
+    """A member of a wheel, its declared size bounded before a byte is unpacked (zipfile stops there)."""
+    size = wheel.getinfo(name).file_size
+    if size > MAX_MEMBER_BYTES:
+        raise UpstreamInputError(f"{path}: {name} is {size} bytes unpacked, more than {MAX_MEMBER_BYTES}")
+    with wheel.open(name) as stream:
+        return stream.read(MAX_MEMBER_BYTES + 1)[:MAX_MEMBER_BYTES].decode("utf-8")
 
 
 def _installed() -> Source:
@@ -100,17 +134,18 @@ def _tree(root: Path, version: str | None = None) -> Source:
 
 
 def _wheel(path: Path) -> Source:
+    _regular(path)
     try:
         with zipfile.ZipFile(path) as wheel:
             names = wheel.namelist()
-            metadata = [wheel.read(n).decode() for n in names if re.fullmatch(r"[^/]+\.dist-info/METADATA", n)]
+            metadata = [_member(wheel, n, path) for n in names if re.fullmatch(r"[^/]+\.dist-info/METADATA", n)]
             stated = dict(re.findall(r"^(Name|Version): *(\S+)", metadata[0] if metadata else "", re.M))
             if not any(n.startswith("vllm/") for n in names) or stated.get("Name", "vllm").lower() != "vllm":
                 raise UpstreamInputError(f"{path}: not a vLLM wheel (no vllm package in it)")
             if SHARD_FILE not in names:
                 raise UpstreamInputError(f"{path}: no {SHARD_FILE} in this wheel")
-            return Source(f"{path}!{SHARD_FILE}", wheel.read(SHARD_FILE).decode("utf-8"), stated.get("Version"))
-    except (zipfile.BadZipFile, OSError, UnicodeDecodeError) as exc:
+            return Source(f"{path}!{SHARD_FILE}", _member(wheel, SHARD_FILE, path), stated.get("Version"))
+    except (zipfile.BadZipFile, zipfile.LargeZipFile, OSError, UnicodeDecodeError, NotImplementedError) as exc:
         raise UpstreamInputError(f"{path}: not a readable wheel: {exc}") from None
 
 
@@ -119,6 +154,8 @@ def parse(source: Source) -> ast.Module:
         module = ast.parse(source.text, filename=source.label)
     except SyntaxError as exc:
         raise UpstreamInputError(f"{source.label}: cannot be parsed: {exc.msg} (line {exc.lineno})") from None
+    except (ValueError, RecursionError, MemoryError) as exc:  # null bytes, nesting deeper than the parser goes
+        raise UpstreamInputError(f"{source.label}: cannot be parsed: {type(exc).__name__}: {exc}") from None
     defined = {n.name for n in ast.walk(module) if isinstance(n, (ast.ClassDef, ast.FunctionDef))}
     if not defined & {"BatchShardMetadata", "shard_sampler_inputs", "gather_sampler_output"}:
         raise UpstreamInputError(f"{source.label}: not vLLM's batch_shard.py (no BatchShardMetadata, no sharder)")

@@ -19,6 +19,10 @@ GENERATED_POOL = 100
 DEFAULT_MAX_EXAMPLES = 36
 # A mixed entry A/B runs fewer: it mostly tests the wire between two implementations.
 MIXED_MAX_EXAMPLES = 36
+# Seconds a timeout (--timeout, --pg-timeout) may be: below the least a case needs to start, every case times
+# out and the run proves nothing; above a day, a hang is never caught (and timers overflow).
+MIN_TIMEOUT_S = 1.0
+MAX_TIMEOUT_S = 86_400.0
 
 
 class UsageError(ValueError):

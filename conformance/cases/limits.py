@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pathlib
 import re
+import stat
 
 from shardspec.conformance.usage import MAX_TP, UsageError
 
@@ -28,8 +29,17 @@ def checked_case_id(case_id: str) -> str:
 
 def checked_case_file(path: str) -> str:
     file = pathlib.Path(path)
-    if not file.is_file():
-        raise UsageError(f"--case-file {path}: no such file")
+    try:
+        mode = file.stat().st_mode  # a link to a case file is read: it is only read
+    except FileNotFoundError:
+        raise UsageError(f"--case-file {path}: no such file") from None
+    except OSError as exc:
+        raise UsageError(f"--case-file {path}: cannot be read: {exc.strerror}") from None
+    if stat.S_ISDIR(mode):
+        raise UsageError(f"--case-file {path}: is a folder, not a case file")
+    if not stat.S_ISREG(mode):
+        kind = "a FIFO" if stat.S_ISFIFO(mode) else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else None
+        raise UsageError(f"--case-file {path}: is {kind + ', ' if kind else ''}not a regular file")
     if file.stat().st_size > MAX_FILE_BYTES:
         raise UsageError(
             f"--case-file {path}: {file.stat().st_size} bytes, more than a case may have ({MAX_FILE_BYTES})"
@@ -38,7 +48,16 @@ def checked_case_file(path: str) -> str:
 
 
 def checked_case(case, where: str):
-    """``case`` unchanged, or a UsageError naming the field that is out of bounds."""
+    """``case`` unchanged, or a UsageError naming the field that is out of bounds (of any of its steps)."""
+    problems = _problems(case)
+    for number, step in enumerate(getattr(case, "then", None) or [], 1):
+        problems += [f"step {number}: {problem}" for problem in _problems(step)]
+    if problems:
+        raise UsageError(f"{where}: {'; '.join(problems)}")
+    return case
+
+
+def _problems(case) -> list[str]:
     problems = []
     if not 1 <= case.tp_size <= MAX_TP:
         problems.append(f"tp_size {case.tp_size} is not in 1..{MAX_TP}")
@@ -51,11 +70,17 @@ def checked_case(case, where: str):
     rows = sum(max(int(n), 0) for n in case.num_logits_per_req)
     if rows * case.vocab_size > MAX_LOGITS_ELEMENTS:
         problems.append(f"{rows} logits rows x vocab {case.vocab_size} is more than {MAX_LOGITS_ELEMENTS} values")
+    dims = case.logprobs_dims
+    if dims is not None and all(isinstance(d, int) for d in dims) and dims:
+        columns = 1 + max(max(dims), 0)  # the agreed width (spec/model.py, num_logprob_columns)
+        if rows * columns > MAX_LOGITS_ELEMENTS or max(dims) > MAX_VOCAB:
+            problems.append(
+                f"logprobs_dims {tuple(dims)}: {rows} logits rows x {columns} logprob columns is more than "
+                f"{MAX_LOGITS_ELEMENTS} values"
+            )
     if case.expect_error is not None and case.expect_error not in precondition_ids():
         problems.append(f"expect_error {case.expect_error!r} is not a precondition ID of the spec")
-    if problems:
-        raise UsageError(f"{where}: {'; '.join(problems)}")
-    return case
+    return problems
 
 
 def precondition_ids() -> set[str]:

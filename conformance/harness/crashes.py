@@ -5,7 +5,9 @@ the group for the cases after it: one relaunch per crash, and a hang costs
 the whole case timeout first. When ``max_crashes`` cases of one entry at one
 group size have ended the same way (the same kind of end in the same step),
 that entry's remaining cases there are reported not run, with that reason,
-instead of paying for each again (like pytest's ``--maxfail``).
+instead of paying for each again (like pytest's ``--maxfail``). A constructor that raises
+the same error (type and message) in ``max_crashes`` cases spends the budget too: a sharder that
+cannot be built fails every case alike, each with a relaunch and a traceback per rank.
 """
 
 from __future__ import annotations
@@ -18,10 +20,23 @@ from shardspec.conformance.record import CaseResult
 CRASH_KINDS = ("died", "timeout")
 
 
+# The step in which the sharder is built: an error raised there fails every later case of the entry alike.
+CONSTRUCT = "construct"
+# How much of a constructor's error message says which way it failed.
+_MESSAGE_CHARS = 300
+
+
 def crash_of(result: CaseResult) -> tuple[str, str] | None:
-    """How ``result``'s case ended its launch (kind, step), or None when it did not."""
+    """How ``result``'s case ended its launch (kind, step), or ("construct", the error) where its sharder
+    could not be built; None otherwise."""
     first = result.errors[0] if result.errors else None
-    if first is None or first["kind"] not in CRASH_KINDS:
+    if first is None:
+        return None
+    if first["kind"] == "raised" and first.get("step") == CONSTRUCT:
+        message = str(first.get("message") or "").strip().splitlines()
+        text = message[0].replace(f" in step {CONSTRUCT}:", ":", 1) if message else "an error"
+        return CONSTRUCT, text[:_MESSAGE_CHARS]
+    if first["kind"] not in CRASH_KINDS:
         return None
     return first["kind"], str(first.get("step") or "an unknown step")
 
@@ -42,9 +57,10 @@ class CrashBudget:
             return None
         for (impl, (kind, step)), cases in self.seen.items():
             if impl == label and len(cases) >= self.max_crashes:
-                how = "a rank died" if kind == "died" else "a rank hung"
+                how = {"died": "a rank died in step ", "timeout": "a rank hung in step "}.get(kind, "")
+                how = f"{how}{step}" if how else f"its constructor raised {step}"
                 return (
-                    f"not run: {len(cases)} cases of {label} at tp {tp} ended alike ({how} in step {step}: "
+                    f"not run: {len(cases)} cases of {label} at tp {tp} ended alike ({how}: "
                     f"{', '.join(cases)}); --max-crashes 0 runs every case"
                 )
         return None

@@ -90,6 +90,45 @@ def compute_expectation(case: Case, timeout_s: float = 60.0, device: str | None 
     return _CACHE.get(f"{device}:{case!r}", lambda: _compute(case, timeout_s, device))
 
 
+def contradiction(case: Case, timeout_s: float = 60.0, device: str | None = None) -> str | None:
+    """Why the reference contradicts ``case`` (None where it agrees): its ``expect_error`` names a
+    precondition the reference raises on no rank, or it expects no error where the reference raises one.
+    Such a case would be judged by no checker: a case named on the command line is refused, and the
+    shrinker keeps no such variant."""
+    from shardspec.spec.errors import names_precondition
+
+    try:
+        expected = compute_expectation(case, timeout_s, device).expected
+    except Exception as exc:  # the reference's own group failed: the case cannot be judged
+        return f"case {case.case_id}: the reference cannot run it ({type(exc).__name__}: {_first_line(exc)})"
+    raised = [(rank, out) for rank, out in enumerate(expected) if out.error is not None]
+    if case.expect_error is None:
+        if not raised:
+            return None
+        rank, out = next(((r, o) for r, o in raised if getattr(o.error, "precondition_id", None)), raised[0])
+        return (
+            f"case {case.case_id} expects no error, but the reference raises {_named(out.error)} on rank {rank} "
+            f"in step {out.failed_step}; set expect_error or fix the inputs"
+        )
+    if any(names_precondition(out.error, case.expect_error) for _, out in raised):
+        return None
+    instead = f"; it raises {_named(raised[0][1].error)}" if raised else "; it completes the step"
+    return (
+        f"case {case.case_id} expects {case.expect_error}, but the reference does not raise it{instead} "
+        "(a case is judged against the reference: fix expect_error or the inputs)"
+    )
+
+
+def _named(error: BaseException) -> str:
+    precondition = getattr(error, "precondition_id", None)
+    return str(precondition) if precondition else f"{type(error).__name__} ({_first_line(error)})"
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip().splitlines()
+    return text[0][:200] if text else ""
+
+
 def _compute(case: Case, timeout_s: float, device: str) -> Expectation:
     with single_thread():
         inputs = build_case_inputs(case, device)

@@ -91,6 +91,7 @@ class ThreadGroup:
     kind: str = "lockstep"  # one of options.THREAD_GROUPS
     device: str = "auto"  # auto | cpu | cuda
     pg_timeout_s: float = 60.0
+    max_crashes: int = 3  # see harness/crashes.py (here: constructors that fail alike)
 
     def describe(self) -> str:
         from shardspec.conformance.harness.expectations import expectation_device
@@ -100,7 +101,16 @@ class ThreadGroup:
     def run(self, jobs: list[Job], tp: int, judge, on_result: OnResult) -> list[CaseResult]:
         from shardspec.conformance.harness.inprocess import run_jobs_in_process
 
-        return run_jobs_in_process(jobs, judge, self.pg_timeout_s, on_result, group=self.kind, device=self.device)
+        return run_jobs_in_process(
+            jobs,
+            judge,
+            self.pg_timeout_s,
+            on_result,
+            group=self.kind,
+            device=self.device,
+            max_crashes=self.max_crashes,
+            tp=tp,
+        )
 
     def close(self) -> None:
         pass
@@ -109,7 +119,9 @@ class ThreadGroup:
 def group_for(config, run_dir: pathlib.Path, log: Callable[[str], None]) -> Group:
     """The group a run's configuration (:class:`shardspec.conformance.runner.RunConfig`) asks for."""
     if config.in_process:
-        return ThreadGroup(config.in_process_group, config.in_process_device, config.pg_timeout_s)
+        return ThreadGroup(
+            config.in_process_group, config.in_process_device, config.pg_timeout_s, max_crashes=config.max_crashes
+        )
     return ProcessGroup(
         run_dir,
         config.case_timeout_s,

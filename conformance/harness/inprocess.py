@@ -17,10 +17,11 @@ from collections.abc import Callable, Iterable
 
 from shardspec.comm import LockstepGroup
 from shardspec.conformance.api import ImplChoice, load_implementation
+from shardspec.conformance.harness.crashes import CrashBudget
 from shardspec.conformance.harness.expectations import expectation_device, single_thread
 from shardspec.conformance.harness.rank_step import run_case_on_rank
 from shardspec.conformance.harness.threaded import run_torch_threads
-from shardspec.conformance.record import ERROR, FAIL, NOT_RUN, PASS, CaseResult
+from shardspec.conformance.record import ERROR, FAIL, NOT_RUN, PASS, CaseResult, not_run
 from shardspec.spec.case import Case, expand_steps
 
 
@@ -94,13 +95,24 @@ def run_jobs_in_process(
     on_result: Callable[[CaseResult], None] | None = None,
     group: str = "lockstep",
     device: str = "auto",
+    max_crashes: int = 0,
+    tp: int | None = None,
 ) -> list[CaseResult]:
     """Run :class:`shardspec.conformance.harness.group.Job` s one after the other; the steps of a multi-step
-    case (consecutive jobs, each continuing the one before) share one group and one sharder per rank."""
+    case (consecutive jobs, each continuing the one before) share one group and one sharder per rank. After
+    ``max_crashes`` cases of an entry whose constructor raised alike, its other jobs are not run
+    (harness/crashes.py; 0: every job runs)."""
     results = []
+    crashes = CrashBudget(max_crashes)
     for chain in _chains(list(jobs)):
-        cases = [job.case for job in chain]
-        for result in run_steps_in_process(cases, chain[0].choice, judge, timeout_s, group, device):
+        choice = chain[0].choice
+        reason = crashes.spent(choice.label, tp if tp is not None else chain[0].case.tp_size)
+        if reason is not None:
+            chain_results = [not_run(job.case, choice.label, reason) for job in chain]
+        else:
+            chain_results = run_steps_in_process([job.case for job in chain], choice, judge, timeout_s, group, device)
+        for result in chain_results:
+            crashes.note(result)
             results.append(result)
             if on_result:
                 on_result(result)

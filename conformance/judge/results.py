@@ -19,12 +19,12 @@ def combine(case: Case, impl: str, records: dict[int, dict[str, Any]], ended: st
     complete = len(records) == case.tp_size and all("digest" in r for r in records.values())
     judged: list[str] = []
     if complete and not errors:
-        from shardspec.conformance.judge.checks.base import GROUP_CHECKERS, checkers_for
+        from shardspec.conformance.judge.checks.base import GROUP_CHECKERS, checkers_for, group_judgeable
 
         digests = {rank: records[rank]["digest"] for rank in sorted(records)}
         violations += [violation_dict(v) for v in group_checks(case, digests)]
         per_rank = [set(records[rank].get("judged", ())) for rank in sorted(records)]
-        group = set(checkers_for(GROUP_CHECKERS, case.profile))
+        group = {i for i in checkers_for(GROUP_CHECKERS, case.profile) if group_judgeable(i, case, digests)}
         judged = sorted(set.union(*per_rank) | group) if per_rank else []
     status = ERROR if errors else (FAIL if violations else PASS)
     judged = sorted(set(judged) | {v["invariant_id"] for v in violations})  # a violation was judged, errors or not

@@ -104,6 +104,8 @@ def _copy_plot(path: pathlib.Path, out_dir: pathlib.Path, used: set[str]) -> str
     used.add(name)
     target = out_dir / "bench" / name
     target.parent.mkdir(parents=True, exist_ok=True)
+    if target.is_symlink() or (target.exists() and not target.is_file()):
+        raise ReportError(f"{target} is a symbolic link or not a regular file; plots are copied only as files")
     shutil.copyfile(path, target)
     return f"bench/{name}"
 

@@ -134,9 +134,34 @@ def build_site(
     for page in pages:
         html = env.get_template(page + ".j2").render(page=page, **common, **contexts[page])
         path = out_dir / page
-        path.write_text(html, encoding="utf-8")
+        _write_page(path, html)
         written.append(path)
     return written
+
+
+def _write_page(path: pathlib.Path, html: str) -> None:
+    """A page of the site: a new file, or the regular file an earlier run wrote, never through a link."""
+    import os
+    import stat
+    import tempfile
+
+    try:
+        found = os.lstat(path)
+    except FileNotFoundError:
+        found = None
+    if found is not None and stat.S_ISLNK(found.st_mode):
+        raise ReportError(f"{path} is a symbolic link; the pages are written only as regular files")
+    if found is not None and not stat.S_ISREG(found.st_mode):
+        raise ReportError(f"{path} exists and is not a regular file")
+    descriptor, partial = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".partial")
+    try:
+        with os.fdopen(descriptor, "w", encoding="utf-8") as stream:
+            stream.write(html)
+        os.chmod(partial, 0o644)
+        os.replace(partial, path)
+    except BaseException:
+        pathlib.Path(partial).unlink(missing_ok=True)
+        raise
 
 
 LEGEND = [

@@ -117,8 +117,18 @@ def parse_verdict(raw: Any) -> TableCell:
 
 
 def load_report(path: str | pathlib.Path, name: str | None = None) -> Report:
+    import stat
+
+    from shardspec.conformance.output_paths import MAX_REPORT_BYTES
+
     path = pathlib.Path(path)
     try:
+        found = path.stat()
+        if not stat.S_ISREG(found.st_mode):
+            kind = "a FIFO, not a regular file" if stat.S_ISFIFO(found.st_mode) else "not a regular file"
+            raise ReportError(f"{path}: is {kind}")
+        if found.st_size > MAX_REPORT_BYTES:
+            raise ReportError(f"{path}: {found.st_size} bytes, more than a report is read to ({MAX_REPORT_BYTES})")
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise ReportError(f"{path}: no such file") from None

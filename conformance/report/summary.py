@@ -72,13 +72,16 @@ class Xfails:
         case = getattr(result, "case", None)
         return any(layout in scope for layout in (getattr(case, "layouts", None) or {}).values())
 
-    def warnings(self, known_ids: set[str], case_ids: set[str]) -> list[str]:
-        out = []
-        for entry in self.entries:
-            if entry not in known_ids and entry not in case_ids:
-                out.append(f"xfails entry {entry!r} matches no invariant and no case of this run")
-            elif entry not in self.used:
-                out.append(f"xfails entry {entry!r} did not fail in this run (remove it?)")
+    def warnings(self, known_ids: set[str], case_ids: set[str], shown: int = 20) -> list[str]:
+        """A line per stale entry, ``shown`` of each kind at the most, then one line for the rest."""
+        unknown = [e for e in self.entries if e not in known_ids and e not in case_ids]
+        unused = [e for e in self.entries if e not in self.used and e not in unknown]
+        out = [f"xfails entry {entry!r} matches no invariant and no case of this run" for entry in unknown[:shown]]
+        if len(unknown) > shown:
+            out.append(f"and {len(unknown) - shown} more xfails entries that match no invariant and no case")
+        out += [f"xfails entry {entry!r} did not fail in this run (remove it?)" for entry in unused[:shown]]
+        if len(unused) > shown:
+            out.append(f"and {len(unused) - shown} more xfails entries that did not fail in this run")
         return out
 
 
@@ -98,24 +101,51 @@ def _scoped(value) -> bool:
     return True
 
 
+# An xfails file lists what a run expects to fail: invariants and a few cases, not a load test (a file of
+# megabytes cost minutes of parsing and a warning line per entry).
+MAX_XFAILS_BYTES = 256 << 10
+MAX_XFAILS_ENTRIES = 2000
+
+
 def load_xfails(path: str | None) -> Xfails:
-    """YAML (a list of ids, or a mapping id -> reason) or plain text, one id per line, # comments."""
+    """YAML (a list of ids, or a mapping id -> reason) or plain text, one id per line, # comments. A
+    ValueError for a file that is not a regular one, or larger than MAX_XFAILS_BYTES or MAX_XFAILS_ENTRIES."""
     if not path:
         return Xfails()
-    text = pathlib.Path(path).read_text()
+    text = _bounded_text(pathlib.Path(path))
     try:
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
     except yaml.YAMLError:
         data = None
     if isinstance(data, dict):
-        return Xfails(
+        xfails = Xfails(
             {str(k): _reason(v) for k, v in data.items()},
             layouts={str(k): tuple(v["only_with_layouts"]) for k, v in data.items() if _scoped(v)},
         )
-    if isinstance(data, list):
-        return Xfails({str(item): "" for item in data})
-    lines = (line.split("#", 1)[0].strip() for line in text.splitlines())
-    return Xfails({line: "" for line in lines if line})
+    elif isinstance(data, list):
+        xfails = Xfails({str(item): "" for item in data})
+    else:
+        lines = (line.split("#", 1)[0].strip() for line in text.splitlines())
+        xfails = Xfails({line: "" for line in lines if line})
+    if len(xfails.entries) > MAX_XFAILS_ENTRIES:
+        raise ValueError(f"{len(xfails.entries)} entries, more than {MAX_XFAILS_ENTRIES}")
+    return xfails
+
+
+def _bounded_text(path: pathlib.Path) -> str:
+    import stat
+
+    found = path.stat()  # a link to a regular file is read: it is only read
+    if not stat.S_ISREG(found.st_mode):
+        raise ValueError("is a FIFO, not a regular file" if stat.S_ISFIFO(found.st_mode) else "is not a regular file")
+    with open(path, "rb") as stream:
+        data = stream.read(MAX_XFAILS_BYTES + 1)
+    if len(data) > MAX_XFAILS_BYTES:
+        raise ValueError(f"{found.st_size} bytes, more than an xfails file may have ({MAX_XFAILS_BYTES})")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"not UTF-8 text ({exc.reason} at byte {exc.start})") from None
 
 
 # -- the table ---------------------------------------------------------------
@@ -351,7 +381,10 @@ def json_report(
     launch_failures: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     levels = {inv.id: inv.level for inv in invariants or []}
+    from shardspec.conformance.output_paths import REPORT_MARKER
+
     return {
+        "report": REPORT_MARKER,  # first: how a later run knows the file it may replace (output_paths.py)
         "metadata": metadata,
         "exit_code": exit_code,
         "warnings": warnings,

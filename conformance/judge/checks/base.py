@@ -54,9 +54,22 @@ GroupChecker = Callable[[Case, dict[int, dict[str, Any]]], Iterable[Violation]]
 
 RANK_CHECKERS: dict[str, RankChecker] = {}
 GROUP_CHECKERS: dict[str, GroupChecker] = {}
-# Which records a rank checker can judge at all (default: every record it is given). A report cell
-# where no case was judgeable reads "n/a", never "pass".
+# Which records a rank checker can judge at all (default: valid inputs the reference completed, see
+# outputs_expected). A report cell where no case was judgeable reads "n/a", never "pass".
 APPLIES: dict[str, Callable[[StepRecord], bool]] = {}
+# The same for group checkers, from the case and the ranks' digests (default: outputs_expected_of_group).
+GROUP_APPLIES: dict[str, Callable[[Case, dict[int, dict[str, Any]]], bool]] = {}
+
+
+def outputs_expected(record: StepRecord) -> bool:
+    """A valid case whose reference run completed: what a checker of the step's outputs can judge. A case
+    with ``expect_error`` (or a rank where the reference raised) has no outputs to compare."""
+    return record.case.expect_error is None and record.expected.error is None
+
+
+def outputs_expected_of_group(case: Case, digests: dict[int, dict[str, Any]]) -> bool:
+    """A valid case that every rank completed: what a group checker of the outputs can judge."""
+    return case.expect_error is None and not any(d.get("failed_step") for d in digests.values())
 
 
 def rank_check(invariant_id: str, applies: Callable[[StepRecord], bool] | None = None):
@@ -64,16 +77,20 @@ def rank_check(invariant_id: str, applies: Callable[[StepRecord], bool] | None =
         if invariant_id in RANK_CHECKERS or invariant_id in GROUP_CHECKERS:
             raise ValueError(f"two checkers for {invariant_id}")
         RANK_CHECKERS[invariant_id] = fn
-        if applies is not None:
-            APPLIES[invariant_id] = applies
+        APPLIES[invariant_id] = outputs_expected if applies is None else applies
         return fn
 
     return register
 
 
 def judgeable(invariant_id: str, record: StepRecord) -> bool:
-    applies = APPLIES.get(invariant_id)
-    return applies is None or bool(applies(record))
+    """Whether the checker of ``invariant_id`` has something to judge in ``record`` (a checker registered
+    outside :func:`rank_check` judges the outputs, as the default says)."""
+    return bool(APPLIES.get(invariant_id, outputs_expected)(record))
+
+
+def group_judgeable(invariant_id: str, case: Case, digests: dict[int, dict[str, Any]]) -> bool:
+    return bool(GROUP_APPLIES.get(invariant_id, outputs_expected_of_group)(case, digests))
 
 
 @functools.cache
@@ -92,11 +109,12 @@ def checkers_for(registry: dict, profile: str) -> dict:
     return {invariant_id: checker for invariant_id, checker in registry.items() if invariant_id not in ids}
 
 
-def group_check(invariant_id: str):
+def group_check(invariant_id: str, applies: Callable[[Case, dict[int, dict[str, Any]]], bool] | None = None):
     def register(fn: GroupChecker) -> GroupChecker:
         if invariant_id in RANK_CHECKERS or invariant_id in GROUP_CHECKERS:
             raise ValueError(f"two checkers for {invariant_id}")
         GROUP_CHECKERS[invariant_id] = fn
+        GROUP_APPLIES[invariant_id] = outputs_expected_of_group if applies is None else applies
         return fn
 
     return register

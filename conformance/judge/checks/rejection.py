@@ -18,7 +18,16 @@ from shardspec.spec.loader import must_reject_ids
 ALWAYS_REJECTED = must_reject_ids()
 
 
-@rank_check("INV-REJECT-INVALID", applies=lambda record: record.case.expect_error in ALWAYS_REJECTED)
+def _reference_rejects(record: StepRecord) -> bool:
+    """The reference rejects this rank's inputs with the case's precondition: only then is there a rejection
+    to judge on this rank."""
+    return record.case.expect_error is not None and names_precondition(record.expected.error, record.case.expect_error)
+
+
+@rank_check(
+    "INV-REJECT-INVALID",
+    applies=lambda record: record.case.expect_error in ALWAYS_REJECTED and _reference_rejects(record),
+)
 def check_reject_invalid(record: StepRecord) -> Iterable[Violation]:
     expected_id = record.case.expect_error
     reference = record.expected
@@ -53,7 +62,11 @@ def check_reject_invalid(record: StepRecord) -> Iterable[Violation]:
 
 @rank_check(
     "INV-REJECT-NAMES-PRECONDITION",
-    applies=lambda record: record.case.expect_error is not None and record.case.expect_error not in ALWAYS_REJECTED,
+    applies=lambda record: (
+        record.case.expect_error not in ALWAYS_REJECTED
+        and _reference_rejects(record)
+        and record.actual.error is not None
+    ),
 )
 def check_reject_names_precondition(record: StepRecord) -> Iterable[Violation]:
     expected_id = record.case.expect_error

@@ -133,7 +133,7 @@ def _row_request(record: StepRecord) -> list[int]:
     return [i for i in range(len(cu) - 1) for _ in range(int(cu[i + 1] - cu[i]))]
 
 
-@rank_check("INV-INPUTS-UNCHANGED")
+@rank_check("INV-INPUTS-UNCHANGED", applies=lambda record: True)  # rejected inputs stay unchanged too
 def check_inputs_unchanged(record: StepRecord) -> Iterable[Violation]:
     changed = record.actual.inputs_modified
     if changed:

@@ -44,9 +44,15 @@ def shard_sampler_inputs(input_batch, grammar_output, sharder_state: SharderStat
 
 
 def all_to_all_logits(logits_shard: torch.Tensor, metadata, sharder_state: SharderState) -> torch.Tensor:
-    # PRE-LOGITS-SHARD: a shard of another row count would send other rows than the plan's, so it is
-    # refused before the collective.
+    # PRE-LOGITS-SHARD: a shard of another row count would send other rows than the plan's, and one that is
+    # not floating point other values than logits, so both are refused before the collective.
     rows = sum(metadata.num_logits_per_rank)
+    if not isinstance(logits_shard, torch.Tensor) or not logits_shard.is_floating_point():
+        raise PreconditionError(
+            "PRE-LOGITS-SHARD",
+            "logits_shard",
+            f"is {getattr(logits_shard, 'dtype', type(logits_shard).__name__)}, not a floating point tensor",
+        )
     if logits_shard.dim() != 2 or logits_shard.shape[0] != rows or logits_shard.shape[1] < 1:
         raise PreconditionError(
             "PRE-LOGITS-SHARD", "logits_shard", f"shape {tuple(logits_shard.shape)}; expected ({rows}, Vs)"

@@ -72,3 +72,10 @@ class WrongIdsThenCrashWhenSmall(_Base):
         out = super().gather_sampler_output(local_output, metadata, global_batch, local_batch, **kwargs)
         out.sampled_token_ids = out.sampled_token_ids.flip(0)
         return out
+
+
+class RaisingConstructor(_Base):
+    """Every rank's constructor raises, for every case: the sharder cannot be built."""
+
+    def __init__(self, max_num_reqs, max_num_logits_per_req, *, comm, device):
+        raise RuntimeError("deliberate failure in the constructor")
