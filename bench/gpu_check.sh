@@ -16,7 +16,7 @@ OUT=${OUT:-gpu-check}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 status=0
-summary="$OUT/summary.txt"
+summary=${SHARDSPEC_SUMMARY:-$OUT/summary.txt}  # elsewhere where the logs stay on the machine
 commit=${SHARDSPEC_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
 card=$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -n 1)
 versions=$(python -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)' 2>&1)
