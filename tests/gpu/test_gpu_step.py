@@ -7,13 +7,14 @@ on the device, so the step itself is all that runs under the sync check.
 import numpy as np
 import pytest
 import torch
-from bundled import VLLM_033, VLLM_SEED
+from bundled import VLLM_SEED
 
 from shardspec.comm import LoopbackComm
 from shardspec.impl import ProductionSharder
 from shardspec.reference import ReferenceSharder
 from shardspec.spec.builders import build_grammar_output, build_input_batch
 from shardspec.spec.model import PROFILES, LogprobsTensors, SamplerOutput, admitted_cu_num_logits
+from shardspec.spec.profiles import rules_of
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
@@ -21,18 +22,20 @@ TP, RANK, DIMS, VOCAB = 4, 1, (5, 2), 512
 
 
 def _inputs(num_reqs, seed, with_grammar=True, profile=VLLM_SEED):
-    """vllm-seed: one bitmask row per logits row. vllm-0.33: what vLLM 0.33 passes, admitted draft
-    counts, seq_lens_cpu_upper_bound and grammar blocks of 4 rows with acceptable-draft counts."""
+    """What the profile's engine passes: vllm-seed one bitmask row per logits row; vllm-0.33 and later
+    admitted draft counts, seq_lens_cpu_upper_bound and grammar blocks of 4 rows (with acceptable-draft
+    counts where the grammar output has them)."""
+    rules = rules_of(profile)
     rng = np.random.default_rng(seed)
     slots, rows = rng.permutation(256)[:num_reqs], rng.integers(1, 5, size=num_reqs)
-    vllm_033 = profile == VLLM_033
-    admitted = rng.integers(0, rows).tolist() if vllm_033 else None
-    batch = build_input_batch(slots, rows, device="cuda", admitted_drafts=admitted, seq_lens_upper_bound=vllm_033)
+    admitted = rng.integers(0, rows).tolist() if rules.admits_drafts else None
+    bound = rules.has_upper_bound
+    batch = build_input_batch(slots, rows, device="cuda", admitted_drafts=admitted, seq_lens_upper_bound=bound)
     grammar = None
     if with_grammar:
         listed = rng.permutation(num_reqs)[: num_reqs // 2].tolist()
-        counts = rng.integers(0, 4, size=len(listed)).tolist() if vllm_033 else None
-        block_rows = 4 if vllm_033 else None
+        counts = rng.integers(0, 4, size=len(listed)).tolist() if rules.acceptable_drafts == "sliced" else None
+        block_rows = 4 if rules.grammar_blocks else None
         grammar = build_grammar_output(
             batch, listed, VOCAB, seed=seed, block_rows=block_rows, num_acceptable_drafts=counts
         )
@@ -79,7 +82,7 @@ def _assert_gathered_equal(expected, actual):
 @pytest.mark.parametrize("profile", PROFILES)
 def test_whole_step_has_no_device_to_host_sync(profile):
     """vllm-0.33 with everything vLLM 0.33 passes, adaptive verification included."""
-    options = dict(profile=profile, adaptive_verification_enabled=profile == VLLM_033)
+    options = dict(profile=profile, adaptive_verification_enabled=rules_of(profile).adaptive)
     sharder = ProductionSharder(256, 4, comm=LoopbackComm(RANK, TP), device="cuda", **options)
     _step(sharder, *_inputs(40, seed=1, profile=profile))  # compiles the kernels outside the check
     batch, grammar, logits_shard = _inputs(97, seed=2, profile=profile)
