@@ -12,27 +12,24 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 STAND_IN = ROOT / "tests" / "conformance" / "plugins" / "vllm_style_batch_shard.py"
 
 
-def test_quick_bench_with_an_upstream_column(tmp_path):
+def _quick_bench(tmp_path, upstream: pathlib.Path):
+    """bench_step.py --quick with ``upstream`` as its third column: (the process, the JSON it wrote)."""
     out = tmp_path / "bench.json"
-    env = dict(os.environ, TRITON_INTERPRET="1")
     proc = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "bench" / "bench_step.py"),
-            "--quick",
-            "--upstream",
-            str(STAND_IN),
-            "--out",
-            str(out),
-        ],
+        [sys.executable, str(ROOT / "bench" / "bench_step.py"), "--quick", "--upstream", str(upstream)]
+        + ["--out", str(out)],
         capture_output=True,
         text=True,
         timeout=300,
-        env=env,
+        env=dict(os.environ, TRITON_INTERPRET="1"),
         cwd=tmp_path,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    result = json.loads(out.read_text())
+    return proc, json.loads(out.read_text())
+
+
+def test_quick_bench_with_an_upstream_column(tmp_path):
+    proc, result = _quick_bench(tmp_path, STAND_IN)
     assert result["settings"]["upstream"] == str(STAND_IN)
     assert [(r["tp"], r["num_reqs"], r["logits_per_req"]) for r in result["rows"]] == [
         (2, 4, 1),
@@ -275,16 +272,6 @@ VLLM_033_FILE = (
 def test_the_bench_times_vllm_0_33_on_the_batches_its_engine_sends(tmp_path):
     """vLLM 0.33's file always reads seq_lens_cpu_upper_bound: the bench's batches carry it, as its
     model runner's do, so the file is timed instead of failing on the first row."""
-    out = tmp_path / "bench.json"
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "bench_step.py"), "--quick", "--upstream", str(VLLM_033_FILE)]
-        + ["--out", str(out)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=dict(os.environ, TRITON_INTERPRET="1"),
-        cwd=tmp_path,
-    )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    rows = json.loads(out.read_text())["rows"]
+    _, result = _quick_bench(tmp_path, VLLM_033_FILE)
+    rows = result["rows"]
     assert rows and all(row["upstream.step"]["wall_us"] > 0 for row in rows)
