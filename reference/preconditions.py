@@ -19,6 +19,27 @@ from shardspec.spec.model import DEFAULT_PROFILE, GrammarOutput, InputBatch
 from shardspec.spec.profiles import rules_of
 
 
+def check_construction(rules, tp_size: int, max_num_reqs: int, rank=None) -> None:
+    """PRE-TP-SIZE and PRE-CAPACITY-TP: the group and capacity a sharder is built for (``construction``)."""
+    if not rules.sharded_groups_only:
+        return
+    require(
+        tp_size >= rules.min_tp,
+        "PRE-TP-SIZE",
+        "tp_size",
+        f"a group of {tp_size}: profile {rules.profile} shards a batch over at least {rules.min_tp} ranks",
+        rank=rank,
+    )
+    least = rules.min_capacity(tp_size)
+    require(
+        max_num_reqs >= least,
+        "PRE-CAPACITY-TP",
+        "max_num_reqs",
+        f"max_num_reqs={max_num_reqs} is below the group's {tp_size} ranks: some rank would own no request in any step",
+        rank=rank,
+    )
+
+
 def check_input_batch(
     batch: InputBatch, *, max_num_reqs: int, max_num_logits_per_req: int, rank=None, profile: str = DEFAULT_PROFILE
 ) -> None:

@@ -70,6 +70,8 @@ class ReferenceSharder:
         adaptive_verification_enabled: bool = False,
     ):
         rules = reference_rules(profile)
+        # Refused before anything is allocated, whatever check_preconditions says: one comparison per sharder.
+        preconditions.check_construction(rules, comm.world_size, max_num_reqs, rank=comm.rank)
         self.max_num_reqs = max_num_reqs
         self.max_num_logits_per_req = max_num_logits_per_req
         self.comm = comm

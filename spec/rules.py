@@ -123,6 +123,16 @@ RULES: tuple[Rule, ...] = (
             "torch.distributed otherwise.",
         },
     ),
+    Rule(
+        "construction",
+        "Which groups and capacities a sharder may be constructed for (PRE-TP-SIZE, PRE-CAPACITY-TP). The "
+        "engine settings a sharder never sees (a vocab-wide max_logprobs, sampling masks) are not the spec's.",
+        {
+            "any_group": "any tp >= 1 and max_num_reqs >= 1: a group of one runs the step unsharded.",
+            "sharded_groups": "tp >= 2 and max_num_reqs >= tp, else the constructor raises: the engine turns "
+            "batch-sharded sampling on only where every rank can own a request (vLLM 0.34's config).",
+        },
+    ),
 )
 
 RULES_BY_NAME: dict[str, Rule] = {rule.name: rule for rule in RULES}
@@ -144,6 +154,7 @@ class Rules:
     adaptive_verification: str
     exchange: str
     communicator: str
+    construction: str
 
     @classmethod
     def of(cls, profile: str, values: Mapping[str, str]) -> Rules:
@@ -176,6 +187,20 @@ class Rules:
     @property
     def adaptive(self) -> bool:
         return self.adaptive_verification == "present"
+
+    @property
+    def sharded_groups_only(self) -> bool:
+        """Whether the constructor refuses small groups and capacities (PRE-TP-SIZE, PRE-CAPACITY-TP)."""
+        return self.construction == "sharded_groups"
+
+    @property
+    def min_tp(self) -> int:
+        """The smallest group a sharder may be constructed for (PRE-TP-SIZE)."""
+        return 2 if self.construction == "sharded_groups" else 1
+
+    def min_capacity(self, tp: int) -> int:
+        """The smallest max_num_reqs a sharder of a group of ``tp`` may be constructed with (PRE-CAPACITY-TP)."""
+        return tp if self.construction == "sharded_groups" else 1
 
     def owner_of(self, position: int, slot: int, tp: int) -> int:
         """The rank that owns the request at batch ``position`` with ``slot`` (INV-OWNER)."""

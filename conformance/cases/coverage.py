@@ -30,6 +30,7 @@ from shardspec.conformance.cases.input_space import (
     pair_parts,
     raw_data_model,
 )
+from shardspec.spec.case import least_capacity
 from shardspec.spec.case_edits import LOGITS_LIMITS_EDIT, UPPER_BOUND_ABSENT
 from shardspec.spec.layouts import BATCH_ARRAYS, BATCH_TENSORS
 from shardspec.spec.model import DEFAULT_PROFILE
@@ -189,7 +190,7 @@ def exercised(case, previous=None) -> set[Variation]:
             add("grammar.num_acceptable_drafts", VALUE, "min")
         if any(p < len(counts) and a == counts[p] for a, p in acceptable):
             add("grammar.num_acceptable_drafts", VALUE, "max")
-    if cap == 1:
+    if cap == least_capacity(case):  # 1, or tp where the profile needs a slot per rank (PRE-CAPACITY-TP)
         add("sharder.max_num_reqs", VALUE, "min")
     if cap_logits == 1:
         add("sharder.max_num_logits_per_req", VALUE, "min")
