@@ -140,6 +140,14 @@ CORPUS: list[Entry] = [
         "error-capacity-logits",
         "error-slot-range",
     ),
+    _entry(
+        "builds-for-any-group",
+        "rejection",
+        "BuildsForAnyGroup",
+        "error-tp-size",
+        "error-capacity-tp",
+        requires={"construction": "sharded_groups"},
+    ),
     _entry("anonymous-errors", "rejection", "AnonymousErrors", "error-logits-tail"),
     _entry("checks-nothing", "rejection", "ChecksNothing", "error-capacity-reqs", "error-slot-range"),
     _entry("accepts-on-odd-ranks", "rejection", "AcceptsOnOddRanks", "error-capacity-reqs", "error-zero-logits"),
@@ -178,7 +186,13 @@ CORPUS += [
     # state kept from one step to the next
     _entry("plan-cached-by-batch-size", "state", "PlanCachedByBatchSize", "multi-step"),
     _entry("sampled-ids-in-reused-buffer", "state", "SampledIdsInReusedBuffer", "multi-step"),
-    _entry("local-counts-returned-at-tp1", "state", "GatherReturnsLocalCountsAtTpOne", "decode-tp1"),
+    _entry(
+        "local-counts-returned-at-tp1",
+        "state",
+        "GatherReturnsLocalCountsAtTpOne",
+        "decode-tp1",
+        requires={"construction": "any_group"},  # a profile that builds a sharder for a group of one
+    ),
     _entry("step-cached-by-requests", "state", "StepCachedByRequests", "decode-loop"),
     _entry("draft-counts-cached-by-request-set", "state", "DraftCountsCachedByRequestSet", "decode-loop"),
     # writes a thread makes after the step returned (the collectives of broken/unseen.py need a multi-process

@@ -106,6 +106,11 @@ SLOT_RANGE = _case("error-slot-range", slots=[3, 64], num_logits_per_req=[1, 1],
 ZERO_LOGITS = _case(
     "error-zero-logits", slots=[0, 1, 2], num_logits_per_req=[1, 0, 2], expect_error="PRE-LOGITS-PER-REQ"
 )
+# Construction refused under vllm-0.34 (construction: sharded_groups): a group of one, one slot for two ranks.
+TP_SIZE = _case("error-tp-size", tp_size=1, slots=[0, 1], num_logits_per_req=[1, 1], expect_error="PRE-TP-SIZE")
+CAPACITY_TP = _case(
+    "error-capacity-tp", slots=[0], num_logits_per_req=[1], max_num_reqs=1, expect_error="PRE-CAPACITY-TP"
+)
 
 # A precondition whose outcome is undefined, which the reference rejects anyway.
 LOGITS_TAIL = _case(
@@ -159,6 +164,8 @@ ALL = [
     CAPACITY_LOGITS,
     SLOT_RANGE,
     ZERO_LOGITS,
+    TP_SIZE,
+    CAPACITY_TP,
     LOGITS_TAIL,
     EXTENSIONS,
     EXTENSIONS_MANY,

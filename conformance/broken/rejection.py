@@ -45,3 +45,11 @@ class AcceptsOnOddRanks(ReferenceSharder):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.check_preconditions = self.rank % 2 == 0
+
+
+class BuildsForAnyGroup(ReferenceSharder):
+    """INV-REJECT-INVALID: builds a sharder for a group of one and for fewer request slots than ranks, as
+    under the construction rule any_group, where the profile refuses both (PRE-TP-SIZE, PRE-CAPACITY-TP)."""
+
+    def check_construction(self, rules, comm, max_num_reqs):
+        pass
