@@ -197,7 +197,7 @@ def check_input_batch(
         profile_checks.check_admitted_drafts(batch, rank)
         admitted = batch.num_admitted_draft_tokens
     if rules.has_upper_bound:
-        profile_checks.check_seq_lens_upper_bound(batch, rank)
+        profile_checks.check_seq_lens_upper_bound(batch, rank, required=rules.upper_bound_required)
     if admitted is not None:
         cu, counts = admitted_rows(batch, scheduled)
         num_logits = int(cu[-1])

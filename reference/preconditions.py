@@ -65,7 +65,7 @@ def check_input_batch(
     if rules.admits_drafts:
         profile_rules.check_admitted_drafts(batch, rank)
     if rules.has_upper_bound:
-        profile_rules.check_seq_lens_upper_bound(batch, rank)
+        profile_rules.check_seq_lens_upper_bound(batch, rank, required=rules.upper_bound_required)
     _check_drafts(batch, counts, rank, profile)
     # The device fields lay out the admitted rows where admitted counts are given (CL-ADMITTED-DRAFTS).
     device_cu = profile_rules.device_cu_num_logits(batch, profile)

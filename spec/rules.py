@@ -93,9 +93,9 @@ RULES: tuple[Rule, ...] = (
         {
             "none": "not the spec's: the local batch keeps the batch's value (INV-LOCAL-UNLISTED-FIELDS).",
             "optional": "localized; the engine may pass None.",
-            "always": "localized; the engine always passes it, so cases never leave it out.",
+            "always": "localized; the engine always passes it, and a batch without it is refused "
+            "(PRE-SEQ-LENS-UPPER-BOUND).",
         },
-        unsupported=("always",),
     ),
     Rule(
         "adaptive_verification",
@@ -183,6 +183,11 @@ class Rules:
     @property
     def has_upper_bound(self) -> bool:
         return self.seq_lens_upper_bound != "none"
+
+    @property
+    def upper_bound_required(self) -> bool:
+        """seq_lens_cpu_upper_bound is never None (seq_lens_upper_bound: always)."""
+        return self.seq_lens_upper_bound == "always"
 
     @property
     def adaptive(self) -> bool:

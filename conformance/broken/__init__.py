@@ -148,6 +148,13 @@ CORPUS: list[Entry] = [
         "error-capacity-tp",
         requires={"construction": "sharded_groups"},
     ),
+    _entry(
+        "accepts-absent-upper-bound",
+        "rejection",
+        "AcceptsAbsentUpperBound",
+        "error-bound-absent",
+        requires={"seq_lens_upper_bound": "always"},
+    ),
     _entry("anonymous-errors", "rejection", "AnonymousErrors", "error-logits-tail"),
     _entry("checks-nothing", "rejection", "ChecksNothing", "error-capacity-reqs", "error-slot-range"),
     _entry("accepts-on-odd-ranks", "rejection", "AcceptsOnOddRanks", "error-capacity-reqs", "error-zero-logits"),
@@ -208,7 +215,7 @@ CORPUS += [
         "vllm033",
         "SeqLensUpperBoundGlobal",
         "adaptive-admitted-no-counts",
-        requires={"seq_lens_upper_bound": "optional"},
+        requires={"seq_lens_upper_bound": "always"},
     ),
     _entry(
         "admitted-drafts-localized",
@@ -288,7 +295,15 @@ CORPUS += [
         "HalfInfinitiesClampedInBfloat16",
         "decode-bf16-logits-limits",
     ),
-    _entry("upper-bound-made-up", "input_space", "UpperBoundMadeUpWhenAbsent", "seq-lens-cpu-upper-bound-absent"),
+    # Only where the bound may be absent (seq_lens_upper_bound: optional): no bundled profile since vllm-0.33
+    # always passes it, so it runs under none of them (a batch without it is PRE-SEQ-LENS-UPPER-BOUND there).
+    _entry(
+        "upper-bound-made-up",
+        "input_space",
+        "UpperBoundMadeUpWhenAbsent",
+        "seq-lens-cpu-upper-bound-absent",
+        requires={"seq_lens_upper_bound": "optional"},
+    ),
     _entry(
         "lengths-checked-from-below-only",
         "input_space",

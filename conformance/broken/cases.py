@@ -111,6 +111,14 @@ TP_SIZE = _case("error-tp-size", tp_size=1, slots=[0, 1], num_logits_per_req=[1,
 CAPACITY_TP = _case(
     "error-capacity-tp", slots=[0], num_logits_per_req=[1], max_num_reqs=1, expect_error="PRE-CAPACITY-TP"
 )
+# No seq_lens_cpu_upper_bound where the engine always passes it (seq_lens_upper_bound: always).
+BOUND_ABSENT = _case(
+    "error-bound-absent",
+    slots=[0, 1, 2],
+    num_logits_per_req=[1, 1, 1],
+    edits=["seq-lens-upper-bound-absent"],
+    expect_error="PRE-SEQ-LENS-UPPER-BOUND",
+)
 
 # A precondition whose outcome is undefined, which the reference rejects anyway.
 LOGITS_TAIL = _case(
@@ -166,6 +174,7 @@ ALL = [
     ZERO_LOGITS,
     TP_SIZE,
     CAPACITY_TP,
+    BOUND_ABSENT,
     LOGITS_TAIL,
     EXTENSIONS,
     EXTENSIONS_MANY,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from shardspec.reference import ReferenceSharder, preconditions
 from shardspec.spec.errors import PreconditionError
 
@@ -53,3 +55,15 @@ class BuildsForAnyGroup(ReferenceSharder):
 
     def check_construction(self, rules, comm, max_num_reqs):
         pass
+
+
+class AcceptsAbsentUpperBound(ReferenceSharder):
+    """INV-REJECT-INVALID: takes a batch without seq_lens_cpu_upper_bound, as where the engine may leave it
+    out (seq_lens_upper_bound: optional), under a profile whose engine always passes it."""
+
+    def shard_sampler_inputs(self, batch, grammar):
+        profile, self.profile = self.profile, replace(self.rules, seq_lens_upper_bound="optional")
+        try:
+            return super().shard_sampler_inputs(batch, grammar)
+        finally:
+            self.profile = profile

@@ -24,6 +24,7 @@ import numpy as np
 
 from shardspec.conformance.cases.input_space import holds
 from shardspec.spec.case import Case, ExplicitLocalOutput, construction_refusal, least_capacity
+from shardspec.spec.case_edits import UPPER_BOUND_ABSENT
 from shardspec.spec.model import DEFAULT_PROFILE
 from shardspec.spec.profiles import rules_of
 
@@ -151,6 +152,11 @@ def _capacity_at_largest_slot(case, rng):
 def _too_many_requests(case, rng):
     n = _requests_over_capacity(case)
     return replace(case, slots=list(range(n)), num_logits_per_req=[1] * n, max_num_reqs=n - 1)
+
+
+def _bound_absent(case, rng):
+    """No seq_lens_cpu_upper_bound: a violation only where the engine always passes one."""
+    return replace(case, edits=[UPPER_BOUND_ABSENT]) if rules_of(case.profile).upper_bound_required else None
 
 
 def _group_of_one(case, rng):
@@ -284,6 +290,7 @@ REALIZERS: dict[str, Callable] = {
     "batch.cu_num_logits_np:above=N + 2 entries": _edit("cu-logits-np-long"),
     "batch.seq_lens:above=N + 1": _edit("seq-lens-long"),
     "batch.seq_lens_cpu_upper_bound:above=N + 1": _edit("seq-lens-upper-bound-long"),
+    "batch.seq_lens_cpu_upper_bound:other=None": _bound_absent,
     "batch.logits_indices:above=L + 1": _edit("logits-indices-long"),
     "batch.expanded_idx_mapping:above=L + 1": _edit("expanded-idx-mapping-long"),
     "batch.expanded_local_pos:above=L + 1": _edit("expanded-local-pos-long"),

@@ -266,7 +266,7 @@ def exercised(case, previous=None) -> set[Variation]:
         add(path, LAYOUT, "contiguous" if layout not in LAYOUTS_1D and path not in two_d else layout)
     # presence
     add("batch.num_draft_tokens_per_req", PRESENCE, "present" if spec_decode else "absent")
-    if has_bound:
+    if has_bound and not rules_of(case.profile).upper_bound_required:  # optional: both presences
         add("batch.seq_lens_cpu_upper_bound", PRESENCE, "present" if upper_bound else "absent")
     add("batch.num_admitted_draft_tokens", PRESENCE, "absent" if case.admitted_drafts is None else "present")
     add("grammar", PRESENCE, "present" if case.grammar_positions else "absent")
