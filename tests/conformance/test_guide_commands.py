@@ -41,6 +41,25 @@ def commands(block: str) -> list[str]:
     return [line.strip() for line in joined.splitlines() if line.strip() and not line.strip().startswith("#")]
 
 
+ENGINE_PROFILE = ROOT / "examples" / "engine_profile" / "engine.yaml"
+
+
+def test_the_guides_profile_file_is_the_one_its_command_runs():
+    """The engine profile the guide prints is the file of examples/ that its marked command passes with
+    --profile-file, and that file loads: it extends a bundled profile and changes two rules."""
+    from shardspec.spec.profiles import load_profile_file, rules_of
+
+    shown = re.search(r"```yaml\n(# examples/engine_profile/engine.yaml\n.*?)```", GUIDE.read_text(), re.S)
+    assert shown and shown.group(1) == ENGINE_PROFILE.read_text()
+    assert any(f"--profile-file {ENGINE_PROFILE.relative_to(ROOT)}" in c for b in blocks("run") for c in commands(b))
+    name = load_profile_file(ENGINE_PROFILE).name
+    mine, parent = rules_of(name).as_dict(), rules_of("vllm-0.34").as_dict()
+    assert {k: v for k, v in mine.items() if parent[k] != v} == {
+        "seq_lens_upper_bound": "optional",
+        "construction": "any_group",
+    }
+
+
 def test_the_guide_marks_commands_to_run_and_to_install():
     assert blocks("run") and blocks("install"), "the markers of the guide's commands are gone"
 
