@@ -296,7 +296,8 @@ CORPUS += [
         "decode-bf16-logits-limits",
     ),
     # Only where the bound may be absent (seq_lens_upper_bound: optional): no bundled profile since vllm-0.33
-    # always passes it, so it runs under none of them (a batch without it is PRE-SEQ-LENS-UPPER-BOUND there).
+    # always passes it (a batch without it is PRE-SEQ-LENS-UPPER-BOUND there); tests/meta/test_input_space.py
+    # runs it under the guide's engine profile (examples/engine_profile/engine.yaml), which has optional.
     _entry(
         "upper-bound-made-up",
         "input_space",

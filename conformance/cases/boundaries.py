@@ -223,6 +223,7 @@ def _edit(name: str) -> Callable:
 REALIZERS: dict[str, Callable] = {
     "sharder.tp_size:below=1": _group_of_one,
     "sharder.max_num_reqs:below=tp - 1": _fewer_slots_than_ranks,
+    "sharder.tp_size:above=max_num_reqs + 1": _fewer_slots_than_ranks,  # the same sharder, seen from the group
     "batch.req_ids:below=num_reqs - 1": lambda c, r: replace(c, edits=["req-ids-short"]),
     "batch.num_reqs:above=max_num_reqs + 1": _too_many_requests,
     "sharder.max_num_reqs:below=num_reqs - 1": _capacity_below_batch,

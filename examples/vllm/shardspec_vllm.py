@@ -297,6 +297,7 @@ class VllmSharder:
 
     SPEC_VERSION = "0.4.0"
     SPEC_RULES = RULES
+    RELEASE = f"vLLM {vllm.__version__}"  # the column of the page of releases (report releases)
 
     def __init__(
         self,
