@@ -119,6 +119,13 @@ MASK = ExtensionSpec(per="logits_row", dtype=torch.int32, shape=(4,))
 
 # precondition ID -> (call that violates it, field named, batch position named or None)
 VIOLATIONS = {
+    # vllm-0.34 builds no sharder for one rank, or for fewer request slots than ranks (construction rule).
+    "PRE-TP-SIZE": (lambda: ReferenceSharder(64, 4, comm=LoopbackComm(0, 1), profile="vllm-0.34"), "tp_size", None),
+    "PRE-CAPACITY-TP": (
+        lambda: ReferenceSharder(1, 4, comm=LoopbackComm(1, 2), profile="vllm-0.34"),
+        "max_num_reqs",
+        None,
+    ),
     "PRE-BATCH-SIZE": (lambda: _shard(_batch(num_reqs=4)), "num_reqs", None),
     "PRE-CAPACITY-REQS": (lambda: _shard(build_input_batch(SLOTS, COUNTS), max_num_reqs=4), "num_reqs", None),
     "PRE-REQ-IDS-UNIQUE": (lambda: _shard(_batch(req_ids=["a", "b", "c", "b", "e"])), "req_ids", 3),
