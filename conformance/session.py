@@ -274,6 +274,8 @@ class ConformanceSession:
             "mixed_max_examples": self.config.mixed_max_examples,
             "cases_per_tp": {self.label(i): self.case_counts(i) for i in self.config.impls},
             "run_dir": str(self.run_dir),
+            # What the case selection noted (e.g. a group size the profile builds no sharder for).
+            "notes": list(self.case_set.notes),
             # What each implementation says it is (its factory's RELEASE), for a page of releases.
             "releases": dict(self.releases),
         }

@@ -42,6 +42,7 @@ RUN_FIELDS = (
     "seed",
     "max_examples",
     "wall_s",
+    "notes",
 )
 
 

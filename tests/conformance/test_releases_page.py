@@ -55,7 +55,9 @@ def test_each_release_is_a_column_of_pass_known_untriaged_and_not_run(runs):
     assert (known.state, known.reasons) == (KNOWN, (REASON,))
     assert page.cell("INV-REJECT-INVALID", "engine 9.9").state == UNTRIAGED
     assert page.cell("INV-REJECT-INVALID", "reference").state == PASSED
-    # At tp 1 vllm-0.34 judges the PRE-TP-SIZE rejection only.
+    # At tp 1 vllm-0.34 judges the PRE-TP-SIZE rejection only, and the run says so.
+    notes = json.loads(third.read_text())["metadata"]["notes"]
+    assert any("only that rejection is judged" in note and "PRE-TP-SIZE" in note for note in notes), notes
     assert page.cell("INV-REJECT-INVALID", "production").state == PASSED
     assert page.cell("INV-OWNER", "production").state == NOT_JUDGED
     assert page.cell("INV-OWNER", "production").detail == "tp 1: n/a"

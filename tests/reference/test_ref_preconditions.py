@@ -122,7 +122,7 @@ VIOLATIONS = {
     # vllm-0.34 builds no sharder for one rank, or for fewer request slots than ranks (construction rule).
     "PRE-TP-SIZE": (lambda: ReferenceSharder(64, 4, comm=LoopbackComm(0, 1), profile="vllm-0.34"), "tp_size", None),
     "PRE-CAPACITY-TP": (
-        lambda: ReferenceSharder(1, 4, comm=LoopbackComm(1, 2), profile="vllm-0.34"),
+        lambda: ReferenceSharder(1, 4, comm=LoopbackComm(0, 2), profile="vllm-0.34"),
         "max_num_reqs",
         None,
     ),
