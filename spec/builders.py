@@ -50,9 +50,9 @@ def build_input_batch(
     rows; the device fields lay out 1 + admitted rows per request, cu_num_logits_np and
     num_draft_tokens_per_req keep the scheduled counts. ``seq_lens_upper_bound`` (default: on, as
     vLLM's model runner has always built it since 0.33, and profiles with seq_lens_upper_bound: always
-    require) adds seq_lens_cpu_upper_bound (a CPU tensor at or above seq_lens); off, it is None. ``dtypes`` gives device fields another
-    integer dtype. ``seq_lens_growth`` makes every default seq_len that many tokens longer (the same
-    requests some decode steps later).
+    require) adds seq_lens_cpu_upper_bound (a CPU tensor at or above seq_lens); off, it is None.
+    ``dtypes`` gives device fields another integer dtype. ``seq_lens_growth`` makes every default seq_len
+    that many tokens longer (the same requests some decode steps later).
     """
     if admitted_drafts is not None:
         scheduled = np.asarray(num_logits_per_req, dtype=np.int64).reshape(-1)

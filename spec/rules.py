@@ -130,7 +130,7 @@ RULES: tuple[Rule, ...] = (
         {
             "any_group": "any tp >= 1 and max_num_reqs >= 1: a group of one runs the step unsharded.",
             "sharded_groups": "tp >= 2 and max_num_reqs >= tp, else the constructor raises: the engine turns "
-            "batch-sharded sampling on only where every rank can own a request (vLLM 0.34's config).",
+            "batch-sharded sampling on only where every rank can own a request (vLLM's config, 0.34.0).",
         },
     ),
 )

@@ -53,6 +53,7 @@ from vllm.v1.worker.gpu.sample.output import SamplerOutput as VllmSamplerOutput 
 from shardspec.comm import start_up  # noqa: E402
 from shardspec.spec import model  # noqa: E402
 from shardspec.spec.errors import PreconditionError  # noqa: E402
+from shardspec.spec.profiles import rules_of  # noqa: E402
 
 if not vllm.triton_utils.HAS_TRITON:
     raise ImportError(
@@ -72,8 +73,9 @@ SPEC_FIELDS = tuple(f.name for f in dataclasses.fields(model.InputBatch))
 VOCAB_SHARDS_EXCHANGE = hasattr(batch_shard, "all_to_all_vocab_shards")
 GRAMMAR_HAS_ACCEPTABLE_DRAFTS = "num_acceptable_drafts" in {f.name for f in dataclasses.fields(VllmGrammarOutput)}
 POSITION_OWNERS = hasattr(batch_shard, "shard_owners")
-# - construction: 0.34's VllmConfig refuses batch-sharded sampling for tp <= 1 and max_num_seqs < tp
-#   (_validate_batch_sharded_sampling), before the engine builds the BatchSharder; 0.33 builds it for any group.
+# - the config check: VllmConfig._validate_batch_sharded_sampling refuses batch-sharded sampling for
+#   tp <= 1 and max_num_seqs < tp before the engine builds a BatchSharder (0.34.0 has it, and so does the
+#   0.33.0 wheel, though profile vllm-0.33 builds a sharder of any group).
 CONFIG_CHECK = getattr(VllmConfig, "_validate_batch_sharded_sampling", None)
 # The rules the installed release follows (spec/rules.py): the suite refuses a profile that sets another
 # value of one of them.
@@ -81,7 +83,6 @@ RULES = {
     "owner": ("position_mod_tp",) if POSITION_OWNERS else ("slot_mod_tp",),
     "exchange": ("all_to_all_vocab_shards",) if VOCAB_SHARDS_EXCHANGE else ("all_to_all_logits",),
     "acceptable_drafts": ("sliced",) if GRAMMAR_HAS_ACCEPTABLE_DRAFTS else ("none",),
-    "construction": ("sharded_groups",) if CONFIG_CHECK else ("any_group",),
 }
 
 
@@ -337,7 +338,10 @@ class VllmSharder:
         adaptive_verification_enabled: bool = False,
         **ignored,
     ):
-        refuse_as_vllm_config(comm.world_size, max_num_reqs)  # before vLLM's groups are set up
+        # Where the profile's rules refuse what vLLM's config refuses (construction: sharded_groups), the
+        # engine's check runs first, before vLLM's groups are set up; elsewhere the sharder is built as is.
+        if rules_of(ignored.get("profile", model.DEFAULT_PROFILE)).sharded_groups_only:
+            refuse_as_vllm_config(comm.world_size, max_num_reqs)
         self.device = torch.device(device)
         self.tp_group = _vllm_tp_group(comm, self.device)
         self.sharder = batch_shard.BatchSharder(
