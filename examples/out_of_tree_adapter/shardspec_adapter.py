@@ -19,7 +19,7 @@ from shardspec.spec.model import ShardResult
 
 
 class UpstreamStyleSharder:
-    SPEC_VERSION = "0.4.0"
+    SPEC_VERSION = "0.5.0"
     SPEC_PROFILES = ("vllm-0.33",)
 
     def __init__(
