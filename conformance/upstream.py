@@ -355,11 +355,41 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("path", metavar="PATH", help="a vLLM source tree, a vLLM wheel, a batch_shard.py, or installed")
     parser.add_argument("--profile", help="compare against this profile's fields (default: every profile's)")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    parser.add_argument(
+        "--behaviour",
+        action="store_true",
+        help="run the sharder (installed, or one batch_shard.py through the stand-ins) on a few generated cases "
+        "under each bundled profile and say which profile's rules it follows (conformance/upstream_run.py)",
+    )
+    parser.add_argument(
+        "--hide-profile",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="with --behaviour: leave this bundled profile out, as if it did not exist (repeatable)",
+    )
     args = parser.parse_args(argv)
+    if args.hide_profile and not args.behaviour:
+        parser.error("--hide-profile needs --behaviour")
     try:
+        if args.behaviour:
+            return _behaviour(args)
         report = check(args.path, args.profile)
     except (UpstreamInputError, UnknownProfileError, SpecFileError) as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 2
     print(json.dumps(report, indent=2) if args.json else render(report))
+    return report["exit_code"]
+
+
+def _behaviour(args) -> int:
+    from shardspec.conformance import upstream_run
+
+    if args.profile:
+        raise UpstreamInputError("--behaviour runs every bundled profile; leave some out with --hide-profile")
+    try:
+        report = upstream_run.check(args.path, tuple(args.hide_profile))
+    except upstream_run.BehaviourInputError as exc:
+        raise UpstreamInputError(str(exc)) from None
+    print(json.dumps(report, indent=2, default=str) if args.json else upstream_run.render(report))
     return report["exit_code"]
