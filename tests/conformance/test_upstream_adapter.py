@@ -80,3 +80,38 @@ def test_the_adapter_runs_vllm_033s_file(monkeypatch, case_id):
     finally:
         sys.modules.pop("shardspec_upstream", None)
     assert result.status == PASS, result.errors or result.violations
+
+
+VLLM_034_FILE = (
+    pathlib.Path(__file__).resolve().parents[3] / "shared/upstream/vllm-0.34.0/vllm/v1/worker/gpu/sample/batch_shard.py"
+)
+
+
+@pytest.mark.skipif(not VLLM_034_FILE.is_file(), reason=f"vLLM 0.34.0's batch_shard.py is not at {VLLM_034_FILE}")
+@pytest.mark.parametrize("tp", [1, 2, 3])
+def test_the_adapter_runs_vllm_034s_file_through_its_pynccl_branch(monkeypatch, tp):
+    """0.34: all_to_all_vocab_shards through the TP group's device_communicator.pynccl_comm, ownership by batch
+    position (no DraftLogitsCache), and vllm.config imported: the small cases pass under vllm-0.34, and every
+    exchange went through the PyNccl stand-in (one call per rank)."""
+    from dataclasses import replace
+
+    monkeypatch.syspath_prepend(str(ADAPTER))
+    monkeypatch.setenv("SHARDSPEC_UPSTREAM_FILE", str(VLLM_034_FILE))
+    import shardspec_upstream
+
+    calls = []
+    through = shardspec_upstream._PyNcclOfTheGroup.all_to_all_single
+    monkeypatch.setattr(
+        shardspec_upstream._PyNcclOfTheGroup,
+        "all_to_all_single",
+        lambda self, *args: calls.append(self.comm.rank) or through(self, *args),
+    )
+    try:
+        for case in small_cases(tp):
+            result = run_case_in_process(
+                replace(case, profile="vllm-0.34"), ImplChoice("shardspec_upstream:make_sharder")
+            )
+            assert result.status == PASS, result.errors or result.violations
+    finally:
+        sys.modules.pop("shardspec_upstream", None)
+    assert sorted(calls) == sorted(list(range(tp)) * len(small_cases(tp)))
