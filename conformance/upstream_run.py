@@ -19,6 +19,7 @@ A profile matches when each of its rule values is consistent. Exit 0 when one ma
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import inspect
 import os
@@ -58,10 +59,23 @@ class Subject:
     folder: pathlib.Path  # the adapter's folder, put on PYTHONPATH
     env: dict[str, str] = field(default_factory=dict)
 
+    @contextlib.contextmanager
+    def environment(self):
+        """The adapter importable, here and in the rank processes this one starts (the fork launcher's ranks
+        import it from this process's path), and the file named; put back as it was afterwards."""
+        saved_env, saved_path = dict(os.environ), list(sys.path)
+        os.environ.update(self.env)
+        os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(self.folder), os.environ.get("PYTHONPATH")]))
+        sys.path.insert(0, str(self.folder))
+        try:
+            yield
+        finally:
+            os.environ.clear()
+            os.environ.update(saved_env)
+            sys.path[:] = saved_path
+
     def batch_shard(self):
         """The module of vLLM's sharder, loaded in this process, for its API."""
-        sys.path.insert(0, str(self.folder))
-        os.environ.update(self.env)
         try:
             if "shardspec_vllm" in self.impl:
                 import shardspec_vllm
@@ -72,8 +86,6 @@ class Subject:
             return shardspec_upstream.load_upstream(self.env["SHARDSPEC_UPSTREAM_FILE"])
         except Exception as exc:  # an import of vLLM or a load of the file: its first line
             raise BehaviourInputError(f"{self.label}: cannot be loaded: {type(exc).__name__}: {exc}") from None
-        finally:
-            sys.path.remove(str(self.folder))
 
 
 def subject_of(arg: str) -> Subject:
@@ -157,9 +169,6 @@ def run_cases(subject: Subject, cases: list[Case]) -> tuple[list, dict[str, dict
     from shardspec.conformance.harness.group import Job
     from shardspec.conformance.harness.multiprocess import LaunchOptions, run_jobs_multiprocess
 
-    os.environ.update(subject.env)
-    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(subject.folder), os.environ.get("PYTHONPATH")]))
-    sys.path.insert(0, str(subject.folder))  # a forked rank imports the adapter from this process's path
     judge, seen = _probing_judge()
     results, servers = [], {}
     with tempfile.TemporaryDirectory(prefix="shardspec-drift-") as run_dir:
@@ -316,12 +325,13 @@ def run(arg: str, profiles: list[str]) -> Run:
     import torch
 
     subject = subject_of(arg)
-    if not torch.cuda.is_available():
-        os.environ.setdefault("TRITON_INTERPRET", "1")  # the kernels run in Triton's interpreter on the CPU
-    batch_shard = subject.batch_shard()
-    started = time.monotonic()
-    cases = drift_cases(profiles)
-    results, seen = run_cases(subject, cases)
+    if not torch.cuda.is_available() and "TRITON_INTERPRET" not in os.environ:
+        subject.env["TRITON_INTERPRET"] = "1"  # the kernels run in Triton's interpreter on the CPU
+    with subject.environment():
+        batch_shard = subject.batch_shard()
+        started = time.monotonic()
+        cases = drift_cases(profiles)
+        results, seen = run_cases(subject, cases)
     return Run(subject.label, cases, results, seen, batch_shard, round(time.monotonic() - started, 1))
 
 

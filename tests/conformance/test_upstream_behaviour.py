@@ -67,3 +67,32 @@ def test_bad_input_is_one_line_and_exit_2(capsys, tmp_path, monkeypatch):
     found = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else found(name, *a))
     assert "no vllm package is installed" in error_of("installed")
+
+
+def test_an_invariant_failure_is_blamed_on_a_rule_only_under_a_profile_that_fits_what_was_read():
+    """INV-LOCAL-GRAMMAR (tied to grammar_slicing) failing under vllm-0.34 breaks its value, blocks, when the
+    owner rule read off the plans is vllm-0.34's; under a profile whose owner rule was not seen (every local
+    field then differs) the same failure is blamed on nothing."""
+    from types import SimpleNamespace
+
+    from shardspec.spec.loader import load_spec
+
+    spec = load_spec()
+
+    def result(profile, failed):
+        case = SimpleNamespace(profile=profile)
+        return SimpleNamespace(
+            case=case,
+            case_id=f"{profile}-case",
+            violations=[{"invariant_id": i} for i in failed],
+            judged=["INV-LOCAL-GRAMMAR"],
+        )
+
+    position = {"owner": upstream_run.Verdict("owner", ("position_mod_tp",), "read")}
+    blamed = upstream_run.by_invariants("grammar_slicing", [result("vllm-0.34", ["INV-LOCAL-GRAMMAR"])], position, spec)
+    assert blamed.values == ("rows",) and list(blamed.broken) == ["blocks"]
+    slot = {"owner": upstream_run.Verdict("owner", ("slot_mod_tp",), "read")}
+    unblamed = upstream_run.by_invariants("grammar_slicing", [result("vllm-0.34", ["INV-LOCAL-GRAMMAR"])], slot, spec)
+    assert unblamed.values == ("rows", "blocks") and not unblamed.broken
+    held = upstream_run.by_invariants("grammar_slicing", [result("vllm-0.34", [])], position, spec)
+    assert held.values == ("rows", "blocks") and "held under blocks" in held.how
