@@ -141,26 +141,31 @@ def drift_cases(profiles: list[str], tp_sizes=TP_SIZES, per_tp: int = CASES_PER_
 
 
 def _probing_judge():
+    """The suite's judge, keeping what rank 0's shard step returned for each case (the plan is replicated)."""
+    from shardspec.conformance.judge.verdicts import Judge
     from shardspec.conformance.replay import suite_judge
 
-    judge = suite_judge()
-    seen: dict[str, dict] = {}
-    inner = judge.transcripts
+    class ProbingJudge(Judge):
+        def __init__(self, expect, device, seen):
+            super().__init__(expect, device)
+            self.seen = seen
 
-    def transcripts(case, label, found, ended=None, culprit=None):
-        """What rank 0's shard step returned (the plan is replicated), then the suite's verdict."""
-        outputs = getattr(found.get(0), "outputs", None)
-        shard = getattr(outputs, "shard", None)
-        if shard is not None:
-            seen[case.case_id] = {
-                "metadata": shard.metadata,
-                "local_idx_dtype": shard.local_batch.idx_mapping.dtype,
-                "batch_idx_dtype": judge.inputs(case).batch.idx_mapping.dtype,
-            }
-        return inner(case, label, found, ended, culprit)
+        def at(self, device):  # the harness moves the judge to the ranks' device: the plans go on being kept
+            return self if device == self.device else ProbingJudge(self.expect, device, self.seen)
 
-    judge.transcripts = transcripts
-    return judge, seen
+        def transcripts(self, case, label, transcripts, ended=None, culprit=None):
+            shard = getattr(getattr(transcripts.get(0), "outputs", None), "shard", None)
+            if shard is not None:
+                self.seen[case.case_id] = {
+                    "metadata": shard.metadata,
+                    "local_idx_dtype": shard.local_batch.idx_mapping.dtype,
+                    "batch_idx_dtype": self.inputs(case).batch.idx_mapping.dtype,
+                }
+            return super().transcripts(case, label, transcripts, ended, culprit)
+
+    base = suite_judge()
+    judge = ProbingJudge(base.expect, base.device, {})
+    return judge, judge.seen
 
 
 def run_cases(subject: Subject, cases: list[Case]) -> tuple[list, dict[str, dict]]:
@@ -204,12 +209,14 @@ def _owners(case: Case, value: str) -> list[int]:
     return dataclasses.replace(rules_of(case.profile), owner=value).owners(case.slots, case.tp_size)
 
 
-def read_owner(cases: dict[str, Case], seen: dict[str, dict]) -> Verdict:
+def read_owner(cases: dict[str, Case], seen: dict[str, dict]) -> Verdict | None:
     planned = {
         cid: (np.asarray(s["metadata"].gathered_src_indices.cpu()) // max(s["metadata"].max_num_reqs_per_rank, 1))
         for cid, s in seen.items()
         if cases[cid].slots
     }
+    if not planned:
+        return None  # no plan came back: the invariants decide
     values = tuple(
         v for v in _supported("owner") if all(list(o) == _owners(cases[cid], v) for cid, o in planned.items())
     )
