@@ -95,9 +95,14 @@ def subject_of(arg: str) -> Subject:
         if importlib.util.find_spec("vllm") is None:
             raise BehaviourInputError("installed: no vllm package is installed (importlib finds none)")
         return Subject("the installed vllm package", "shardspec_vllm:make_sharder", _adapter("vllm"))
+    from shardspec.conformance.upstream import SHARD_FILE
+
     path = pathlib.Path(arg)
+    path = path / SHARD_FILE if path.is_dir() else path  # a vLLM source tree: its batch_shard.py
     if not path.is_file() or path.suffix != ".py":
-        raise BehaviourInputError(f"{arg}: no such file (--behaviour runs installed or one batch_shard.py)")
+        raise BehaviourInputError(
+            f"{path}: no such file (--behaviour runs installed, a vLLM source tree or one batch_shard.py)"
+        )
     env = {"SHARDSPEC_UPSTREAM_FILE": str(path.resolve())}
     return Subject(str(path), "shardspec_upstream:make_sharder", _adapter("upstream_vllm"), env)
 

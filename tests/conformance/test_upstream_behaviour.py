@@ -58,6 +58,7 @@ def test_bad_input_is_one_line_and_exit_2(capsys, tmp_path, monkeypatch):
         return captured.err
 
     assert "no such file" in error_of(tmp_path / "missing.py")
+    assert "batch_shard.py: no such file" in error_of(tmp_path)  # a folder without vLLM's file in it
     assert "no such bundled profile" in error_of(FILE_034, "--hide-profile", "vllm-9")
     hide_all = [a for p in upstream_run.PROFILES for a in ("--hide-profile", p)]
     assert "hides every bundled profile" in error_of(FILE_034, *hide_all)
