@@ -358,8 +358,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--behaviour",
         action="store_true",
-        help="run the sharder (installed, or a tree's or one batch_shard.py through the stand-ins) on a few generated cases "
-        "under each bundled profile and say which profile's rules it follows (conformance/upstream_run.py)",
+        help="run the sharder (installed, or a tree's or one batch_shard.py through the stand-ins) on a few "
+        "generated cases under each bundled profile and say which profile's rules it follows "
+        "(conformance/upstream_run.py)",
     )
     parser.add_argument(
         "--hide-profile",
