@@ -7,7 +7,8 @@ annotations (``input_batch: InputBatch``, ``local_output: SamplerOutput | None``
 A field is touched when read (``x.f``, ``getattr(x, "f")``; ``x.f(...)`` is a method), given by keyword
 to a constructor or to ``replace``/``_replace``, or declared in a class body (BatchShardMetadata).
 Findings: touched fields in no profile of the spec, and spec fields the code no longer touches.
-Exit 0 clean, 1 findings, 2 bad input (one line on stderr)."""
+Exit 0 clean, 1 findings, 2 bad input (one line on stderr). With --behaviour the code is run instead of
+read: which bundled profile's rules it follows, rule by rule (upstream_run.py)."""
 
 from __future__ import annotations
 
