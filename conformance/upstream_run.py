@@ -367,9 +367,11 @@ def report(done: Run, profiles: list[str], spec=None) -> dict:
     seen = {cid: s for cid, s in done.seen.items() if any(c.case_id == cid for c in cases)}
     found = verdicts(cases, results, seen, done.batch_shard, spec)
     differ = matching(found, profiles)
+    under: dict[str, list] = {p: [] for p in profiles}  # the results of the cases run under each profile
+    for result in results:
+        under[result.case.profile].append(result)
     per_profile = {}
-    for p in profiles:
-        mine = [r for r in results if r.case.profile == p]
+    for p, mine in under.items():
         failed = {v["invariant_id"] for r in mine for v in r.violations} | (
             {"run-error"} if any(r.errors for r in mine) else set()
         )
