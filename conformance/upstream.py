@@ -384,13 +384,26 @@ def main(argv: list[str] | None = None) -> int:
     return report["exit_code"]
 
 
+def touched_fields(source: Source, spec=None) -> set[tuple[str, str]]:
+    """The (class, field) pairs the code of ``source`` touches."""
+    spec = load_spec() if spec is None else spec
+    return set(_Visitor(spec_refs(spec), parse(source)).touches)
+
+
 def _behaviour(args) -> int:
     from shardspec.conformance import upstream_run
 
     if args.profile:
         raise UpstreamInputError("--behaviour runs every bundled profile; leave some out with --hide-profile")
+    if args.path.endswith(".whl"):
+        raise UpstreamInputError(
+            f"{args.path}: --behaviour runs installed, a source tree or a batch_shard.py, not a wheel"
+        )
     try:
-        report = upstream_run.check(args.path, tuple(args.hide_profile))
+        upstream_run.visible_profiles(tuple(args.hide_profile))  # a bad name before anything is read
+        source = read_source(args.path)
+        target = "installed" if args.path == "installed" else source.label  # the batch_shard.py of a tree
+        report = upstream_run.check(target, touched_fields(source), tuple(args.hide_profile))
     except upstream_run.BehaviourInputError as exc:
         raise UpstreamInputError(str(exc)) from None
     print(json.dumps(report, indent=2, default=str) if args.json else upstream_run.render(report))

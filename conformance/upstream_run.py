@@ -95,14 +95,9 @@ def subject_of(arg: str) -> Subject:
         if importlib.util.find_spec("vllm") is None:
             raise BehaviourInputError("installed: no vllm package is installed (importlib finds none)")
         return Subject("the installed vllm package", "shardspec_vllm:make_sharder", _adapter("vllm"))
-    from shardspec.conformance.upstream import SHARD_FILE
-
     path = pathlib.Path(arg)
-    path = path / SHARD_FILE if path.is_dir() else path  # a vLLM source tree: its batch_shard.py
     if not path.is_file() or path.suffix != ".py":
-        raise BehaviourInputError(
-            f"{path}: no such file (--behaviour runs installed, a vLLM source tree or one batch_shard.py)"
-        )
+        raise BehaviourInputError(f"{arg}: no such file (--behaviour runs installed or a batch_shard.py)")
     env = {"SHARDSPEC_UPSTREAM_FILE": str(path.resolve())}
     return Subject(str(path), "shardspec_upstream:make_sharder", _adapter("upstream_vllm"), env)
 
@@ -285,22 +280,19 @@ def by_invariants(rule: str, results: list, read: dict[str, Verdict], spec) -> V
     return Verdict(rule, values, how, broken)
 
 
-def read_code(batch_shard, spec) -> Verdict:
+def read_touches(touched: set[tuple[str, str]]) -> Verdict:
     """``acceptable_drafts`` from the code: whether it touches GrammarOutput.num_acceptable_drafts (the field
-    check's reading of the source: the stand-ins' GrammarOutput has the field whatever the file does)."""
-    from shardspec.conformance.upstream import Source, _Visitor, parse, spec_refs
-
-    source = Source(batch_shard.__name__, inspect.getsource(batch_shard))
-    touches = _Visitor(spec_refs(spec), parse(source)).touches
-    sliced = ("GrammarOutput", "num_acceptable_drafts") in touches
+    check's reading of the source, upstream.py: the stand-ins' GrammarOutput has the field whatever the file
+    does, so running it cannot tell)."""
+    sliced = ("GrammarOutput", "num_acceptable_drafts") in touched
     said = "touches" if sliced else "never touches"
     return Verdict("acceptable_drafts", ("sliced",) if sliced else ("none",), f"the code {said} num_acceptable_drafts")
 
 
-def verdicts(cases: list[Case], results: list, seen: dict, batch_shard, spec) -> dict[str, Verdict]:
+def verdicts(cases: list[Case], results: list, seen: dict, batch_shard, touched: set, spec) -> dict[str, Verdict]:
     by_id = {c.case_id: c for c in cases}
     read = {v.rule: v for v in [read_owner(by_id, seen), read_padding(by_id, seen), read_dtypes(seen)] if v}
-    read.update({v.rule: v for v in [*read_api(batch_shard), read_code(batch_shard, spec)]})
+    read.update({v.rule: v for v in [*read_api(batch_shard), read_touches(touched)]})
     out = {}
     for rule in RULES:
         if rule.name in read:
@@ -357,15 +349,16 @@ def visible_profiles(hidden: tuple[str, ...] = ()) -> list[str]:
     return profiles
 
 
-def report(done: Run, profiles: list[str], spec=None) -> dict:
-    """The verdicts of ``done``'s cases under ``profiles`` (the others' cases are left out, as if hidden)."""
+def report(done: Run, profiles: list[str], touched: set[tuple[str, str]], spec=None) -> dict:
+    """The verdicts of ``done``'s cases under ``profiles`` (the others' cases are left out, as if hidden);
+    ``touched``: the (class, field) pairs the code touches (upstream.py's reading of it)."""
     from shardspec.spec.loader import load_spec
 
     spec = load_spec() if spec is None else spec
     cases = [c for c in done.cases if c.profile in profiles]
     results = [r for r in done.results if r.case.profile in profiles]
     seen = {cid: s for cid, s in done.seen.items() if any(c.case_id == cid for c in cases)}
-    found = verdicts(cases, results, seen, done.batch_shard, spec)
+    found = verdicts(cases, results, seen, done.batch_shard, touched, spec)
     differ = matching(found, profiles)
     under: dict[str, list] = {p: [] for p in profiles}  # the results of the cases run under each profile
     for result in results:
@@ -394,9 +387,10 @@ def report(done: Run, profiles: list[str], spec=None) -> dict:
     }
 
 
-def check(arg: str, hidden: tuple[str, ...] = ()) -> dict:
+def check(arg: str, touched: set[tuple[str, str]], hidden: tuple[str, ...] = ()) -> dict:
+    """``arg`` (``installed`` or a batch_shard.py) run under every bundled profile but ``hidden``, judged."""
     profiles = visible_profiles(hidden)
-    return report(run(arg, profiles), profiles)
+    return report(run(arg, profiles), profiles, touched)
 
 
 def render(report: dict) -> str:

@@ -12,6 +12,7 @@ import pytest
 
 from shardspec.conformance import upstream_run
 from shardspec.conformance.upstream import main as upstream_main
+from shardspec.conformance.upstream import read_source, touched_fields
 
 UPSTREAM = Path(__file__).resolve().parents[3] / "shared/upstream"
 FILE_034 = UPSTREAM / "vllm-0.34.0/vllm/v1/worker/gpu/sample/batch_shard.py"
@@ -23,10 +24,15 @@ def run_034():
     return upstream_run.run(str(FILE_034), upstream_run.visible_profiles())
 
 
+@pytest.fixture(scope="module")
+def touched_034():
+    return touched_fields(read_source(str(FILE_034)))
+
+
 @needs_034
 @pytest.mark.slow
-def test_with_its_profile_hidden_the_ownership_change_is_named(run_034):
-    report = upstream_run.report(run_034, upstream_run.visible_profiles(("vllm-0.34",)))
+def test_with_its_profile_hidden_the_ownership_change_is_named(run_034, touched_034):
+    report = upstream_run.report(run_034, upstream_run.visible_profiles(("vllm-0.34",)), touched_034)
     assert report["exit_code"] == 1 and report["matches"] == []
     assert report["rules"]["owner"]["values"] == ["position_mod_tp"]
     assert report["rules"]["exchange"]["values"] == ["all_to_all_vocab_shards"]
@@ -40,8 +46,8 @@ def test_with_its_profile_hidden_the_ownership_change_is_named(run_034):
 
 @needs_034
 @pytest.mark.slow
-def test_with_every_profile_vllm_034_is_the_match(run_034):
-    report = upstream_run.report(run_034, upstream_run.visible_profiles())
+def test_with_every_profile_vllm_034_is_the_match(run_034, touched_034):
+    report = upstream_run.report(run_034, upstream_run.visible_profiles(), touched_034)
     assert report["matches"] == ["vllm-0.34"] and report["exit_code"] == 0, report["differ"]
     # Every case ran, and the cases under vllm-0.34 pass but the empty batch (its local cu_num_logits
     # is never written, a known defect of the file).
@@ -58,12 +64,14 @@ def test_bad_input_is_one_line_and_exit_2(capsys, tmp_path, monkeypatch):
         return captured.err
 
     assert "no such file" in error_of(tmp_path / "missing.py")
-    assert "batch_shard.py: no such file" in error_of(tmp_path)  # a folder without vLLM's file in it
+    assert "not a vLLM source tree" in error_of(tmp_path)
+    assert "not a wheel" in error_of(tmp_path / "vllm-0.34.0-cp38-abi3-manylinux_2_28_x86_64.whl")
     assert "no such bundled profile" in error_of(FILE_034, "--hide-profile", "vllm-9")
     hide_all = [a for p in upstream_run.PROFILES for a in ("--hide-profile", p)]
     assert "hides every bundled profile" in error_of(FILE_034, *hide_all)
+    assert "--behaviour runs every bundled profile" in error_of(FILE_034, "--profile", "vllm-0.34")
     not_sharder = tmp_path / "batch_shard.py"
-    not_sharder.write_text("raise ImportError('not vLLM')\n")
+    not_sharder.write_text("class BatchShardMetadata:\n    pass\n\n\nraise ImportError('not vLLM')\n")
     assert "cannot be loaded: ImportError: not vLLM" in error_of(not_sharder)
     found = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else found(name, *a))
