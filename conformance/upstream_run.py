@@ -133,7 +133,11 @@ def drift_cases(profiles: list[str], tp_sizes=TP_SIZES, per_tp: int = CASES_PER_
             plain = [p for p in map(_plain, generate_cases(tp, per_tp * 2, 0, profile, fill_gaps=False)) if p]
             cases += [replace(c, case_id=f"{profile}-{c.case_id}") for c in plain[:per_tp]]
         empty = Case(f"{profile}-empty-tp2", 2, slots=[], num_logits_per_req=[], profile=profile, logprobs_dims=None)
-        cases.append(empty)
+        # Every request's slot and batch position name different owners: the owner rules are told apart.
+        crossed = Case(
+            f"{profile}-crossed-tp2", 2, slots=[1, 0, 3, 2], num_logits_per_req=[1, 2, 1, 1], profile=profile
+        )
+        cases += [empty, crossed]
     return cases
 
 
@@ -220,7 +224,10 @@ def read_owner(cases: dict[str, Case], seen: dict[str, dict]) -> Verdict | None:
     values = tuple(
         v for v in _supported("owner") if all(list(o) == _owners(cases[cid], v) for cid, o in planned.items())
     )
-    return Verdict("owner", values, f"read off gathered_src_indices in {len(planned)} cases")
+    apart = sum(len({tuple(_owners(cases[cid], v)) for v in _supported("owner")}) > 1 for cid in planned)
+    return Verdict(
+        "owner", values, f"read off gathered_src_indices in {len(planned)} cases, {apart} telling them apart"
+    )
 
 
 def read_padding(cases: dict[str, Case], seen: dict[str, dict]) -> Verdict | None:

@@ -35,6 +35,7 @@ def test_with_its_profile_hidden_the_ownership_change_is_named(run_034, touched_
     report = upstream_run.report(run_034, upstream_run.visible_profiles(("vllm-0.34",)), touched_034)
     assert report["exit_code"] == 1 and report["matches"] == []
     assert report["rules"]["owner"]["values"] == ["position_mod_tp"]
+    assert not report["rules"]["owner"]["how"].endswith(" 0 telling them apart"), report["rules"]["owner"]
     assert report["rules"]["exchange"]["values"] == ["all_to_all_vocab_shards"]
     # vllm-0.33 differs in the owner rule, the exchange and the grammar's acceptable-draft counts.
     assert set(report["differ"]["vllm-0.33"]) == {"owner", "exchange", "acceptable_drafts"}
