@@ -2,17 +2,20 @@
 
 The field check (upstream.py) reads the code; this runs it. The sharder (``installed``: the vllm package,
 through examples/vllm; a ``batch_shard.py``: that file, through examples/upstream_vllm's stand-ins) runs a
-few valid generated cases under each bundled profile, one process per rank, judged by the suite. Each rule
-of spec/rules.py then gets the values consistent with what was seen:
+few valid generated cases, an empty batch and a batch whose slots and positions name different owners,
+under each bundled profile, one process per rank, judged by the suite. Each rule of spec/rules.py then
+gets the values consistent with what was seen:
 
 - read directly where the step shows it: ``owner`` from each case's ``gathered_src_indices`` (row //
   max_num_reqs_per_rank is the owner) against every value's owners; ``empty_batch_padding`` from an empty
   batch's ``max_num_reqs_per_rank``; ``local_dtypes`` from the local ``idx_mapping``'s dtype against the
-  batch's; ``exchange`` and ``adaptive_verification`` from the module's API;
-- otherwise from the invariants that hold only for some value of the rule (their ``requires``): a value
-  is broken when such an invariant failed under a profile with that value, counted only where the
-  invariant's other rules agree with what was read directly (so one rule's change is not blamed on
-  another); the values left are those consistent with the run.
+  batch's; ``exchange`` and ``adaptive_verification`` from the module's API; ``acceptable_drafts`` from
+  whether the code touches ``num_acceptable_drafts`` (upstream.py's reading, handed in);
+- otherwise from the invariants that hold only for some values of the rule (their ``requires``): a value
+  is broken when such an invariant failed under a profile with that value, counted only under profiles
+  whose every rule read directly fits the run (under another owner rule every local field differs,
+  whatever this rule's value); the values left are those consistent with the run;
+- ``logprob_width`` and ``communicator`` show in no step: any value is consistent.
 
 A profile matches when each of its rule values is consistent. Exit 0 when one matches, 1 when none does.
 """
