@@ -12,7 +12,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 import torch
-from bundled import VLLM_SEED
+from bundled import VLLM_033, VLLM_SEED
 
 import shardspec.reference.preconditions as preconditions_module
 from shardspec.comm import LoopbackComm
