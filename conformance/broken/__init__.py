@@ -225,6 +225,21 @@ CORPUS += [
     ),
     _entry("logprob-rows-admitted-only", "vllm033", "LogprobRowsAdmittedOnly", "adaptive-admitted"),
     _entry("extension-rows-scheduled", "vllm033", "ExtensionRowsScheduled", "adaptive-admitted-extensions"),
+    # state kept from one step to the next, where a later step's profile inputs differ
+    _entry(
+        "local-drafts-cached-by-scheduled-drafts",
+        "state",
+        "LocalDraftsCachedByScheduledDrafts",
+        "decode-loop-admitted",
+        requires={"admitted_drafts": "admitted"},
+    ),
+    _entry(
+        "local-idx-mapping-in-first-steps-dtype",
+        "state",
+        "LocalIdxMappingInFirstStepsDtype",
+        "decode-loop-admitted",
+        requires={"local_dtypes": "batch", "admitted_drafts": "admitted"},
+    ),
 ]
 
 CORPUS += [
