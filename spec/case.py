@@ -153,7 +153,7 @@ def expand_steps(case: Case) -> list[Case]:
     steps = [replace(case, then=[])] + list(case.then)
     expanded = []
     for k, step in enumerate(steps):
-        for name in ("tp_size", "max_num_reqs", "max_num_logits_per_req"):
+        for name in ("tp_size", "max_num_reqs", "max_num_logits_per_req", "adaptive_verification"):
             if getattr(step, name) != getattr(case, name):
                 raise ValueError(
                     f"case {case.case_id}: step {k} has {name} {getattr(step, name)}, the first "

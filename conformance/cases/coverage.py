@@ -330,11 +330,18 @@ def _loop_changes(previous, case) -> dict[str, bool]:
     def rows(step) -> dict[int, int]:
         return dict(zip(step.slots, step.num_logits_per_req, strict=True))
 
+    def admitted(step) -> dict[int, int] | None:
+        return None if step.admitted_drafts is None else dict(zip(step.slots, step.admitted_drafts, strict=True))
+
     reordered = previous.slots != case.slots
+    # seq_lens follow the query lengths (the rows) and the tokens decoded (spec/builders.py), the bound seq_lens
+    seq_lens = reordered or rows(previous) != rows(case) or previous.seq_lens_growth != case.seq_lens_growth
+    bound = UPPER_BOUND_ABSENT not in previous.edits + case.edits
     return {
-        # seq_lens follow the query lengths (the rows) and the tokens decoded (spec/builders.py)
-        "batch.seq_lens": reordered or rows(previous) != rows(case) or previous.seq_lens_growth != case.seq_lens_growth,
+        "batch.seq_lens": seq_lens,
+        "batch.seq_lens_cpu_upper_bound": seq_lens and bound,
         "batch.cu_num_logits": previous.num_logits_per_req != case.num_logits_per_req,
+        "batch.num_admitted_draft_tokens": admitted(previous) != admitted(case),
         "batch.idx_mapping": reordered,
         "grammar.structured_output_request_ids": listed(previous) != listed(case),
     }

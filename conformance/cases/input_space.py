@@ -57,9 +57,17 @@ FLOAT32_MAX = 3.4028234663852886e38
 FLOAT32_SUBNORMAL = 1.401298464324817e-45
 # Sizes that may be 0: an empty batch, a rank that owns no request.
 ZERO_SIZES = ("N", "L", "n", "L_local")
-# What an engine changes between two steps of the same requests: seq_lens (one token longer each step),
-# the rows per request (drafts), the batch order, the requests the grammar lists.
-LOOP_FIELDS = ("batch.seq_lens", "batch.cu_num_logits", "batch.idx_mapping", "grammar.structured_output_request_ids")
+# What an engine changes between two steps of the same requests: seq_lens (one token longer each step) and
+# their bound, the rows per request (drafts), the drafts admitted (a budget that binds otherwise), the batch
+# order, the requests the grammar lists. A field a profile lacks has no variation under it.
+LOOP_FIELDS = (
+    "batch.seq_lens",
+    "batch.seq_lens_cpu_upper_bound",
+    "batch.cu_num_logits",
+    "batch.num_admitted_draft_tokens",
+    "batch.idx_mapping",
+    "grammar.structured_output_request_ids",
+)
 # A large batch: more requests than any small one draws and more than a 64-entry block.
 LARGE_BATCH = 65
 
