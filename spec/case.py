@@ -80,7 +80,7 @@ class Case:
     max_num_logits_per_req: int = 4
     # None: speculative decoding iff some request has more than one row.
     spec_decode: bool | None = None
-    # Batch positions listed by the grammar output, in its order; None: no grammar.
+    # Batch positions listed by the grammar output, in its order; None: no grammar; []: one listing none.
     grammar_positions: list[int] | None = None
     vocab_size: int = 100
     seed: int = 0

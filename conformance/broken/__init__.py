@@ -305,16 +305,31 @@ CORPUS += [
         "sampler-cu-tensor",
         "sampler-cu-tensor-strided",
     ),
+    # sizes at an end the generators did not draw before (conformance/cases/sizes.py)
+    _entry(
+        "grammar-listing-nothing-handed-on",
+        "sizes",
+        "GrammarListingNothingHandedOn",
+        "grammar-lists-nothing",
+        requires={},
+    ),
+    _entry(
+        "logprob-columns-staged-in-fixed-buffer",
+        "sizes",
+        "LogprobColumnsStagedInFixedBuffer",
+        "logprobs-whole-vocabulary",
+        requires={},
+    ),
 ]
 
 
 def _register_input_space_cases() -> None:
-    """The cases of broken/input_space.py join the targeted cases by id (not cases.ALL: the checks that run
-    every entry on every targeted case stay the size they were; tests/meta/test_input_space.py runs the
-    reference on these)."""
-    from shardspec.conformance.broken import cases, input_space
+    """The cases of broken/input_space.py and broken/sizes.py join the targeted cases by id (not cases.ALL: the
+    checks that run every entry on every targeted case stay the size they were; tests/meta/test_input_space.py
+    runs the reference on these)."""
+    from shardspec.conformance.broken import cases, input_space, sizes
 
-    cases.BY_ID.update({case.case_id: case for case in input_space.CASES})
+    cases.BY_ID.update({case.case_id: case for case in input_space.CASES + sizes.CASES})
 
 
 _register_input_space_cases()

@@ -30,6 +30,7 @@ from shardspec.conformance.cases.input_space import (
     pair_parts,
     raw_data_model,
 )
+from shardspec.conformance.cases.sizes import sizes_drawn
 from shardspec.spec.case_edits import LOGITS_LIMITS_EDIT, UPPER_BOUND_ABSENT
 from shardspec.spec.layouts import BATCH_ARRAYS, BATCH_TENSORS
 from shardspec.spec.model import DEFAULT_PROFILE
@@ -314,6 +315,7 @@ def exercised(case, previous=None) -> set[Variation]:
                 add(path, STEP, "changed")
         if _same_step(previous, case):
             add("batch", STEP, "repeated")
+    got |= sizes_drawn(case)
     space = set(input_space(case.profile))
     drawn = {Variation(*v) for v in got} & space
     return drawn | {v for v in space if v.axis == PAIR and set(pair_parts(v)) <= drawn}

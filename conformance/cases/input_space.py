@@ -23,6 +23,9 @@ variations of each field, along six axes:
   strided int32 path, or in float16's infinities, needs both. Left out: float32's largest, lowest and
   smallest subnormal in float16 and bfloat16 logits, which round to infinities and 0 there
   (:data:`PAIRS_LEFT_OUT`);
+* ``size``: ``empty`` and ``largest`` of every size of the data model (its symbols: N, L, n, L_local,
+  G, k, t, and the batch's draft count), the largest being what the construction arguments or the
+  vocabulary allow (cases/sizes.py, which says why the other symbols have none);
 * ``step``: ``changed`` for each argument an engine may change between consecutive steps of one
   sharder (the sharder's construction parameters are fixed for its lifetime); ``changed`` for each
   field of :data:`LOOP_FIELDS` as well, where the step has the same requests as the one before and that
@@ -39,12 +42,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cache
 
+from shardspec.conformance.cases.sizes import SIZE, size_variations
 from shardspec.spec.model import DEFAULT_PROFILE
 from shardspec.spec.profiles import rules_of
 
 VALUE, DTYPE, LAYOUT, PRESENCE, DIMS, STEP = "value", "dtype", "layout", "presence", "dims", "step"
 PAIR = "pair"
-AXES = (VALUE, DTYPE, LAYOUT, PRESENCE, DIMS, STEP, PAIR)
+AXES = (VALUE, DTYPE, LAYOUT, PRESENCE, DIMS, STEP, PAIR, SIZE)
 LAYOUTS_1D = ("contiguous", "strided", "offset")
 LAYOUTS_2D = LAYOUTS_1D + ("row-padded", "column-slice")
 FLOAT_LIMITS = ("+inf", "-inf", "nan", "largest", "lowest", "subnormal")
@@ -227,7 +231,7 @@ def derive(data_model: dict, profile: str | None = DEFAULT_PROFILE) -> tuple[Var
     for field in input_fields(data_model, profile):
         single = variations_of(field)
         out += single + (pairs_of(single) if single else [])
-    return tuple(out)
+    return tuple(out) + tuple(Variation(*v) for v in size_variations())
 
 
 def raw_data_model() -> dict:
