@@ -40,6 +40,7 @@ from shardspec.conformance.cases.input_space import (
     input_space,
     pair_parts,
 )
+from shardspec.conformance.cases.sizes import SIZE_REALIZERS, largest_batch
 from shardspec.spec.case_edits import LOGITS_LIMITS_EDIT, UPPER_BOUND_ABSENT
 from shardspec.spec.model import DEFAULT_PROFILE
 from shardspec.spec.profiles import rules_of
@@ -219,27 +220,6 @@ def _nan_in_a_logits_row(case, rng):
     return replace(case, nan_tokens=sorted({*case.nan_tokens, ends[int(rng.integers(len(ends)))]}))
 
 
-def _full_batch(case, rng):
-    """Every slot of a sharder just big enough for the batch, each request at the most rows: the batch's
-    cu_num_logits_np reaches its largest, num_reqs * max_num_logits_per_req (slots keep their order)."""
-    if not case.slots or case.local_outputs != "toy":
-        return None
-    order = sorted(range(len(case.slots)), key=lambda i: case.slots[i])
-    slots = [0] * len(case.slots)
-    for rank, i in enumerate(order):
-        slots[i] = rank
-    rows = case.max_num_logits_per_req
-    blocks = case.grammar_block_rows
-    return replace(
-        case,
-        slots=slots,
-        max_num_reqs=len(slots),
-        num_logits_per_req=[rows] * len(slots),
-        spec_decode=None if rows > 1 else case.spec_decode,
-        grammar_block_rows=None if blocks is None else max(blocks, rows),
-    )
-
-
 def _without_nan_counts(case, rng):
     if not isinstance(case.local_outputs, dict) or not case.local_outputs:
         return None
@@ -319,7 +299,8 @@ def _realizers() -> dict[str, Callable]:
     for limit in ("+inf", "-inf", "largest", "lowest", "subnormal"):
         out[f"logits_shard:{VALUE}={limit}"] = _logits_limits
     out["logits_shard:value=nan"] = _nan_in_a_logits_row
-    out["batch.cu_num_logits_np:value=max"] = _full_batch
+    out["batch.cu_num_logits_np:value=max"] = largest_batch
+    out.update(SIZE_REALIZERS)
     out["logprobs_dims:value=min"] = lambda c, r: replace(c, logprobs_dims=(0, int(r.integers(0, 4))))
     out["gather_num_nans:value=true"] = lambda c, r: replace(c, gather_num_nans=True)
     out["gather_num_nans:value=false"] = lambda c, r: replace(c, gather_num_nans=False)

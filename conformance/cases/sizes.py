@@ -8,13 +8,14 @@ every symbol and for the batch's draft count, what its empty and its largest val
 being what the sharder's construction arguments (max_num_reqs, max_num_logits_per_req) or the
 vocabulary allow; or why a side has none (a size that follows others, one no argument bounds). A
 meta-test fails when a symbol of the data model is missing here (tests/meta/test_input_space.py).
-:func:`sizes_drawn` measures which ends a case draws.
+:func:`sizes_drawn` measures which ends a case draws; :data:`SIZE_REALIZERS` make a case draw them
+(cases/realizers.py): the largest batch draws the largest N, L, n, L_local and draft count at once.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from shardspec.spec.profiles import rules_of
 
@@ -62,6 +63,17 @@ SIZES: dict[str, Size] = {
 }
 
 
+def sizes_without_ends(data_model: dict) -> list[str]:
+    """The symbols of a raw data model that :data:`SIZES` does not give both ends or a reason for the
+    missing ones (a size added to the spec is named here until its ends are)."""
+    return [
+        s["name"]
+        for s in data_model["symbols"]
+        if s["name"] not in SIZES
+        or ((SIZES[s["name"]].empty is None or SIZES[s["name"]].largest is None) and not SIZES[s["name"]].why)
+    ]
+
+
 def size_variations() -> list[tuple[str, str, str]]:
     """(size, SIZE, end) for every end a size of :data:`SIZES` has."""
     return [
@@ -99,3 +111,70 @@ def sizes_drawn(case) -> set[tuple[str, str, str]]:
         ends("t", case.logprobs_dims[1], case.vocab_size)
     ends("batch.num_draft_tokens", sum(r - 1 for r in rows), cap * (cap_rows - 1))
     return got
+
+
+# -------------------------------------------------------------------- making a case draw them
+
+
+def largest_batch(case, rng):
+    """Every slot of a sharder just big enough for the batch, each request at the most rows, every draft
+    admitted: N, L, a rank's n and L_local and the draft count reach their largest, and so does the batch's
+    cu_num_logits_np, num_reqs * max_num_logits_per_req (slots keep their order)."""
+    if not case.slots or case.local_outputs != "toy":
+        return None
+    order = sorted(range(len(case.slots)), key=lambda i: case.slots[i])
+    slots = [0] * len(case.slots)
+    for rank, i in enumerate(order):
+        slots[i] = rank
+    rows = case.max_num_logits_per_req
+    blocks = case.grammar_block_rows
+    acceptable = case.num_acceptable_drafts
+    return replace(
+        case,
+        slots=slots,
+        max_num_reqs=len(slots),
+        num_logits_per_req=[rows] * len(slots),
+        spec_decode=None if rows > 1 else case.spec_decode,
+        admitted_drafts=None if case.admitted_drafts is None else [rows - 1] * len(slots),
+        grammar_block_rows=None if blocks is None else max(blocks, rows),
+        num_acceptable_drafts=None if acceptable is None else [min(a, rows) for a in acceptable],
+    )
+
+
+def _grammar_listing_nothing(case, rng):
+    acceptable = None if case.num_acceptable_drafts is None else []
+    return replace(case, grammar_positions=[], num_acceptable_drafts=acceptable)
+
+
+def _grammar_listing_every_slot(case, rng):
+    """The largest batch with every request listed by the grammar output, in a random order."""
+    case = largest_batch(case, rng)
+    if case is None:
+        return None
+    listed = [int(p) for p in rng.permutation(len(case.slots))]
+    acceptable = None
+    if case.num_acceptable_drafts is not None:
+        acceptable = [int(rng.integers(0, case.num_logits_per_req[p] + 1)) for p in listed]
+    return replace(case, grammar_positions=listed, num_acceptable_drafts=acceptable)
+
+
+# The vocabulary a case needs for its largest k and t: above the 32 columns a fixed buffer would plausibly
+# hold, so that the largest width is also wider than such a buffer.
+WIDE_VOCABULARY = 33
+
+
+def _whole_vocabulary_logprobs(case, rng):
+    """As many top logprobs and token ids as a vocabulary of at least WIDE_VOCABULARY tokens has
+    (toy-sampled: explicit outputs have widths of their own)."""
+    if case.local_outputs != "toy" or case.vocab_size < WIDE_VOCABULARY:
+        return None
+    return replace(case, logprobs_dims=(case.vocab_size, case.vocab_size))
+
+
+SIZE_REALIZERS = {
+    **{f"{name}:{SIZE}={LARGEST}": largest_batch for name in ("N", "L", "n", "L_local", "batch.num_draft_tokens")},
+    f"G:{SIZE}={EMPTY}": _grammar_listing_nothing,
+    f"G:{SIZE}={LARGEST}": _grammar_listing_every_slot,
+    f"k:{SIZE}={LARGEST}": _whole_vocabulary_logprobs,
+    f"t:{SIZE}={LARGEST}": _whole_vocabulary_logprobs,
+}

@@ -125,3 +125,25 @@ def test_the_default_runs_steps_catch_state_kept_across_profile_inputs(run_under
     for case in multi:
         violated |= {v["invariant_id"] for v in run_case_in_process(case, ImplChoice(target)).violations}
     assert KEPT_ACROSS_PROFILE_INPUTS[target] in violated, (target, sorted(violated))
+
+
+# The ends of sizes no case drew before the size axis (conformance/cases/sizes.py).
+AT_A_SIZES_END = {
+    "shardspec.conformance.broken.sizes:GrammarListingNothingHandedOn": "INV-LOCAL-GRAMMAR",
+    "shardspec.conformance.broken.sizes:LogprobColumnsStagedInFixedBuffer": "INV-LOGPROBS-SHAPES",
+}
+
+
+@pytest.mark.parametrize("target", sorted(AT_A_SIZES_END))
+@pytest.mark.parametrize("tp", [1, 2, 3, 4, 8])
+def test_the_default_run_catches_defects_at_a_sizes_end(default_run, tp, target):
+    from shardspec.conformance.cases.coverage import exercised
+
+    config, case_set = default_run
+    cases = cases_of_entry(config, ImplChoice.parse("reference"), case_set, tp)
+    ends = {"G:size=empty", "k:size=largest"}
+    drawing = [c for c in cases if not c.expect_error and ends & {v.key for v in exercised(c)}]
+    violated = set().union(
+        *({v["invariant_id"] for v in run_case_in_process(c, ImplChoice(target)).violations} for c in drawing)
+    )
+    assert AT_A_SIZES_END[target] in violated, sorted(violated)
