@@ -305,6 +305,14 @@ CORPUS += [
         "sampler-cu-tensor",
         "sampler-cu-tensor-strided",
     ),
+    # a profile's field with an optional output, drawn together on purpose (cases/input_space.py)
+    _entry(
+        "grammar-dropped-without-upper-bound",
+        "pairs",
+        "GrammarDroppedWithoutUpperBound",
+        "grammar-without-upper-bound",
+        requires={"seq_lens_upper_bound": "optional"},
+    ),
     # sizes at an end the generators did not draw before (conformance/cases/sizes.py)
     _entry(
         "grammar-listing-nothing-handed-on",
@@ -324,12 +332,12 @@ CORPUS += [
 
 
 def _register_input_space_cases() -> None:
-    """The cases of broken/input_space.py and broken/sizes.py join the targeted cases by id (not cases.ALL: the
+    """The cases of broken/input_space.py, sizes.py and pairs.py join the targeted cases by id (not cases.ALL: the
     checks that run every entry on every targeted case stay the size they were; tests/meta/test_input_space.py
     runs the reference on these)."""
-    from shardspec.conformance.broken import cases, input_space, sizes
+    from shardspec.conformance.broken import cases, input_space, pairs, sizes
 
-    cases.BY_ID.update({case.case_id: case for case in input_space.CASES + sizes.CASES})
+    cases.BY_ID.update({case.case_id: case for case in input_space.CASES + sizes.CASES + pairs.CASES})
 
 
 _register_input_space_cases()

@@ -28,6 +28,7 @@ from shardspec.conformance.cases.input_space import (
     input_fields,
     input_space,
     pair_parts,
+    pairs_left_out,
     raw_data_model,
 )
 from shardspec.conformance.cases.sizes import sizes_drawn
@@ -391,6 +392,8 @@ class Coverage:
             "variations": len(self.space),
             "covered": len(self.covered),
             "not_covered": [v.key for v in self.not_covered],
+            # Pairs the space leaves out on purpose, and why (cases/input_space.py).
+            "left_out": dict(pairs_left_out(self.profile)),
             "counts": {v.key: self.counts.get(v, 0) for v in self.space},
         }
 

@@ -5,6 +5,7 @@ import pytest
 
 from shardspec.conformance import options
 from shardspec.conformance.api import ImplChoice
+from shardspec.conformance.cases.coverage import exercised
 from shardspec.conformance.replay import run_case_in_process
 from shardspec.conformance.runner import cases_of_entry, collect_cases
 
@@ -137,8 +138,6 @@ AT_A_SIZES_END = {
 @pytest.mark.parametrize("target", sorted(AT_A_SIZES_END))
 @pytest.mark.parametrize("tp", [1, 2, 3, 4, 8])
 def test_the_default_run_catches_defects_at_a_sizes_end(default_run, tp, target):
-    from shardspec.conformance.cases.coverage import exercised
-
     config, case_set = default_run
     cases = cases_of_entry(config, ImplChoice.parse("reference"), case_set, tp)
     ends = {"G:size=empty", "k:size=largest"}
@@ -147,3 +146,23 @@ def test_the_default_run_catches_defects_at_a_sizes_end(default_run, tp, target)
         *({v["invariant_id"] for v in run_case_in_process(c, ImplChoice(target)).violations} for c in drawing)
     )
     assert AT_A_SIZES_END[target] in violated, sorted(violated)
+
+
+GRAMMAR_DROPPED_WITHOUT_BOUND = "shardspec.conformance.broken.pairs:GrammarDroppedWithoutUpperBound"
+
+
+@pytest.mark.parametrize("tp", [1, 2, 3, 4, 8])
+def test_a_profile_field_meets_each_optional_output_at_every_tp(default_run, tp):
+    """The bound left out and a grammar output met only by chance, never at tp 1, 2 and 3 (seed 0)."""
+    config, case_set = default_run
+    cases = cases_of_entry(config, ImplChoice.parse("reference"), case_set, tp)
+    key = "batch.seq_lens_cpu_upper_bound+grammar:pair=presence=absent,presence=present"
+    both = [c for c in cases if not c.expect_error and key in {v.key for v in exercised(c)}]
+    assert both, f"no case at tp {tp} leaves the bound out with a grammar output"
+    violated = set().union(
+        *(
+            {v["invariant_id"] for v in run_case_in_process(c, ImplChoice(GRAMMAR_DROPPED_WITHOUT_BOUND)).violations}
+            for c in both
+        )
+    )
+    assert "INV-LOCAL-GRAMMAR" in violated, sorted(violated)

@@ -43,7 +43,29 @@ def test_a_field_added_to_the_data_model_gets_its_variations():
     limits = {"float32": space.FLOAT_LIMITS, "bfloat16": ("+inf", "-inf", "nan")}
     want |= {f"{path}:pair=dtype={d},value={v}" for d, values in limits.items() for v in values}
     want |= {f"{path}:pair=dtype={d},layout={layout}" for d in limits for layout in ("strided", "offset")}
+    # A batch field's dtype other than its default, with each optional output.
+    outputs = ("logprobs_dims:presence=present", "grammar:presence=present", "extension_fields:presence=present")
+    want |= {f"{path}+{o.split(':')[0]}:pair=dtype=bfloat16,{o.split(':')[1]}" for o in outputs}
+    want |= {f"{path}+gather_num_nans:pair=dtype=bfloat16,value=true"}
     assert added == want
+
+
+def test_each_profile_field_meets_each_optional_output():
+    keys = {v.key for v in space.input_space("vllm-0.33")}
+    outputs = [f"{f}:{a}={v}" for f, a, v in space.OPTIONAL_OUTPUTS]
+    parts = [f"{f}:{a}={v}" for f, a, v in space.PROFILE_PARTS] + ["batch.idx_mapping:dtype=int32"]
+    parts += [f"batch.{name}:dtype=int64" for name in ("expanded_idx_mapping", "expanded_local_pos", "seq_lens")]
+    for part in parts:
+        for output in outputs:
+            pair = space.cross_pair(space.Variation(*_split(part)), space.Variation(*_split(output)))
+            assert pair.key in keys, pair.key
+            assert [p.key for p in space.pair_parts(pair)] == [part, output]
+    assert not [k for k in {v.key for v in space.input_space("vllm-seed")} if "admitted" in k and "+" in k]
+
+
+def _split(key: str) -> tuple[str, str, str]:
+    field, rest = key.split(":", 1)
+    return (field, *rest.split("=", 1))
 
 
 def test_a_pair_names_its_two_parts():
@@ -190,6 +212,7 @@ OLD_INPUTS = {
     "local-idx-mapping-in-first-steps-dtype": ["multi-step", "decode-loop", "adaptive-admitted"],
     "grammar-listing-nothing-handed-on": ["grammar", "grammar-one-rank", "adaptive-admitted", "empty"],
     "logprob-columns-staged-in-fixed-buffer": ["spec", "token-ids-wider", "explicit-widths", "large-batch"],
+    "grammar-dropped-without-upper-bound": ["grammar", "adaptive-admitted", "seq-lens-cpu-upper-bound-absent"],
 }
 
 
