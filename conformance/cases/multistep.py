@@ -15,8 +15,7 @@ there. Every step draws the inputs the run's profile adds (cases/profile_inputs.
 counts, grammar blocks, batch dtypes), with the sharder's adaptive verification fixed for all of them
 (on for every other case where the profile has it), the repeat step every batch field in the other dtype
 than the first's; the decode loop keeps them consistent with the step's requests and changes the
-admitted counts on a step of their own. Every step is judged on its
-own (``<case id>.step<k>``).
+admitted counts on a step of their own. Every step is judged on its own (``<case id>.step<k>``).
 """
 
 from __future__ import annotations
