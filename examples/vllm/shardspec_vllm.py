@@ -295,7 +295,7 @@ def from_vllm_output(output: VllmSamplerOutput) -> model.SamplerOutput:
 class VllmSharder:
     """vLLM's BatchSharder and module functions as one shardspec sharder (the installed release's profile)."""
 
-    SPEC_VERSION = "0.4.0"
+    SPEC_VERSION = "0.5.0"
     SPEC_RULES = RULES
 
     def __init__(
