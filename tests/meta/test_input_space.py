@@ -208,11 +208,15 @@ OLD_INPUTS = {
     "sampler-prefix-sums-passed-on": ["spec", "explicit-widths", "strided-local-output", "logprob-plus-inf"],
     "lengths-checked-from-below-only": ["seq-lens-one-short", "logits-indices-one-short", "decode", "spec"],
     # a later step's profile inputs (multi-step cases drew the seed profile's before) and the sizes' ends
-    "local-drafts-cached-by-scheduled-drafts": ["multi-step", "decode-loop", "adaptive-admitted"],
-    "local-idx-mapping-in-first-steps-dtype": ["multi-step", "decode-loop", "adaptive-admitted"],
-    "grammar-listing-nothing-handed-on": ["grammar", "grammar-one-rank", "adaptive-admitted", "empty"],
+    "local-drafts-cached-by-scheduled-drafts": ["multi-step", "decode-loop", "adaptive-admitted-no-counts"],
+    "local-idx-mapping-in-first-steps-dtype": ["multi-step", "decode-loop", "adaptive-admitted-no-counts"],
+    "grammar-listing-nothing-handed-on": ["grammar", "grammar-one-rank", "adaptive-admitted-no-counts", "empty"],
     "logprob-columns-staged-in-fixed-buffer": ["spec", "token-ids-wider", "explicit-widths", "large-batch"],
-    "grammar-dropped-without-upper-bound": ["grammar", "adaptive-admitted", "seq-lens-cpu-upper-bound-absent"],
+    "grammar-dropped-without-upper-bound": [
+        "grammar",
+        "adaptive-admitted-no-counts",
+        "seq-lens-cpu-upper-bound-absent",
+    ],
 }
 
 
