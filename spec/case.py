@@ -80,7 +80,7 @@ class Case:
     max_num_logits_per_req: int = 4
     # None: speculative decoding iff some request has more than one row.
     spec_decode: bool | None = None
-    # Batch positions listed by the grammar output, in its order; None: no grammar.
+    # Batch positions listed by the grammar output, in its order; None: no grammar; []: one listing none.
     grammar_positions: list[int] | None = None
     vocab_size: int = 100
     seed: int = 0
@@ -153,7 +153,7 @@ def expand_steps(case: Case) -> list[Case]:
     steps = [replace(case, then=[])] + list(case.then)
     expanded = []
     for k, step in enumerate(steps):
-        for name in ("tp_size", "max_num_reqs", "max_num_logits_per_req"):
+        for name in ("tp_size", "max_num_reqs", "max_num_logits_per_req", "adaptive_verification"):
             if getattr(step, name) != getattr(case, name):
                 raise ValueError(
                     f"case {case.case_id}: step {k} has {name} {getattr(step, name)}, the first "

@@ -28,8 +28,10 @@ from shardspec.conformance.cases.input_space import (
     input_fields,
     input_space,
     pair_parts,
+    pairs_left_out,
     raw_data_model,
 )
+from shardspec.conformance.cases.sizes import sizes_drawn
 from shardspec.spec.case_edits import LOGITS_LIMITS_EDIT, UPPER_BOUND_ABSENT
 from shardspec.spec.layouts import BATCH_ARRAYS, BATCH_TENSORS
 from shardspec.spec.model import DEFAULT_PROFILE
@@ -314,6 +316,7 @@ def exercised(case, previous=None) -> set[Variation]:
                 add(path, STEP, "changed")
         if _same_step(previous, case):
             add("batch", STEP, "repeated")
+    got |= sizes_drawn(case)
     space = set(input_space(case.profile))
     drawn = {Variation(*v) for v in got} & space
     return drawn | {v for v in space if v.axis == PAIR and set(pair_parts(v)) <= drawn}
@@ -330,11 +333,18 @@ def _loop_changes(previous, case) -> dict[str, bool]:
     def rows(step) -> dict[int, int]:
         return dict(zip(step.slots, step.num_logits_per_req, strict=True))
 
+    def admitted(step) -> dict[int, int] | None:
+        return None if step.admitted_drafts is None else dict(zip(step.slots, step.admitted_drafts, strict=True))
+
     reordered = previous.slots != case.slots
+    # seq_lens follow the query lengths (the rows) and the tokens decoded (spec/builders.py), the bound seq_lens
+    seq_lens = reordered or rows(previous) != rows(case) or previous.seq_lens_growth != case.seq_lens_growth
+    bound = UPPER_BOUND_ABSENT not in previous.edits + case.edits
     return {
-        # seq_lens follow the query lengths (the rows) and the tokens decoded (spec/builders.py)
-        "batch.seq_lens": reordered or rows(previous) != rows(case) or previous.seq_lens_growth != case.seq_lens_growth,
+        "batch.seq_lens": seq_lens,
+        "batch.seq_lens_cpu_upper_bound": seq_lens and bound,
         "batch.cu_num_logits": previous.num_logits_per_req != case.num_logits_per_req,
+        "batch.num_admitted_draft_tokens": admitted(previous) != admitted(case),
         "batch.idx_mapping": reordered,
         "grammar.structured_output_request_ids": listed(previous) != listed(case),
     }
@@ -382,6 +392,8 @@ class Coverage:
             "variations": len(self.space),
             "covered": len(self.covered),
             "not_covered": [v.key for v in self.not_covered],
+            # Pairs the space leaves out on purpose, and why (cases/input_space.py).
+            "left_out": dict(pairs_left_out(self.profile)),
             "counts": {v.key: self.counts.get(v, 0) for v in self.space},
         }
 

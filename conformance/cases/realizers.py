@@ -40,6 +40,7 @@ from shardspec.conformance.cases.input_space import (
     input_space,
     pair_parts,
 )
+from shardspec.conformance.cases.sizes import SIZE_REALIZERS, largest_batch
 from shardspec.spec.case_edits import LOGITS_LIMITS_EDIT, UPPER_BOUND_ABSENT
 from shardspec.spec.model import DEFAULT_PROFILE
 from shardspec.spec.profiles import rules_of
@@ -219,27 +220,6 @@ def _nan_in_a_logits_row(case, rng):
     return replace(case, nan_tokens=sorted({*case.nan_tokens, ends[int(rng.integers(len(ends)))]}))
 
 
-def _full_batch(case, rng):
-    """Every slot of a sharder just big enough for the batch, each request at the most rows: the batch's
-    cu_num_logits_np reaches its largest, num_reqs * max_num_logits_per_req (slots keep their order)."""
-    if not case.slots or case.local_outputs != "toy":
-        return None
-    order = sorted(range(len(case.slots)), key=lambda i: case.slots[i])
-    slots = [0] * len(case.slots)
-    for rank, i in enumerate(order):
-        slots[i] = rank
-    rows = case.max_num_logits_per_req
-    blocks = case.grammar_block_rows
-    return replace(
-        case,
-        slots=slots,
-        max_num_reqs=len(slots),
-        num_logits_per_req=[rows] * len(slots),
-        spec_decode=None if rows > 1 else case.spec_decode,
-        grammar_block_rows=None if blocks is None else max(blocks, rows),
-    )
-
-
 def _without_nan_counts(case, rng):
     if not isinstance(case.local_outputs, dict) or not case.local_outputs:
         return None
@@ -276,6 +256,37 @@ def _no_local_output(case, rng):
     if case.slots or case.local_outputs == {}:
         return None
     return replace(case, local_outputs={})
+
+
+def _with_grammar(case, rng):
+    """A grammar output listing about half of the requests, in a random order (none where there are none)."""
+    if case.grammar_positions or not case.slots:
+        return case if case.grammar_positions else None
+    listed = [int(p) for p in rng.permutation(len(case.slots))[: max(1, len(case.slots) // 2)]]
+    return replace(case, grammar_positions=listed, num_acceptable_drafts=None)
+
+
+def _adaptive(case, rng):
+    return replace(case, adaptive_verification=True) if rules_of(case.profile).adaptive else None
+
+
+def _with_admitted_drafts(case, rng):
+    """Adaptive verification with admitted counts below the scheduled ones (toy-sampled, with drafts)."""
+    rules = rules_of(case.profile)
+    if not (rules.adaptive and rules.admits_drafts) or case.local_outputs != "toy":
+        return None
+    if case.admitted_drafts is not None:
+        return case
+    if not any(c > 1 for c in case.num_logits_per_req):
+        return None
+    admitted = [int(rng.integers(0, c)) for c in case.num_logits_per_req]
+    return replace(case, adaptive_verification=True, admitted_drafts=admitted)
+
+
+def _with_upper_bound(case, rng):
+    if not rules_of(case.profile).has_upper_bound:
+        return None
+    return replace(case, edits=[e for e in case.edits if e != UPPER_BOUND_ABSENT])
 
 
 def _realizers() -> dict[str, Callable]:
@@ -319,11 +330,17 @@ def _realizers() -> dict[str, Callable]:
     for limit in ("+inf", "-inf", "largest", "lowest", "subnormal"):
         out[f"logits_shard:{VALUE}={limit}"] = _logits_limits
     out["logits_shard:value=nan"] = _nan_in_a_logits_row
-    out["batch.cu_num_logits_np:value=max"] = _full_batch
+    out["batch.cu_num_logits_np:value=max"] = largest_batch
+    out.update(SIZE_REALIZERS)
     out["logprobs_dims:value=min"] = lambda c, r: replace(c, logprobs_dims=(0, int(r.integers(0, 4))))
     out["gather_num_nans:value=true"] = lambda c, r: replace(c, gather_num_nans=True)
     out["gather_num_nans:value=false"] = lambda c, r: replace(c, gather_num_nans=False)
     out["extension_fields:presence=present"] = _with_extension
+    out["grammar:presence=present"] = _with_grammar
+    out["logprobs_dims:presence=present"] = lambda c, r: c if c.logprobs_dims else replace(c, logprobs_dims=(1, 2))
+    out["sharder.adaptive_verification_enabled:value=true"] = _adaptive
+    out["batch.num_admitted_draft_tokens:presence=present"] = _with_admitted_drafts
+    out["batch.seq_lens_cpu_upper_bound:presence=present"] = _with_upper_bound
     out["local_output.extensions:presence=present"] = _with_extension
     out["extension_fields:dims=large"] = _large_with_extension
     out["local_output.extensions:dims=large"] = _large_with_extension
@@ -384,7 +401,7 @@ def fill_gaps(cases: list, profile: str, rng) -> list:
     for variation in realizable(profile):
         if counts[variation]:
             continue
-        for index in (int(i) for i in rng.permutation(len(cases))):
+        for index in _candidates(cases, forced, rng):
             changed = realize(cases[index], variation, rng)
             if changed is None:
                 continue
@@ -397,6 +414,14 @@ def fill_gaps(cases: list, profile: str, rng) -> list:
                 forced.setdefault(index, set()).add(variation)
                 break
     return cases
+
+
+def _candidates(cases: list, forced: dict[int, set], rng) -> list[int]:
+    """The cases to try a variation in: toy-sampled ones already changed first, so that what is made to appear
+    gathers in few cases (a run that judges some of the pool draws it all with fewer), then the rest in a
+    random order (cases with explicit outputs are few, and many variations need one of their own)."""
+    order = [int(i) for i in rng.permutation(len(cases))]
+    return sorted(order, key=lambda i: not (i in forced and cases[i].local_outputs == "toy"))
 
 
 def realize(case, variation: Variation, rng):
