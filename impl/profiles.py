@@ -22,7 +22,7 @@ from shardspec.spec.rules import Rules
 
 _NUMPY_INTS = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)
 # The owner rules production implements (spec/rules.py).
-OWNER_RULES = ("slot_mod_tp", "position_mod_tp")
+OWNER_RULES = ("slot_mod_tp", "position_mod_tp", "owner_table")
 
 
 def production_rules(profile: str | Rules) -> Rules:
@@ -41,7 +41,8 @@ def production_rules(profile: str | Rules) -> Rules:
 
 def owners(slots: np.ndarray, tp: int, owner: str) -> np.ndarray:
     """[N] owner rank of each batch position (INV-OWNER): its slot mod tp (slot_mod_tp) or its position
-    mod tp (position_mod_tp). tp is usually a power of two, and a mask is cheaper than a division."""
+    mod tp (position_mod_tp); owner_table's owners come from ``profile_checks.table_owners``. tp is usually
+    a power of two, and a mask is cheaper than a division."""
     keys = np.arange(slots.shape[0], dtype=np.intp) if owner == "position_mod_tp" else slots
     return np.bitwise_and(keys, tp - 1) if tp & (tp - 1) == 0 else np.remainder(keys, tp)
 

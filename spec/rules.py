@@ -34,10 +34,11 @@ RULES: tuple[Rule, ...] = (
         {
             "slot_mod_tp": "idx_mapping[i] mod tp: the request's slot decides.",
             "position_mod_tp": "i mod tp: the request's batch position decides.",
-            "owner_table": "an entry of a per-slot owner table supplied with the step and carried across steps.",
+            "owner_table": "owner_table[idx_mapping[i]]: an entry of the per-slot owner table passed with the step, "
+            "which the engine carries across steps (CL-OWNER-TABLE).",
             "contiguous_ranges": "rank r owns one contiguous range of batch positions (vllm-ascend's RFC #9269).",
         },
-        unsupported=("owner_table", "contiguous_ranges"),
+        unsupported=("contiguous_ranges",),
     ),
     Rule(
         "empty_batch_padding",
@@ -177,17 +178,28 @@ class Rules:
     def adaptive(self) -> bool:
         return self.adaptive_verification == "present"
 
-    def owner_of(self, position: int, slot: int, tp: int) -> int:
-        """The rank that owns the request at batch ``position`` with ``slot`` (INV-OWNER)."""
+    @property
+    def owner_by_table(self) -> bool:
+        """Whether the step takes an owner table (owner rule owner_table, PRE-OWNER-TABLE)."""
+        return self.owner == "owner_table"
+
+    def owner_of(self, position: int, slot: int, tp: int, table=None) -> int:
+        """The rank that owns the request at batch ``position`` with ``slot`` (INV-OWNER); ``table``: the
+        step's owner table (any sequence indexed by slot), read under owner rule owner_table only."""
         if self.owner == "slot_mod_tp":
             return int(slot) % tp
         if self.owner == "position_mod_tp":
             return position % tp
+        if self.owner == "owner_table":
+            if table is None:
+                raise ValueError("owner rule owner_table: the owner table is needed")
+            return int(table[int(slot)])
         raise NotImplementedError(f"owner rule {self.owner}: not supported yet")
 
-    def owners(self, slots, tp: int) -> list[int]:
-        """The owner of every batch position, for the batch's slots (INV-OWNER)."""
-        return [self.owner_of(i, s, tp) for i, s in enumerate(slots)]
+    def owners(self, slots, tp: int, table=None) -> list[int]:
+        """The owner of every batch position, for the batch's slots (INV-OWNER) and, under owner rule
+        owner_table, the step's owner table."""
+        return [self.owner_of(i, s, tp, table) for i, s in enumerate(slots)]
 
 
 def rule_problem(name: str, value: object) -> str | None:
