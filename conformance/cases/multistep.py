@@ -6,7 +6,8 @@ view into last step's output. Each multi-step case starts from a generated
 case and then changes the batch the way engines do: the same number of
 requests in other slots, fewer requests, more requests (up to the capacity),
 a decode loop on those (:func:`decode_loop`: the same requests step after step, one field changed each
-time), and the first shape again. The step's options change too, as the input space
+time), and the first shape again; under an owner table the engine's table is carried from step to step
+(:func:`under_profile`). The step's options change too, as the input space
 says an engine may change them between steps (conformance/cases/input_space.py,
 axis ``step``): the grammar output comes and goes, NaN counts and logprobs are
 asked for on some steps only, and the last step declares an extension field. A
@@ -20,16 +21,19 @@ from dataclasses import replace
 
 import numpy as np
 
+from shardspec.conformance.cases import owner_tables
 from shardspec.conformance.cases.realizers import EXTENSION
 from shardspec.spec.case import Case
 from shardspec.spec.model import DEFAULT_PROFILE
-from shardspec.spec.profiles import root_profile
+from shardspec.spec.profiles import root_profile, rules_of
 
 STEP_KINDS = ("other-slots", "shrink", "grow", "repeat")
 
 
-def multi_step_cases(tp_size: int, count: int, seed: int) -> list[Case]:
-    """``count`` multi-step cases for ``tp_size``; the same for the same seed."""
+def multi_step_cases(tp_size: int, count: int, seed: int, profile: str | None = None) -> list[Case]:
+    """``count`` multi-step cases for ``tp_size``; the same for the same seed. ``profile``: judged under it
+    (None: the root profile's), with, under owner rule owner_table, the owner tables the engine carries
+    from step to step (:func:`under_profile`)."""
     from shardspec.conformance.cases.strategies import generate_cases
 
     # Bases under the root profile, without a later release's per-request inputs: the later steps are
@@ -42,8 +46,22 @@ def multi_step_cases(tp_size: int, count: int, seed: int) -> list[Case]:
         rng = np.random.default_rng([seed, tp_size, number, 17])
         case = with_steps(base, rng)
         case.case_id = f"multi-tp{tp_size}-s{seed}-{number:03d}"
+        if profile is not None:
+            case = under_profile(case, profile, np.random.default_rng([seed, tp_size, number, 29]))
         cases.append(case)
     return cases
+
+
+def under_profile(case: Case, profile: str, rng: np.random.Generator) -> Case:
+    """``case`` and its steps under ``profile``. Under owner rule owner_table the first step's table is one
+    an engine may hold after some steps and each later step's is the one the engine leaves after the step
+    before it (its requests' entries rewritten to their batch positions mod tp: CL-OWNER-TABLE), so later
+    steps' owners differ from what the first step's table gives their slots."""
+    steps = [replace(step, profile=profile) for step in case.then]
+    case = replace(case, profile=profile, then=steps)
+    if not rules_of(profile).owner_by_table:
+        return case
+    return owner_tables.carried(case, owner_tables.engine_entries(case.tp_size, case.max_num_reqs, rng))
 
 
 def _usable(case: Case) -> bool:
