@@ -39,12 +39,16 @@ PROFILES = os.path.join(os.path.dirname(__file__), "data", "profiles")
         (["--mixed-max-examples", "10001"], "--mixed-max-examples: 10001 is above 10000"),
         (
             ["--profile", "vllm-9"],
-            "--profile: unknown profile 'vllm-9'; this spec defines vllm-0.33, vllm-0.34, vllm-0.34-sharded-draft-cache, vllm-seed",
+            "--profile: unknown profile 'vllm-9'; this spec defines vllm-0.33, vllm-0.34, "
+            "vllm-0.34-sharded-draft-cache, vllm-seed",
         ),
         (["--profile-file", f"{PROFILES}/bad-rule.yaml"], "bad-rule.yaml: unknown rule 'owners' (rules: owner,"),
         (["--profile-file", f"{PROFILES}/bad-value.yaml"], "bad-value.yaml: rule owner: unknown value 'slot_div_tp'"),
         (["--profile-file", f"{PROFILES}/bad-parent.yaml"], "bad-parent.yaml: extends unknown profile 'vllm-0.99'"),
-        (["--profile-file", f"{PROFILES}/unsupported.yaml"], "owner: value contiguous_ranges is declared but not supported"),
+        (
+            ["--profile-file", f"{PROFILES}/unsupported.yaml"],
+            "owner: value contiguous_ranges is declared but not supported",
+        ),
         (["--profile-file", "/no/such/profile.yaml"], "--profile-file: /no/such/profile.yaml: cannot be read"),
         (["--seed", "x"], "--seed: 'x' is not an integer"),
         (["--json", "/no/such/folder/r.json"], "--json: the folder /no/such/folder does not exist"),
