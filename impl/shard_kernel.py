@@ -31,12 +31,12 @@ def _count_block(
     BLOCK: tl.constexpr,
     BY_POSITION: tl.constexpr,
     owners_ptr,
-    BY_TABLE: tl.constexpr,
+    HOST_OWNERS: tl.constexpr,
 ):
     """Per rank: requests before block_start, rows before it, rows in all; requests [start, start + BLOCK) added."""
     reqs = start + tl.arange(0, BLOCK)
     valid = reqs < num_reqs
-    if BY_TABLE:
+    if HOST_OWNERS:
         owners = tl.load(owners_ptr + reqs, mask=valid, other=0)
     elif BY_POSITION:
         owners = reqs % TP
@@ -98,7 +98,7 @@ def shard_plan_kernel(
     ROWS_PAD: tl.constexpr,
     LOOP_END: tl.constexpr,
     BY_POSITION: tl.constexpr = False,
-    BY_TABLE: tl.constexpr = False,
+    HOST_OWNERS: tl.constexpr = False,
 ):
     """Inputs are read by their strides (element units). The counts (num_*) come from the host copies,
     which the host has checked: every index made from device values is masked to the host's count of
@@ -111,8 +111,9 @@ def shard_plan_kernel(
     runtime bound, so no batch size recompiles.
 
     BY_POSITION: the owner of the request at batch position i is i mod TP (owner rule position_mod_tp),
-    else its slot mod TP (slot_mod_tp); BY_TABLE: owners_ptr[i], the owners the host read from the step's
-    owner table (owner_table), which a slot read back from the device could not index safely; INV-OWNER."""
+    else its slot mod TP (slot_mod_tp); HOST_OWNERS: owners_ptr[i], the owners the host found (owner rules
+    owner_table, whose table only the host holds and a slot read back from the device could not index
+    safely, and contiguous_ranges); INV-OWNER."""
     block_start = tl.program_id(0) * BLOCK
     ranks = tl.arange(0, TP_PAD)
     # Per-rank request and row counts: before this block, and over the batch.
@@ -137,7 +138,7 @@ def shard_plan_kernel(
                 BLOCK,
                 BY_POSITION,
                 owners_ptr,
-                BY_TABLE,
+                HOST_OWNERS,
             )
     else:
         for start in range(0, num_reqs, BLOCK):
@@ -157,7 +158,7 @@ def shard_plan_kernel(
                 BLOCK,
                 BY_POSITION,
                 owners_ptr,
-                BY_TABLE,
+                HOST_OWNERS,
             )
     # Rank r's rows start after every row of lower ranks (owner-sorted order).
     rank_row_start = tl.cumsum(rows_total, axis=0) - rows_total
@@ -165,7 +166,7 @@ def shard_plan_kernel(
     reqs = block_start + tl.arange(0, BLOCK)
     valid = reqs < num_reqs
     slots = tl.load(slots_ptr + reqs * slots_stride, mask=valid, other=0)
-    if BY_TABLE:
+    if HOST_OWNERS:
         owners = tl.load(owners_ptr + reqs, mask=valid, other=0)
     elif BY_POSITION:
         owners = reqs % TP

@@ -19,7 +19,7 @@ Every profile (spec/SPEC.md section 7) runs the same launches; where their rules
 (``profiles.py``, ``profile_checks.py``, ``grammar.py``), which workspace regions the plan kernel
 writes (under local_dtypes batch the local fields take the batch's dtypes: int32 and int64 regions
 exist for each), and how the plan kernel and the host find owners (the owner rule, a constexpr; under
-owner_table the host reads the step's table and hands the kernel the owners it read).
+owner_table and contiguous_ranges the host finds the owners and hands them to the kernel).
 """
 
 from __future__ import annotations
@@ -157,10 +157,10 @@ class ProductionSharder(WireLaunches):
             ROWS_PAD=self._rows_pad,
             LOOP_END=0,
             BY_POSITION=rules.owner == "position_mod_tp",
-            BY_TABLE=rules.owner_by_table,
+            HOST_OWNERS=rules.owner in profiles.HOST_OWNER_RULES,
         )
-        # The owners read from the step's owner table, per batch position (owner rule owner_table); the
-        # other rules' kernel never reads it.
+        # The owners the host found, per batch position (profiles.HOST_OWNER_RULES); the other rules'
+        # kernel never reads them.
         self._owners = torch.zeros(max(1, max_num_reqs), dtype=torch.int32, device=self.device)
         self._plan_key = (self.device.index, *self._plan_constexprs.values())
         self._plan_regions: dict = {}  # local dtypes (None: vllm-seed's) -> regions the plan kernel writes
@@ -226,7 +226,7 @@ class ProductionSharder(WireLaunches):
         # The local fields in the batch's dtypes (local_dtypes batch, CL-LOCAL-DTYPES), or int32 (None).
         dtypes = profiles.local_dtypes(batch) if rules.batch_dtypes else None
         if num_reqs:
-            if rules.owner_by_table:
+            if self._plan_constexprs["HOST_OWNERS"]:
                 self._owners[:num_reqs].copy_(torch.from_numpy(owners.astype(np.int32, copy=False)))
             self._launch_plan(batch, (num_reqs, num_logits, num_local, num_local_logits, max_reqs_per_rank), dtypes)
         views = self._shard_views(num_reqs, num_logits, num_local, num_local_logits, dtypes)

@@ -50,15 +50,15 @@ class ShardPlan:
 
 
 # The owner rules (spec/rules.py) the plan implements.
-OWNER_RULES = ("slot_mod_tp", "position_mod_tp", "owner_table")
+OWNER_RULES = ("slot_mod_tp", "position_mod_tp", "owner_table", "contiguous_ranges")
 
 
 def owners_of(
     idx_mapping: np.ndarray, tp_size: int, owner: str = "slot_mod_tp", owner_table: np.ndarray | None = None
 ) -> np.ndarray:
     """[N] owner rank of each batch position (INV-OWNER): its slot mod tp (owner rule slot_mod_tp), its
-    position mod tp (position_mod_tp) or its slot's entry of ``owner_table`` (owner_table; only the
-    batch's entries are read)."""
+    position mod tp (position_mod_tp), its slot's entry of ``owner_table`` (owner_table; only the
+    batch's entries are read) or the rank of its range of positions (contiguous_ranges)."""
     if owner == "slot_mod_tp":
         return idx_mapping % tp_size
     if owner == "position_mod_tp":
@@ -67,6 +67,10 @@ def owners_of(
         if owner_table is None:
             raise ValueError("owner rule owner_table: the owner table is needed")
         return np.asarray(owner_table)[idx_mapping].astype(np.int64)
+    if owner == "contiguous_ranges":
+        # tp balanced ranges of positions, the longer ones first (numpy's array_split).
+        ranges = np.array_split(np.arange(idx_mapping.shape[0]), tp_size)
+        return np.concatenate([np.full(r.shape[0], rank, dtype=np.int64) for rank, r in enumerate(ranges)])
     raise NotImplementedError(f"owner rule {owner}: not supported yet")
 
 

@@ -333,3 +333,11 @@ OWNER_TABLE_STEPS = carried(
 )
 ALL += [OWNER_TABLE, OWNER_TABLE_STEPS]
 BY_ID = {case.case_id: case for case in ALL}
+# Owner rule contiguous_ranges, under the profile of examples/profiles/vllm-ascend-contiguous-ranges.yaml
+# (not bundled: whoever runs this case registers that file first). Four requests at tp 3: the balanced
+# ranges give rank 0 two and ranks 1 and 2 one each; ceil-sized ones would give ranks 0 and 1 two each.
+RANGES_PROFILE = "vllm-ascend-contiguous-ranges"
+CONTIGUOUS_RANGES = _case(
+    "contiguous-ranges", profile=RANGES_PROFILE, tp_size=3, slots=[7, 2, 5, 0], num_logits_per_req=[2, 1, 3, 1]
+)
+BY_ID[CONTIGUOUS_RANGES.case_id] = CONTIGUOUS_RANGES  # not in ALL: its profile is not bundled

@@ -31,6 +31,19 @@ class OwnerBySlotUnderPositionRule(ReferenceSharder):
         return build_plan(batch.idx_mapping_np, cu, self.tp_size, self.rank, "slot_mod_tp")
 
 
+class RangesOfCeilSize(ReferenceSharder):
+    """INV-OWNER: contiguous ranges of ceil(N / tp) positions each (torch.chunk's split), so the last ranks own
+    fewer requests than the balanced split gives them, or none."""
+
+    def plan(self, batch, owner_table=None):
+        plan = super().plan(batch, owner_table)
+        size = max(1, -(-batch.num_reqs // self.tp_size))
+        # Each position's range index, below tp, stands in for a slot whose value mod tp is that index.
+        slots = np.arange(batch.num_reqs) // size
+        cu = np.asarray(plan.num_logits_per_req, np.int64).cumsum()
+        return build_plan(slots, np.concatenate([[0], cu]), self.tp_size, self.rank, "slot_mod_tp")
+
+
 class UnstableOwnerSort(ReferenceSharder):
     """INV-SORTED-LOGITS-INDICES: requests of one owner in reverse batch order (not a stable sort)."""
 

@@ -47,7 +47,7 @@ PROFILES = os.path.join(os.path.dirname(__file__), "data", "profiles")
         (["--profile-file", f"{PROFILES}/bad-parent.yaml"], "bad-parent.yaml: extends unknown profile 'vllm-0.99'"),
         (
             ["--profile-file", f"{PROFILES}/unsupported.yaml"],
-            "owner: value contiguous_ranges is declared but not supported",
+            "seq_lens_upper_bound: value always is declared but not supported",
         ),
         (["--profile-file", "/no/such/profile.yaml"], "--profile-file: /no/such/profile.yaml: cannot be read"),
         (["--seed", "x"], "--seed: 'x' is not an integer"),

@@ -1,5 +1,5 @@
-"""The plan's owner rules (INV-OWNER): by slot, by batch position, by the step's owner table, and a declared
-rule it refuses."""
+"""The plan's owner rules (INV-OWNER): by slot, by batch position, by the step's owner table, by contiguous
+ranges of positions, and an unknown rule it refuses."""
 
 import numpy as np
 import pytest
@@ -32,13 +32,32 @@ def test_the_position_plan_balances_and_keeps_batch_order():
     assert plan.gathered_src_indices.tolist() == [0, 3, 6, 1, 4, 7, 2]
 
 
-@pytest.mark.parametrize("rule", sorted(set(RULES_BY_NAME["owner"].values) - set(OWNER_RULES)))
-def test_a_declared_rule_the_plan_lacks_is_refused(rule):
-    with pytest.raises(NotImplementedError, match=f"owner rule {rule}: not supported yet"):
-        owners_of(SLOTS, 3, rule)
-    rules = Rules.of("engine", {**rules_of("vllm-0.33").as_dict(), "owner": rule})
-    with pytest.raises(NotImplementedError, match=f"owner rule {rule}: not supported yet"):
+def test_the_plan_implements_every_declared_owner_rule_and_refuses_others():
+    assert set(OWNER_RULES) == set(RULES_BY_NAME["owner"].values)
+    with pytest.raises(NotImplementedError, match="owner rule slot_div_tp: not supported yet"):
+        owners_of(SLOTS, 3, "slot_div_tp")
+    rules = Rules.of("engine", {**rules_of("vllm-0.33").as_dict(), "owner": "slot_div_tp"})
+    with pytest.raises(NotImplementedError, match="owner rule slot_div_tp: not supported yet"):
         rules.owner_of(0, 9, 3)
+
+
+@pytest.mark.parametrize("num_reqs", range(0, 12))
+@pytest.mark.parametrize("tp", [1, 2, 3, 4, 8])
+def test_contiguous_ranges_are_balanced_and_in_rank_order(num_reqs, tp):
+    slots = np.arange(num_reqs)[::-1].copy()
+    owners = owners_of(slots, tp, "contiguous_ranges")
+    counts = np.bincount(owners, minlength=tp)
+    assert owners.tolist() == sorted(owners.tolist())  # contiguous, in rank order
+    assert counts.tolist() == [num_reqs // tp + (r < num_reqs % tp) for r in range(tp)]
+    rules = Rules.of("engine", {**rules_of("vllm-0.34").as_dict(), "owner": "contiguous_ranges"})
+    assert rules.owners(slots, tp) == owners.tolist()
+
+
+def test_the_contiguous_plan_keeps_batch_order():
+    plan = build_plan(SLOTS, CU, 3, 1, "contiguous_ranges")
+    assert plan.owners.tolist() == [0, 0, 0, 1, 1, 2, 2]
+    assert plan.owner_sorted_reqs.tolist() == list(range(7)) and plan.local_reqs.tolist() == [3, 4]
+    assert plan.gathered_src_indices.tolist() == [0, 1, 2, 3, 4, 6, 7] and plan.max_num_reqs_per_rank == 3
 
 
 # Slots 0..15, tp 3: an owner table an engine may hold (entries of slots outside SLOTS hold stale values,

@@ -58,7 +58,7 @@ def test_vllm_034_changes_what_vllm_034_changed():
             "extends unknown profile 'vllm-0.99' (bundled: vllm-0.33, vllm-0.34, vllm-0.34-sharded-draft-cache, "
             "vllm-seed)",
         ),
-        ("unsupported.yaml", "rule owner: value contiguous_ranges is declared but not supported yet"),
+        ("unsupported.yaml", "rule seq_lens_upper_bound: value always is declared but not supported yet"),
     ],
 )
 def test_a_bad_profile_file_is_one_line_naming_the_file_and_what(name, message):
