@@ -73,7 +73,9 @@ def _sharder(**options) -> ProductionSharder:
 def test_an_unknown_profile_names_the_ones_implemented():
     with pytest.raises(ValueError) as caught:
         _sharder(profile="vllm-0.1")
-    assert str(caught.value) == "unknown profile 'vllm-0.1' (bundled: vllm-0.33, vllm-0.34, vllm-seed)"
+    assert str(caught.value) == (
+        "unknown profile 'vllm-0.1' (bundled: vllm-0.33, vllm-0.34, vllm-0.34-sharded-draft-cache, vllm-seed)"
+    )
 
 
 @pytest.mark.parametrize(

@@ -255,5 +255,5 @@ def test_an_unknown_profile_is_refused():
 
 def test_production_declares_the_spec_and_its_profiles():
     assert ProductionSharder.SPEC_VERSION == "0.4.0" and ProductionSharder.SPEC_RULES == {
-        "owner": ("slot_mod_tp", "position_mod_tp", "owner_table")
+        "owner": ("slot_mod_tp", "position_mod_tp", "owner_table", "contiguous_ranges")
     }
