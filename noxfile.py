@@ -194,7 +194,6 @@ VLLM_RELEASES = {
     "0.34.0": ("vllm-0.34", "examples/vllm/known_failures_0.34.yaml"),
     "0.33.0": ("vllm-0.33", "examples/vllm/known_failures_0.33.yaml"),
 }
-VLLM = "vllm==0.33.0"  # the release the drift session reads as a wheel
 
 
 @nox.session
@@ -258,16 +257,23 @@ def vllm(session: nox.Session) -> None:
 
 @nox.session
 def drift(session: nox.Session) -> None:
-    """The upstream drift check against vLLM 0.33.0's published wheel, read as a zip (never installed):
-    every field its batch_shard.py touches is covered by profile vllm-0.33, and every field of the profile
-    is touched. `-- PATH` checks another tree, wheel or batch_shard.py instead. Needs no torch."""
+    """The upstream drift check against every supported release's published wheel (VLLM_RELEASES), read as a
+    zip (never installed): every field its batch_shard.py touches is covered by the release's profile, and
+    every field of the profile is touched. The wheels are downloaded once, without dependencies, into
+    .nox/wheels (pip's cache then serves `nox -s vllm`'s install of the newest). `-- PATH [--profile NAME]`
+    checks another tree, wheel or batch_shard.py instead. Needs no torch."""
     if not isinstance(session.virtualenv, PassthroughEnv):
         session.install("pyyaml", "jsonschema")
         session.install("--no-deps", "-e", ".")
-    target = list(session.posargs)
-    if not target:
-        wheels = os.path.join(".nox", "wheels")
-        if not glob.glob(os.path.join(wheels, "vllm-0.33.0-*.whl")):
-            session.run("python", "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:", "-d", wheels, VLLM)
-        target = glob.glob(os.path.join(wheels, "vllm-0.33.0-*.whl"))[:1]
-    session.run("python", "-m", "shardspec.conformance", "upstream", *target, "--profile", "vllm-0.33")
+    if session.posargs:
+        session.run("python", "-m", "shardspec.conformance", "upstream", *session.posargs)
+        return
+    wheels = os.path.join(".nox", "wheels")
+    for release, (profile, _) in VLLM_RELEASES.items():
+        pattern = os.path.join(wheels, f"vllm-{release}-*.whl")
+        if not glob.glob(pattern):
+            session.run(
+                "python", "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:", "-d", wheels,
+                f"vllm=={release}",
+            )  # fmt: skip
+        session.run("python", "-m", "shardspec.conformance", "upstream", glob.glob(pattern)[0], "--profile", profile)

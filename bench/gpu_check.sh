@@ -6,7 +6,8 @@
 # kernels, in the lockstep and the torch-threads group; tp 2 on gloo with the Triton interpreter).
 # Each part has its own time limit; the exit status is the worst part's. With SHARDSPEC_UPSTREAM_FILE
 # set (vLLM's batch_shard.py), the benchmark times and counts it too and the part upstream-tp1-nccl
-# runs the suite over it, its known failures (examples/upstream_vllm) as xfails.
+# runs the suite over it, its known failures (examples/upstream_vllm/known_failures_<release>.yaml, keyed by
+# invariant and case property, so tp 1 on NCCL is covered too) as xfails.
 # The record, $OUT/summary.txt (the commit, the card, each part with its exit code and time, and the
 # end of its log), is what bench/results/gpu-check-<commit>.txt keeps: SHARDSPEC_COMMIT names the commit
 # where the tree has no .git (a copy sent to a GPU machine).
@@ -46,8 +47,10 @@ part conformance-in-process-cuda 400 python -m shardspec.conformance --in-proces
 part conformance-torch-threads-cuda 400 python -m shardspec.conformance --in-process-group torch-threads \
   --in-process-device cuda --impl production,reference/production --tp 2,3,4,8 --json "$OUT/conformance-torch-threads.json"
 part conformance-tp2-gloo-interpreted 200 python -m shardspec.conformance --impl production --tp 2 --fixtures-only
+# The file's release: SHARDSPEC_UPSTREAM_PROFILE (vllm-0.34 unless set) names its profile and known failures.
+upstream_profile=${SHARDSPEC_UPSTREAM_PROFILE:-vllm-0.34}
 part upstream-tp1-nccl 300 env PYTHONPATH="examples/upstream_vllm${PYTHONPATH:+:$PYTHONPATH}" \
-  python -m shardspec.conformance --impl shardspec_upstream:make_sharder --tp 1 \
-  --xfails-file examples/upstream_vllm/known_failures.yaml --json "$OUT/upstream-tp1.json"
+  python -m shardspec.conformance --impl shardspec_upstream:make_sharder --tp 1 --profile "$upstream_profile" \
+  --xfails-file "examples/upstream_vllm/known_failures_${upstream_profile#vllm-}.yaml" --json "$OUT/upstream-tp1.json"
 echo "== worst exit: $status" | tee -a "$summary"
 exit $status

@@ -116,7 +116,7 @@ def subjects(upstream: str | None) -> list[tuple[Subject, Subject]]:
         reference = Subject("reference", "reference", "vllm-0.33")
         pairs.append((Subject(name, f"crashing_sharders:{name}", "vllm-0.33", pythonpath=bench), reference))
     if upstream:
-        xfails = ["--xfails-file", str(ROOT / "examples/upstream_vllm/known_failures.yaml")]
+        xfails = ["--xfails-file", str(ROOT / "examples/upstream_vllm/known_failures_seed.yaml")]
         example = [str(ROOT / "examples/upstream_vllm")]
         pairs.append(
             (

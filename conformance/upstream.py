@@ -7,7 +7,8 @@ annotations (``input_batch: InputBatch``, ``local_output: SamplerOutput | None``
 A field is touched when read (``x.f``, ``getattr(x, "f")``; ``x.f(...)`` is a method), given by keyword
 to a constructor or to ``replace``/``_replace``, or declared in a class body (BatchShardMetadata).
 Findings: touched fields in no profile of the spec, and spec fields the code no longer touches.
-Exit 0 clean, 1 findings, 2 bad input (one line on stderr)."""
+Exit 0 clean, 1 findings, 2 bad input (one line on stderr). With --behaviour the code is run instead of
+read: which bundled profile's rules it follows, rule by rule (upstream_run.py)."""
 
 from __future__ import annotations
 
@@ -355,11 +356,55 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("path", metavar="PATH", help="a vLLM source tree, a vLLM wheel, a batch_shard.py, or installed")
     parser.add_argument("--profile", help="compare against this profile's fields (default: every profile's)")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    parser.add_argument(
+        "--behaviour",
+        action="store_true",
+        help="run the sharder (installed, or a tree's or one batch_shard.py through the stand-ins) on a few "
+        "generated cases under each bundled profile and say which profile's rules it follows "
+        "(conformance/upstream_run.py)",
+    )
+    parser.add_argument(
+        "--hide-profile",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="with --behaviour: leave this bundled profile out, as if it did not exist (repeatable)",
+    )
     args = parser.parse_args(argv)
+    if args.hide_profile and not args.behaviour:
+        parser.error("--hide-profile needs --behaviour")
     try:
+        if args.behaviour:
+            return _behaviour(args)
         report = check(args.path, args.profile)
     except (UpstreamInputError, UnknownProfileError, SpecFileError) as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 2
     print(json.dumps(report, indent=2) if args.json else render(report))
+    return report["exit_code"]
+
+
+def touched_fields(source: Source, spec=None) -> set[tuple[str, str]]:
+    """The (class, field) pairs the code of ``source`` touches."""
+    spec = load_spec() if spec is None else spec
+    return set(_Visitor(spec_refs(spec), parse(source)).touches)
+
+
+def _behaviour(args) -> int:
+    from shardspec.conformance import upstream_run
+
+    if args.profile:
+        raise UpstreamInputError("--behaviour runs every bundled profile; leave some out with --hide-profile")
+    if args.path.endswith(".whl"):
+        raise UpstreamInputError(
+            f"{args.path}: --behaviour runs installed, a source tree or a batch_shard.py, not a wheel"
+        )
+    try:
+        upstream_run.visible_profiles(tuple(args.hide_profile))  # a bad name before anything is read
+        source = read_source(args.path)
+        target = "installed" if args.path == "installed" else source.label  # the batch_shard.py of a tree
+        report = upstream_run.check(target, touched_fields(source), tuple(args.hide_profile))
+    except upstream_run.BehaviourInputError as exc:
+        raise UpstreamInputError(str(exc)) from None
+    print(json.dumps(report, indent=2, default=str) if args.json else upstream_run.render(report))
     return report["exit_code"]

@@ -40,6 +40,27 @@ _FILE_VARIABLE = "SHARDSPEC_UPSTREAM_FILE"
 _current = threading.local()
 
 
+class _PyNcclOfTheGroup:
+    """What vLLM 0.34's file reads of the TP group's PyNccl communicator (``device_communicator.pynccl_comm``):
+    ``disabled`` and ``all_to_all_single(output, input, output_split_sizes, input_split_sizes)``. PyNccl is a
+    communicator over the TP group's ranks; here its all-to-all is the rank's shardspec Communicator's, so the
+    file's PyNccl branch runs on every backend (gloo, NCCL, in-process) and the suite records the call once,
+    as the step's all-to-all."""
+
+    disabled = False
+
+    def __init__(self, comm):
+        self.comm = comm
+
+    def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes):
+        self.comm.all_to_all_single(output, input, list(output_split_sizes), list(input_split_sizes))
+
+
+class _DeviceCommunicator:
+    def __init__(self, comm):
+        self.pynccl_comm = _PyNcclOfTheGroup(comm)
+
+
 class _TensorParallelGroup:
     """What the file reads of vLLM's group coordinator, for the calling thread's rank."""
 
@@ -48,6 +69,7 @@ class _TensorParallelGroup:
         self.rank_in_group = comm.rank
         self.world_size = comm.world_size
         self.device_group = self  # handed back to the ``torch.distributed`` stand-in below
+        self.device_communicator = _DeviceCommunicator(comm)
 
 
 def get_tp_group() -> _TensorParallelGroup:
@@ -85,8 +107,14 @@ def _torch_for_the_file() -> types.ModuleType:
     return copied
 
 
+class VllmConfig:
+    """vLLM 0.34's file imports ``vllm.config.VllmConfig`` for ``batch_sharded_sampling_enabled``, which the
+    sharder never calls: a name to import, nothing more."""
+
+
 def _register_vllm_stand_ins() -> None:
     names = {
+        "vllm.config": {"VllmConfig": VllmConfig},
         "vllm.distributed.communication_op": {"tensor_model_parallel_all_gather": tensor_model_parallel_all_gather},
         "vllm.distributed.parallel_state": {"get_tp_group": get_tp_group},
         "vllm.triton_utils": {"tl": tl, "triton": triton},
@@ -137,7 +165,10 @@ class UpstreamSharder:
     """The file's ``BatchSharder`` and module functions as one shardspec sharder.
 
     Files from vLLM 0.33 on take ``adaptive_verification_enabled`` and read the admitted draft counts
-    through ``wait()``; older ones take neither. The adapter gives each file what its signature asks.
+    through ``wait()``; older ones take neither. vLLM 0.34's exchanges through
+    ``all_to_all_vocab_shards(shard, send_splits, num_local_rows)`` instead of ``all_to_all_logits(shard,
+    metadata)``, and its ``BatchSharder`` takes an optional ``DraftLogitsCache``, which the adapter never
+    passes: without one, 0.34 owns requests by batch position. The adapter gives each file what it asks.
     """
 
     def __init__(
@@ -177,6 +208,9 @@ class UpstreamSharder:
 
     def all_to_all_logits(self, logits_shard, metadata):
         with self._rank():
+            exchange = getattr(self.upstream, "all_to_all_vocab_shards", None)
+            if exchange is not None:  # vLLM 0.34: the rows sent to each owner, the rows this rank receives
+                return exchange(logits_shard, list(metadata.num_logits_per_rank), metadata.num_local_logits)
             return self.upstream.all_to_all_logits(logits_shard, metadata)
 
     def gather_sampler_output(

@@ -80,3 +80,63 @@ def test_the_adapter_runs_vllm_033s_file(monkeypatch, case_id):
     finally:
         sys.modules.pop("shardspec_upstream", None)
     assert result.status == PASS, result.errors or result.violations
+
+
+VLLM_034_FILE = (
+    pathlib.Path(__file__).resolve().parents[3] / "shared/upstream/vllm-0.34.0/vllm/v1/worker/gpu/sample/batch_shard.py"
+)
+
+
+@pytest.mark.skipif(not VLLM_034_FILE.is_file(), reason=f"vLLM 0.34.0's batch_shard.py is not at {VLLM_034_FILE}")
+@pytest.mark.parametrize("tp", [1, 2, 3])
+def test_the_adapter_runs_vllm_034s_file_through_its_pynccl_branch(monkeypatch, tp):
+    """0.34: all_to_all_vocab_shards through the TP group's device_communicator.pynccl_comm, ownership by batch
+    position (no DraftLogitsCache), and vllm.config imported: the small cases pass under vllm-0.34, and every
+    exchange went through the PyNccl stand-in (one call per rank)."""
+    from dataclasses import replace
+
+    monkeypatch.syspath_prepend(str(ADAPTER))
+    monkeypatch.setenv("SHARDSPEC_UPSTREAM_FILE", str(VLLM_034_FILE))
+    import shardspec_upstream
+
+    calls = []
+    through = shardspec_upstream._PyNcclOfTheGroup.all_to_all_single
+    monkeypatch.setattr(
+        shardspec_upstream._PyNcclOfTheGroup,
+        "all_to_all_single",
+        lambda self, *args: calls.append(self.comm.rank) or through(self, *args),
+    )
+    try:
+        for case in small_cases(tp):
+            result = run_case_in_process(
+                replace(case, profile="vllm-0.34"), ImplChoice("shardspec_upstream:make_sharder")
+            )
+            assert result.status == PASS, result.errors or result.violations
+    finally:
+        sys.modules.pop("shardspec_upstream", None)
+    assert sorted(calls) == sorted(list(range(tp)) * len(small_cases(tp)))
+
+
+@pytest.mark.parametrize("path", sorted(ADAPTER.glob("known_failures_*.yaml")), ids=lambda p: p.name)
+def test_the_known_failures_are_keyed_by_property_and_name_real_invariants(path):
+    """Per release, keyed by invariant and case property (never a generated case's id, which changes with the
+    case selection and the device), each entry a defect of vLLM's or the spec's choice."""
+    from shardspec.conformance.report.known_failures import NOT_RUN, RUN_ERROR
+    from shardspec.conformance.report.summary import load_xfails
+    from shardspec.spec.loader import load_spec
+
+    xfails = load_xfails(str(path))
+    assert not xfails.entries, f"entries keyed by id or bare invariant: {sorted(xfails.entries)}"
+    invariants = {inv.id for inv in load_spec().invariants} | {RUN_ERROR, NOT_RUN}
+    for item in xfails.known:
+        assert set(item.invariants) <= invariants, item.label
+        assert item.why in ("vllm-defect", "spec-choice"), item.label
+        assert not (item.when.get("case") and any("gen-" in c for c in item.when["case"])), item.label
+
+
+def test_every_release_the_adapter_runs_has_its_known_failures():
+    assert {p.name for p in ADAPTER.glob("known_failures*.yaml")} == {
+        "known_failures_seed.yaml",
+        "known_failures_0.33.yaml",
+        "known_failures_0.34.yaml",
+    }
