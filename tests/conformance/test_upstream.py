@@ -76,7 +76,8 @@ def line_of(text, needle):
 def test_the_0_33_tree_is_clean(capsys, profile):
     code, report = run(capsys, VLLM_TREE, *(["--profile", profile] if profile else []))
     assert (code, report["findings"]) == (0, [])
-    assert report["profiles"] == ([profile] if profile else ["vllm-0.33", "vllm-0.34", "vllm-seed"])
+    every = ["vllm-0.33", "vllm-0.34", "vllm-0.34-sharded-draft-cache", "vllm-seed"]
+    assert report["profiles"] == ([profile] if profile else every)
     # The spec's extension fields are shardspec's own: listed with the reason, not a finding.
     assert [(s["type"], s["field"]) for s in report["shardspec_only"]] == [("SamplerOutput", "extensions")]
     assert all(reason for reason in upstream.SHARDSPEC_ONLY.values())
@@ -98,7 +99,8 @@ def test_the_seed_file_no_longer_touches_the_0_33_fields(capsys, profile):
         "LocalLogprobsTensors",
         "GatheredLogprobsTensors",
     ]
-    assert by_field["seq_lens_cpu_upper_bound"]["profiles"] == ["vllm-0.33", "vllm-0.34"]
+    with_bound = ["vllm-0.33", "vllm-0.34", "vllm-0.34-sharded-draft-cache"]
+    assert by_field["seq_lens_cpu_upper_bound"]["profiles"] == with_bound
 
 
 def test_the_seed_file_is_clean_against_its_own_profile(capsys):
