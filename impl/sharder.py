@@ -227,7 +227,7 @@ class ProductionSharder(WireLaunches):
         dtypes = profiles.local_dtypes(batch) if rules.batch_dtypes else None
         if num_reqs:
             if self._plan_constexprs["HOST_OWNERS"]:
-                self._owners[:num_reqs].copy_(torch.from_numpy(owners.astype(np.int32, copy=False)))
+                self._upload_owners(owners)
             self._launch_plan(batch, (num_reqs, num_logits, num_local, num_local_logits, max_reqs_per_rank), dtypes)
         views = self._shard_views(num_reqs, num_logits, num_local, num_local_logits, dtypes)
         if dtypes is not None and self._regions(dtypes)[3]:
@@ -248,6 +248,15 @@ class ProductionSharder(WireLaunches):
             acceptable = rules.acceptable_drafts == "sliced"
             local_grammar = local_grammar_output(grammar, position, owned, cu, rules.grammar_blocks, acceptable)
         return ShardResult(local_batch, views["sorted_logits_indices"], local_grammar, metadata)
+
+    def _upload_owners(self, owners: np.ndarray) -> None:
+        """The host's owners into the plan kernel's owner buffer. On a GPU from pinned memory without a wait
+        (a copy from pageable memory waits for the device): torch's caching host allocator keeps the pinned
+        block until the copy is done, so the next step's owners cannot overwrite them in flight."""
+        host = torch.from_numpy(owners.astype(np.int32, copy=False))
+        if self.device.type == "cuda":
+            host = host.pin_memory()
+        self._owners[: owners.shape[0]].copy_(host, non_blocking=True)
 
     def _regions(self, dtypes: tuple | None) -> tuple:
         """(regions by name, the plan kernel's outputs, their addresses, whether some local field needs
