@@ -76,6 +76,17 @@ def variants(case: Case) -> set[str]:
     return found
 
 
+def without_stale_reads(case: Case) -> Case:
+    """``case`` with the entries its batch reads that lie outside [0, tp) (stale owners of slots a change of
+    the batch moved a request onto) back to the initial slot mod tp, so that it stays valid."""
+    entries = case.owner_table
+    if not entries:
+        return case
+    batch = set(case.slots)
+    kept = {s: o for s, o in entries.items() if s not in batch or 0 <= o < case.tp_size}
+    return case if len(kept) == len(entries) else replace(case, owner_table=kept)
+
+
 def assign(entries: dict | None, slots: list[int], tp: int) -> dict:
     """The entries the engine leaves after verifying a batch of ``slots``: each of the batch's entries
     rewritten to its position mod tp, the others kept (CL-OWNER-TABLE)."""

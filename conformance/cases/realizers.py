@@ -423,4 +423,5 @@ def realize(case, variation: Variation, rng):
     for part in reversed(_parts(variation)):
         realizer = REALIZERS.get(part.key)
         case = None if realizer is None or case is None else realizer(case, rng)
-    return case
+    # A realizer that moved a request onto a slot holding a stale owner would make the case invalid.
+    return None if case is None else owner_tables.without_stale_reads(case)
