@@ -107,7 +107,7 @@ def _block(per_request_elements: int, cap: int) -> int:
 class ProductionSharder(WireLaunches):
     # The version of the specification this implementation targets; it follows the rules of any profile
     # but these owner rules (spec/rules.py).
-    SPEC_VERSION = "0.4.0"
+    SPEC_VERSION = "0.5.0"
     SPEC_RULES = {"owner": profiles.OWNER_RULES}
 
     def __init__(

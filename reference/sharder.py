@@ -53,7 +53,7 @@ PAD_SELECTED_RANK = 0
 
 class ReferenceSharder:
     # The version of the specification this implementation targets (docs/validate-your-implementation.md).
-    SPEC_VERSION = "0.4.0"
+    SPEC_VERSION = "0.5.0"
     # It follows the rules of any profile (spec/rules.py) but these owner rules; the suite passes the run's
     # profile as ``profile``.
     SPEC_RULES = {"owner": OWNER_RULES}

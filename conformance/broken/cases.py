@@ -33,8 +33,9 @@ GRAMMAR_ONE_RANK = _case(
     "grammar-one-rank", slots=[0, 1, 2, 3], num_logits_per_req=[1, 1, 1, 1], grammar_positions=[2, 0]
 )
 
-# Rank 2 owns nothing.
-IDLE_RANK = _case("idle-rank", tp_size=3, slots=[0, 3, 1, 4], num_logits_per_req=[1, 2, 1, 1])
+# Rank 2 owns nothing under either owner rule (by slot rank 0 owns both requests; by position ranks 0
+# and 1 own one each), and the two rules disagree on request 1's owner.
+IDLE_RANK = _case("idle-rank", tp_size=3, slots=[0, 3], num_logits_per_req=[1, 2])
 
 EMPTY = _case("empty", slots=[], num_logits_per_req=[])
 

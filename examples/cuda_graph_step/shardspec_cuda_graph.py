@@ -49,8 +49,9 @@ views trimmed to the real batch. How:
 Grammar bitmasks and extension fields are not handled here (production's eager paths for them
 are host-side work; an engine can call ``shardspec.impl.grammar.local_grammar_output`` itself).
 
-**Profiles.** ``profile`` is either of ``ProductionSharder.SPEC_PROFILES``, with two limits under
-vllm-0.33: batches with admitted draft counts (CL-ADMITTED-DRAFTS) are refused, since the bucket's
+**Profiles.** ``profile`` is any whose owner rule is by slot or by batch position (an owner table
+is refused), with two limits where the profile has admitted drafts or local dtypes that follow the
+batch (vllm-0.33, vllm-0.34): batches with admitted draft counts (CL-ADMITTED-DRAFTS) are refused, since the bucket's
 rows would then differ from the host counts the graphs were recorded for, and so are batches whose
 local fields' dtypes (CL-LOCAL-DTYPES) differ from the capture batch's (idx_mapping int64, the
 others int32): the graphs' static buffers have one dtype. Adaptive verification is not offered.
@@ -155,6 +156,10 @@ class _Entry:
             cu_num_logits_np=cu_np,
         )
         self.positions = torch.arange(R, dtype=torch.int64, device=device)
+        # Each capture request's owner, read in the shard graph: by slot, the slots the step copies in; by
+        # batch position, fixed (the batch's requests come first, at their own positions).
+        self.by_position = rules_of(owner.profile).owner == "position_mod_tp"
+        self.position_owners = torch.arange(num_reqs, dtype=torch.int64, device=device) % tp
         self.logits_input = torch.zeros((num_logits, owner.vocab // tp), dtype=owner.logits_dtype, device=device)
         dims = owner.logprobs_dims
         cols = num_logprob_columns(dims) if dims is not None else 0
@@ -183,7 +188,8 @@ class _Entry:
         tp = owner.tp_size
         # The plan's owner-sorted order (rank r's rows after every lower rank's) -> chunks of R rows each.
         counts = (self.cu[1:] - self.cu[:-1]).to(torch.int64)
-        per_rank = torch.zeros(tp, dtype=torch.int64, device=owner.device).index_add_(0, self.slots % tp, counts)
+        owners = self.position_owners if self.by_position else self.slots % tp
+        per_rank = torch.zeros(tp, dtype=torch.int64, device=owner.device).index_add_(0, owners, counts)
         starts = torch.cumsum(per_rank, 0) - per_rank
         compact = result.sorted_logits_indices
         picked = compact[(starts[:, None] + self.positions[None, :]).clamp_(max=compact.shape[0] - 1)]
@@ -307,8 +313,8 @@ class CapturedSteps:
 
     def _counts(self, batch: InputBatch):
         rules = rules_of(self.profile)
-        if rules.owner != "slot_mod_tp":
-            raise NotImplementedError(f"profile {self.profile}: the captured step owns requests by slot only")
+        if rules.owner not in ("slot_mod_tp", "position_mod_tp"):
+            raise NotImplementedError(f"profile {self.profile}: the captured step owns requests by slot or position")
         if rules.admits_drafts or rules.batch_dtypes:
             self._refuse_unrecorded(batch, rules)
         if self.check_preconditions:
@@ -330,7 +336,9 @@ class CapturedSteps:
             )
         tp = self.tp_size
         slots = batch.idx_mapping_np.astype(np.intp, copy=False)
-        owners = np.bitwise_and(slots, tp - 1) if tp & (tp - 1) == 0 else np.remainder(slots, tp)
+        # Vectorised INV-OWNER (a Python loop over 1024 requests would cost more than the replay).
+        by = slots if rules.owner == "slot_mod_tp" else np.arange(slots.shape[0], dtype=np.intp)
+        owners = np.bitwise_and(by, tp - 1) if tp & (tp - 1) == 0 else np.remainder(by, tp)
         reqs_per_rank = np.bincount(owners, minlength=tp).tolist()
         rows_per_rank = (
             reqs_per_rank if width == 1 else np.bincount(owners, weights=counts, minlength=tp).astype(np.int64).tolist()

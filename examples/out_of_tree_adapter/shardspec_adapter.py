@@ -6,7 +6,7 @@ Run the suite against it (from the repository root)::
         python -m shardspec.conformance --impl shardspec_adapter:make_sharder
 
 The suite calls ``make_sharder(max_num_reqs, max_num_logits_per_req, comm=...,
-device=..., adaptive_verification_enabled=...)`` (the last under profile vllm-0.33) once per case
+device=..., adaptive_verification_enabled=...)`` (the last under profile vllm-0.34) once per case
 and rank, then the three methods below.
 """
 
@@ -19,8 +19,8 @@ from shardspec.spec.model import ShardResult
 
 
 class UpstreamStyleSharder:
-    SPEC_VERSION = "0.4.0"
-    SPEC_PROFILES = ("vllm-0.33",)
+    SPEC_VERSION = "0.5.0"
+    SPEC_PROFILES = ("vllm-0.34",)
 
     def __init__(
         self, max_num_reqs: int, max_num_logits_per_req: int, *, comm, device, adaptive_verification_enabled=False

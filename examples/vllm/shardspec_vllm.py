@@ -316,7 +316,7 @@ class OwnerTableCache:
 class VllmSharder:
     """vLLM's BatchSharder and module functions as one shardspec sharder (the installed release's profile)."""
 
-    SPEC_VERSION = "0.4.0"
+    SPEC_VERSION = "0.5.0"
     SPEC_RULES = RULES
 
     def __init__(

@@ -5,6 +5,7 @@ import json
 from harness_cases import small_cases, write_cases
 
 from shardspec.conformance.cli import main
+from shardspec.spec.profiles import DEFAULT_PROFILE
 
 
 def _run(tmp_path, *extra):
@@ -20,7 +21,7 @@ def test_conforming_run_exits_0_with_metadata(tmp_path, throwaway_checkers):
     assert code == 0 and report["exit_code"] == 0
     meta = report["metadata"]
     assert meta["implementations"] == ["reference"] and meta["tp_sizes"] == [2]
-    assert meta["profile"] == "vllm-0.33"  # the report names the profile its cases were judged under
+    assert meta["profile"] == DEFAULT_PROFILE  # the report names the profile its cases were judged under
     for key in ("spec_version", "torch", "triton", "numpy", "python", "backend", "device", "seed", "wall_s"):
         assert key in meta
     table = {row["invariant"]: row["results"]["2"] for row in report["sections"][0]["table"]}

@@ -14,6 +14,7 @@ import pytest
 from harness_cases import PLUGINS, small_cases, write_cases
 
 from shardspec.conformance.cli import main
+from shardspec.spec.profiles import PROFILES as BUNDLED
 
 PROFILES = os.path.join(os.path.dirname(__file__), "data", "profiles")
 
@@ -39,8 +40,7 @@ PROFILES = os.path.join(os.path.dirname(__file__), "data", "profiles")
         (["--mixed-max-examples", "10001"], "--mixed-max-examples: 10001 is above 10000"),
         (
             ["--profile", "vllm-9"],
-            "--profile: unknown profile 'vllm-9'; this spec defines vllm-0.33, vllm-0.34, "
-            "vllm-0.34-sharded-draft-cache, vllm-seed",
+            f"--profile: unknown profile 'vllm-9'; this spec defines {', '.join(BUNDLED)}",
         ),
         (["--profile-file", f"{PROFILES}/bad-rule.yaml"], "bad-rule.yaml: unknown rule 'owners' (rules: owner,"),
         (["--profile-file", f"{PROFILES}/bad-value.yaml"], "bad-value.yaml: rule owner: unknown value 'slot_div_tp'"),

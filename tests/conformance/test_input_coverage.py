@@ -16,6 +16,7 @@ from shardspec.conformance.report.input_coverage import input_coverage, summary_
 from shardspec.conformance.report.matrix import build_matrix
 from shardspec.conformance.report.model import ReportError, load_report, parse_report
 from shardspec.spec.loader import load_spec
+from shardspec.spec.profiles import DEFAULT_PROFILE
 
 
 @pytest.fixture(scope="module")
@@ -31,10 +32,10 @@ def test_the_json_says_per_tp_what_the_cases_drew_and_what_they_did_not(small_ru
     code, path = small_run
     assert code == 0
     [section] = json.loads(path.read_text())["sections"]
-    space = {v.key for v in input_space("vllm-0.33")}
+    space = {v.key for v in input_space(DEFAULT_PROFILE)}
     for tp, cases in ((2, small_cases(2)), (3, small_cases(3)[:1])):
         entry = section["input_coverage"][str(tp)]
-        expected = coverage(cases, "vllm-0.33")
+        expected = coverage(cases, DEFAULT_PROFILE)
         assert entry["variations"] == len(space) and entry["covered"] == len(expected.covered) > 0
         assert set(entry["not_covered"]) == {v.key for v in expected.not_covered} and set(entry["not_covered"]) < space
         drawn_once = {v.key for v in exercised(cases[0])}
@@ -46,7 +47,7 @@ def test_the_terminal_names_each_entry_and_what_no_case_drew(tmp_path, capsys):
     assert main(["--in-process", "--case-file", files[0]]) == 0
     out = capsys.readouterr().out
     [line] = [line for line in out.splitlines() if line.startswith("input coverage, reference:")]
-    assert "tp 2 " in line and f"/{len(input_space('vllm-0.33'))}" in line
+    assert "tp 2 " in line and f"/{len(input_space(DEFAULT_PROFILE))}" in line
     missing = [v.key for v in coverage(small_cases(2)[:1]).not_covered]
     assert f"  not drawn at tp 2 ({len(missing)}): {', '.join(missing[:8])} and {len(missing) - 8} more" in out
 
@@ -54,9 +55,9 @@ def test_the_terminal_names_each_entry_and_what_no_case_drew(tmp_path, capsys):
 def test_a_case_not_run_draws_nothing():
     [case] = small_cases(2)[:1]
     ran = CaseResult(case=case, impl="reference", status="pass")
-    assert input_coverage([not_run(case, "reference", "interrupted")], [2], "vllm-0.33")[2]["covered"] == 0
-    assert input_coverage([ran], [2], "vllm-0.33")[2]["covered"] == len(coverage([case]).covered)
-    lines = summary_lines("reference", input_coverage([ran], [2], "vllm-0.33"))
+    assert input_coverage([not_run(case, "reference", "interrupted")], [2], DEFAULT_PROFILE)[2]["covered"] == 0
+    assert input_coverage([ran], [2], DEFAULT_PROFILE)[2]["covered"] == len(coverage([case]).covered)
+    lines = summary_lines("reference", input_coverage([ran], [2], DEFAULT_PROFILE))
     assert lines[0].startswith("input coverage, reference: tp 2 ") and lines[1].startswith("  not drawn at tp 2")
 
 
@@ -100,7 +101,7 @@ def test_nan_counts_as_drawn_only_in_a_row_that_is_sampled(admitted):
 
     base = Case(case_id="nan-rows", tp_size=2, slots=[4, 1, 3], num_logits_per_req=[3, 3, 3], vocab_size=128)
     if admitted is not None:  # the device rows are 1 + admitted, not the scheduled 3 (CL-ADMITTED-DRAFTS)
-        base = replace(base, profile="vllm-0.33", admitted_drafts=admitted)
+        base = replace(base, profile=DEFAULT_PROFILE, admitted_drafts=admitted)
     indices = build_case_inputs(base).batch.logits_indices.tolist()
     assert [t for tokens in base.sampled_tokens() for t in tokens] == indices
     unsampled = sorted(set(range(max(indices) + 1)) - set(indices))

@@ -105,11 +105,17 @@ def test_run_errors_are_covered_by_run_error_entries_with_their_property(tmp_pat
         ("{must_reject: false}", _case("a", expect_error="PRE-BATCH-SIZE"), False),
         ("{case: 'tp*-reject-capacity-*'}", _case("tp4-reject-capacity-reqs"), True),
         ("{case: 'tp*-reject-capacity-*'}", _case("tp4-valid-capacity-reqs"), False),
-        # slots 0 and 2 at tp 2: both on rank 0 by slot (vllm-0.33), one per rank by position
-        ("{rank_owns_nothing: true}", _case("a", slots=[0, 2]), True),
-        ("{rank_owns_nothing: true}", _case("a", slots=[0, 1]), False),
-        ("{rank_owns_nothing: true, tp: [2, 3]}", _case("a", slots=[0, 2]), True),
-        ("{rank_owns_nothing: true, tp: 3}", _case("a", slots=[0, 2]), False),  # every property must hold
+        # slots 0 and 2 at tp 2: both on rank 0 by slot (vllm-0.33), one per rank by position (vllm-0.34)
+        ("{rank_owns_nothing: true}", _case("a", slots=[0, 2], profile="vllm-0.33"), True),
+        ("{rank_owns_nothing: true}", _case("a", slots=[0, 1], profile="vllm-0.33"), False),
+        ("{rank_owns_nothing: true}", _case("a", slots=[0, 2], profile="vllm-0.34"), False),
+        ("{rank_owns_nothing: true}", _case("a", slots=[4], profile="vllm-0.34"), True),
+        ("{rank_owns_nothing: true, tp: [2, 3]}", _case("a", slots=[0, 2], profile="vllm-0.33"), True),
+        (
+            "{rank_owns_nothing: true, tp: 3}",
+            _case("a", slots=[0, 2], profile="vllm-0.33"),
+            False,
+        ),  # every property must hold
         ("{multi_step: true}", _case("a", continues="a.step0"), True),
         ("{}", _case("a"), True),
     ],
@@ -128,7 +134,7 @@ def test_the_owner_rule_of_the_case_s_profile_decides_who_owns_nothing(tmp_path,
         tmp_path,
         "known_failures:\n  - {invariant: INV-X, when: {rank_owns_nothing: true}, why: vllm-defect, reason: r}\n",
     )
-    case = _case("a", slots=[0, 2])
+    case = _case("a", slots=[0, 2], profile="vllm-0.33")
     assert xfails.covers("INV-X", _result(case))  # vllm-0.33: slot % tp, both on rank 0
     monkeypatch.setattr(profiles, "rules_of", lambda profile: SimpleNamespace(owner="position_mod_tp"))
     assert not xfails.covers("INV-X", _result(case))  # positions 0 and 1: one request per rank

@@ -76,7 +76,7 @@ def test_the_adapter_runs_vllm_033s_file(monkeypatch, case_id):
     monkeypatch.syspath_prepend(str(ADAPTER))
     monkeypatch.setenv("SHARDSPEC_UPSTREAM_FILE", str(VLLM_033_FILE))
     try:
-        result = run_case_in_process(load_case(case_id), ImplChoice("shardspec_upstream:make_sharder"))
+        result = run_case_in_process(load_case(case_id, "vllm-0.33"), ImplChoice("shardspec_upstream:make_sharder"))
     finally:
         sys.modules.pop("shardspec_upstream", None)
     assert result.status == PASS, result.errors or result.violations

@@ -18,7 +18,7 @@ from shardspec_cuda_graph import PAD_TOKEN_INDEX, Bucket, CapturedSteps, bucket_
 from shardspec.comm import LockstepGroup, LoopbackComm
 from shardspec.impl import ProductionSharder
 from shardspec.spec.builders import build_input_batch
-from shardspec.spec.model import LogprobsTensors, SamplerOutput, num_logprob_columns
+from shardspec.spec.model import DEFAULT_PROFILE, LogprobsTensors, SamplerOutput, num_logprob_columns, rules_of
 
 DIMS, VOCAB, CAPACITY = (2, 0), 12, (24, 3)
 
@@ -177,7 +177,7 @@ def test_one_bucket_serves_batches_that_fit_and_refuses_one_that_does_not():
     assert steps.bucket_for(small) == Bucket(2, 1)
     plan = steps.shard(small, Bucket(4, 2))
     assert plan.bucket == Bucket(4, 2) and plan.logits_input.shape == (2 * 8, VOCAB // 2)
-    big = _batch([0, 2, 4, 6, 8, 1], [1] * 6, 1)  # rank 0 owns 5 requests
+    big = _batch([0, 2, 4, 6, 8, 10, 12, 14, 16], [1] * 9, 1)  # rank 0 owns 5 (by position) or 9 (by slot)
     with pytest.raises(ValueError, match="does not fit"):
         steps.shard(big, Bucket(4, 2))
     with pytest.raises(ValueError, match="exceeds the capacity"):
@@ -254,10 +254,11 @@ def test_inputs_written_in_place_and_step_with_the_checks_off_equal_the_eager_st
     tp, vocab_shard = 2, VOCAB // 2
     seq = np.random.default_rng(5).integers(1, 50, size=CAPACITY[0])
     batches = [
-        # slots (owner = slot % 2), rows per request
+        # slots, rows per request (the owners by the default profile's owner rule)
         ([0, 1, 2, 3], [2, 2, 2, 2]),  # fills bucket (2, 2): every rank sends R = 4 real rows
         ([5, 2, 7], [1, 2, 2]),
-        ([4, 6], [2, 1]),  # bucket (2, 2) again, other local shapes: rank 1 owns nothing
+        ([4, 6, 1], [2, 1, 1]),  # bucket (2, 2) again, other local shapes
+        ([4], [2]),  # rank 1 owns nothing
         ([9, 8, 11], [3, 1, 2]),  # width 3 in a bucket of 4: narrower ids
         ([10, 12, 14, 3], [1, 1, 1, 1]),
         ([], []),
@@ -270,7 +271,7 @@ def test_inputs_written_in_place_and_step_with_the_checks_off_equal_the_eager_st
             where = f"rank {rank} batch {k}"
             for name, e, a in zip(("local batch", "local logits", "gathered"), expected, actual, strict=True):
                 assert_same(e, a, f"{where} {name}")
-            owners = batches[k].idx_mapping_np % tp
+            owners = rules_of(DEFAULT_PROFILE).owners(batches[k].idx_mapping_np, tp)
             assert plan.num_reqs_per_rank == np.bincount(owners, minlength=tp).tolist(), where
     assert captured[0][0][0].bucket == captured[0][2][0].bucket == Bucket(2, 2)
 

@@ -40,16 +40,16 @@ def _eager_and_captured(comm, batch, profile):
     return eager, plan.local_batch
 
 
-SLOT_OWNED = [name for name in PROFILES if rules_of(name).owner == "slot_mod_tp"]
+# Every bundled profile whose owner rule the captured step implements (by slot or by batch position).
+CAPTURED_OWNERS = ("slot_mod_tp", "position_mod_tp")
+SUPPORTED = [name for name in PROFILES if rules_of(name).owner in CAPTURED_OWNERS]
 
 
-def test_captured_step_refuses_a_profile_that_owns_by_position():
-    batch = build_input_batch(SLOTS, SCHEDULED, seq_lens_upper_bound=True, device=DEVICE)
-    with pytest.raises(NotImplementedError, match="vllm-0.34: the captured step owns requests by slot only"):
-        _captured("vllm-0.34").shard(batch)
+def test_both_owner_rules_are_bundled():
+    assert {rules_of(name).owner for name in SUPPORTED} == set(CAPTURED_OWNERS)
 
 
-@pytest.mark.parametrize("profile", SLOT_OWNED)
+@pytest.mark.parametrize("profile", SUPPORTED)
 def test_captured_local_batch_equals_the_eager_one_in_each_profile(profile):
     batch = build_input_batch(SLOTS, SCHEDULED, seq_lens_upper_bound=True, device=DEVICE)
     for rank, (eager, captured) in enumerate(LockstepGroup(2, timeout_s=60).run(_eager_and_captured, batch, profile)):

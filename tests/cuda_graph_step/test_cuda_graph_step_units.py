@@ -136,7 +136,7 @@ def test_a_step_of_local_shapes_seen_before_reuses_their_views():
     bucket = Bucket(2, 2)
     first = steps.shard(_batch([0, 1, 2], [1, 2, 1]), bucket)  # rank 0: 2 requests, 2 rows
     other = steps.shard(_batch([0, 3], [2, 1]), bucket)  # rank 0: 1 request, 2 rows
-    again = steps.shard(_batch([4, 2, 1], [1, 1, 2]), bucket)  # rank 0: 2 requests, 2 rows
+    again = steps.shard(_batch([4, 2, 1], [1, 1, 1]), bucket)  # rank 0: 2 requests, 2 rows
     assert other.local_batch.idx_mapping is not first.local_batch.idx_mapping
     for name in ("idx_mapping", "seq_lens", "cu_num_logits", "logits_indices", "expanded_idx_mapping"):
         assert getattr(again.local_batch, name) is getattr(first.local_batch, name), name
@@ -173,7 +173,7 @@ def test_static_buffers_are_on_the_step_device_with_the_data_model_dtypes(
     steps.prepare(Bucket(2, 4))  # P = 2, W = 4, R = 8: a capture batch of 4 requests of 4 rows
     entry = steps._entries[Bucket(2, 4)]
     tensors = {name: value for name, value in vars(entry).items() if isinstance(value, torch.Tensor)}
-    assert set(tensors) == {"slots", "cu", "logits_indices", "seq_lens", "positions", "logits_input"}
+    assert set(tensors) == {"slots", "cu", "logits_indices", "seq_lens", "positions", "position_owners", "logits_input"}
     assert {t.device for t in tensors.values()} == {META}
     assert entry.logits_input.dtype == torch.bfloat16 and entry.logits_input.shape == (16, 4)
     # The capture batch: as the data model's builder lays out 4 requests of 4 rows (slots 0..3).

@@ -19,6 +19,7 @@ from shardspec.comm import LoopbackComm
 from shardspec.impl import ProductionSharder
 from shardspec.reference import ReferenceSharder
 from shardspec.spec.case import Case, build_case_inputs
+from shardspec.spec.loader import spec_version
 from shardspec.spec.model import PROFILES
 from shardspec.spec.profiles import rules_of
 
@@ -36,6 +37,8 @@ def _case(case_id: str, **fields) -> Case:
         max_num_logits_per_req=4,
         logprobs_dims=(2, 0),
         nan_tokens=[1, 7],
+        # vLLM 0.33's rules, which these tests spell out by hand (owners by slot, acceptable-draft counts)
+        profile=VLLM_033,
     )
     return Case(**{**base, **fields})
 
@@ -254,6 +257,6 @@ def test_an_unknown_profile_is_refused():
 
 
 def test_production_declares_the_spec_and_its_profiles():
-    assert ProductionSharder.SPEC_VERSION == "0.4.0" and ProductionSharder.SPEC_RULES == {
+    assert ProductionSharder.SPEC_VERSION == spec_version() and ProductionSharder.SPEC_RULES == {
         "owner": ("slot_mod_tp", "position_mod_tp", "owner_table", "contiguous_ranges")
     }

@@ -16,10 +16,15 @@ from shardspec.conformance.harness.expectations import replicated_of
 from shardspec.fixtures import load_cases
 from shardspec.fixtures.run import run_reference_case
 from shardspec.spec.case import Case, ExplicitLocalOutput, build_case_inputs
-from shardspec.spec.model import num_logprob_columns
+from shardspec.spec.model import DEFAULT_PROFILE, num_logprob_columns, rules_of
 
 SLOTS = [5, 2, 9, 0, 7, 3, 11, 4]
 COUNTS = [1, 3, 2, 4, 1, 2, 3, 1]
+
+
+def _owners(tp, slots=SLOTS):
+    """Each request's owner under the default profile's owner rule (the cases take the default)."""
+    return rules_of(DEFAULT_PROFILE).owners(slots, tp)
 
 
 def _logprob_value(i, p, c):
@@ -29,8 +34,9 @@ def _logprob_value(i, p, c):
 def _explicit_outputs(tp, id_width, lp_cols, slots=SLOTS, counts=COUNTS):
     """Per-rank outputs; ``id_width(rank)`` ids per request, ``lp_cols(rank)`` logprob columns or None."""
     outputs = {}
+    owners = _owners(tp, slots)
     for rank in range(tp):
-        owned = [i for i, slot in enumerate(slots) if slot % tp == rank]
+        owned = [i for i, owner in enumerate(owners) if owner == rank]
         if not owned:
             continue
         rows = [(i, p) for i in owned for p in range(counts[i])]
@@ -91,8 +97,8 @@ def test_sampled_ids_are_zero_filled_or_truncated(tp, mode):
     out = gathered[0]
     width = max(COUNTS)
     assert out.sampled_token_ids.dtype == torch.int64 and out.sampled_token_ids.shape == (len(SLOTS), width)
-    for i, slot in enumerate(SLOTS):
-        local_width = WIDTHS[mode](slot % tp)
+    for i, owner in enumerate(_owners(tp)):
+        local_width = WIDTHS[mode](owner)
         expected = [1000 * i + c + 1 if c < local_width else 0 for c in range(width)]
         assert out.sampled_token_ids[i].tolist() == expected, f"request {i}"
     for name in ("num_sampled", "num_rejected", "num_nans"):
@@ -104,9 +110,10 @@ def test_counts_and_nan_sums_per_request():
     case, gathered = _run(2, WIDTHS["exact"], lambda rank: 3)
     out = gathered[0]
     outputs = case.local_outputs
-    for i, slot in enumerate(SLOTS):
-        local = outputs[slot % 2]
-        j = [k for k, s in enumerate(SLOTS) if s % 2 == slot % 2].index(i)
+    owners = _owners(2)
+    for i, owner in enumerate(owners):
+        local = outputs[owner]
+        j = [k for k, o in enumerate(owners) if o == owner].index(i)
         assert int(out.num_sampled[i]) == local.num_sampled[j]
         assert int(out.num_rejected[i]) == local.num_rejected[j]
         assert int(out.num_nans[i]) == sum((i + p) % 3 for p in range(COUNTS[i])), f"request {i}"
@@ -132,8 +139,8 @@ def test_logprobs_padded_truncated_or_missing(mode, dims):
     assert lp.logprobs.dtype == torch.float32 and lp.logprobs.shape == (num_logits, cols)
     assert lp.selected_token_ranks.dtype == torch.int64 and lp.selected_token_ranks.shape == (num_logits,)
     row = 0
-    for i, slot in enumerate(SLOTS):
-        local_cols = LOGPROB_COLUMNS[mode](slot % tp)
+    for i, owner in enumerate(_owners(tp)):
+        local_cols = LOGPROB_COLUMNS[mode](owner)
         for p in range(COUNTS[i]):
             copied = 0 if local_cols is None else min(local_cols, cols)
             ids = [100 * i + 10 * p + c + 1 if c < copied else 0 for c in range(cols)]

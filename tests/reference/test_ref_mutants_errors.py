@@ -67,8 +67,9 @@ def test_declared_extension_field_is_named(carried):
 
 
 def _gather_on_idle_rank(declared, carried):
-    """Rank 1 of 2 owns none of these requests: it may leave declared fields out, not send them wrong."""
-    batch = build_input_batch([0, 2], [1, 1])
+    """Rank 1 of 2 owns none of these requests (by slot or by position): it may leave declared fields out,
+    not send them wrong."""
+    batch = build_input_batch([2], [1])
     sharder = ReferenceSharder(8, 4, comm=LoopbackComm(1, 2))
     shard = sharder.shard_sampler_inputs(batch, None)
     empty = torch.zeros(0, 1, dtype=torch.int64)
@@ -80,7 +81,7 @@ def _gather_on_idle_rank(declared, carried):
 
 def test_idle_rank_may_leave_out_a_declared_field():
     gathered = _gather_on_idle_rank({"mask": MASK}, {})
-    assert gathered.extensions["mask"].shape == (2, 4)
+    assert gathered.extensions["mask"].shape == (1, 4)
 
 
 def test_idle_rank_still_checks_the_fields_after_one_it_left_out():
@@ -263,7 +264,7 @@ def test_unsupported_declaration_says_which_and_why(name):
 def test_zero_trailing_size_is_a_size():
     spec = ExtensionSpec("request", torch.int32, (0,))
     gathered = _gather_on_idle_rank({"empty": spec}, {})
-    assert gathered.extensions["empty"].shape == (2, 0)
+    assert gathered.extensions["empty"].shape == (1, 0)
 
 
 # Every branch of PRE-DRAFTS (5 requests of 1, 3, 2, 1 and 2 rows): (batch, field, request, message).

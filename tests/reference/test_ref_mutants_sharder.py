@@ -14,12 +14,13 @@ from shardspec.spec.builders import build_input_batch
 from shardspec.spec.case import Case, build_case_inputs
 from shardspec.spec.case_edits import batch_extension_values, extension_fields
 from shardspec.spec.model import admitted_cu_num_logits
+from shardspec.spec.profiles import PROFILES
 
 
 def test_unknown_profile_is_refused_naming_the_known_ones():
     with pytest.raises(ValueError) as caught:
         ReferenceSharder(4, 4, comm=LoopbackComm(0, 1), profile="vllm-0.1")
-    assert str(caught.value) == "unknown profile 'vllm-0.1' (bundled: vllm-0.33, vllm-0.34, vllm-seed)"
+    assert str(caught.value) == f"unknown profile 'vllm-0.1' (bundled: {', '.join(PROFILES)})"
 
 
 WIDE = {name: "int64" for name in ("seq_lens", "expanded_idx_mapping", "expanded_local_pos", "cu_num_logits")}

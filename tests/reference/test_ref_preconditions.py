@@ -12,7 +12,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 import torch
-from bundled import VLLM_SEED
+from bundled import VLLM_033, VLLM_SEED
 
 import shardspec.reference.preconditions as preconditions_module
 from shardspec.comm import LoopbackComm
@@ -266,13 +266,13 @@ def test_local_output_variants_are_rejected(make_output):
 
 
 def test_rank_owning_nothing_may_pass_none():
-    batch = build_input_batch([0, 2], [1, 1])  # rank 1 owns nothing
+    batch = build_input_batch([2], [1])  # rank 1 owns nothing, whether by slot or by position
     sharder = ReferenceSharder(8, 4, comm=LoopbackComm(1, TP))
     shard = sharder.shard_sampler_inputs(batch, None)
     out = sharder.gather_sampler_output(
         None, shard.metadata, batch, shard.local_batch, gather_num_nans=True, logprobs_dims=(2, 0)
     )
-    assert out.sampled_token_ids.shape == (2, 1)
+    assert out.sampled_token_ids.shape == (1, 1)
 
 
 def test_rejection_writes_nothing():
@@ -287,7 +287,7 @@ def test_rejection_writes_nothing():
 @pytest.mark.parametrize("dims", [(-1, 0), (-3, -2), (2,)], ids=str)
 def test_rank_owning_nothing_rejects_bad_logprobs_dims_too(dims):
     """logprobs_dims is replicated, so every rank must reject it, not only owners."""
-    batch = build_input_batch([0, 2], [1, 1])  # rank 1 owns nothing
+    batch = build_input_batch([2], [1])  # rank 1 owns nothing, whether by slot or by position
     sharder = ReferenceSharder(8, 4, comm=LoopbackComm(1, TP))
     shard = sharder.shard_sampler_inputs(batch, None)
     with pytest.raises(PreconditionError) as caught:
@@ -315,13 +315,14 @@ def test_seed_grammar_needs_one_row_per_logits_row(delta):
 )
 def test_grammar_blocks_are_checked(edit, block_rows, position):
     with pytest.raises(PreconditionError) as caught:
-        _shard(*_grammar_blocks(edit, block_rows))
+        _shard(*_grammar_blocks(edit, block_rows), profile=VLLM_033)
     assert (caught.value.precondition_id, caught.value.request) == ("PRE-GRAMMAR-BITMASK", position), str(caught.value)
 
 
 def test_wide_grammar_blocks_move_whole_with_their_counts():
     batch, grammar = _grammar_blocks(lambda g: g, block_rows=6)
-    local = _shard(batch, grammar).local_grammar_output  # rank 0 owns request 2 (slot 2) and 0 (slot 4)
+    # vLLM 0.33: rank 0 owns request 2 (slot 2) and 0 (slot 4), and the counts move with the blocks
+    local = _shard(batch, grammar, profile=VLLM_033).local_grammar_output
     assert local.structured_output_request_ids == grammar.structured_output_request_ids
     assert torch.equal(local.grammar_bitmask, grammar.grammar_bitmask) and local.num_acceptable_drafts == [1, 0]
 

@@ -10,6 +10,7 @@ from shardspec.reference import ReferenceSharder
 from shardspec.reference.plan import build_plan
 from shardspec.spec.builders import build_input_batch
 from shardspec.spec.loader import load_spec
+from shardspec.spec.profiles import PROFILES, rules_of
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +43,10 @@ def test_example_plan_matches_the_reference(example, batch):
 @pytest.mark.parametrize("rank", [0, 1])
 def test_example_sorted_indices_and_wire_rows_match_the_reference(example, batch, rank):
     tp = example["tp"]
-    result = ReferenceSharder(64, 4, comm=LoopbackComm(rank, tp)).shard_sampler_inputs(batch, None)
+    # The example owns requests by slot: a profile whose owner rule is that one.
+    profile = next(name for name in PROFILES if rules_of(name).owner == "slot_mod_tp")
+    sharder = ReferenceSharder(64, 4, comm=LoopbackComm(rank, tp), profile=profile)
+    result = sharder.shard_sampler_inputs(batch, None)
     assert result.sorted_logits_indices.tolist() == example["sorted_logits_indices"]
     owned = np.flatnonzero(np.asarray(example["owners"]) == rank).tolist()
     assert result.local_batch.req_ids == [batch.req_ids[i] for i in owned]

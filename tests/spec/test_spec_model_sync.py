@@ -43,10 +43,19 @@ def test_types_mirror_the_python_classes_field_by_field(spec):
     }
     for type_spec in mirrored:
         names, python = [f.name for f in type_spec.fields], _python_fields(getattr(py_model, type_spec.python))
-        if spec.profile == py_model.DEFAULT_PROFILE:
-            assert names == python, type_spec.name
-        else:  # the Python classes carry the default profile's fields too, at their end
-            assert names == python[: len(names)], type_spec.name
+        # The Python classes carry every profile's fields: a profile's come first, in order, and the
+        # fields only other profiles have come after them.
+        assert names == python[: len(names)], type_spec.name
+
+
+def test_every_python_field_belongs_to_some_profile():
+    fields: dict[str, set[str]] = {}
+    for profile in py_model.PROFILES:
+        for type_spec in load_spec(profile=profile).data_model.types:
+            if type_spec.python:
+                fields.setdefault(type_spec.python, set()).update(f.name for f in type_spec.fields)
+    for name, names in fields.items():
+        assert set(_python_fields(getattr(py_model, name))) == names, name
 
 
 def test_profile_names_in_code_equal_the_index(spec):

@@ -58,7 +58,7 @@ def test_spec_md_shows_each_decision_beside_its_precondition(spec):
 
 
 def test_spec_version_is_exposed_without_loading_every_document(spec):
-    assert spec_version() == spec.version == "0.4.0"
+    assert spec_version() == spec.version == "0.5.0"
 
 
 def _documented_signature(spec, method: str) -> list[str]:

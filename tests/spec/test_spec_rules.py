@@ -53,11 +53,7 @@ def test_vllm_034_changes_what_vllm_034_changed():
     [
         ("bad-rule.yaml", "unknown rule 'owners' (rules: owner,"),
         ("bad-value.yaml", "rule owner: unknown value 'slot_div_tp' (values: slot_mod_tp,"),
-        (
-            "bad-parent.yaml",
-            "extends unknown profile 'vllm-0.99' (bundled: vllm-0.33, vllm-0.34, vllm-0.34-sharded-draft-cache, "
-            "vllm-seed)",
-        ),
+        ("bad-parent.yaml", f"extends unknown profile 'vllm-0.99' (bundled: {', '.join(PROFILES)})"),
         ("unsupported.yaml", "rule seq_lens_upper_bound: value always is declared but not supported yet"),
     ],
 )
