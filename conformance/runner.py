@@ -124,11 +124,9 @@ def collect_cases(config: RunConfig) -> CaseSet:
         from shardspec.conformance.cases.multistep import multi_step_cases
         from shardspec.conformance.cases.spread import most_drawing
         from shardspec.conformance.cases.strategies import generate_cases
-        from shardspec.fixtures.catalogue import with_profile
 
         for tp in config.tp_sizes:
             multi = multi_step_cases(tp, max(1, config.max_examples // MULTI_STEP_SHARE), config.seed, config.profile)
-            multi = [with_profile(case, config.profile) for case in multi]
             # The generated cases chosen to draw what the fixtures and the multi-step cases do not.
             pool = generate_cases(tp, max(config.max_examples, GENERATED_POOL), config.seed, config.profile)
             generated += most_drawing(pool, config.max_examples, [c for c in cases if c.tp_size == tp] + multi)

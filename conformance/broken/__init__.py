@@ -362,6 +362,32 @@ CORPUS += [
 ]
 
 
+_TABLE = {"owner": "owner_table"}
+CORPUS += [
+    # owners read from the engine's owner table (CL-OWNER-TABLE)
+    _entry(
+        "owner-by-position-ignoring-table",
+        "owner_table",
+        "OwnerByPositionIgnoringTable",
+        "owner-table",
+        "owner-table-steps",
+        requires=_TABLE,
+    ),
+    _entry("owners-of-first-table", "owner_table", "OwnersOfFirstTable", "owner-table-steps", requires=_TABLE),
+    _entry("assigns-the-table", "owner_table", "AssignsTheTable", "owner-table", requires=_TABLE),
+    _entry("padding-from-whole-table", "owner_table", "PaddingFromWholeTable", "owner-table", requires=_TABLE),
+    # contiguous_ranges: no bundled profile has it, so no bundled run reaches this entry;
+    # tests/meta/test_contiguous_ranges.py runs it under examples/profiles/vllm-ascend-contiguous-ranges.yaml.
+    _entry(
+        "ranges-of-ceil-size",
+        "shard",
+        "RangesOfCeilSize",
+        "contiguous-ranges",
+        requires={"owner": "contiguous_ranges"},
+    ),
+]
+
+
 def _register_input_space_cases() -> None:
     """The cases of broken/input_space.py, sizes.py and pairs.py join the targeted cases by id (not cases.ALL: the
     checks that run every entry on every targeted case stay the size they were; tests/meta/test_input_space.py

@@ -18,9 +18,9 @@ class PlanCachedByBatchSize(ReferenceSharder):
         super().__init__(*args, **kwargs)
         self._plans: dict[int, object] = {}
 
-    def shard_sampler_inputs(self, batch, grammar_output=None):
+    def shard_sampler_inputs(self, batch, grammar_output=None, **kwargs):
         if batch.num_reqs not in self._plans:
-            self._plans[batch.num_reqs] = super().shard_sampler_inputs(batch, grammar_output)
+            self._plans[batch.num_reqs] = super().shard_sampler_inputs(batch, grammar_output, **kwargs)
         return self._plans[batch.num_reqs]
 
 
@@ -57,10 +57,10 @@ class StepCachedByRequests(ReferenceSharder):
         super().__init__(*args, **kwargs)
         self._steps: dict[tuple, object] = {}
 
-    def shard_sampler_inputs(self, batch, grammar_output=None):
+    def shard_sampler_inputs(self, batch, grammar_output=None, **kwargs):
         key = tuple(batch.req_ids)
         if key not in self._steps:
-            self._steps[key] = super().shard_sampler_inputs(batch, grammar_output)
+            self._steps[key] = super().shard_sampler_inputs(batch, grammar_output, **kwargs)
         return self._steps[key]
 
 
@@ -72,8 +72,8 @@ class DraftCountsCachedByRequestSet(ReferenceSharder):
         super().__init__(*args, **kwargs)
         self._drafts: dict[frozenset, object] = {}
 
-    def shard_sampler_inputs(self, batch, grammar_output=None):
-        result = super().shard_sampler_inputs(batch, grammar_output)
+    def shard_sampler_inputs(self, batch, grammar_output=None, **kwargs):
+        result = super().shard_sampler_inputs(batch, grammar_output, **kwargs)
         local = result.local_batch
         kept = self._drafts.setdefault(frozenset(batch.req_ids), local.num_draft_tokens_per_req)
         return result._replace(local_batch=replace(local, num_draft_tokens_per_req=kept))

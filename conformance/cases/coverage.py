@@ -31,14 +31,20 @@ from shardspec.conformance.cases.input_space import (
     pairs_left_out,
     raw_data_model,
 )
+from shardspec.conformance.cases.owner_tables import variants as owner_table_variants
 from shardspec.conformance.cases.sizes import sizes_drawn
+from shardspec.spec.case import case_owners, owner_table_of
 from shardspec.spec.case_edits import LOGITS_LIMITS_EDIT, UPPER_BOUND_ABSENT
 from shardspec.spec.layouts import BATCH_ARRAYS, BATCH_TENSORS
 from shardspec.spec.model import DEFAULT_PROFILE
 from shardspec.spec.profiles import rules_of
 
 # Case.layouts names -> argument paths (local_output: every tensor of the local sampler output).
-_LAYOUT_PATHS = {"grammar_bitmask": "grammar.grammar_bitmask", "logits_shard": "logits_shard"}
+_LAYOUT_PATHS = {
+    "grammar_bitmask": "grammar.grammar_bitmask",
+    "logits_shard": "logits_shard",
+    "owner_table": "owner_table",
+}
 LOCAL_TENSORS = (
     "local_output.sampled_token_ids",
     "local_output.num_nans",
@@ -105,7 +111,7 @@ def _spec_decode(case) -> bool:
 
 
 def _owners(case) -> set[int]:
-    return set(rules_of(case.profile).owners(case.slots, case.tp_size))
+    return set(case_owners(case))
 
 
 @cache
@@ -260,6 +266,16 @@ def exercised(case, previous=None) -> set[Variation]:
         tensors.append("batch.seq_lens_cpu_upper_bound")
     if case.admitted_drafts is not None:
         tensors.append("batch.num_admitted_draft_tokens")
+    table = owner_table_of(case)
+    if table is not None:
+        tensors.append("owner_table")
+        read = {table[s] for s in slots}
+        if 0 in read:
+            add("owner_table", VALUE, "min")
+        if case.tp_size - 1 in read:
+            add("owner_table", VALUE, "max")
+        for variant in owner_table_variants(case):
+            add("owner_table", VALUE, variant)
     viewed = {path: layout for name, layout in case.layouts.items() for path in path_of_layout_name(name)}
     two_d = _two_dimensional(case.profile)
     for path in tensors:
@@ -310,6 +326,7 @@ def exercised(case, previous=None) -> set[Variation]:
             "gather_num_nans": previous.gather_num_nans != case.gather_num_nans,
             "logprobs_dims": previous.logprobs_dims != case.logprobs_dims,
             "extension_fields": previous.extensions != case.extensions,
+            "owner_table": owner_table_of(previous) != owner_table_of(case),
         }
         for path, differs in {**changed, **_loop_changes(previous, case)}.items():
             if differs:

@@ -7,7 +7,8 @@ variations of each field, along six axes:
 
 * ``value``: both ends of its range (``min``, ``max``) and, with ``limits``, the dtype's limits
   (``+inf``, ``-inf``, ``nan``, ``largest``, ``lowest``, ``subnormal`` for floats; ``dtype-min``,
-  ``dtype-max`` for integers); ``true`` and ``false`` for a bool;
+  ``dtype-max`` for integers); ``true`` and ``false`` for a bool; each of its named ``variants``
+  (the owner table's: cases/owner_tables.py);
 * ``dtype``: every dtype the spec allows, where it allows more than one;
 * ``layout``: every view engines produce: ``contiguous``, ``strided`` (``t[::2]``), ``offset`` (past
   its storage's first element) and, for a two-dimensional tensor, ``row-padded`` (rows further apart
@@ -99,6 +100,7 @@ class InputField:
     shape: tuple[str, ...] | None = None
     optional: bool = False
     values: tuple[tuple[str, object], ...] = ()
+    variants: tuple[str, ...] = ()
     top_level: bool = False
     fixed: bool = False  # constant for a sharder's lifetime (its construction parameters)
 
@@ -137,6 +139,7 @@ def input_fields(data_model: dict, profile: str | None = DEFAULT_PROFILE) -> lis
                 shape=None if entry.get("shape") is None else tuple(str(s) for s in entry["shape"]),
                 optional=bool(entry.get("optional", False)),
                 values=tuple(sorted((entry.get("values") or {}).items())),
+                variants=tuple(entry.get("variants") or ()),
                 top_level=top,
                 fixed=fixed,
             )
@@ -178,6 +181,7 @@ def variations_of(field: InputField) -> list[Variation]:
         out += [(VALUE, v) for v in limits]
     if field.type == "bool":
         out += [(VALUE, "true"), (VALUE, "false")]
+    out += [(VALUE, variant) for variant in field.variants]
     if len(field.dtypes) > 1:
         out += [(DTYPE, d) for d in field.dtypes]
     if field.type in ("tensor", "ndarray"):

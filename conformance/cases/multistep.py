@@ -6,7 +6,8 @@ view into last step's output. Each multi-step case starts from a generated
 case and then changes the batch the way engines do: the same number of
 requests in other slots, fewer requests, more requests (up to the capacity),
 a decode loop on those (:func:`decode_loop`: the same requests step after step, one field changed each
-time), and the first shape again. The step's options change too, as the input space
+time), and the first shape again; under an owner table the engine's table is carried from step to step
+(:func:`with_tables`). The step's options change too, as the input space
 says an engine may change them between steps (conformance/cases/input_space.py,
 axis ``step``): the grammar output comes and goes, NaN counts and logprobs are
 asked for on some steps only, and the last step declares an extension field. A
@@ -24,6 +25,7 @@ from dataclasses import replace
 
 import numpy as np
 
+from shardspec.conformance.cases import owner_tables
 from shardspec.conformance.cases.profile_inputs import flipped_dtypes, with_profile_inputs, without_profile_inputs
 from shardspec.conformance.cases.realizers import EXTENSION
 from shardspec.spec.case import Case
@@ -34,7 +36,8 @@ STEP_KINDS = ("other-slots", "shrink", "grow", "repeat")
 
 
 def multi_step_cases(tp_size: int, count: int, seed: int, profile: str = DEFAULT_PROFILE) -> list[Case]:
-    """``count`` multi-step cases for ``tp_size`` under ``profile``; the same for the same seed."""
+    """``count`` multi-step cases for ``tp_size`` under ``profile``; the same for the same seed. Under owner
+    rule owner_table they carry the owner tables the engine carries from step to step (:func:`with_tables`)."""
     from shardspec.conformance.cases.strategies import generate_cases
 
     # Bases under the root profile, without a later release's per-request inputs: every step draws
@@ -48,8 +51,18 @@ def multi_step_cases(tp_size: int, count: int, seed: int, profile: str = DEFAULT
         rng = np.random.default_rng([seed, tp_size, number, 17])
         case = with_steps(replace(base, profile=profile), rng, adaptive=rules.adaptive and number % 2 == 0)
         case.case_id = f"multi-tp{tp_size}-s{seed}-{number:03d}"
+        if profile is not None:
+            case = under_profile(case, profile, np.random.default_rng([seed, tp_size, number, 29]))
         cases.append(case)
     return cases
+
+
+def with_tables(case: Case, rng: np.random.Generator) -> Case:
+    """``case`` with owner tables: the first step's is one an engine may hold after some steps and each later
+    step's is the one the engine leaves after the step before it (its requests' entries rewritten to their
+    batch positions mod tp: CL-OWNER-TABLE), so later steps' owners differ from what the first step's table
+    gives their slots."""
+    return owner_tables.carried(case, owner_tables.engine_entries(case.tp_size, case.max_num_reqs, rng))
 
 
 def _usable(case: Case) -> bool:

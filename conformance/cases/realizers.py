@@ -15,6 +15,7 @@ from dataclasses import replace
 
 import numpy as np
 
+from shardspec.conformance.cases import owner_tables
 from shardspec.conformance.cases.coverage import (
     CU_GENERATED_TENSOR,
     EXPLICIT_OUTPUTS,
@@ -41,6 +42,7 @@ from shardspec.conformance.cases.input_space import (
     pair_parts,
 )
 from shardspec.conformance.cases.sizes import SIZE_REALIZERS, largest_batch
+from shardspec.spec.case import case_owners
 from shardspec.spec.case_edits import LOGITS_LIMITS_EDIT, UPPER_BOUND_ABSENT
 from shardspec.spec.model import DEFAULT_PROFILE
 from shardspec.spec.profiles import rules_of
@@ -87,7 +89,7 @@ def _with_logprobs(case, rank: int, out):
     """``out`` with logprobs of the agreed width for its rows where it has none."""
     if out.logprob_token_ids is not None:
         return out
-    owners = rules_of(case.profile).owners(case.slots, case.tp_size)
+    owners = case_owners(case)
     rows = sum(n for n, owner in zip(case.num_logits_per_req, owners, strict=True) if owner == rank)
     cols = 1 + max(case.logprobs_dims)
     return replace(
@@ -177,6 +179,11 @@ def as_large_batch(case, rng: np.random.Generator):
         vocab_size=vocab_size,
         nan_tokens=sorted(int(t) for t in rng.choice(num_tokens(slots, counts), size=3, replace=False)),
         local_outputs="toy",
+        # A drawn owner table is drawn again for the new slots (a table of the same kind would be kept
+        # for slots the batch no longer has).
+        owner_table=None
+        if case.owner_table is None
+        else owner_tables.draw_entries("mixed", slots, case.tp_size, max_num_reqs, rng),
     )
 
 
@@ -290,10 +297,18 @@ def _with_upper_bound(case, rng):
 
 
 def _realizers() -> dict[str, Callable]:
-    from shardspec.spec.layouts import BATCH_ARRAYS, BATCH_TENSORS, FIELDS_2D, LAYOUTS, PROFILE_BATCH_FIELDS
+    from shardspec.spec.layouts import (
+        BATCH_ARRAYS,
+        BATCH_TENSORS,
+        FIELDS_2D,
+        LAYOUTS,
+        OWNER_TABLE,
+        PROFILE_BATCH_FIELDS,
+    )
 
     out: dict[str, Callable] = {}
-    for name in BATCH_TENSORS + BATCH_ARRAYS + PROFILE_BATCH_FIELDS + ("grammar_bitmask", "logits_shard"):
+    viewed = BATCH_TENSORS + BATCH_ARRAYS + PROFILE_BATCH_FIELDS + ("grammar_bitmask", "logits_shard", OWNER_TABLE)
+    for name in viewed:
         # The views the case format makes, of as many dimensions as the field has.
         for layout in (v for v in (LAYOUTS_2D if name in FIELDS_2D else LAYOUTS_1D) if v in LAYOUTS):
             for path in path_of_layout_name(name):
@@ -363,6 +378,8 @@ def _realizers() -> dict[str, Callable]:
     }
     for limit, value in limits.items():
         out[f"local_output.logprobs_tensors.logprobs:{VALUE}={limit}"] = _explicit_value("logprobs", value)
+    for variant in ("initial", "by-position", "mixed", "stale", "idle-rank"):
+        out[f"{OWNER_TABLE}:{VALUE}={variant}"] = owner_tables.realizer(variant)
     for name, path in EXPLICIT_OUTPUTS.items():
         if name == "logprobs":
             continue
@@ -431,4 +448,5 @@ def realize(case, variation: Variation, rng):
     for part in reversed(_parts(variation)):
         realizer = REALIZERS.get(part.key)
         case = None if realizer is None or case is None else realizer(case, rng)
-    return case
+    # A realizer that moved a request onto a slot holding a stale owner would make the case invalid.
+    return None if case is None else owner_tables.without_stale_reads(case)

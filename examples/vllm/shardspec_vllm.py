@@ -24,6 +24,7 @@ and shrinking (which replays in one process) cannot run it: pass ``--no-shrink``
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import os
 import threading
 from typing import Any
@@ -51,6 +52,7 @@ from vllm.v1.worker.gpu.sample.output import SamplerOutput as VllmSamplerOutput 
 
 from shardspec.comm import start_up  # noqa: E402
 from shardspec.spec import model  # noqa: E402
+from shardspec.spec.profiles import rules_of  # noqa: E402
 
 if not vllm.triton_utils.HAS_TRITON:
     raise ImportError(
@@ -70,10 +72,14 @@ SPEC_FIELDS = tuple(f.name for f in dataclasses.fields(model.InputBatch))
 VOCAB_SHARDS_EXCHANGE = hasattr(batch_shard, "all_to_all_vocab_shards")
 GRAMMAR_HAS_ACCEPTABLE_DRAFTS = "num_acceptable_drafts" in {f.name for f in dataclasses.fields(VllmGrammarOutput)}
 POSITION_OWNERS = hasattr(batch_shard, "shard_owners")
+# - 0.34's BatchSharder takes a draft-logits cache; a sharded one decides the owners (owner rule owner_table).
+TABLE_OWNERS = "draft_logits" in inspect.signature(batch_shard.BatchSharder.__init__).parameters
 # The rules the installed release follows (spec/rules.py): the suite refuses a profile that sets another
 # value of one of them.
 RULES = {
-    "owner": ("position_mod_tp",) if POSITION_OWNERS else ("slot_mod_tp",),
+    "owner": (("position_mod_tp", "owner_table") if TABLE_OWNERS else ("position_mod_tp",))
+    if POSITION_OWNERS
+    else ("slot_mod_tp",),
     "exchange": ("all_to_all_vocab_shards",) if VOCAB_SHARDS_EXCHANGE else ("all_to_all_logits",),
     "acceptable_drafts": ("sliced",) if GRAMMAR_HAS_ACCEPTABLE_DRAFTS else ("none",),
 }
@@ -292,6 +298,21 @@ def from_vllm_output(output: VllmSamplerOutput) -> model.SamplerOutput:
 # -- the sharder ------------------------------------------------------------------------------------
 
 
+class OwnerTableCache:
+    """What vLLM 0.34's BatchSharder reads of a sharded ``DraftLogitsCache``: ``owners_of(idx_mapping_np)``,
+    the batch's owners and the per-slot owner table on the device. The engine's cache keeps that table
+    itself and rewrites it in ``assign()`` after each verification; here the table is the one the suite
+    passes with each step (``owner_table``, CL-OWNER-TABLE), handed over as the cache would hold it."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.table: np.ndarray | None = None
+
+    def owners_of(self, idx_mapping_np: np.ndarray) -> tuple[np.ndarray, torch.Tensor]:
+        table = self.table
+        return table[idx_mapping_np], torch.from_numpy(np.ascontiguousarray(table)).to(self.device)
+
+
 class VllmSharder:
     """vLLM's BatchSharder and module functions as one shardspec sharder (the installed release's profile)."""
 
@@ -306,15 +327,21 @@ class VllmSharder:
         comm,
         device="cpu",
         adaptive_verification_enabled: bool = False,
+        profile: str = model.DEFAULT_PROFILE,
         **ignored,
     ):
         self.device = torch.device(device)
         self.tp_group = _vllm_tp_group(comm, self.device)
+        # Under owner rule owner_table, vLLM's sharder reads its owners from a sharded cache's table.
+        self.cache = OwnerTableCache(self.device) if rules_of(profile).owner_by_table else None
+        extra = {} if self.cache is None else {"draft_logits": self.cache}
         self.sharder = batch_shard.BatchSharder(
-            max_num_reqs, max_num_logits_per_req, self.device, adaptive_verification_enabled
+            max_num_reqs, max_num_logits_per_req, self.device, adaptive_verification_enabled, **extra
         )
 
-    def shard_sampler_inputs(self, batch, grammar) -> model.ShardResult:
+    def shard_sampler_inputs(self, batch, grammar, *, owner_table=None) -> model.ShardResult:
+        if self.cache is not None:
+            self.cache.table = owner_table
         local, sorted_logits_indices, local_grammar, metadata = self.sharder.shard_sampler_inputs(
             to_vllm_batch(batch), to_vllm_grammar(grammar)
         )
