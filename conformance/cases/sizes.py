@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from shardspec.spec.profiles import rules_of
+from shardspec.spec.case import case_owners
 
 SIZE = "size"
 EMPTY, LARGEST = "empty", "largest"
@@ -58,6 +58,7 @@ SIZES: dict[str, Size] = {
     "B": _follows("ceil(V / 32)"),
     "E": _follows("the engine's declared entry shape, scalar or not; no argument bounds it"),
     "Re": _follows("M or M * W wire rows: n's and W's ends"),
+    "Q": _follows("the owner table's length: max_num_reqs, a construction argument, never changes"),
     # A count that is a field of the batch rather than a symbol.
     "batch.num_draft_tokens": Size("0", "max_num_reqs * (max_num_logits_per_req - 1)"),
 }
@@ -89,7 +90,7 @@ def sizes_drawn(case) -> set[tuple[str, str, str]]:
     got: set[tuple[str, str, str]] = set()
     cap, cap_rows, tp = case.max_num_reqs, case.max_num_logits_per_req, case.tp_size
     rows = [len(r) for r in case.sampled_tokens()]
-    owners = rules_of(case.profile).owners(case.slots, tp)
+    owners = case_owners(case)
     per_rank = [[i for i, o in enumerate(owners) if o == r] for r in range(tp)]
     most = math.ceil(cap / tp)
 

@@ -98,8 +98,8 @@ def test_every_size_of_the_data_model_has_its_empty_and_largest_value_or_says_wh
 
 def test_a_size_added_to_the_data_model_is_named_until_it_has_its_ends():
     model = copy.deepcopy(space.raw_data_model())
-    model["symbols"].append({"name": "Q", "meaning": "a size a later spec might add"})
-    assert sizes.sizes_without_ends(model) == ["Q"]
+    model["symbols"].append({"name": "Z9", "meaning": "a size a later spec might add"})
+    assert sizes.sizes_without_ends(model) == ["Z9"]
 
 
 @pytest.mark.parametrize("tp", [1, 2, 3, 4, 8])
