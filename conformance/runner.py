@@ -124,17 +124,17 @@ def collect_cases(config: RunConfig) -> CaseSet:
         from shardspec.conformance.cases.multistep import multi_step_cases
         from shardspec.conformance.cases.spread import most_drawing
         from shardspec.conformance.cases.strategies import generate_cases
-        from shardspec.fixtures.catalogue import with_profile
         from shardspec.spec.profiles import rules_of
 
         for tp in config.tp_sizes:
             at_boundaries += boundary_cases_for_run(tp, config.profile, config.seed, config.tp_sizes)
             if tp < rules_of(config.profile).min_tp:
                 continue  # a group the profile builds no sharder for: its rejection is the one case
+            multi = multi_step_cases(tp, max(1, config.max_examples // MULTI_STEP_SHARE), config.seed, config.profile)
+            # The generated cases chosen to draw what the fixtures and the multi-step cases do not.
             pool = generate_cases(tp, max(config.max_examples, GENERATED_POOL), config.seed, config.profile)
-            generated += most_drawing(pool, config.max_examples, [c for c in cases if c.tp_size == tp])
-            multi = multi_step_cases(tp, max(1, config.max_examples // MULTI_STEP_SHARE), config.seed)
-            cases += [with_profile(case, config.profile) for case in multi]
+            generated += most_drawing(pool, config.max_examples, [c for c in cases if c.tp_size == tp] + multi)
+            cases += multi
     notes += _refused_sizes(config)
     steps, parents = _expanded(_unique_ids(cases + at_boundaries + generated))
     made = {c.case_id for c in steps}

@@ -106,3 +106,38 @@ def check_grammar_blocks(grammar: GrammarOutput, batch: InputBatch, position: di
             request=int(listed[k]),
             rank=rank,
         )
+
+
+def table_owners(owner_table, slots: np.ndarray, max_num_reqs: int, tp: int, rank) -> np.ndarray:
+    """[N] the owners the step's owner table gives the batch's slots (owner rule owner_table, INV-OWNER),
+    after PRE-OWNER-TABLE and PRE-OWNER-TABLE-RANGE: only the batch's entries are read (CL-OWNER-TABLE).
+    ``slots`` are in range (checked before)."""
+    if owner_table is None:
+        _fail("PRE-OWNER-TABLE", "owner_table", "no owner table was passed", rank=rank)
+    if not isinstance(owner_table, np.ndarray) or not np.issubdtype(owner_table.dtype, np.integer):
+        dtype = getattr(owner_table, "dtype", None)
+        _fail(
+            "PRE-OWNER-TABLE",
+            "owner_table",
+            f"{type(owner_table).__name__} of dtype {dtype} is not a numpy integer array",
+            rank=rank,
+        )
+    if owner_table.shape != (max_num_reqs,):
+        _fail(
+            "PRE-OWNER-TABLE",
+            "owner_table",
+            f"shape {owner_table.shape}, expected ({max_num_reqs},): one entry per slot",
+            rank=rank,
+        )
+    owners = owner_table[slots]
+    outside = (owners < 0) | (owners >= tp)
+    if outside.any():
+        bad = int(np.flatnonzero(outside)[0])
+        _fail(
+            "PRE-OWNER-TABLE-RANGE",
+            "owner_table",
+            f"the owner of slot {int(slots[bad])} is {int(owners[bad])}, outside [0, {tp})",
+            request=bad,
+            rank=rank,
+        )
+    return owners.astype(np.intp, copy=False)

@@ -22,7 +22,9 @@ from shardspec.spec.rules import Rules
 
 _NUMPY_INTS = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)
 # The owner rules production implements (spec/rules.py).
-OWNER_RULES = ("slot_mod_tp", "position_mod_tp")
+OWNER_RULES = ("slot_mod_tp", "position_mod_tp", "owner_table", "contiguous_ranges")
+# The owner rules whose owners the host finds and the plan kernel reads (the others the kernel computes).
+HOST_OWNER_RULES = ("owner_table", "contiguous_ranges")
 
 
 def production_rules(profile: str | Rules) -> Rules:
@@ -41,9 +43,21 @@ def production_rules(profile: str | Rules) -> Rules:
 
 def owners(slots: np.ndarray, tp: int, owner: str) -> np.ndarray:
     """[N] owner rank of each batch position (INV-OWNER): its slot mod tp (slot_mod_tp) or its position
-    mod tp (position_mod_tp). tp is usually a power of two, and a mask is cheaper than a division."""
+    mod tp (position_mod_tp), or its range's rank (contiguous_ranges); owner_table's owners come from
+    ``profile_checks.table_owners``. tp is usually a power of two, and a mask is cheaper than a division."""
+    if owner == "contiguous_ranges":
+        return range_owners(slots.shape[0], tp)
     keys = np.arange(slots.shape[0], dtype=np.intp) if owner == "position_mod_tp" else slots
     return np.bitwise_and(keys, tp - 1) if tp & (tp - 1) == 0 else np.remainder(keys, tp)
+
+
+def range_owners(num_reqs: int, tp: int) -> np.ndarray:
+    """[N] owners under contiguous_ranges (CL-OWNER-CONTIGUOUS-RANGES): rank r's range of batch positions
+    holds N // tp of them, one more for the first N % tp ranks."""
+    size, extra = divmod(num_reqs, tp)
+    lengths = np.full(tp, size, dtype=np.intp)
+    lengths[:extra] += 1
+    return np.repeat(np.arange(tp, dtype=np.intp), lengths)
 
 
 def admitted_rows(batch: InputBatch, scheduled: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -30,11 +30,15 @@ def _count_block(
     TP_PAD: tl.constexpr,
     BLOCK: tl.constexpr,
     BY_POSITION: tl.constexpr,
+    owners_ptr,
+    HOST_OWNERS: tl.constexpr,
 ):
     """Per rank: requests before block_start, rows before it, rows in all; requests [start, start + BLOCK) added."""
     reqs = start + tl.arange(0, BLOCK)
     valid = reqs < num_reqs
-    if BY_POSITION:
+    if HOST_OWNERS:
+        owners = tl.load(owners_ptr + reqs, mask=valid, other=0)
+    elif BY_POSITION:
         owners = reqs % TP
     else:
         owners = tl.load(slots_ptr + reqs * slots_stride, mask=valid, other=0) % TP
@@ -81,6 +85,7 @@ def shard_plan_kernel(
     local_row_slots_ptr,
     local_row_pos_ptr,
     local_seq_lens_ptr,
+    owners_ptr,
     num_reqs,
     num_logits,
     num_local_reqs,
@@ -93,6 +98,7 @@ def shard_plan_kernel(
     ROWS_PAD: tl.constexpr,
     LOOP_END: tl.constexpr,
     BY_POSITION: tl.constexpr = False,
+    HOST_OWNERS: tl.constexpr = False,
 ):
     """Inputs are read by their strides (element units). The counts (num_*) come from the host copies,
     which the host has checked: every index made from device values is masked to the host's count of
@@ -105,7 +111,9 @@ def shard_plan_kernel(
     runtime bound, so no batch size recompiles.
 
     BY_POSITION: the owner of the request at batch position i is i mod TP (owner rule position_mod_tp),
-    else its slot mod TP (slot_mod_tp); INV-OWNER."""
+    else its slot mod TP (slot_mod_tp); HOST_OWNERS: owners_ptr[i], the owners the host found (owner rules
+    owner_table, whose table only the host holds and a slot read back from the device could not index
+    safely, and contiguous_ranges); INV-OWNER."""
     block_start = tl.program_id(0) * BLOCK
     ranks = tl.arange(0, TP_PAD)
     # Per-rank request and row counts: before this block, and over the batch.
@@ -129,6 +137,8 @@ def shard_plan_kernel(
                 TP_PAD,
                 BLOCK,
                 BY_POSITION,
+                owners_ptr,
+                HOST_OWNERS,
             )
     else:
         for start in range(0, num_reqs, BLOCK):
@@ -147,6 +157,8 @@ def shard_plan_kernel(
                 TP_PAD,
                 BLOCK,
                 BY_POSITION,
+                owners_ptr,
+                HOST_OWNERS,
             )
     # Rank r's rows start after every row of lower ranks (owner-sorted order).
     rank_row_start = tl.cumsum(rows_total, axis=0) - rows_total
@@ -154,7 +166,9 @@ def shard_plan_kernel(
     reqs = block_start + tl.arange(0, BLOCK)
     valid = reqs < num_reqs
     slots = tl.load(slots_ptr + reqs * slots_stride, mask=valid, other=0)
-    if BY_POSITION:
+    if HOST_OWNERS:
+        owners = tl.load(owners_ptr + reqs, mask=valid, other=0)
+    elif BY_POSITION:
         owners = reqs % TP
     else:
         owners = slots % TP

@@ -18,7 +18,8 @@ agree byte for byte). What differs is how:
 Every profile (spec/SPEC.md section 7) runs the same launches; where their rules differ is host work
 (``profiles.py``, ``profile_checks.py``, ``grammar.py``), which workspace regions the plan kernel
 writes (under local_dtypes batch the local fields take the batch's dtypes: int32 and int64 regions
-exist for each), and how the plan kernel and the host find owners (the owner rule, a constexpr).
+exist for each), and how the plan kernel and the host find owners (the owner rule, a constexpr; under
+owner_table and contiguous_ranges the host finds the owners and hands them to the kernel).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ import numpy as np
 import torch
 
 from shardspec.comm import Communicator
-from shardspec.impl import checks, extensions, output_checks, profiles
+from shardspec.impl import checks, extensions, output_checks, profile_checks, profiles
 from shardspec.impl.gather import WireLaunches
 from shardspec.impl.grammar import local_grammar_output
 from shardspec.impl.kernels import next_power_of_2
@@ -157,7 +158,11 @@ class ProductionSharder(WireLaunches):
             ROWS_PAD=self._rows_pad,
             LOOP_END=0,
             BY_POSITION=rules.owner == "position_mod_tp",
+            HOST_OWNERS=rules.owner in profiles.HOST_OWNER_RULES,
         )
+        # The owners the host found, per batch position (profiles.HOST_OWNER_RULES); the other rules'
+        # kernel never reads them.
+        self._owners = torch.zeros(max(1, max_num_reqs), dtype=torch.int32, device=self.device)
         self._plan_key = (self.device.index, *self._plan_constexprs.values())
         self._plan_regions: dict = {}  # local dtypes (None: vllm-seed's) -> regions the plan kernel writes
         self._seed_regions = self._regions(None)
@@ -166,8 +171,14 @@ class ProductionSharder(WireLaunches):
         self._views: dict = {}  # step shapes -> views of the workspace and launch configurations
 
     # -- step 1 ------------------------------------------------------------
-    def shard_sampler_inputs(self, batch: InputBatch, grammar: GrammarOutput | None) -> ShardResult:
+    def shard_sampler_inputs(
+        self, batch: InputBatch, grammar: GrammarOutput | None, *, owner_table: np.ndarray | None = None
+    ) -> ShardResult:
+        """``owner_table``: the engine's per-slot owner table, an argument of owner rule owner_table only
+        (CL-OWNER-TABLE); read, never written, never kept."""
         rank, tp, rules = self.rank, self.tp_size, self.rules
+        if owner_table is not None and not rules.owner_by_table:
+            raise TypeError(f"owner_table: an argument of owner rule owner_table, not of {rules.owner}")
         # cu, counts and width are those of the rows the device fields lay out (CL-ADMITTED-DRAFTS).
         if self.check_preconditions:
             cu, counts, width = checks.check_input_batch(
@@ -187,6 +198,12 @@ class ProductionSharder(WireLaunches):
                 rank=rank,
                 profile=self.profile,
             )
+        table_owners = None
+        if rules.owner_by_table:
+            # Checked with the checks off too (its entries index the per-rank counts), before the grammar
+            # output as the reference checks it.
+            slots = batch.idx_mapping_np.astype(np.intp, copy=False)
+            table_owners = profile_checks.table_owners(owner_table, slots, self.max_num_reqs, tp, rank)
         position = None
         if grammar is not None:
             position = {req_id: i for i, req_id in enumerate(batch.req_ids)}
@@ -194,7 +211,7 @@ class ProductionSharder(WireLaunches):
                 checks.check_grammar_output(grammar, batch, position, counts, rank, self.profile)
         num_reqs = batch.num_reqs
         slots = batch.idx_mapping_np.astype(np.intp, copy=False)
-        owners = profiles.owners(slots, tp, rules.owner)
+        owners = profiles.owners(slots, tp, rules.owner) if table_owners is None else table_owners
         num_logits = int(cu[-1])
         # Per-rank counts as Python lists: tp is small, and list max / indexing cost far less than numpy's.
         reqs_per_rank = np.bincount(owners, minlength=tp).tolist()
@@ -210,6 +227,8 @@ class ProductionSharder(WireLaunches):
         # The local fields in the batch's dtypes (local_dtypes batch, CL-LOCAL-DTYPES), or int32 (None).
         dtypes = profiles.local_dtypes(batch) if rules.batch_dtypes else None
         if num_reqs:
+            if self._plan_constexprs["HOST_OWNERS"]:
+                self._upload_owners(owners)
             self._launch_plan(batch, (num_reqs, num_logits, num_local, num_local_logits, max_reqs_per_rank), dtypes)
         views = self._shard_views(num_reqs, num_logits, num_local, num_local_logits, dtypes)
         if dtypes is not None and self._regions(dtypes)[3]:
@@ -230,6 +249,15 @@ class ProductionSharder(WireLaunches):
             acceptable = rules.acceptable_drafts == "sliced"
             local_grammar = local_grammar_output(grammar, position, owned, cu, rules.grammar_blocks, acceptable)
         return ShardResult(local_batch, views["sorted_logits_indices"], local_grammar, metadata)
+
+    def _upload_owners(self, owners: np.ndarray) -> None:
+        """The host's owners into the plan kernel's owner buffer. On a GPU from pinned memory without a wait
+        (a copy from pageable memory waits for the device): torch's caching host allocator keeps the pinned
+        block until the copy is done, so the next step's owners cannot overwrite them in flight."""
+        host = torch.from_numpy(owners.astype(np.int32, copy=False))
+        if self.device.type == "cuda":
+            host = host.pin_memory()
+        self._owners[: owners.shape[0]].copy_(host, non_blocking=True)
 
     def _regions(self, dtypes: tuple | None) -> tuple:
         """(regions by name, the plan kernel's outputs, their addresses, whether some local field needs
@@ -282,12 +310,13 @@ class ProductionSharder(WireLaunches):
         num_reqs = sizes[0]
         constexprs = {**self._plan_constexprs, "LOOP_END": num_reqs} if _INTERPRETED else self._plan_constexprs
         # The plan's outputs never move: a direct launch takes their addresses instead.
+        owners = self._owners
         _launch_plan(
             -(-num_reqs // self._plan_block),
             key,
-            (*inputs, *outputs, *sizes),
+            (*inputs, *outputs, owners, *sizes),
             constexprs,
-            (*inputs, *addresses, *sizes),
+            (*inputs, *addresses, owners.data_ptr(), *sizes),
         )
 
     # -- step 2 ------------------------------------------------------------

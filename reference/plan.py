@@ -1,8 +1,9 @@
 """The shard plan: a pure function of replicated host inputs.
 
 Every rank computes the same plan from ``idx_mapping_np`` and
-``cu_num_logits_np`` without communicating, owners by the profile's owner rule
-(INV-OWNER). Names follow the spec's data model.
+``cu_num_logits_np`` (and, under owner rule owner_table, the step's owner table)
+without communicating, owners by the profile's owner rule (INV-OWNER). Names
+follow the spec's data model.
 """
 
 from __future__ import annotations
@@ -49,26 +50,42 @@ class ShardPlan:
 
 
 # The owner rules (spec/rules.py) the plan implements.
-OWNER_RULES = ("slot_mod_tp", "position_mod_tp")
+OWNER_RULES = ("slot_mod_tp", "position_mod_tp", "owner_table", "contiguous_ranges")
 
 
-def owners_of(idx_mapping: np.ndarray, tp_size: int, owner: str = "slot_mod_tp") -> np.ndarray:
-    """[N] owner rank of each batch position (INV-OWNER): its slot mod tp (owner rule slot_mod_tp) or its
-    position mod tp (position_mod_tp)."""
+def owners_of(
+    idx_mapping: np.ndarray, tp_size: int, owner: str = "slot_mod_tp", owner_table: np.ndarray | None = None
+) -> np.ndarray:
+    """[N] owner rank of each batch position (INV-OWNER): its slot mod tp (owner rule slot_mod_tp), its
+    position mod tp (position_mod_tp), its slot's entry of ``owner_table`` (owner_table; only the
+    batch's entries are read) or the rank of its range of positions (contiguous_ranges)."""
     if owner == "slot_mod_tp":
         return idx_mapping % tp_size
     if owner == "position_mod_tp":
         return np.arange(idx_mapping.shape[0], dtype=np.int64) % tp_size
+    if owner == "owner_table":
+        if owner_table is None:
+            raise ValueError("owner rule owner_table: the owner table is needed")
+        return np.asarray(owner_table)[idx_mapping].astype(np.int64)
+    if owner == "contiguous_ranges":
+        # tp balanced ranges of positions, the longer ones first (numpy's array_split).
+        ranges = np.array_split(np.arange(idx_mapping.shape[0]), tp_size)
+        return np.concatenate([np.full(r.shape[0], rank, dtype=np.int64) for rank, r in enumerate(ranges)])
     raise NotImplementedError(f"owner rule {owner}: not supported yet")
 
 
 def build_plan(
-    idx_mapping: np.ndarray, cu_num_logits: np.ndarray, tp_size: int, rank: int, owner: str = "slot_mod_tp"
+    idx_mapping: np.ndarray,
+    cu_num_logits: np.ndarray,
+    tp_size: int,
+    rank: int,
+    owner: str = "slot_mod_tp",
+    owner_table: np.ndarray | None = None,
 ) -> ShardPlan:
     idx_mapping = np.asarray(idx_mapping, dtype=np.int64)
     cu_num_logits = np.asarray(cu_num_logits, dtype=np.int64)
     num_reqs = idx_mapping.shape[0]
-    owners = owners_of(idx_mapping, tp_size, owner)
+    owners = owners_of(idx_mapping, tp_size, owner, owner_table)
     num_logits_per_req = np.diff(cu_num_logits)
     # A stable sort keeps batch order among requests of one owner.
     owner_sorted_reqs = np.argsort(owners, kind="stable")

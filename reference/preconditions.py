@@ -328,3 +328,34 @@ def check_grammar_output(
         f"shape {tuple(bitmask.shape)}; expected {rows} rows (one per logits row of the listed requests)",
         rank=rank,
     )
+
+
+def check_owner_table(owner_table, batch: InputBatch, *, max_num_reqs: int, tp_size: int, rank=None) -> None:
+    """PRE-OWNER-TABLE and PRE-OWNER-TABLE-RANGE (owner rule owner_table), after the batch's checks: the
+    slots index the table. Only the entries the batch reads are range-checked; the others may hold
+    anything (CL-OWNER-TABLE)."""
+    require(owner_table is not None, "PRE-OWNER-TABLE", "owner_table", "no owner table was passed", rank=rank)
+    require(
+        isinstance(owner_table, np.ndarray) and np.issubdtype(owner_table.dtype, np.integer),
+        "PRE-OWNER-TABLE",
+        "owner_table",
+        f"{type(owner_table).__name__} of dtype {getattr(owner_table, 'dtype', None)} is not a numpy integer array",
+        rank=rank,
+    )
+    require(
+        owner_table.shape == (max_num_reqs,),
+        "PRE-OWNER-TABLE",
+        "owner_table",
+        f"shape {owner_table.shape}, expected ({max_num_reqs},): one entry per slot",
+        rank=rank,
+    )
+    owners = owner_table[np.asarray(batch.idx_mapping_np, dtype=np.intp)]
+    bad = first_bad((owners < 0) | (owners >= tp_size))
+    if bad is not None:
+        raise PreconditionError(
+            "PRE-OWNER-TABLE-RANGE",
+            "owner_table",
+            f"the owner of slot {int(batch.idx_mapping_np[bad])} is {int(owners[bad])}, outside [0, {tp_size})",
+            request=bad,
+            rank=rank,
+        )

@@ -89,7 +89,13 @@ class ReferenceSharder:
         preconditions.check_construction(rules, comm.world_size, max_num_reqs, rank=comm.rank)
 
     # -- step 1 ------------------------------------------------------------
-    def shard_sampler_inputs(self, batch: InputBatch, grammar: GrammarOutput | None) -> ShardResult:
+    def shard_sampler_inputs(
+        self, batch: InputBatch, grammar: GrammarOutput | None, *, owner_table: np.ndarray | None = None
+    ) -> ShardResult:
+        """``owner_table``: the engine's per-slot owner table, an argument of owner rule owner_table only
+        (CL-OWNER-TABLE); read, never written."""
+        if owner_table is not None and not self.rules.owner_by_table:
+            raise TypeError(f"owner_table: an argument of owner rule owner_table, not of {self.rules.owner}")
         if self.check_preconditions:
             preconditions.check_input_batch(
                 batch,
@@ -98,10 +104,14 @@ class ReferenceSharder:
                 rank=self.rank,
                 profile=self.profile,
             )
+            if self.rules.owner_by_table:
+                preconditions.check_owner_table(
+                    owner_table, batch, max_num_reqs=self.max_num_reqs, tp_size=self.tp_size, rank=self.rank
+                )
             preconditions.check_grammar_output(grammar, batch, rank=self.rank, profile=self.profile)
         # Rows as the device fields lay them out: the admitted ones in vllm-0.33 (CL-ADMITTED-DRAFTS).
         cu_num_logits = profile_rules.device_cu_num_logits(batch, self.profile)
-        plan = self.plan(batch)
+        plan = self.plan(batch, owner_table)
         local_reqs = plan.local_reqs
         # Owner-sorted logits rows, mapped to the token each one reads.
         sorted_rows = plan.logits_rows_of(plan.owner_sorted_reqs, cu_num_logits)
@@ -121,10 +131,10 @@ class ReferenceSharder:
         local_grammar = profile_rules.local_grammar_output(grammar, batch, local_reqs, self.profile)
         return ShardResult(local_batch, sorted_logits_indices, local_grammar, metadata)
 
-    def plan(self, batch: InputBatch) -> ShardPlan:
-        """This rank's plan: a pure function of the replicated host copies."""
+    def plan(self, batch: InputBatch, owner_table: np.ndarray | None = None) -> ShardPlan:
+        """This rank's plan: a pure function of the replicated host copies (and the owner table)."""
         cu_num_logits = profile_rules.device_cu_num_logits(batch, self.profile)
-        return build_plan(batch.idx_mapping_np, cu_num_logits, self.tp_size, self.rank, self.rules.owner)
+        return build_plan(batch.idx_mapping_np, cu_num_logits, self.tp_size, self.rank, self.rules.owner, owner_table)
 
     def _local_batch(self, batch, plan, local_reqs, cu_num_logits, logits_indices) -> InputBatch:
         device = self.device

@@ -130,10 +130,8 @@ def build_grammar_output(
 
     Every row allows at least one token, so a masked row is never all -inf. One row per logits row
     (vllm-seed), or with ``block_rows`` a block of that many rows per listed request, padding rows
-    included (vllm-0.33, CL-GRAMMAR-BLOCKS).
+    included (vllm-0.33, CL-GRAMMAR-BLOCKS). No positions: a grammar output that lists no request (G = 0).
     """
-    if not len(req_positions):
-        return None
     generator = torch.Generator().manual_seed(seed)
     cu = batch.cu_num_logits_np
     rows = sum(int(cu[i + 1] - cu[i]) for i in req_positions) if block_rows is None else block_rows * len(req_positions)

@@ -11,11 +11,25 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+import numpy as np
 import torch
 
 from shardspec.spec.builders import build_grammar_output, build_input_batch, build_token_logits, sampled_token_ranges
-from shardspec.spec.case_edits import check_edit_names, edit_inputs, edit_logits_shard, edit_token_logits
-from shardspec.spec.layouts import check_case_layout, lay_out_batch, lay_out_grammar, lay_out_tensor, logits_dtype_of
+from shardspec.spec.case_edits import (
+    check_edit_names,
+    edit_inputs,
+    edit_logits_shard,
+    edit_owner_table,
+    edit_token_logits,
+)
+from shardspec.spec.layouts import (
+    check_case_layout,
+    lay_out_array,
+    lay_out_batch,
+    lay_out_grammar,
+    lay_out_tensor,
+    logits_dtype_of,
+)
 from shardspec.spec.model import (
     DEFAULT_PROFILE,
     GrammarOutput,
@@ -80,7 +94,7 @@ class Case:
     max_num_logits_per_req: int = 4
     # None: speculative decoding iff some request has more than one row.
     spec_decode: bool | None = None
-    # Batch positions listed by the grammar output, in its order; None: no grammar.
+    # Batch positions listed by the grammar output, in its order; None: no grammar; []: one listing none.
     grammar_positions: list[int] | None = None
     vocab_size: int = 100
     seed: int = 0
@@ -127,6 +141,11 @@ class Case:
     # Tokens every request decoded since the batch's first step: each seq_len (and its bound) that much
     # longer, as an engine's next step of the same requests has them.
     seq_lens_growth: int = 0
+    # Owner rule owner_table: the entries of the step's owner table (slot -> owner) that differ from the
+    # engine's initial table, slot mod tp (CL-OWNER-TABLE); None: the initial table. Entries of slots
+    # past the capacity are left out of the table. An entry of a slot outside the batch is not read and
+    # may hold anything (a stale owner, even one outside [0, tp)).
+    owner_table: dict[int, int] | None = None
 
     @property
     def padded_vocab_size(self) -> int:
@@ -153,7 +172,7 @@ def expand_steps(case: Case) -> list[Case]:
     steps = [replace(case, then=[])] + list(case.then)
     expanded = []
     for k, step in enumerate(steps):
-        for name in ("tp_size", "max_num_reqs", "max_num_logits_per_req"):
+        for name in ("tp_size", "max_num_reqs", "max_num_logits_per_req", "adaptive_verification"):
             if getattr(step, name) != getattr(case, name):
                 raise ValueError(
                     f"case {case.case_id}: step {k} has {name} {getattr(step, name)}, the first "
@@ -174,6 +193,37 @@ class CaseInputs:
     # [num_tokens, padded_vocab] logits of every token, replicated; rank r's
     # vocab shard is columns [r * shard_width, (r + 1) * shard_width).
     token_logits: torch.Tensor
+    # The keyword arguments of shard_sampler_inputs besides the batch and the grammar output: the owner
+    # table under owner rule owner_table ({"owner_table": [max_num_reqs] int32 array}), else none.
+    shard_kwargs: dict = field(default_factory=dict)
+
+
+def owner_table_of(case: Case) -> list[int] | None:
+    """The step's owner table under owner rule owner_table (None under the other rules): the engine's
+    initial table, slot mod tp, with the case's entries over it (CL-OWNER-TABLE)."""
+    if not rules_of(case.profile).owner_by_table:
+        return None
+    entries = case.owner_table or {}
+    return [int(entries.get(slot, slot % case.tp_size)) for slot in range(case.max_num_reqs)]
+
+
+class _CaseTable(dict):
+    """A case's owner-table entries, with slot mod tp for every slot they leave out (any slot: a case that
+    violates PRE-SLOT-RANGE on purpose has owners too)."""
+
+    def __init__(self, entries: dict | None, tp: int):
+        super().__init__(entries or {})
+        self.tp = tp
+
+    def __missing__(self, slot: int) -> int:
+        return slot % self.tp
+
+
+def case_owners(case: Case) -> list[int]:
+    """The owner of every batch position of ``case`` under its profile's owner rule (INV-OWNER)."""
+    rules = rules_of(case.profile)
+    table = _CaseTable(case.owner_table, case.tp_size) if rules.owner_by_table else None
+    return rules.owners(case.slots, case.tp_size, table)
 
 
 def build_case_inputs(case: Case, device: torch.device | str = "cpu") -> CaseInputs:
@@ -210,10 +260,16 @@ def build_case_inputs(case: Case, device: torch.device | str = "cpu") -> CaseInp
     check_edit_names(case.edits)
     logits = edit_token_logits(logits, batch.logits_indices.cpu(), case.edits)
     batch, grammar = edit_inputs(batch, grammar, case.edits)
+    shard_kwargs = {}
+    table = owner_table_of(case)
+    if table is not None:
+        edited = edit_owner_table(np.asarray(table, dtype=np.int32), batch, case.tp_size, case.edits)
+        shard_kwargs["owner_table"] = lay_out_array(edited, case.layouts.get("owner_table", "contiguous"))
     return CaseInputs(
         batch=lay_out_batch(batch, case.layouts),
         grammar=lay_out_grammar(grammar, case.layouts),
         token_logits=logits.to(device, logits_dtype_of(case.logits_dtype)),
+        shard_kwargs=shard_kwargs,
     )
 
 
@@ -223,6 +279,7 @@ PROFILE_FIELDS = {
     "admitted_drafts": ("admitted_drafts", ("admitted",)),
     "grammar_block_rows": ("grammar_slicing", ("blocks",)),
     "num_acceptable_drafts": ("acceptable_drafts", ("sliced",)),
+    "owner_table": ("owner", ("owner_table",)),
 }
 # An explicit local output's field, and the rule that allows it.
 _TENSOR_RULE = ("adaptive_verification", ("present",))

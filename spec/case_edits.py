@@ -180,6 +180,29 @@ INPUT_EDITS: dict[str, Callable] = {
 }
 
 
+def _first_read_entry(value: int) -> Callable:
+    """The owner table with the entry of the batch's first slot set to ``value(tp)``."""
+
+    def edit(table: np.ndarray, batch: InputBatch, tp: int) -> np.ndarray:
+        table = table.copy()
+        table[int(batch.idx_mapping_np[0])] = value(tp)
+        return table
+
+    return edit
+
+
+# stage "owner table" (owner rule owner_table): f(table, batch, tp) -> the table shard_sampler_inputs gets.
+# Violations of PRE-OWNER-TABLE and PRE-OWNER-TABLE-RANGE (conformance/cases/boundaries.py).
+OWNER_TABLE_EDITS: dict[str, Callable] = {
+    "owner-table-short": lambda t, b, tp: t[:-1],
+    "owner-table-long": lambda t, b, tp: np.append(t, t[-1]),
+    "owner-table-float64": lambda t, b, tp: t.astype(np.float64),
+    "owner-table-absent": lambda t, b, tp: None,
+    "owner-table-negative": _first_read_entry(lambda tp: -1),
+    "owner-table-past-tp": _first_read_entry(lambda tp: tp),
+}
+
+
 def _extra_row(out: SamplerOutput) -> SamplerOutput:
     ids = out.sampled_token_ids
     return replace(out, sampled_token_ids=torch.cat([ids, ids[:1]]))
@@ -230,7 +253,7 @@ def _logits_limits(logits: torch.Tensor, logits_rows: torch.Tensor) -> torch.Ten
 # path reads them (the unsharded path too). Valid: logits at their dtype's limits.
 TOKEN_LOGITS_EDITS: dict[str, Callable] = {LOGITS_LIMITS_EDIT: _logits_limits}
 
-EDIT_NAMES = (*INPUT_EDITS, *TOKEN_LOGITS_EDITS, *LOGITS_SHARD_EDITS, *LOCAL_OUTPUT_EDITS)
+EDIT_NAMES = (*INPUT_EDITS, *OWNER_TABLE_EDITS, *TOKEN_LOGITS_EDITS, *LOGITS_SHARD_EDITS, *LOCAL_OUTPUT_EDITS)
 
 
 def check_edit_names(edits) -> None:
@@ -244,6 +267,13 @@ def edit_inputs(batch: InputBatch, grammar, edits) -> tuple:
         if name in INPUT_EDITS:
             batch, grammar = INPUT_EDITS[name](batch, grammar)
     return batch, grammar
+
+
+def edit_owner_table(table: np.ndarray, batch: InputBatch, tp: int, edits) -> np.ndarray | None:
+    for name in edits:
+        if name in OWNER_TABLE_EDITS:
+            table = OWNER_TABLE_EDITS[name](table, batch, tp)
+    return table
 
 
 def edit_token_logits(logits: torch.Tensor, logits_rows: torch.Tensor, edits) -> torch.Tensor:

@@ -50,7 +50,10 @@ BATCH_ARRAYS = ("idx_mapping_np", "cu_num_logits_np", "num_draft_tokens_per_req"
 PROFILE_BATCH_FIELDS = ("seq_lens_cpu_upper_bound", "num_admitted_draft_tokens")
 # Every tensor of the local sampler output handed to gather_sampler_output.
 LOCAL_OUTPUT = "local_output"
+# The owner table (owner rule owner_table), a host array of shard_sampler_inputs' own.
+OWNER_TABLE = "owner_table"
 LAYOUT_FIELDS = BATCH_TENSORS + BATCH_ARRAYS + PROFILE_BATCH_FIELDS + ("grammar_bitmask", "logits_shard", LOCAL_OUTPUT)
+LAYOUT_FIELDS += (OWNER_TABLE,)
 # The fields with two-dimensional tensors (for local_output: those of its tensors that are).
 FIELDS_2D = ("grammar_bitmask", "logits_shard", LOCAL_OUTPUT)
 

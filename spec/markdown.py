@@ -9,14 +9,21 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 
+from shardspec.spec.documents import requires_text
+
 
 def anchor(entry_id: str) -> str:
     return entry_id.lower()
 
 
 def entry_anchor(entry) -> str:
-    """An entry's anchor: its ID's, or for a profile's own version of an ID, the ID's and the profiles'."""
-    return anchor(entry.id) + ("--" + "-".join(entry.profiles) if entry.profiles else "")
+    """An entry's anchor: its ID's, or for a profile's own version of an ID, the ID's and the profiles'
+    (for a version no bundled profile selects, the rule values it requires)."""
+    if entry.profiles:
+        return anchor(entry.id) + "--" + "-".join(entry.profiles)
+    if entry.requires:
+        return anchor(entry.id) + "--" + re.sub(r"[^a-z0-9_]+", "-", requires_text(entry.requires)).strip("-")
+    return anchor(entry.id)
 
 
 def anchors(entry, seen: set) -> str:
@@ -28,7 +35,9 @@ def anchors(entry, seen: set) -> str:
 
 
 def profile_tag(entry) -> str:
-    return f" · profile {', '.join(entry.profiles)}" if entry.profiles else ""
+    if entry.profiles:
+        return f" · profile {', '.join(entry.profiles)}"
+    return f" · {requires_text(entry.requires)} (no bundled profile)" if entry.requires else ""
 
 
 def link(entry_id: str) -> str:

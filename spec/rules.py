@@ -34,10 +34,11 @@ RULES: tuple[Rule, ...] = (
         {
             "slot_mod_tp": "idx_mapping[i] mod tp: the request's slot decides.",
             "position_mod_tp": "i mod tp: the request's batch position decides.",
-            "owner_table": "an entry of a per-slot owner table supplied with the step and carried across steps.",
-            "contiguous_ranges": "rank r owns one contiguous range of batch positions (vllm-ascend's RFC #9269).",
+            "owner_table": "owner_table[idx_mapping[i]]: an entry of the per-slot owner table passed with the step, "
+            "which the engine carries across steps (CL-OWNER-TABLE).",
+            "contiguous_ranges": "rank r owns the r-th of tp balanced contiguous ranges of batch positions "
+            "(vllm-ascend's RFC #9269; CL-OWNER-CONTIGUOUS-RANGES).",
         },
-        unsupported=("owner_table", "contiguous_ranges"),
     ),
     Rule(
         "empty_batch_padding",
@@ -207,17 +208,42 @@ class Rules:
         """The smallest max_num_reqs a sharder of a group of ``tp`` may be constructed with (PRE-CAPACITY-TP)."""
         return tp if self.construction == "sharded_groups" else 1
 
-    def owner_of(self, position: int, slot: int, tp: int) -> int:
-        """The rank that owns the request at batch ``position`` with ``slot`` (INV-OWNER)."""
+    @property
+    def owner_by_table(self) -> bool:
+        """Whether the step takes an owner table (owner rule owner_table, PRE-OWNER-TABLE)."""
+        return self.owner == "owner_table"
+
+    def owner_of(self, position: int, slot: int, tp: int, table=None, num_reqs: int | None = None) -> int:
+        """The rank that owns the request at batch ``position`` with ``slot`` (INV-OWNER); ``table``: the
+        step's owner table (any sequence indexed by slot), read under owner rule owner_table only;
+        ``num_reqs``: the batch's size, which contiguous_ranges' ranges depend on."""
         if self.owner == "slot_mod_tp":
             return int(slot) % tp
         if self.owner == "position_mod_tp":
             return position % tp
+        if self.owner == "owner_table":
+            if table is None:
+                raise ValueError("owner rule owner_table: the owner table is needed")
+            return int(table[int(slot)])
+        if self.owner == "contiguous_ranges":
+            if num_reqs is None:
+                raise ValueError("owner rule contiguous_ranges: the batch's size is needed")
+            return range_owner(position, num_reqs, tp)
         raise NotImplementedError(f"owner rule {self.owner}: not supported yet")
 
-    def owners(self, slots, tp: int) -> list[int]:
-        """The owner of every batch position, for the batch's slots (INV-OWNER)."""
-        return [self.owner_of(i, s, tp) for i, s in enumerate(slots)]
+    def owners(self, slots, tp: int, table=None) -> list[int]:
+        """The owner of every batch position, for the batch's slots (INV-OWNER) and, under owner rule
+        owner_table, the step's owner table."""
+        return [self.owner_of(i, s, tp, table, len(slots)) for i, s in enumerate(slots)]
+
+
+def range_owner(position: int, num_reqs: int, tp: int) -> int:
+    """Owner rule contiguous_ranges (CL-OWNER-CONTIGUOUS-RANGES): rank r owns the r-th of tp contiguous
+    ranges of batch positions, balanced: each holds num_reqs // tp positions and the first num_reqs % tp
+    one more (numpy.array_split's split)."""
+    size, extra = divmod(num_reqs, tp)
+    longer = extra * (size + 1)  # positions in the longer ranges, which come first
+    return position // (size + 1) if position < longer else extra + (position - longer) // size
 
 
 def rule_problem(name: str, value: object) -> str | None:

@@ -2,6 +2,8 @@
 
 VLLM_033 = "vllm-0.33"
 VLLM_SEED = "vllm-seed"
+VLLM_034 = "vllm-0.34"
+VLLM_034_SHARDED_CACHE = "vllm-0.34-sharded-draft-cache"
 
 
 def profile_for_tp(tp: int) -> str:

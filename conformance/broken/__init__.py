@@ -277,6 +277,21 @@ CORPUS += [
         requires={"admitted_drafts": "admitted"},
     ),
     _entry("extension-rows-scheduled", "vllm033", "ExtensionRowsScheduled", "adaptive-admitted-extensions"),
+    # state kept from one step to the next, where a later step's profile inputs differ
+    _entry(
+        "local-drafts-cached-by-scheduled-drafts",
+        "state",
+        "LocalDraftsCachedByScheduledDrafts",
+        "decode-loop-admitted",
+        requires={"admitted_drafts": "admitted"},
+    ),
+    _entry(
+        "local-idx-mapping-in-first-steps-dtype",
+        "state",
+        "LocalIdxMappingInFirstStepsDtype",
+        "decode-loop-admitted",
+        requires={"local_dtypes": "batch", "admitted_drafts": "admitted"},
+    ),
 ]
 
 CORPUS += [
@@ -351,16 +366,65 @@ CORPUS += [
         "sampler-cu-tensor",
         "sampler-cu-tensor-strided",
     ),
+    # a profile's field with an optional output, drawn together on purpose (cases/input_space.py)
+    _entry(
+        "grammar-dropped-without-upper-bound",
+        "pairs",
+        "GrammarDroppedWithoutUpperBound",
+        "grammar-without-upper-bound",
+        requires={"seq_lens_upper_bound": "optional"},
+    ),
+    # sizes at an end the generators did not draw before (conformance/cases/sizes.py)
+    _entry(
+        "grammar-listing-nothing-handed-on",
+        "sizes",
+        "GrammarListingNothingHandedOn",
+        "grammar-lists-nothing",
+        requires={},
+    ),
+    _entry(
+        "logprob-columns-staged-in-fixed-buffer",
+        "sizes",
+        "LogprobColumnsStagedInFixedBuffer",
+        "logprobs-whole-vocabulary",
+        requires={},
+    ),
+]
+
+
+_TABLE = {"owner": "owner_table"}
+CORPUS += [
+    # owners read from the engine's owner table (CL-OWNER-TABLE)
+    _entry(
+        "owner-by-position-ignoring-table",
+        "owner_table",
+        "OwnerByPositionIgnoringTable",
+        "owner-table",
+        "owner-table-steps",
+        requires=_TABLE,
+    ),
+    _entry("owners-of-first-table", "owner_table", "OwnersOfFirstTable", "owner-table-steps", requires=_TABLE),
+    _entry("assigns-the-table", "owner_table", "AssignsTheTable", "owner-table", requires=_TABLE),
+    _entry("padding-from-whole-table", "owner_table", "PaddingFromWholeTable", "owner-table", requires=_TABLE),
+    # contiguous_ranges: no bundled profile has it, so no bundled run reaches this entry;
+    # tests/meta/test_contiguous_ranges.py runs it under examples/profiles/vllm-ascend-contiguous-ranges.yaml.
+    _entry(
+        "ranges-of-ceil-size",
+        "shard",
+        "RangesOfCeilSize",
+        "contiguous-ranges",
+        requires={"owner": "contiguous_ranges"},
+    ),
 ]
 
 
 def _register_input_space_cases() -> None:
-    """The cases of broken/input_space.py join the targeted cases by id (not cases.ALL: the checks that run
-    every entry on every targeted case stay the size they were; tests/meta/test_input_space.py runs the
-    reference on these)."""
-    from shardspec.conformance.broken import cases, input_space
+    """The cases of broken/input_space.py, sizes.py and pairs.py join the targeted cases by id (not cases.ALL: the
+    checks that run every entry on every targeted case stay the size they were; tests/meta/test_input_space.py
+    runs the reference on these)."""
+    from shardspec.conformance.broken import cases, input_space, pairs, sizes
 
-    cases.BY_ID.update({case.case_id: case for case in input_space.CASES})
+    cases.BY_ID.update({case.case_id: case for case in input_space.CASES + sizes.CASES + pairs.CASES})
 
 
 _register_input_space_cases()

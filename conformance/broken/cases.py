@@ -6,8 +6,10 @@ makes observable.
 
 from __future__ import annotations
 
+from shardspec.conformance.cases.owner_tables import carried
 from shardspec.spec.case import Case, ExplicitLocalOutput
 from shardspec.spec.layouts import BATCH_ARRAYS, BATCH_TENSORS, LOCAL_OUTPUT, OFFSET, STRIDED
+from shardspec.spec.profiles import PROFILES, rules_of
 
 
 def _case(case_id: str, **fields) -> Case:
@@ -301,4 +303,88 @@ IDLE_RANK_INT64 = _case(
     "idle-rank-int64-prefix-sums", slots=[4], num_logits_per_req=[2], batch_dtypes={"cu_num_logits": "int64"}
 )
 ALL += [ADMITTED, BUDGET_ZERO, ADMITTED_EXTENSIONS, ADMITTED_NO_COUNTS, IDLE_RANK_INT64]
+# ADMITTED's requests two steps running with the same scheduled rows, the budget binding otherwise on the
+# second (the admitted counts differ), then in an int32 batch: what a sharder keeps from its first step
+# shows on the later ones.
+DECODE_LOOP_ADMITTED = _case(
+    "decode-loop-admitted",
+    slots=ADMITTED.slots,
+    num_logits_per_req=ADMITTED.num_logits_per_req,
+    adaptive_verification=True,
+    admitted_drafts=ADMITTED.admitted_drafts,
+    then=[
+        _case(
+            "decode-loop-admitted",
+            slots=ADMITTED.slots,
+            num_logits_per_req=ADMITTED.num_logits_per_req,
+            adaptive_verification=True,
+            admitted_drafts=[2, 1, 0, 0],
+            seq_lens_growth=1,
+        ),
+        _case(
+            "decode-loop-admitted",
+            slots=ADMITTED.slots,
+            num_logits_per_req=ADMITTED.num_logits_per_req,
+            adaptive_verification=True,
+            admitted_drafts=[2, 1, 0, 0],
+            seq_lens_growth=2,
+            batch_dtypes={"idx_mapping": "int32"},
+        ),
+    ],
+)
+ALL += [DECODE_LOOP_ADMITTED]
 BY_ID = {case.case_id: case for case in ALL}
+# Owner rule owner_table (CL-OWNER-TABLE), under the first bundled profile with that rule. Rank 0 owns
+# position 3, rank 1 positions 1 and 4, rank 2 positions 0 and 2: neither the slots (all 0 mod 3) nor the
+# positions (0 would be rank 0's) give these owners. Slots 4 and 7 are not in the batch and hold stale
+# owners outside [0, 3): never read.
+TABLE_PROFILE = next(name for name in PROFILES if rules_of(name).owner_by_table)
+OWNER_TABLE = _case(
+    "owner-table",
+    profile=TABLE_PROFILE,
+    tp_size=3,
+    slots=[9, 3, 0, 6, 12],
+    num_logits_per_req=[1, 2, 1, 1, 2],
+    max_num_reqs=16,
+    owner_table={9: 2, 3: 1, 0: 2, 6: 0, 12: 1, 4: -1, 7: 5},
+)
+# Three steps on one sharder, each with the table the engine's assign left after the step before (the
+# batch's entries rewritten to their positions mod 2). Step 0 owners [1, 1, 0, 0] (neither slot nor
+# position mod 2); step 1, the same requests one position later, [1, 0, 1, 0] (the first table would
+# give [0, 1, 1, 0]); step 2 [0, 1, 1] (the first table: [1, 1, 0]).
+OWNER_TABLE_STEPS = carried(
+    _case(
+        "owner-table-steps",
+        profile=TABLE_PROFILE,
+        slots=[0, 1, 2, 3],
+        num_logits_per_req=[1, 2, 1, 1],
+        max_num_reqs=8,
+        owner_table={0: 1, 1: 1, 2: 0, 3: 0},
+        then=[
+            _case(
+                "owner-table-steps",
+                profile=TABLE_PROFILE,
+                slots=[3, 0, 1, 2],
+                num_logits_per_req=[1, 1, 2, 1],
+                max_num_reqs=8,
+            ),
+            _case(
+                "owner-table-steps",
+                profile=TABLE_PROFILE,
+                slots=[1, 5, 2],
+                num_logits_per_req=[2, 1, 1],
+                max_num_reqs=8,
+            ),
+        ],
+    )
+)
+ALL += [OWNER_TABLE, OWNER_TABLE_STEPS]
+BY_ID = {case.case_id: case for case in ALL}
+# Owner rule contiguous_ranges, under the profile of examples/profiles/vllm-ascend-contiguous-ranges.yaml
+# (not bundled: whoever runs this case registers that file first). Four requests at tp 3: the balanced
+# ranges give rank 0 two and ranks 1 and 2 one each; ceil-sized ones would give ranks 0 and 1 two each.
+RANGES_PROFILE = "vllm-ascend-contiguous-ranges"
+CONTIGUOUS_RANGES = _case(
+    "contiguous-ranges", profile=RANGES_PROFILE, tp_size=3, slots=[7, 2, 5, 0], num_logits_per_req=[2, 1, 3, 1]
+)
+BY_ID[CONTIGUOUS_RANGES.case_id] = CONTIGUOUS_RANGES  # not in ALL: its profile is not bundled

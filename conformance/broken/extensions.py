@@ -23,8 +23,8 @@ class DropsExtensionField(ReferenceSharder):
 class RebuildsLocalBatch(ReferenceSharder):
     """INV-LOCAL-UNLISTED-FIELDS: the local batch is rebuilt as a plain InputBatch, losing the engine's fields."""
 
-    def shard_sampler_inputs(self, batch, grammar):
-        result = super().shard_sampler_inputs(batch, grammar)
+    def shard_sampler_inputs(self, batch, grammar, **kwargs):
+        result = super().shard_sampler_inputs(batch, grammar, **kwargs)
         local = result.local_batch
         plain = InputBatch(**{f.name: getattr(local, f.name) for f in dataclasses.fields(InputBatch)})
         return result._replace(local_batch=plain)

@@ -22,14 +22,14 @@ from shardspec.spec.case_edits import LOGITS_LIMITS_EDIT, UPPER_BOUND_ABSENT
 class NegativeSlotsAccepted(ReferenceSharder):
     """INV-REJECT-INVALID: checks the slot range from above only: a negative slot is sharded by Python's modulo."""
 
-    def shard_sampler_inputs(self, batch, grammar):
+    def shard_sampler_inputs(self, batch, grammar, **kwargs):
         slots = np.asarray(batch.idx_mapping_np)
         negative = slots.size > 0 and int(slots.min()) < 0 and int(slots.max()) < self.max_num_reqs
         if not negative:
-            return super().shard_sampler_inputs(batch, grammar)
+            return super().shard_sampler_inputs(batch, grammar, **kwargs)
         self.check_preconditions = False
         try:
-            return super().shard_sampler_inputs(batch, grammar)
+            return super().shard_sampler_inputs(batch, grammar, **kwargs)
         finally:
             self.check_preconditions = True
 
@@ -37,15 +37,15 @@ class NegativeSlotsAccepted(ReferenceSharder):
 class IdleRanksCheckNothing(ReferenceSharder):
     """INV-REJECT-INVALID: a rank that owns no request checks the slots (to know that it owns none) and nothing else."""
 
-    def shard_sampler_inputs(self, batch, grammar):
+    def shard_sampler_inputs(self, batch, grammar, **kwargs):
         slots = np.asarray(batch.idx_mapping_np, dtype=np.int64)
         in_range = slots.size == 0 or (int(slots.min()) >= 0 and int(slots.max()) < self.max_num_reqs)
         valid_slots = in_range and len(set(slots.tolist())) == slots.size
         if not valid_slots or (slots % self.tp_size == self.rank).any():
-            return super().shard_sampler_inputs(batch, grammar)
+            return super().shard_sampler_inputs(batch, grammar, **kwargs)
         self.check_preconditions = False
         try:
-            return super().shard_sampler_inputs(batch, grammar)
+            return super().shard_sampler_inputs(batch, grammar, **kwargs)
         finally:
             self.check_preconditions = True
 
@@ -232,10 +232,10 @@ class UpperBoundMadeUpWhenAbsent(ReferenceSharder):
 
     The local batch then carries a bound where the spec says None."""
 
-    def shard_sampler_inputs(self, batch, grammar):
+    def shard_sampler_inputs(self, batch, grammar, **kwargs):
         if batch.seq_lens_cpu_upper_bound is None and self.rules.has_upper_bound:
             batch = replace(batch, seq_lens_cpu_upper_bound=batch.seq_lens.cpu())
-        return super().shard_sampler_inputs(batch, grammar)
+        return super().shard_sampler_inputs(batch, grammar, **kwargs)
 
 
 class LogitsClampedToHalfRange(ReferenceSharder):
@@ -252,24 +252,24 @@ class HostSlotsOfAnyDtype(ReferenceSharder):
 
     A float64 host copy of the slots is sharded as if it held integers."""
 
-    def shard_sampler_inputs(self, batch, grammar):
+    def shard_sampler_inputs(self, batch, grammar, **kwargs):
         slots = batch.idx_mapping_np
         if slots is not None and np.asarray(slots).dtype.kind == "f":
             batch = replace(batch, idx_mapping_np=np.asarray(slots).astype(np.intp))
-        return super().shard_sampler_inputs(batch, grammar)
+        return super().shard_sampler_inputs(batch, grammar, **kwargs)
 
 
 class LengthsCheckedFromBelowOnly(ReferenceSharder):
     """INV-REJECT-INVALID: checks that seq_lens and logits_indices are long enough, not that they are exactly N
     and L long: one entry too many is cut off and the step goes on, where PRE-FIELD-SHAPES says reject."""
 
-    def shard_sampler_inputs(self, batch, grammar):
+    def shard_sampler_inputs(self, batch, grammar, **kwargs):
         num_logits = int(np.asarray(batch.cu_num_logits_np)[-1]) if len(batch.cu_num_logits_np) else 0
         if batch.seq_lens.shape[0] > batch.num_reqs or batch.logits_indices.shape[0] > num_logits:
             batch = replace(
                 batch, seq_lens=batch.seq_lens[: batch.num_reqs], logits_indices=batch.logits_indices[:num_logits]
             )
-        return super().shard_sampler_inputs(batch, grammar)
+        return super().shard_sampler_inputs(batch, grammar, **kwargs)
 
 
 class HalfInfinitiesClampedInBfloat16(ReferenceSharder):

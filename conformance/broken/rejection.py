@@ -14,12 +14,12 @@ UNBOUNDED = 1 << 62
 class AcceptsBeyondCapacity(ReferenceSharder):
     """INV-REJECT-INVALID: capacity and slot range go unchecked; oversized batches are processed."""
 
-    def shard_sampler_inputs(self, batch, grammar):
+    def shard_sampler_inputs(self, batch, grammar, **kwargs):
         preconditions.check_input_batch(batch, max_num_reqs=UNBOUNDED, max_num_logits_per_req=UNBOUNDED, rank=self.rank)
         preconditions.check_grammar_output(grammar, batch, rank=self.rank)
         self.check_preconditions = False
         try:
-            return super().shard_sampler_inputs(batch, grammar)
+            return super().shard_sampler_inputs(batch, grammar, **kwargs)
         finally:
             self.check_preconditions = True
 
@@ -27,9 +27,9 @@ class AcceptsBeyondCapacity(ReferenceSharder):
 class AnonymousErrors(ReferenceSharder):
     """INV-REJECT-NAMES-PRECONDITION: invalid inputs raise ValueError without the precondition ID."""
 
-    def shard_sampler_inputs(self, batch, grammar):
+    def shard_sampler_inputs(self, batch, grammar, **kwargs):
         try:
-            return super().shard_sampler_inputs(batch, grammar)
+            return super().shard_sampler_inputs(batch, grammar, **kwargs)
         except PreconditionError:
             raise ValueError("invalid batch") from None
 

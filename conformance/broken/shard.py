@@ -17,7 +17,7 @@ from shardspec.spec.model import GrammarOutput
 class OwnerBySlotDivision(ReferenceSharder):
     """INV-OWNER: owner = (slot // tp) mod tp instead of slot mod tp."""
 
-    def plan(self, batch):
+    def plan(self, batch, owner_table=None):
         slots = np.asarray(batch.idx_mapping_np) // self.tp_size
         return build_plan(slots, np.asarray(batch.cu_num_logits_np, np.int64), self.tp_size, self.rank)
 
@@ -26,16 +26,29 @@ class OwnerBySlotUnderPositionRule(ReferenceSharder):
     """INV-OWNER: owner = slot mod tp where the profile's owner rule is the batch position (vLLM 0.33's
     rule kept under vllm-0.34)."""
 
-    def plan(self, batch):
+    def plan(self, batch, owner_table=None):
         cu = np.asarray(batch.cu_num_logits_np, np.int64)
         return build_plan(batch.idx_mapping_np, cu, self.tp_size, self.rank, "slot_mod_tp")
+
+
+class RangesOfCeilSize(ReferenceSharder):
+    """INV-OWNER: contiguous ranges of ceil(N / tp) positions each (torch.chunk's split), so the last ranks own
+    fewer requests than the balanced split gives them, or none."""
+
+    def plan(self, batch, owner_table=None):
+        plan = super().plan(batch, owner_table)
+        size = max(1, -(-batch.num_reqs // self.tp_size))
+        # Each position's range index, below tp, stands in for a slot whose value mod tp is that index.
+        slots = np.arange(batch.num_reqs) // size
+        cu = np.asarray(plan.num_logits_per_req, np.int64).cumsum()
+        return build_plan(slots, np.concatenate([[0], cu]), self.tp_size, self.rank, "slot_mod_tp")
 
 
 class UnstableOwnerSort(ReferenceSharder):
     """INV-SORTED-LOGITS-INDICES: requests of one owner in reverse batch order (not a stable sort)."""
 
-    def plan(self, batch):
-        plan = super().plan(batch)
+    def plan(self, batch, owner_table=None):
+        plan = super().plan(batch, owner_table)
         order = np.lexsort((-np.arange(plan.owners.shape[0]), plan.owners))
         return replace(plan, owner_sorted_reqs=order)
 
@@ -43,8 +56,8 @@ class UnstableOwnerSort(ReferenceSharder):
 class SourceIndicesReversed(ReferenceSharder):
     """INV-GATHERED-SRC-INDICES: index within owner counted from the owner's last request."""
 
-    def plan(self, batch):
-        plan = super().plan(batch)
+    def plan(self, batch, owner_table=None):
+        plan = super().plan(batch, owner_table)
         reversed_index = plan.num_reqs_per_rank[plan.owners] - 1 - plan.index_within_owner
         return replace(plan, index_within_owner=reversed_index)
 
@@ -72,8 +85,8 @@ class SplitsCountRequests(MisreportingSharder):
 class EmptyBatchZeroReqsPerRank(ReferenceSharder):
     """INV-META-SCALARS: an empty batch gets max_num_reqs_per_rank 0 instead of 1."""
 
-    def plan(self, batch):
-        plan = super().plan(batch)
+    def plan(self, batch, owner_table=None):
+        plan = super().plan(batch, owner_table)
         return replace(plan, max_num_reqs_per_rank=0) if batch.num_reqs == 0 else plan
 
 
@@ -215,9 +228,9 @@ class GrammarInBatchOrder(MisreportingSharder):
 class GrammarEmptyInsteadOfNone(MisreportingSharder):
     """INV-LOCAL-GRAMMAR: a rank owning no grammar request gets an empty grammar output, not None."""
 
-    def shard_sampler_inputs(self, batch, grammar):
+    def shard_sampler_inputs(self, batch, grammar, **kwargs):
         self._grammar = grammar
-        return super().shard_sampler_inputs(batch, grammar)
+        return super().shard_sampler_inputs(batch, grammar, **kwargs)
 
     def corrupt(self, batch, result):
         if self._grammar is None or result.local_grammar_output is not None:

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import numpy as np
 import torch
 
+from shardspec.conformance.broken.support import MisreportingSharder
 from shardspec.reference import ReferenceSharder
 
 
@@ -16,9 +18,9 @@ class PlanCachedByBatchSize(ReferenceSharder):
         super().__init__(*args, **kwargs)
         self._plans: dict[int, object] = {}
 
-    def shard_sampler_inputs(self, batch, grammar_output=None):
+    def shard_sampler_inputs(self, batch, grammar_output=None, **kwargs):
         if batch.num_reqs not in self._plans:
-            self._plans[batch.num_reqs] = super().shard_sampler_inputs(batch, grammar_output)
+            self._plans[batch.num_reqs] = super().shard_sampler_inputs(batch, grammar_output, **kwargs)
         return self._plans[batch.num_reqs]
 
 
@@ -55,10 +57,10 @@ class StepCachedByRequests(ReferenceSharder):
         super().__init__(*args, **kwargs)
         self._steps: dict[tuple, object] = {}
 
-    def shard_sampler_inputs(self, batch, grammar_output=None):
+    def shard_sampler_inputs(self, batch, grammar_output=None, **kwargs):
         key = tuple(batch.req_ids)
         if key not in self._steps:
-            self._steps[key] = super().shard_sampler_inputs(batch, grammar_output)
+            self._steps[key] = super().shard_sampler_inputs(batch, grammar_output, **kwargs)
         return self._steps[key]
 
 
@@ -70,8 +72,38 @@ class DraftCountsCachedByRequestSet(ReferenceSharder):
         super().__init__(*args, **kwargs)
         self._drafts: dict[frozenset, object] = {}
 
-    def shard_sampler_inputs(self, batch, grammar_output=None):
-        result = super().shard_sampler_inputs(batch, grammar_output)
+    def shard_sampler_inputs(self, batch, grammar_output=None, **kwargs):
+        result = super().shard_sampler_inputs(batch, grammar_output, **kwargs)
         local = result.local_batch
         kept = self._drafts.setdefault(frozenset(batch.req_ids), local.num_draft_tokens_per_req)
         return result._replace(local_batch=replace(local, num_draft_tokens_per_req=kept))
+
+
+class LocalDraftsCachedByScheduledDrafts(ReferenceSharder):
+    """INV-LOCAL-DRAFTS: keeps the local num_draft_tokens of the first step with the same requests and the same
+    scheduled drafts, so a later step of them whose admitted counts differ (the budget binds otherwise) gets
+    the first step's count (a plan cache keyed by what the scheduler sent, not by what verification admits)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._drafts: dict[tuple, int] = {}
+
+    def shard_sampler_inputs(self, batch, grammar_output=None):
+        result = super().shard_sampler_inputs(batch, grammar_output)
+        scheduled = batch.num_draft_tokens_per_req
+        key = (tuple(batch.req_ids), None if scheduled is None else tuple(np.asarray(scheduled).tolist()))
+        local = result.local_batch
+        kept = self._drafts.setdefault(key, local.num_draft_tokens)
+        return result._replace(local_batch=replace(local, num_draft_tokens=kept))
+
+
+class LocalIdxMappingInFirstStepsDtype(MisreportingSharder):
+    """INV-LOCAL-IDX-MAPPING: the local idx_mapping keeps the dtype it had on the sharder's first step (a buffer
+    allocated then), whatever dtype a later batch's idx_mapping has."""
+
+    _dtype = None
+
+    def corrupt(self, batch, result):
+        local = result.local_batch.idx_mapping
+        self._dtype = local.dtype if self._dtype is None else self._dtype
+        return self.corrupt_local_batch(result, idx_mapping=local.to(self._dtype))

@@ -15,8 +15,8 @@ class MisreportingSharder(ReferenceSharder):
     caller reads is wrong (subclasses override :meth:`corrupt`).
     """
 
-    def shard_sampler_inputs(self, batch: InputBatch, grammar: GrammarOutput | None) -> ShardResult:
-        self._true = super().shard_sampler_inputs(batch, grammar)
+    def shard_sampler_inputs(self, batch: InputBatch, grammar: GrammarOutput | None, **kwargs) -> ShardResult:
+        self._true = super().shard_sampler_inputs(batch, grammar, **kwargs)
         return self.corrupt(batch, self._true)
 
     def corrupt(self, batch: InputBatch, result: ShardResult) -> ShardResult:

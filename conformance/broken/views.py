@@ -21,10 +21,10 @@ from shardspec.reference import ReferenceSharder
 class SeqLensReadWithUnitStride(ReferenceSharder):
     """INV-LOCAL-SEQ-LENS: reads batch.seq_lens as if contiguous: torch.as_strided(t, t.shape, (1,))."""
 
-    def shard_sampler_inputs(self, batch, grammar):
+    def shard_sampler_inputs(self, batch, grammar, **kwargs):
         seq_lens = batch.seq_lens
         misread = torch.as_strided(seq_lens, seq_lens.shape, (1,))
-        return super().shard_sampler_inputs(replace(batch, seq_lens=misread), grammar)
+        return super().shard_sampler_inputs(replace(batch, seq_lens=misread), grammar, **kwargs)
 
 
 class LogitsShardFromStorageStart(ReferenceSharder):
@@ -52,11 +52,11 @@ class UpperBoundReadWithUnitStride(ReferenceSharder):
 
     torch.as_strided(t, t.shape, (1,))."""
 
-    def shard_sampler_inputs(self, batch, grammar):
+    def shard_sampler_inputs(self, batch, grammar, **kwargs):
         bound = batch.seq_lens_cpu_upper_bound
         if bound is not None:
             batch = replace(batch, seq_lens_cpu_upper_bound=torch.as_strided(bound, bound.shape, (1,)))
-        return super().shard_sampler_inputs(batch, grammar)
+        return super().shard_sampler_inputs(batch, grammar, **kwargs)
 
 
 class AdmittedDraftsFromBufferStart(MisreportingSharder):
@@ -97,10 +97,10 @@ class LogitsRowsAssumedPacked(ReferenceSharder):
 class GrammarBitmaskRowsAssumedPacked(ReferenceSharder):
     """INV-LOCAL-GRAMMAR: reads the grammar bitmask's rows as if packed wherever its rows have unit stride."""
 
-    def shard_sampler_inputs(self, batch, grammar):
+    def shard_sampler_inputs(self, batch, grammar, **kwargs):
         if grammar is not None:
             grammar = replace(grammar, grammar_bitmask=_rows_as_if_packed(grammar.grammar_bitmask))
-        return super().shard_sampler_inputs(batch, grammar)
+        return super().shard_sampler_inputs(batch, grammar, **kwargs)
 
 
 class LocalLogprobsRowsAssumedPacked(ReferenceSharder):

@@ -55,9 +55,9 @@ class GrammarRowsNotBlocks(MisreportingSharder):
 class AcceptableDraftsNotSliced(MisreportingSharder):
     """INV-LOCAL-GRAMMAR: the local grammar output keeps every listed request's num_acceptable_drafts."""
 
-    def shard_sampler_inputs(self, batch, grammar):
+    def shard_sampler_inputs(self, batch, grammar, **kwargs):
         self._counts = None if grammar is None else grammar.num_acceptable_drafts
-        return super().shard_sampler_inputs(batch, grammar)
+        return super().shard_sampler_inputs(batch, grammar, **kwargs)
 
     def corrupt(self, batch, result):
         grammar = result.local_grammar_output
@@ -115,8 +115,8 @@ class LocalIdxMappingFixedInt32(MisreportingSharder):
 class EmptyBatchPadsToTwo(ReferenceSharder):
     """INV-META-SCALARS: an empty batch pads to 2 rows per rank (0 or 1 are allowed)."""
 
-    def plan(self, batch):
-        plan = super().plan(batch)
+    def plan(self, batch, owner_table=None):
+        plan = super().plan(batch, owner_table)
         return replace(plan, max_num_reqs_per_rank=2) if batch.num_reqs == 0 else plan
 
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from shardspec.conformance.cases.input_space import holds
-from shardspec.spec.case import Case, ExplicitLocalOutput, construction_refusal, least_capacity
+from shardspec.spec.case import Case, ExplicitLocalOutput, case_owners, construction_refusal, least_capacity
 from shardspec.spec.case_edits import UPPER_BOUND_ABSENT
 from shardspec.spec.model import DEFAULT_PROFILE
 from shardspec.spec.profiles import rules_of
@@ -188,7 +188,7 @@ def _explicit_outputs(case: Case, shorten: str | None = None, drop_rank: bool = 
     long (``by`` 1) (or, with ``drop_rank``, every owning rank passing None)."""
     outputs = {}
     for rank in range(case.tp_size):
-        owners = rules_of(case.profile).owners(case.slots, case.tp_size)
+        owners = case_owners(case)
         owned = [i for i, owner in enumerate(owners) if owner == rank]
         if not owned:
             continue
@@ -319,6 +319,12 @@ REALIZERS: dict[str, Callable] = {
     "grammar.structured_output_request_ids:other=unknown": lambda c, r: _grammar(c, edits=["grammar-id-unknown"]),
     "logits_shard:below=L - 1": lambda c, r: replace(c, edits=["logits-shard-short"]),
     "logits_shard:other=int32": lambda c, r: replace(c, edits=["logits-shard-int32"]),
+    "owner_table:below=max_num_reqs - 1": _edit("owner-table-short"),
+    "owner_table:above=max_num_reqs + 1": _edit("owner-table-long"),
+    "owner_table:other=float64": _edit("owner-table-float64"),
+    "owner_table:other=None": _edit("owner-table-absent"),
+    "owner_table:below=-1": _edit("owner-table-negative"),
+    "owner_table:above=tp": _edit("owner-table-past-tp"),
     "extension_fields:other=missing": lambda c, r: replace(
         c, extensions={"counts": {"per": "request", "dtype": "int32", "shape": []}}, edits=["extension-missing"]
     ),
@@ -338,7 +344,7 @@ def _case_for(boundary: Boundary, tp: int, profile: str, seed: int) -> Case | No
     refused = construction_refusal(case)
     if refused not in (None, boundary.pre):
         raise ValueError(f"the {boundary.pre} case at {boundary.key}, tp {tp}, breaks {refused} too")
-    idle = sorted(set(range(tp)) - set(rules_of(case.profile).owners(case.slots, tp)))
+    idle = sorted(set(range(tp)) - set(case_owners(case)))
     where = f"ranks {idle} own nothing" if idle else "every rank owns a request"
     return replace(
         case,

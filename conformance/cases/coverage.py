@@ -28,16 +28,23 @@ from shardspec.conformance.cases.input_space import (
     input_fields,
     input_space,
     pair_parts,
+    pairs_left_out,
     raw_data_model,
 )
-from shardspec.spec.case import least_capacity
+from shardspec.conformance.cases.owner_tables import variants as owner_table_variants
+from shardspec.conformance.cases.sizes import sizes_drawn
+from shardspec.spec.case import case_owners, least_capacity, owner_table_of
 from shardspec.spec.case_edits import LOGITS_LIMITS_EDIT, UPPER_BOUND_ABSENT
 from shardspec.spec.layouts import BATCH_ARRAYS, BATCH_TENSORS
 from shardspec.spec.model import DEFAULT_PROFILE
 from shardspec.spec.profiles import rules_of
 
 # Case.layouts names -> argument paths (local_output: every tensor of the local sampler output).
-_LAYOUT_PATHS = {"grammar_bitmask": "grammar.grammar_bitmask", "logits_shard": "logits_shard"}
+_LAYOUT_PATHS = {
+    "grammar_bitmask": "grammar.grammar_bitmask",
+    "logits_shard": "logits_shard",
+    "owner_table": "owner_table",
+}
 LOCAL_TENSORS = (
     "local_output.sampled_token_ids",
     "local_output.num_nans",
@@ -104,7 +111,7 @@ def _spec_decode(case) -> bool:
 
 
 def _owners(case) -> set[int]:
-    return set(rules_of(case.profile).owners(case.slots, case.tp_size))
+    return set(case_owners(case))
 
 
 @cache
@@ -259,6 +266,16 @@ def exercised(case, previous=None) -> set[Variation]:
         tensors.append("batch.seq_lens_cpu_upper_bound")
     if case.admitted_drafts is not None:
         tensors.append("batch.num_admitted_draft_tokens")
+    table = owner_table_of(case)
+    if table is not None:
+        tensors.append("owner_table")
+        read = {table[s] for s in slots}
+        if 0 in read:
+            add("owner_table", VALUE, "min")
+        if case.tp_size - 1 in read:
+            add("owner_table", VALUE, "max")
+        for variant in owner_table_variants(case):
+            add("owner_table", VALUE, variant)
     viewed = {path: layout for name, layout in case.layouts.items() for path in path_of_layout_name(name)}
     two_d = _two_dimensional(case.profile)
     for path in tensors:
@@ -309,12 +326,14 @@ def exercised(case, previous=None) -> set[Variation]:
             "gather_num_nans": previous.gather_num_nans != case.gather_num_nans,
             "logprobs_dims": previous.logprobs_dims != case.logprobs_dims,
             "extension_fields": previous.extensions != case.extensions,
+            "owner_table": owner_table_of(previous) != owner_table_of(case),
         }
         for path, differs in {**changed, **_loop_changes(previous, case)}.items():
             if differs:
                 add(path, STEP, "changed")
         if _same_step(previous, case):
             add("batch", STEP, "repeated")
+    got |= sizes_drawn(case)
     space = set(input_space(case.profile))
     drawn = {Variation(*v) for v in got} & space
     return drawn | {v for v in space if v.axis == PAIR and set(pair_parts(v)) <= drawn}
@@ -331,11 +350,18 @@ def _loop_changes(previous, case) -> dict[str, bool]:
     def rows(step) -> dict[int, int]:
         return dict(zip(step.slots, step.num_logits_per_req, strict=True))
 
+    def admitted(step) -> dict[int, int] | None:
+        return None if step.admitted_drafts is None else dict(zip(step.slots, step.admitted_drafts, strict=True))
+
     reordered = previous.slots != case.slots
+    # seq_lens follow the query lengths (the rows) and the tokens decoded (spec/builders.py), the bound seq_lens
+    seq_lens = reordered or rows(previous) != rows(case) or previous.seq_lens_growth != case.seq_lens_growth
+    bound = UPPER_BOUND_ABSENT not in previous.edits + case.edits
     return {
-        # seq_lens follow the query lengths (the rows) and the tokens decoded (spec/builders.py)
-        "batch.seq_lens": reordered or rows(previous) != rows(case) or previous.seq_lens_growth != case.seq_lens_growth,
+        "batch.seq_lens": seq_lens,
+        "batch.seq_lens_cpu_upper_bound": seq_lens and bound,
         "batch.cu_num_logits": previous.num_logits_per_req != case.num_logits_per_req,
+        "batch.num_admitted_draft_tokens": admitted(previous) != admitted(case),
         "batch.idx_mapping": reordered,
         "grammar.structured_output_request_ids": listed(previous) != listed(case),
     }
@@ -383,6 +409,8 @@ class Coverage:
             "variations": len(self.space),
             "covered": len(self.covered),
             "not_covered": [v.key for v in self.not_covered],
+            # Pairs the space leaves out on purpose, and why (cases/input_space.py).
+            "left_out": dict(pairs_left_out(self.profile)),
             "counts": {v.key: self.counts.get(v, 0) for v in self.space},
         }
 

@@ -7,7 +7,8 @@ variations of each field, along six axes:
 
 * ``value``: both ends of its range (``min``, ``max``) and, with ``limits``, the dtype's limits
   (``+inf``, ``-inf``, ``nan``, ``largest``, ``lowest``, ``subnormal`` for floats; ``dtype-min``,
-  ``dtype-max`` for integers); ``true`` and ``false`` for a bool;
+  ``dtype-max`` for integers); ``true`` and ``false`` for a bool; each of its named ``variants``
+  (the owner table's: cases/owner_tables.py);
 * ``dtype``: every dtype the spec allows, where it allows more than one;
 * ``layout``: every view engines produce: ``contiguous``, ``strided`` (``t[::2]``), ``offset`` (past
   its storage's first element) and, for a two-dimensional tensor, ``row-padded`` (rows further apart
@@ -22,7 +23,12 @@ variations of each field, along six axes:
   dtypes with each of its non-contiguous layouts and with each limit of its values; a defect in the
   strided int32 path, or in float16's infinities, needs both. Left out: float32's largest, lowest and
   smallest subnormal in float16 and bfloat16 logits, which round to infinities and 0 there
-  (:data:`PAIRS_LEFT_OUT`);
+  (:data:`PAIRS_LEFT_OUT`). Across fields: each field a profile adds (admitted draft counts, the bound
+  present and absent, adaptive verification, each batch dtype other than the default) with each optional
+  output (logprobs, grammar, extension fields, NaN counts), :func:`profile_output_pairs`;
+* ``size``: ``empty`` and ``largest`` of every size of the data model (its symbols: N, L, n, L_local,
+  G, k, t, and the batch's draft count), the largest being what the construction arguments or the
+  vocabulary allow (cases/sizes.py, which says why the other symbols have none);
 * ``step``: ``changed`` for each argument an engine may change between consecutive steps of one
   sharder (the sharder's construction parameters are fixed for its lifetime); ``changed`` for each
   field of :data:`LOOP_FIELDS` as well, where the step has the same requests as the one before and that
@@ -39,12 +45,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cache
 
+from shardspec.conformance.cases.sizes import SIZE, size_variations
 from shardspec.spec.model import DEFAULT_PROFILE
 from shardspec.spec.profiles import rules_of
 
 VALUE, DTYPE, LAYOUT, PRESENCE, DIMS, STEP = "value", "dtype", "layout", "presence", "dims", "step"
 PAIR = "pair"
-AXES = (VALUE, DTYPE, LAYOUT, PRESENCE, DIMS, STEP, PAIR)
+AXES = (VALUE, DTYPE, LAYOUT, PRESENCE, DIMS, STEP, PAIR, SIZE)
 LAYOUTS_1D = ("contiguous", "strided", "offset")
 LAYOUTS_2D = LAYOUTS_1D + ("row-padded", "column-slice")
 FLOAT_LIMITS = ("+inf", "-inf", "nan", "largest", "lowest", "subnormal")
@@ -57,9 +64,17 @@ FLOAT32_MAX = 3.4028234663852886e38
 FLOAT32_SUBNORMAL = 1.401298464324817e-45
 # Sizes that may be 0: an empty batch, a rank that owns no request.
 ZERO_SIZES = ("N", "L", "n", "L_local")
-# What an engine changes between two steps of the same requests: seq_lens (one token longer each step),
-# the rows per request (drafts), the batch order, the requests the grammar lists.
-LOOP_FIELDS = ("batch.seq_lens", "batch.cu_num_logits", "batch.idx_mapping", "grammar.structured_output_request_ids")
+# What an engine changes between two steps of the same requests: seq_lens (one token longer each step) and
+# their bound, the rows per request (drafts), the drafts admitted (a budget that binds otherwise), the batch
+# order, the requests the grammar lists. A field a profile lacks has no variation under it.
+LOOP_FIELDS = (
+    "batch.seq_lens",
+    "batch.seq_lens_cpu_upper_bound",
+    "batch.cu_num_logits",
+    "batch.num_admitted_draft_tokens",
+    "batch.idx_mapping",
+    "grammar.structured_output_request_ids",
+)
 # A large batch: more requests than any small one draws and more than a 64-entry block.
 LARGE_BATCH = 65
 
@@ -85,6 +100,7 @@ class InputField:
     shape: tuple[str, ...] | None = None
     optional: bool = False
     values: tuple[tuple[str, object], ...] = ()
+    variants: tuple[str, ...] = ()
     top_level: bool = False
     fixed: bool = False  # constant for a sharder's lifetime (its construction parameters)
 
@@ -123,6 +139,7 @@ def input_fields(data_model: dict, profile: str | None = DEFAULT_PROFILE) -> lis
                 shape=None if entry.get("shape") is None else tuple(str(s) for s in entry["shape"]),
                 optional=bool(entry.get("optional", False)),
                 values=tuple(sorted((entry.get("values") or {}).items())),
+                variants=tuple(entry.get("variants") or ()),
                 top_level=top,
                 fixed=fixed,
             )
@@ -164,6 +181,7 @@ def variations_of(field: InputField) -> list[Variation]:
         out += [(VALUE, v) for v in limits]
     if field.type == "bool":
         out += [(VALUE, "true"), (VALUE, "false")]
+    out += [(VALUE, variant) for variant in field.variants]
     if len(field.dtypes) > 1:
         out += [(DTYPE, d) for d in field.dtypes]
     if field.type in ("tensor", "ndarray"):
@@ -196,8 +214,52 @@ def pair(field: str, first: tuple[str, str], second: tuple[str, str]) -> Variati
 
 
 def pair_parts(variation: Variation) -> tuple[Variation, Variation]:
-    """The two variations a pair variation draws together."""
-    return tuple(Variation(variation.field, *part.split("=", 1)) for part in variation.value.split(","))
+    """The two variations a pair variation draws together (of one field, or of the two ``a+b`` names)."""
+    fields = variation.field.split("+") if "+" in variation.field else [variation.field] * 2
+    parts = variation.value.split(",")
+    return tuple(Variation(field, *part.split("=", 1)) for field, part in zip(fields, parts, strict=True))
+
+
+# What a profile adds to the inputs, and the optional outputs a gather may be asked for: each of the first
+# is drawn with each of the second on purpose (the batch's dtypes: each one other than a field's default).
+# A profile's field met an optional output only by chance before.
+PROFILE_PARTS = (
+    ("batch.num_admitted_draft_tokens", PRESENCE, "present"),
+    ("batch.seq_lens_cpu_upper_bound", PRESENCE, "present"),
+    ("batch.seq_lens_cpu_upper_bound", PRESENCE, "absent"),
+    ("sharder.adaptive_verification_enabled", VALUE, "true"),
+)
+OPTIONAL_OUTPUTS = (
+    ("logprobs_dims", PRESENCE, "present"),
+    ("grammar", PRESENCE, "present"),
+    ("extension_fields", PRESENCE, "present"),
+    ("gather_num_nans", VALUE, "true"),
+)
+# Pairs of a profile's field and an optional output that no input can draw, and why (none so far).
+CROSS_PAIRS_LEFT_OUT: dict[tuple[str, str], str] = {}
+
+
+def cross_pair(first: Variation, second: Variation) -> Variation:
+    """The pair variation drawing ``first`` and ``second``, of two fields, together."""
+    return Variation(f"{first.field}+{second.field}", PAIR, f"{first.axis}={first.value},{second.axis}={second.value}")
+
+
+def profile_output_pairs(variations: list[Variation]) -> list[Variation]:
+    """Each profile part of ``variations`` (one profile's space) with each optional output it has."""
+    have = set(variations)
+    defaults: dict[str, str] = {}
+    for v in variations:
+        if v.axis == DTYPE and v.field.startswith("batch."):
+            defaults.setdefault(v.field, v.value)  # the data model lists a field's default dtype first
+    parts = [Variation(*p) for p in PROFILE_PARTS if Variation(*p) in have]
+    parts += [v for v in variations if v.axis == DTYPE and v.field in defaults and v.value != defaults[v.field]]
+    outputs = [Variation(*o) for o in OPTIONAL_OUTPUTS if Variation(*o) in have]
+    return [
+        cross_pair(part, output)
+        for part in parts
+        for output in outputs
+        if (part.key, output.key) not in CROSS_PAIRS_LEFT_OUT
+    ]
 
 
 def pairs_of(variations: list[Variation]) -> list[Variation]:
@@ -213,13 +275,35 @@ def pairs_of(variations: list[Variation]) -> list[Variation]:
     ]
 
 
+def left_out(data_model: dict, profile: str | None = DEFAULT_PROFILE) -> dict[str, str]:
+    """The pairs the space leaves out under ``profile``, each with why (what the reports list beside it)."""
+    out = {}
+    for field in input_fields(data_model, profile):
+        single = variations_of(field)
+        dtypes = [v.value for v in single if v.axis == DTYPE]
+        for v in single:
+            for dtype in dtypes:
+                if (dtype, v.value) in PAIRS_LEFT_OUT and v.axis == VALUE:
+                    out[pair(field.path, (DTYPE, dtype), (VALUE, v.value)).key] = PAIRS_LEFT_OUT[(dtype, v.value)]
+    for (first, second), why in CROSS_PAIRS_LEFT_OUT.items():
+        parts = [Variation(key.split(":")[0], *key.split(":", 1)[1].split("=", 1)) for key in (first, second)]
+        out[cross_pair(*parts).key] = why
+    return out
+
+
+@cache
+def pairs_left_out(profile: str = DEFAULT_PROFILE) -> dict[str, str]:
+    """:func:`left_out` of the spec's data model."""
+    return left_out(raw_data_model(), profile)
+
+
 def derive(data_model: dict, profile: str | None = DEFAULT_PROFILE) -> tuple[Variation, ...]:
     """The input space of a raw data model (pure: no files read)."""
     out = []
     for field in input_fields(data_model, profile):
         single = variations_of(field)
         out += single + (pairs_of(single) if single else [])
-    return tuple(out)
+    return tuple(out + profile_output_pairs(out)) + tuple(Variation(*v) for v in size_variations())
 
 
 def raw_data_model() -> dict:

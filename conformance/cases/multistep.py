@@ -6,12 +6,17 @@ view into last step's output. Each multi-step case starts from a generated
 case and then changes the batch the way engines do: the same number of
 requests in other slots, fewer requests, more requests (up to the capacity),
 a decode loop on those (:func:`decode_loop`: the same requests step after step, one field changed each
-time), and the first shape again. The step's options change too, as the input space
+time), and the first shape again; under an owner table the engine's table is carried from step to step
+(:func:`with_tables`). The step's options change too, as the input space
 says an engine may change them between steps (conformance/cases/input_space.py,
 axis ``step``): the grammar output comes and goes, NaN counts and logprobs are
 asked for on some steps only, and the last step declares an extension field. A
 sharder that keeps a width, a flag or a buffer from an earlier step fails
-there. Every step is judged on its own (``<case id>.step<k>``).
+there. Every step draws the inputs the run's profile adds (cases/profile_inputs.py: admitted draft
+counts, grammar blocks, batch dtypes), with the sharder's adaptive verification fixed for all of them
+(on for every other case where the profile has it), the repeat step every batch field in the other dtype
+than the first's; the decode loop keeps them consistent with the step's requests and changes the
+admitted counts on a step of their own. Every step is judged on its own (``<case id>.step<k>``).
 """
 
 from __future__ import annotations
@@ -20,30 +25,44 @@ from dataclasses import replace
 
 import numpy as np
 
+from shardspec.conformance.cases import owner_tables
+from shardspec.conformance.cases.profile_inputs import flipped_dtypes, with_profile_inputs, without_profile_inputs
 from shardspec.conformance.cases.realizers import EXTENSION
 from shardspec.spec.case import Case
 from shardspec.spec.model import DEFAULT_PROFILE
-from shardspec.spec.profiles import root_profile
+from shardspec.spec.profiles import root_profile, rules_of
 
 STEP_KINDS = ("other-slots", "shrink", "grow", "repeat")
 
 
-def multi_step_cases(tp_size: int, count: int, seed: int) -> list[Case]:
-    """``count`` multi-step cases for ``tp_size``; the same for the same seed."""
+def multi_step_cases(tp_size: int, count: int, seed: int, profile: str = DEFAULT_PROFILE) -> list[Case]:
+    """``count`` multi-step cases for ``tp_size`` under ``profile``; the same for the same seed. Under owner
+    rule owner_table they carry the owner tables the engine carries from step to step (:func:`with_tables`)."""
     from shardspec.conformance.cases.strategies import generate_cases
 
-    # Bases under the root profile, without a later release's per-request inputs: the later steps are
-    # derived from the first's fields.
+    # Bases under the root profile, without a later release's per-request inputs: every step draws
+    # ``profile``'s own (with_steps).
     base = root_profile(DEFAULT_PROFILE)
     bases = [c for c in generate_cases(tp_size, count * 2 + 8, seed + 7919, base, fill_gaps=False) if _usable(c)]
     bases = bases[:count]
     cases = []
+    rules = rules_of(profile)
     for number, base in enumerate(bases):
         rng = np.random.default_rng([seed, tp_size, number, 17])
-        case = with_steps(base, rng)
+        case = with_steps(replace(base, profile=profile), rng, adaptive=rules.adaptive and number % 2 == 0)
         case.case_id = f"multi-tp{tp_size}-s{seed}-{number:03d}"
+        if rules.owner_by_table:
+            case = with_tables(case, np.random.default_rng([seed, tp_size, number, 29]))
         cases.append(case)
     return cases
+
+
+def with_tables(case: Case, rng: np.random.Generator) -> Case:
+    """``case`` with owner tables: the first step's is one an engine may hold after some steps and each later
+    step's is the one the engine leaves after the step before it (its requests' entries rewritten to their
+    batch positions mod tp: CL-OWNER-TABLE), so later steps' owners differ from what the first step's table
+    gives their slots."""
+    return owner_tables.carried(case, owner_tables.engine_entries(case.tp_size, case.max_num_reqs, rng))
 
 
 def _usable(case: Case) -> bool:
@@ -52,13 +71,21 @@ def _usable(case: Case) -> bool:
     return case.expect_error is None and not case.edits and len(case.slots) > 0 and case.max_num_logits_per_req > 1
 
 
-def with_steps(base: Case, rng: np.random.Generator) -> Case:
+def with_steps(base: Case, rng: np.random.Generator, adaptive: bool = False) -> Case:
+    """``base`` and its later steps, each with a draw of its profile's inputs on a sharder whose adaptive
+    verification is ``adaptive`` (where the profile has it)."""
+    rules = rules_of(base.profile)
     first = replace(base, local_outputs="toy", nan_tokens=[], description="multi-step: first step")
+    first = with_profile_inputs(without_profile_inputs(first), rules, rng, adaptive=adaptive and rules.adaptive)
     steps, previous = [], first
     for k, kind in enumerate(STEP_KINDS, start=1):
         slots = _slots(kind, first, previous, rng)
         step = _step(first, slots, rng, seed=base.seed + k, description=f"multi-step: {kind}")
-        steps.append(replace(step, **_options(kind, first, previous, slots)))
+        step = replace(step, **_options(kind, first, previous, slots))
+        step = with_profile_inputs(step, rules, rng, adaptive=first.adaptive_verification)
+        if kind == "repeat" and rules.batch_dtypes:  # every batch field in the other dtype than on the first
+            step = replace(step, batch_dtypes=flipped_dtypes(first))
+        steps.append(step)
         if kind == "grow":  # the most requests of any step (at least two): the decode loop's
             steps += decode_loop(steps[-1], rng, seed=base.seed + 100)
         previous = steps[-1]
@@ -69,7 +96,17 @@ def with_steps(base: Case, rng: np.random.Generator) -> Case:
 # A decode loop: the step before's requests again, in the same slots, each step with one thing changed
 # (or none), as an engine's consecutive steps have them. A sharder that keys something it kept on the
 # requests (a plan, a width, the local batch) and reuses it where one field moved fails there.
-LOOP_KINDS = ("seq-lens", "drafts", "grammar-joins", "logprobs", "nan-counts", "extensions", "order", "same")
+LOOP_KINDS = (
+    "seq-lens",
+    "admitted",
+    "drafts",
+    "grammar-joins",
+    "logprobs",
+    "nan-counts",
+    "extensions",
+    "order",
+    "same",
+)
 
 
 def decode_loop(previous: Case, rng: np.random.Generator, seed: int) -> list[Case]:
@@ -85,9 +122,10 @@ def decode_loop(previous: Case, rng: np.random.Generator, seed: int) -> list[Cas
 
 def _loop_change(kind: str, step: Case, rng: np.random.Generator) -> dict | None:
     """The one change of ``kind`` to the step before (None where it cannot change: one row per request at
-    most, a single request to reorder)."""
+    most, no adaptive verification, a single request to reorder). The profile's inputs follow the
+    change: admitted and acceptable drafts stay within the rows, the grammar's counts with its requests."""
     n = len(step.slots)
-    if kind == "seq-lens":
+    if kind == "seq-lens":  # the bound follows seq_lens (spec/builders.py)
         return {"seq_lens_growth": step.seq_lens_growth + 1}
     if kind == "drafts":
         if step.max_num_logits_per_req == 1:
@@ -95,11 +133,17 @@ def _loop_change(kind: str, step: Case, rng: np.random.Generator) -> dict | None
         counts = list(step.num_logits_per_req)
         i = int(rng.integers(n))
         counts[i] = counts[i] % step.max_num_logits_per_req + 1  # another count in [1, max]
-        return {"num_logits_per_req": counts, "spec_decode": None}
+        return {"num_logits_per_req": counts, "spec_decode": None, **_within_rows(step, counts)}
+    if kind == "admitted":
+        return _admitted_change(step, rng)
     if kind == "grammar-joins":
         listed = list(step.grammar_positions or [])
         left = [p for p in range(n) if p not in listed]
-        return {"grammar_positions": [*listed, left[0]]} if left else {"grammar_positions": None}
+        if not left:
+            return {"grammar_positions": None, "num_acceptable_drafts": None, "grammar_block_rows": None}
+        acceptable = step.num_acceptable_drafts
+        joined = None if acceptable is None else [*acceptable, step.num_logits_per_req[left[0]]]
+        return {"grammar_positions": [*listed, left[0]], "num_acceptable_drafts": joined}
     if kind == "logprobs":
         return {"logprobs_dims": None if step.logprobs_dims is not None else (1, 2)}
     if kind == "nan-counts":
@@ -117,11 +161,40 @@ def _reordered(step: Case) -> dict:
     order = [last, *range(last)]
     where = {old: new for new, old in enumerate(order)}
     grammar = None if step.grammar_positions is None else [where[p] for p in step.grammar_positions]
+    admitted = None if step.admitted_drafts is None else [step.admitted_drafts[i] for i in order]
     return {
         "slots": [step.slots[i] for i in order],
         "num_logits_per_req": [step.num_logits_per_req[i] for i in order],
         "grammar_positions": grammar,
+        "admitted_drafts": admitted,
     }
+
+
+def _within_rows(step: Case, counts: list[int]) -> dict:
+    """The step's admitted and acceptable draft counts cut to the rows ``counts`` schedules."""
+    changes = {}
+    if step.admitted_drafts is not None:
+        changes["admitted_drafts"] = [min(a, c - 1) for a, c in zip(step.admitted_drafts, counts, strict=True)]
+    if step.num_acceptable_drafts is not None:
+        listed = zip(step.num_acceptable_drafts, step.grammar_positions, strict=True)
+        changes["num_acceptable_drafts"] = [min(a, counts[p]) for a, p in listed]
+    return changes
+
+
+def _admitted_change(step: Case, rng: np.random.Generator) -> dict | None:
+    """The budget binds otherwise with the same scheduled rows: admitted counts where there were none, else
+    one request's count moved (None without adaptive verification or drafts)."""
+    drafted = [i for i, c in enumerate(step.num_logits_per_req) if c > 1]
+    if not step.adaptive_verification or not drafted:
+        return None
+    i = drafted[int(rng.integers(len(drafted)))]
+    if step.admitted_drafts is None:  # the budget binds: request i admits fewer than it scheduled
+        admitted = [int(rng.integers(0, c)) for c in step.num_logits_per_req]
+        admitted[i] = int(rng.integers(0, step.num_logits_per_req[i] - 1))
+        return {"admitted_drafts": admitted}
+    admitted = list(step.admitted_drafts)
+    admitted[i] = (admitted[i] + 1) % step.num_logits_per_req[i]  # another count in [0, n_i - 1]
+    return {"admitted_drafts": admitted}
 
 
 def _slots(kind: str, first: Case, previous: Case, rng: np.random.Generator) -> list[int]:
@@ -151,10 +224,11 @@ def _options(kind: str, first: Case, previous: Case, slots: list[int]) -> dict:
 
 
 def _step(first: Case, slots: list[int], rng: np.random.Generator, seed: int, description: str) -> Case:
+    """A step of other requests (``slots``) with the first step's options and none of its profile inputs."""
     counts = [int(c) for c in rng.integers(1, first.max_num_logits_per_req + 1, size=len(slots))]
     grammar = None if first.grammar_positions is None else list(range(0, len(slots), 2))
     return replace(
-        first,
+        without_profile_inputs(first),
         slots=slots,
         num_logits_per_req=counts,
         spec_decode=None,

@@ -34,10 +34,13 @@ OTHER_DTYPES = {
 }
 
 
-def with_profile_inputs(case: Case, rules: Rules, rng: np.random.Generator) -> Case:
-    """``case`` (valid under ``rules``) with a draw of the inputs those rules allow."""
+def with_profile_inputs(case: Case, rules: Rules, rng: np.random.Generator, adaptive: bool | None = None) -> Case:
+    """``case`` (valid under ``rules``) with a draw of the inputs those rules allow; ``adaptive``: the
+    sharder's adaptive verification where it is already chosen (a later step of one sharder), else drawn."""
     changes: dict = {}
-    if rules.adaptive and rng.random() < ADAPTIVE_SHARE:
+    if adaptive is None:
+        adaptive = rules.adaptive and rng.random() < ADAPTIVE_SHARE
+    if adaptive:
         changes["adaptive_verification"] = True
         counts = np.asarray(case.num_logits_per_req, dtype=np.int64)
         # Explicit outputs are drawn for the scheduled rows, so only toy-sampled cases trim drafts.
@@ -58,3 +61,14 @@ def with_profile_inputs(case: Case, rules: Rules, rng: np.random.Generator) -> C
         names = [name for name in OTHER_DTYPES if rng.random() < 0.5] or ["idx_mapping"]
         changes["batch_dtypes"] = {name: OTHER_DTYPES[name] for name in names}
     return replace(case, **changes)
+
+
+def without_profile_inputs(case: Case) -> Case:
+    """``case`` without the per-step inputs :func:`with_profile_inputs` draws (the sharder's adaptive
+    verification stays: it is a construction argument)."""
+    return replace(case, admitted_drafts=None, grammar_block_rows=None, num_acceptable_drafts=None, batch_dtypes={})
+
+
+def flipped_dtypes(case: Case) -> dict[str, str]:
+    """Batch dtypes in which every field of :data:`OTHER_DTYPES` has the other dtype than in ``case``."""
+    return {name: dtype for name, dtype in OTHER_DTYPES.items() if name not in case.batch_dtypes}

@@ -15,6 +15,7 @@ from dataclasses import replace
 
 import numpy as np
 
+from shardspec.conformance.cases import owner_tables
 from shardspec.conformance.cases.coverage import (
     CU_GENERATED_TENSOR,
     EXPLICIT_OUTPUTS,
@@ -40,7 +41,8 @@ from shardspec.conformance.cases.input_space import (
     input_space,
     pair_parts,
 )
-from shardspec.spec.case import least_capacity
+from shardspec.conformance.cases.sizes import SIZE_REALIZERS, largest_batch
+from shardspec.spec.case import case_owners, least_capacity
 from shardspec.spec.case_edits import LOGITS_LIMITS_EDIT, UPPER_BOUND_ABSENT
 from shardspec.spec.model import DEFAULT_PROFILE
 from shardspec.spec.profiles import rules_of
@@ -87,7 +89,7 @@ def _with_logprobs(case, rank: int, out):
     """``out`` with logprobs of the agreed width for its rows where it has none."""
     if out.logprob_token_ids is not None:
         return out
-    owners = rules_of(case.profile).owners(case.slots, case.tp_size)
+    owners = case_owners(case)
     rows = sum(n for n, owner in zip(case.num_logits_per_req, owners, strict=True) if owner == rank)
     cols = 1 + max(case.logprobs_dims)
     return replace(
@@ -177,6 +179,11 @@ def as_large_batch(case, rng: np.random.Generator):
         vocab_size=vocab_size,
         nan_tokens=sorted(int(t) for t in rng.choice(num_tokens(slots, counts), size=3, replace=False)),
         local_outputs="toy",
+        # A drawn owner table is drawn again for the new slots (a table of the same kind would be kept
+        # for slots the batch no longer has).
+        owner_table=None
+        if case.owner_table is None
+        else owner_tables.draw_entries("mixed", slots, case.tp_size, max_num_reqs, rng),
     )
 
 
@@ -221,27 +228,6 @@ def _nan_in_a_logits_row(case, rng):
     return replace(case, nan_tokens=sorted({*case.nan_tokens, ends[int(rng.integers(len(ends)))]}))
 
 
-def _full_batch(case, rng):
-    """Every slot of a sharder just big enough for the batch, each request at the most rows: the batch's
-    cu_num_logits_np reaches its largest, num_reqs * max_num_logits_per_req (slots keep their order)."""
-    if not case.slots or case.local_outputs != "toy":
-        return None
-    order = sorted(range(len(case.slots)), key=lambda i: case.slots[i])
-    slots = [0] * len(case.slots)
-    for rank, i in enumerate(order):
-        slots[i] = rank
-    rows = case.max_num_logits_per_req
-    blocks = case.grammar_block_rows
-    return replace(
-        case,
-        slots=slots,
-        max_num_reqs=max(len(slots), least_capacity(case)),
-        num_logits_per_req=[rows] * len(slots),
-        spec_decode=None if rows > 1 else case.spec_decode,
-        grammar_block_rows=None if blocks is None else max(blocks, rows),
-    )
-
-
 def _without_nan_counts(case, rng):
     if not isinstance(case.local_outputs, dict) or not case.local_outputs:
         return None
@@ -280,11 +266,50 @@ def _no_local_output(case, rng):
     return replace(case, local_outputs={})
 
 
+def _with_grammar(case, rng):
+    """A grammar output listing about half of the requests, in a random order (none where there are none)."""
+    if case.grammar_positions or not case.slots:
+        return case if case.grammar_positions else None
+    listed = [int(p) for p in rng.permutation(len(case.slots))[: max(1, len(case.slots) // 2)]]
+    return replace(case, grammar_positions=listed, num_acceptable_drafts=None)
+
+
+def _adaptive(case, rng):
+    return replace(case, adaptive_verification=True) if rules_of(case.profile).adaptive else None
+
+
+def _with_admitted_drafts(case, rng):
+    """Adaptive verification with admitted counts below the scheduled ones (toy-sampled, with drafts)."""
+    rules = rules_of(case.profile)
+    if not (rules.adaptive and rules.admits_drafts) or case.local_outputs != "toy":
+        return None
+    if case.admitted_drafts is not None:
+        return case
+    if not any(c > 1 for c in case.num_logits_per_req):
+        return None
+    admitted = [int(rng.integers(0, c)) for c in case.num_logits_per_req]
+    return replace(case, adaptive_verification=True, admitted_drafts=admitted)
+
+
+def _with_upper_bound(case, rng):
+    if not rules_of(case.profile).has_upper_bound:
+        return None
+    return replace(case, edits=[e for e in case.edits if e != UPPER_BOUND_ABSENT])
+
+
 def _realizers() -> dict[str, Callable]:
-    from shardspec.spec.layouts import BATCH_ARRAYS, BATCH_TENSORS, FIELDS_2D, LAYOUTS, PROFILE_BATCH_FIELDS
+    from shardspec.spec.layouts import (
+        BATCH_ARRAYS,
+        BATCH_TENSORS,
+        FIELDS_2D,
+        LAYOUTS,
+        OWNER_TABLE,
+        PROFILE_BATCH_FIELDS,
+    )
 
     out: dict[str, Callable] = {}
-    for name in BATCH_TENSORS + BATCH_ARRAYS + PROFILE_BATCH_FIELDS + ("grammar_bitmask", "logits_shard"):
+    viewed = BATCH_TENSORS + BATCH_ARRAYS + PROFILE_BATCH_FIELDS + ("grammar_bitmask", "logits_shard", OWNER_TABLE)
+    for name in viewed:
         # The views the case format makes, of as many dimensions as the field has.
         for layout in (v for v in (LAYOUTS_2D if name in FIELDS_2D else LAYOUTS_1D) if v in LAYOUTS):
             for path in path_of_layout_name(name):
@@ -321,11 +346,17 @@ def _realizers() -> dict[str, Callable]:
     for limit in ("+inf", "-inf", "largest", "lowest", "subnormal"):
         out[f"logits_shard:{VALUE}={limit}"] = _logits_limits
     out["logits_shard:value=nan"] = _nan_in_a_logits_row
-    out["batch.cu_num_logits_np:value=max"] = _full_batch
+    out["batch.cu_num_logits_np:value=max"] = largest_batch
+    out.update(SIZE_REALIZERS)
     out["logprobs_dims:value=min"] = lambda c, r: replace(c, logprobs_dims=(0, int(r.integers(0, 4))))
     out["gather_num_nans:value=true"] = lambda c, r: replace(c, gather_num_nans=True)
     out["gather_num_nans:value=false"] = lambda c, r: replace(c, gather_num_nans=False)
     out["extension_fields:presence=present"] = _with_extension
+    out["grammar:presence=present"] = _with_grammar
+    out["logprobs_dims:presence=present"] = lambda c, r: c if c.logprobs_dims else replace(c, logprobs_dims=(1, 2))
+    out["sharder.adaptive_verification_enabled:value=true"] = _adaptive
+    out["batch.num_admitted_draft_tokens:presence=present"] = _with_admitted_drafts
+    out["batch.seq_lens_cpu_upper_bound:presence=present"] = _with_upper_bound
     out["local_output.extensions:presence=present"] = _with_extension
     out["extension_fields:dims=large"] = _large_with_extension
     out["local_output.extensions:dims=large"] = _large_with_extension
@@ -348,6 +379,8 @@ def _realizers() -> dict[str, Callable]:
     }
     for limit, value in limits.items():
         out[f"local_output.logprobs_tensors.logprobs:{VALUE}={limit}"] = _explicit_value("logprobs", value)
+    for variant in ("initial", "by-position", "mixed", "stale", "idle-rank"):
+        out[f"{OWNER_TABLE}:{VALUE}={variant}"] = owner_tables.realizer(variant)
     for name, path in EXPLICIT_OUTPUTS.items():
         if name == "logprobs":
             continue
@@ -386,7 +419,7 @@ def fill_gaps(cases: list, profile: str, rng) -> list:
     for variation in realizable(profile):
         if counts[variation]:
             continue
-        for index in (int(i) for i in rng.permutation(len(cases))):
+        for index in _candidates(cases, forced, rng):
             changed = realize(cases[index], variation, rng)
             if changed is None:
                 continue
@@ -401,6 +434,14 @@ def fill_gaps(cases: list, profile: str, rng) -> list:
     return cases
 
 
+def _candidates(cases: list, forced: dict[int, set], rng) -> list[int]:
+    """The cases to try a variation in: toy-sampled ones already changed first, so that what is made to appear
+    gathers in few cases (a run that judges some of the pool draws it all with fewer), then the rest in a
+    random order (cases with explicit outputs are few, and many variations need one of their own)."""
+    order = [int(i) for i in rng.permutation(len(cases))]
+    return sorted(order, key=lambda i: not (i in forced and cases[i].local_outputs == "toy"))
+
+
 def realize(case, variation: Variation, rng):
     """``case`` changed so that it draws ``variation``, or None where this case cannot (no requests,
     no explicit outputs, a view the case format cannot make)."""
@@ -408,4 +449,5 @@ def realize(case, variation: Variation, rng):
     for part in reversed(_parts(variation)):
         realizer = REALIZERS.get(part.key)
         case = None if realizer is None or case is None else realizer(case, rng)
-    return case
+    # A realizer that moved a request onto a slot holding a stale owner would make the case invalid.
+    return None if case is None else owner_tables.without_stale_reads(case)

@@ -38,9 +38,9 @@ from hypothesis import seed as hypothesis_seed
 from hypothesis import strategies as st
 
 from shardspec.conformance.cases import input_space as space
-from shardspec.conformance.cases import realizers
+from shardspec.conformance.cases import owner_tables, realizers
 from shardspec.conformance.cases.profile_inputs import with_profile_inputs
-from shardspec.spec.case import Case, ExplicitLocalOutput
+from shardspec.spec.case import Case, ExplicitLocalOutput, case_owners
 from shardspec.spec.layouts import BATCH_ARRAYS, BATCH_TENSORS, LAYOUTS, LOCAL_OUTPUT
 from shardspec.spec.model import DEFAULT_PROFILE
 from shardspec.spec.profiles import rules_of
@@ -111,6 +111,11 @@ def base_cases(
         # The explicit outputs below are drawn for these dims; the kind may choose others (ranks' widths vary).
         logprobs_dims=draw(st.one_of(st.none(), st.tuples(st.integers(0, min(4, vocab_size)), st.integers(0, 6)))),
     )
+    if rules_of(profile).owner_by_table:
+        # Drawn before the explicit outputs, which are written for the owners the table gives.
+        kind = draw(st.sampled_from(owner_tables.KINDS))
+        rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+        case.owner_table = owner_tables.draw_entries(kind, slots, tp_size, max_num_reqs, rng)
     return case, draw(explicit_outputs(case)) if slots else None
 
 
@@ -192,7 +197,7 @@ def _grammar_positions(num_reqs: int):
 
 
 def local_requests(case: Case, rank: int) -> list[int]:
-    owners = rules_of(case.profile).owners(case.slots, case.tp_size)
+    owners = case_owners(case)
     return [i for i, owner in enumerate(owners) if owner == rank]
 
 

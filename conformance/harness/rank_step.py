@@ -116,6 +116,9 @@ def run_step(
     run.copy_result = defer_after or on_gpu
     before = {"batch": snapshot(inputs.batch), "grammar": snapshot(inputs.grammar)}
     watched = {"batch": inputs.batch, "grammar": inputs.grammar}
+    if "owner_table" in inputs.shard_kwargs:  # the engine's, read by the step and never written
+        before["owner_table"] = snapshot(inputs.shard_kwargs["owner_table"])
+        watched["owner_table"] = inputs.shard_kwargs["owner_table"]
     # Multi-process runs also record collectives issued on comm.group directly.
     intercept = recorder.intercept_torch_distributed() if recorder.group is not None else contextlib.nullcontext()
     release = None
@@ -190,7 +193,16 @@ def _steps(make_sharder, case, inputs, recorder: RecordingComm, device, run: Ran
         before["local_output"], watched["local_output"] = snapshot(local_output), local_output
         return local_output
 
-    engine_step(run.kept.sharder, inputs.batch, inputs.grammar, logits_shard_of, sample, gather_kwargs(case), timed)
+    engine_step(
+        run.kept.sharder,
+        inputs.batch,
+        inputs.grammar,
+        logits_shard_of,
+        sample,
+        gather_kwargs(case),
+        timed,
+        shard_kwargs=inputs.shard_kwargs,
+    )
 
 
 def _timed(run: RankRun, progress: Progress, step: str, fn, *args, **kwargs):

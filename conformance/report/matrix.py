@@ -146,8 +146,19 @@ def build_matrix(reports: list[Report], spec) -> Matrix:
             ],
         )
     )
-    notes = _version_notes(reports, spec.version) + _profile_notes(reports, spec.profile)
+    notes = _version_notes(reports, spec.version) + _profile_notes(reports, spec.profile) + _left_out_notes(sections)
     return Matrix(columns, groups, spec.version, notes, spec.profile or "", _coverage_cells(columns, sections))
+
+
+def _left_out_notes(sections: dict) -> list[str]:
+    """One note naming the pairs the input space leaves out on purpose, and why (the same at every size)."""
+    left_out = dict(
+        pair for section in sections.values() for d in section.input_coverage.values() for pair in d.left_out
+    )
+    if not left_out:
+        return []
+    listed = "; ".join(f"{key} ({why})" for key, why in left_out.items())
+    return [f"Input variations: {len(left_out)} pairs are left out of the input space on purpose: {listed}."]
 
 
 def _coverage_cells(columns: list[Column], sections: dict) -> list[CoverageCell]:

@@ -64,6 +64,7 @@ class DrawnInputs:
     variations: int
     covered: int
     not_covered: tuple[str, ...]
+    left_out: tuple[tuple[str, str], ...] = ()  # pairs the space leaves out, and why (reports before: none)
 
 
 @dataclass
@@ -244,7 +245,10 @@ def _parse_input_coverage(raw: Any, path: str, place: str) -> dict[int, DrawnInp
         _require(all(_is_int(n) for n in numbers), path, where, "has no integer 'variations' and 'covered'")
         missing = entry.get("not_covered", [])
         _require(isinstance(missing, list), path, f"{where}.not_covered", "is not a list")
-        drawn[int(tp)] = DrawnInputs(int(numbers[0]), int(numbers[1]), tuple(map(str, missing)))
+        left_out = entry.get("left_out", {})
+        _require(isinstance(left_out, dict), path, f"{where}.left_out", "is not a mapping")
+        pairs = tuple((str(k), str(v)) for k, v in left_out.items())
+        drawn[int(tp)] = DrawnInputs(int(numbers[0]), int(numbers[1]), tuple(map(str, missing)), pairs)
     return drawn
 
 

@@ -24,6 +24,7 @@ and shrinking (which replays in one process) cannot run it: pass ``--no-shrink``
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import os
 import threading
 from typing import Any
@@ -77,10 +78,14 @@ POSITION_OWNERS = hasattr(batch_shard, "shard_owners")
 #   tp <= 1 and max_num_seqs < tp before the engine builds a BatchSharder (0.34.0 has it, and so does the
 #   0.33.0 wheel, though profile vllm-0.33 builds a sharder of any group).
 CONFIG_CHECK = getattr(VllmConfig, "_validate_batch_sharded_sampling", None)
+# - 0.34's BatchSharder takes a draft-logits cache; a sharded one decides the owners (owner rule owner_table).
+TABLE_OWNERS = "draft_logits" in inspect.signature(batch_shard.BatchSharder.__init__).parameters
 # The rules the installed release follows (spec/rules.py): the suite refuses a profile that sets another
 # value of one of them.
 RULES = {
-    "owner": ("position_mod_tp",) if POSITION_OWNERS else ("slot_mod_tp",),
+    "owner": (("position_mod_tp", "owner_table") if TABLE_OWNERS else ("position_mod_tp",))
+    if POSITION_OWNERS
+    else ("slot_mod_tp",),
     "exchange": ("all_to_all_vocab_shards",) if VOCAB_SHARDS_EXCHANGE else ("all_to_all_logits",),
     "acceptable_drafts": ("sliced",) if GRAMMAR_HAS_ACCEPTABLE_DRAFTS else ("none",),
 }
@@ -321,6 +326,21 @@ def from_vllm_output(output: VllmSamplerOutput) -> model.SamplerOutput:
 # -- the sharder ------------------------------------------------------------------------------------
 
 
+class OwnerTableCache:
+    """What vLLM 0.34's BatchSharder reads of a sharded ``DraftLogitsCache``: ``owners_of(idx_mapping_np)``,
+    the batch's owners and the per-slot owner table on the device. The engine's cache keeps that table
+    itself and rewrites it in ``assign()`` after each verification; here the table is the one the suite
+    passes with each step (``owner_table``, CL-OWNER-TABLE), handed over as the cache would hold it."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.table: np.ndarray | None = None
+
+    def owners_of(self, idx_mapping_np: np.ndarray) -> tuple[np.ndarray, torch.Tensor]:
+        table = self.table
+        return table[idx_mapping_np], torch.from_numpy(np.ascontiguousarray(table)).to(self.device)
+
+
 class VllmSharder:
     """vLLM's BatchSharder and module functions as one shardspec sharder (the installed release's profile)."""
 
@@ -336,19 +356,25 @@ class VllmSharder:
         comm,
         device="cpu",
         adaptive_verification_enabled: bool = False,
+        profile: str = model.DEFAULT_PROFILE,
         **ignored,
     ):
         # Where the profile's rules refuse what vLLM's config refuses (construction: sharded_groups), the
         # engine's check runs first, before vLLM's groups are set up; elsewhere the sharder is built as is.
-        if rules_of(ignored.get("profile", model.DEFAULT_PROFILE)).sharded_groups_only:
+        if rules_of(profile).sharded_groups_only:
             refuse_as_vllm_config(comm.world_size, max_num_reqs)
         self.device = torch.device(device)
         self.tp_group = _vllm_tp_group(comm, self.device)
+        # Under owner rule owner_table, vLLM's sharder reads its owners from a sharded cache's table.
+        self.cache = OwnerTableCache(self.device) if rules_of(profile).owner_by_table else None
+        extra = {} if self.cache is None else {"draft_logits": self.cache}
         self.sharder = batch_shard.BatchSharder(
-            max_num_reqs, max_num_logits_per_req, self.device, adaptive_verification_enabled
+            max_num_reqs, max_num_logits_per_req, self.device, adaptive_verification_enabled, **extra
         )
 
-    def shard_sampler_inputs(self, batch, grammar) -> model.ShardResult:
+    def shard_sampler_inputs(self, batch, grammar, *, owner_table=None) -> model.ShardResult:
+        if self.cache is not None:
+            self.cache.table = owner_table
         local, sorted_logits_indices, local_grammar, metadata = self.sharder.shard_sampler_inputs(
             to_vllm_batch(batch), to_vllm_grammar(grammar)
         )

@@ -22,7 +22,7 @@ import yaml
 
 from shardspec.spec.rules import RULES, Rules, rule_problem
 
-PROFILES = ("vllm-0.34", "vllm-0.33", "vllm-seed")
+PROFILES = ("vllm-0.34", "vllm-0.34-sharded-draft-cache", "vllm-0.33", "vllm-seed")
 DEFAULT_PROFILE = "vllm-0.34"
 # A user's profile file, read by every process that meets its name (the suite sets it for its ranks).
 PROFILE_FILE_ENV = "SHARDSPEC_PROFILE_FILE"

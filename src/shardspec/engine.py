@@ -27,14 +27,16 @@ def engine_step(
     sample: Callable[[Any, Any], Any],
     gather_kwargs: dict | None = None,
     call: Call = plain_call,
+    shard_kwargs: dict | None = None,
 ):
     """One step on ``sharder``; returns ``(shard, full_vocab_logits, local_output, gathered)``.
 
     ``logits_shard_of(shard)``: this rank's vocab shard of the owner-sorted logits rows (the LM head's
     output, in the order ``shard.sorted_logits_indices`` gives). ``sample(full_vocab_logits, shard)``:
-    the engine's sampler on the owned rows. ``gather_kwargs``: options of ``gather_sampler_output``.
+    the engine's sampler on the owned rows. ``gather_kwargs``: options of ``gather_sampler_output``;
+    ``shard_kwargs``: those of ``shard_sampler_inputs`` (the owner table under owner rule owner_table).
     """
-    shard = call("shard", sharder.shard_sampler_inputs, batch, grammar)
+    shard = call("shard", sharder.shard_sampler_inputs, batch, grammar, **(shard_kwargs or {}))
     full = call("all_to_all", sharder.all_to_all_logits, logits_shard_of(shard), shard.metadata)
     local_output = call("sample", sample, full, shard)
     gathered = call(

@@ -8,7 +8,7 @@ import pytest
 from harness_cases import small_cases, write_cases
 
 from shardspec.conformance.cases.coverage import coverage, exercised
-from shardspec.conformance.cases.input_space import input_space
+from shardspec.conformance.cases.input_space import input_space, pairs_left_out
 from shardspec.conformance.cases.spread import best_spread, drawn
 from shardspec.conformance.cli import main
 from shardspec.conformance.record import CaseResult, not_run
@@ -113,3 +113,24 @@ def test_nan_counts_as_drawn_only_in_a_row_that_is_sampled(admitted):
 
     assert not draws_nan(unsampled)
     assert draws_nan(indices[-1:])
+
+
+def test_every_output_shows_the_pairs_drawn_on_purpose_and_those_left_out(small_run, capsys):
+    """A profile's field with each optional output is a variation of the space (the JSON counts it, the terminal
+    and the HTML name it where no case drew it); the pairs the space leaves out are listed with why."""
+    code, path = small_run
+    [section] = json.loads(path.read_text())["sections"]
+    entry = section["input_coverage"]["2"]
+    profile = json.loads(path.read_text())["metadata"]["profile"]
+    cross = [v.key for v in input_space(profile) if "+" in v.field]
+    assert cross and all(key in entry["counts"] for key in cross)
+    assert set(cross) - set(entry["not_covered"]) and set(cross) & set(entry["not_covered"])  # some drawn, some not
+    left_out = pairs_left_out(profile)
+    assert entry["left_out"] == left_out and "logits_shard:pair=dtype=float16,value=largest" in left_out
+    lines = summary_lines("reference", {2: entry})
+    assert lines[-1].startswith(f"  pairs left out of the space on purpose ({len(left_out)}): logits_shard:pair=")
+    matrix = build_matrix([load_report(path)], load_spec())
+    [note] = [n for n in matrix.notes if "left out of the input space" in n]
+    assert all(key in note and why in note for key, why in left_out.items())
+    cell = next(c for c in matrix.coverage if c.column.tp == 2)
+    assert set(cross) & set(cell.not_covered)

@@ -49,6 +49,13 @@ def test_both_owner_rules_are_bundled():
     assert {rules_of(name).owner for name in SUPPORTED} == set(CAPTURED_OWNERS)
 
 
+@pytest.mark.parametrize("profile", [name for name in PROFILES if name not in SUPPORTED])
+def test_another_owner_rule_is_refused_naming_the_profile(profile):
+    batch = build_input_batch(SLOTS, SCHEDULED, seq_lens_upper_bound=True, device=DEVICE)
+    with pytest.raises(NotImplementedError, match=f"profile {profile}: the captured step owns requests by slot or"):
+        _captured(profile).shard(batch)
+
+
 @pytest.mark.parametrize("profile", SUPPORTED)
 def test_captured_local_batch_equals_the_eager_one_in_each_profile(profile):
     batch = build_input_batch(SLOTS, SCHEDULED, seq_lens_upper_bound=True, device=DEVICE)

@@ -44,7 +44,7 @@ def test_launcher_goes_through_triton_while_a_hook_is_active():
 
 def test_constexprs_are_the_last_parameters_of_every_kernel():
     """Direct launches pass constexprs positionally after the runtime arguments."""
-    plan = dict(TP=2, RANK=0, TP_PAD=2, BLOCK=4, ROWS_PAD=1, LOOP_END=0, BY_POSITION=False)
+    plan = dict(TP=2, RANK=0, TP_PAD=2, BLOCK=4, ROWS_PAD=1, LOOP_END=0, BY_POSITION=False, HOST_OWNERS=False)
     assert launch._constexprs_last(shard_plan_kernel, plan)
     assert not launch._constexprs_last(shard_plan_kernel, dict(reversed(list(plan.items()))))
     assert launch._constexprs_last(

@@ -12,7 +12,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 import torch
-from bundled import VLLM_033, VLLM_SEED
+from bundled import VLLM_033, VLLM_034, VLLM_034_SHARDED_CACHE, VLLM_SEED
 from impl_steps import DEVICE
 from test_impl_preconditions import (
     COUNTS,
@@ -287,7 +287,8 @@ NO_REQUEST_ONE_ROW = {
     VLLM_SEED: "[PRE-GRAMMAR-BITMASK] shape (1, 4); expected 0 rows (one per logits row of the listed requests) "
     "(field grammar_bitmask, rank 0)",
     VLLM_033: "[PRE-GRAMMAR-BITMASK] shape (1, 4): expected [G * S, B] (field grammar_bitmask, rank 0)",
-    "vllm-0.34": "[PRE-GRAMMAR-BITMASK] shape (1, 4): expected [G * S, B] (field grammar_bitmask, rank 0)",
+    VLLM_034: "[PRE-GRAMMAR-BITMASK] shape (1, 4): expected [G * S, B] (field grammar_bitmask, rank 0)",
+    VLLM_034_SHARDED_CACHE: "[PRE-GRAMMAR-BITMASK] shape (1, 4): expected [G * S, B] (field grammar_bitmask, rank 0)",
 }
 
 

@@ -47,7 +47,12 @@ def _sharder(rank=0, max_num_reqs=8, max_num_logits_per_req=4, check_preconditio
 
 
 def _shard(batch, grammar=None, **options):
-    return _sharder(**options).shard_sampler_inputs(batch, grammar)
+    sharder = _sharder(**options)
+    # Under the owner rule owner_table, the engine's initial table (slot mod tp).
+    table = (
+        {"owner_table": np.arange(sharder.max_num_reqs, dtype=np.int32) % TP} if sharder.rules.owner_by_table else {}
+    )
+    return sharder.shard_sampler_inputs(batch, grammar, **table)
 
 
 def _output(local_batch, num_rows=None, logprob_cols=3):

@@ -124,7 +124,7 @@ def _shard_all(case: Case, impl=ProductionSharder, **options):
             adaptive_verification_enabled=case.adaptive_verification,
             **options,
         )
-        results.append(sharder.shard_sampler_inputs(inputs.batch, inputs.grammar))
+        results.append(sharder.shard_sampler_inputs(inputs.batch, inputs.grammar, **inputs.shard_kwargs))
     return inputs, results
 
 
@@ -258,5 +258,5 @@ def test_an_unknown_profile_is_refused():
 
 def test_production_declares_the_spec_and_its_profiles():
     assert ProductionSharder.SPEC_VERSION == spec_version() and ProductionSharder.SPEC_RULES == {
-        "owner": ("slot_mod_tp", "position_mod_tp")
+        "owner": ("slot_mod_tp", "position_mod_tp", "owner_table", "contiguous_ranges")
     }

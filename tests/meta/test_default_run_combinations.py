@@ -5,6 +5,7 @@ import pytest
 
 from shardspec.conformance import options
 from shardspec.conformance.api import ImplChoice
+from shardspec.conformance.cases.coverage import exercised
 from shardspec.conformance.replay import run_case_in_process
 from shardspec.conformance.runner import cases_of_entry, collect_cases
 from shardspec.spec.profiles import DEFAULT_PROFILE, rules_of
@@ -79,3 +80,96 @@ def test_bfloat16_logits_meet_infinities_at_every_tp(default_run, tp):
         )
     )
     assert "INV-A2A-SPLITS" in violated, sorted(violated)
+
+
+# Kept from the sharder's first step where a later step's profile inputs differ: passed every multi-step case
+# while the steps were built from the seed profile's inputs (no admitted counts, no batch dtypes on any step).
+KEPT_ACROSS_PROFILE_INPUTS = {
+    "shardspec.conformance.broken.state:LocalDraftsCachedByScheduledDrafts": "INV-LOCAL-DRAFTS",
+    "shardspec.conformance.broken.state:LocalIdxMappingInFirstStepsDtype": "INV-LOCAL-IDX-MAPPING",
+}
+
+
+@pytest.fixture(scope="module")
+def run_under():
+    """The default run's cases under a profile named explicitly (built once per profile)."""
+    made = {}
+
+    def run(profile: str):
+        if profile not in made:
+            config = options.resolve_run({"impl": "reference", "profile": profile}, {}).config
+            made[profile] = config, collect_cases(config)
+        return made[profile]
+
+    return run
+
+
+def _multi_step_cases(config, case_set, tp: int) -> list:
+    ran = {c.case_id for c in cases_of_entry(config, ImplChoice.parse("reference"), case_set, tp)}
+    return list({parent.case_id: parent for step_id, parent in case_set.parents.items() if step_id in ran}.values())
+
+
+@pytest.mark.parametrize("profile", ["vllm-0.33", "vllm-0.34"])
+@pytest.mark.parametrize("tp", [1, 2, 8])
+def test_every_step_of_a_multi_step_case_draws_the_profiles_inputs(run_under, profile, tp):
+    config, case_set = run_under(profile)
+    multi = _multi_step_cases(config, case_set, tp)
+    later = [step for case in multi for step in case.then]
+    assert any(step.admitted_drafts is not None for step in later), f"no later step has admitted counts at tp {tp}"
+    assert any(step.batch_dtypes for step in later), f"no later step has batch dtypes at tp {tp}"
+    for case in multi:  # the sharder's construction argument is the same on every step
+        assert {step.adaptive_verification for step in [case, *case.then]} == {case.adaptive_verification}
+    assert any(case.adaptive_verification for case in multi)
+
+
+@pytest.mark.parametrize("target", sorted(KEPT_ACROSS_PROFILE_INPUTS))
+@pytest.mark.parametrize("profile", ["vllm-0.33", "vllm-0.34"])
+@pytest.mark.parametrize("tp", [1, 2, 8])
+def test_the_default_runs_steps_catch_state_kept_across_profile_inputs(run_under, profile, tp, target):
+    config, case_set = run_under(profile)
+    multi = _multi_step_cases(config, case_set, tp)
+    assert multi, f"no multi-step case at tp {tp}"
+    violated = set()
+    for case in multi:
+        violated |= {v["invariant_id"] for v in run_case_in_process(case, ImplChoice(target)).violations}
+    assert KEPT_ACROSS_PROFILE_INPUTS[target] in violated, (target, sorted(violated))
+
+
+# The ends of sizes no case drew before the size axis (conformance/cases/sizes.py).
+AT_A_SIZES_END = {
+    "shardspec.conformance.broken.sizes:GrammarListingNothingHandedOn": "INV-LOCAL-GRAMMAR",
+    "shardspec.conformance.broken.sizes:LogprobColumnsStagedInFixedBuffer": "INV-LOGPROBS-SHAPES",
+}
+
+
+@pytest.mark.parametrize("target", sorted(AT_A_SIZES_END))
+@pytest.mark.parametrize("tp", [1, 2, 3, 4, 8])
+def test_the_default_run_catches_defects_at_a_sizes_end(default_run, tp, target):
+    config, case_set = default_run
+    cases = cases_of_entry(config, ImplChoice.parse("reference"), case_set, tp)
+    ends = {"G:size=empty", "k:size=largest"}
+    drawing = [c for c in cases if not c.expect_error and ends & {v.key for v in exercised(c)}]
+    violated = set().union(
+        *({v["invariant_id"] for v in run_case_in_process(c, ImplChoice(target)).violations} for c in drawing)
+    )
+    assert AT_A_SIZES_END[target] in violated, sorted(violated)
+
+
+GRAMMAR_DROPPED_WITHOUT_BOUND = "shardspec.conformance.broken.pairs:GrammarDroppedWithoutUpperBound"
+
+
+@pytest.mark.parametrize("tp", [1, 2, 3, 4, 8])
+def test_a_profile_field_meets_each_optional_output_at_every_tp(default_run, tp):
+    """The bound left out and a grammar output met only by chance, never at tp 1, 2 and 3 (seed 0)."""
+    config, case_set = default_run
+    cases = cases_of_entry(config, ImplChoice.parse("reference"), case_set, tp)
+    key = "batch.seq_lens_cpu_upper_bound+grammar:pair=presence=absent,presence=present"
+    both = [c for c in cases if not c.expect_error and key in {v.key for v in exercised(c)}]
+    assert both, f"no case at tp {tp} leaves the bound out with a grammar output"
+    violated = set().union(
+        *(
+            {v["invariant_id"] for v in run_case_in_process(c, ImplChoice(GRAMMAR_DROPPED_WITHOUT_BOUND)).violations}
+            for c in both
+        )
+    )
+    assert "INV-LOCAL-GRAMMAR" in violated, sorted(violated)

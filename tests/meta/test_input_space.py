@@ -10,7 +10,7 @@ from shardspec.conformance.api import ImplChoice
 from shardspec.conformance.broken import BY_NAME
 from shardspec.conformance.broken import cases as targeted
 from shardspec.conformance.cases import boundaries as bounds
-from shardspec.conformance.cases import coverage, realizers
+from shardspec.conformance.cases import coverage, realizers, sizes
 from shardspec.conformance.cases import input_space as space
 from shardspec.conformance.cases.strategies import generate_cases
 from shardspec.conformance.replay import run_case_in_process
@@ -45,7 +45,29 @@ def test_a_field_added_to_the_data_model_gets_its_variations():
     limits = {"float32": space.FLOAT_LIMITS, "bfloat16": ("+inf", "-inf", "nan")}
     want |= {f"{path}:pair=dtype={d},value={v}" for d, values in limits.items() for v in values}
     want |= {f"{path}:pair=dtype={d},layout={layout}" for d in limits for layout in ("strided", "offset")}
+    # A batch field's dtype other than its default, with each optional output.
+    outputs = ("logprobs_dims:presence=present", "grammar:presence=present", "extension_fields:presence=present")
+    want |= {f"{path}+{o.split(':')[0]}:pair=dtype=bfloat16,{o.split(':')[1]}" for o in outputs}
+    want |= {f"{path}+gather_num_nans:pair=dtype=bfloat16,value=true"}
     assert added == want
+
+
+def test_each_profile_field_meets_each_optional_output():
+    keys = {v.key for v in space.input_space("vllm-0.33")}
+    outputs = [f"{f}:{a}={v}" for f, a, v in space.OPTIONAL_OUTPUTS]
+    parts = [f"{f}:{a}={v}" for f, a, v in space.PROFILE_PARTS] + ["batch.idx_mapping:dtype=int32"]
+    parts += [f"batch.{name}:dtype=int64" for name in ("expanded_idx_mapping", "expanded_local_pos", "seq_lens")]
+    for part in parts:
+        for output in outputs:
+            pair = space.cross_pair(space.Variation(*_split(part)), space.Variation(*_split(output)))
+            assert pair.key in keys, pair.key
+            assert [p.key for p in space.pair_parts(pair)] == [part, output]
+    assert not [k for k in {v.key for v in space.input_space("vllm-seed")} if "admitted" in k and "+" in k]
+
+
+def _split(key: str) -> tuple[str, str, str]:
+    field, rest = key.split(":", 1)
+    return (field, *rest.split("=", 1))
 
 
 def test_a_pair_names_its_two_parts():
@@ -62,6 +84,24 @@ def test_the_spec_s_fields_get_their_variations():
     # The sharder's construction parameters never change between steps; what shard returned is no input.
     assert not [k for k in keys if k.startswith(("sharder:", "metadata", "local_batch", "global_batch"))]
     assert "batch.seq_lens_cpu_upper_bound:presence=absent" not in {v.key for v in space.input_space("vllm-seed")}
+
+
+def test_every_size_of_the_data_model_has_its_empty_and_largest_value_or_says_why_not():
+    model = space.raw_data_model()
+    assert sizes.sizes_without_ends(model) == []
+    symbols = {s["name"] for s in model["symbols"]}
+    assert set(sizes.SIZES) - symbols == {"batch.num_draft_tokens"}  # a count field, not a symbol
+    keys = {v.key for v in space.input_space("vllm-0.33")}
+    for name, size in sizes.SIZES.items():
+        assert (f"{name}:size=empty" in keys) == (size.empty is not None), name
+        assert (f"{name}:size=largest" in keys) == (size.largest is not None), name
+    assert {"N", "L", "n", "L_local", "G", "k", "t"} <= {n for n, s in sizes.SIZES.items() if s.empty and s.largest}
+
+
+def test_a_size_added_to_the_data_model_is_named_until_it_has_its_ends():
+    model = copy.deepcopy(space.raw_data_model())
+    model["symbols"].append({"name": "Z9", "meaning": "a size a later spec might add"})
+    assert sizes.sizes_without_ends(model) == ["Z9"]
 
 
 @pytest.mark.parametrize("tp", [1, 2, 3, 4, 8])
@@ -173,6 +213,16 @@ OLD_INPUTS = {
     "upper-bound-made-up": ["decode", "strided-inputs", "spec", "grammar"],
     "sampler-prefix-sums-passed-on": ["spec", "explicit-widths", "strided-local-output", "logprob-plus-inf"],
     "lengths-checked-from-below-only": ["seq-lens-one-short", "logits-indices-one-short", "decode", "spec"],
+    # a later step's profile inputs (multi-step cases drew the seed profile's before) and the sizes' ends
+    "local-drafts-cached-by-scheduled-drafts": ["multi-step", "decode-loop", "adaptive-admitted-no-counts"],
+    "local-idx-mapping-in-first-steps-dtype": ["multi-step", "decode-loop", "adaptive-admitted-no-counts"],
+    "grammar-listing-nothing-handed-on": ["grammar", "grammar-one-rank", "adaptive-admitted-no-counts", "empty"],
+    "logprob-columns-staged-in-fixed-buffer": ["spec", "token-ids-wider", "explicit-widths", "large-batch"],
+    "grammar-dropped-without-upper-bound": [
+        "grammar",
+        "adaptive-admitted-no-counts",
+        "seq-lens-cpu-upper-bound-absent",
+    ],
 }
 
 

@@ -1,9 +1,15 @@
-"""The plan's owner rules (INV-OWNER): by slot, by batch position, and a declared rule it refuses."""
+"""The plan's owner rules (INV-OWNER): by slot, by batch position, by the step's owner table, by contiguous
+ranges of positions, and an unknown rule it refuses."""
 
 import numpy as np
 import pytest
+import torch
 
+from shardspec.comm import LoopbackComm
+from shardspec.reference import ReferenceSharder
 from shardspec.reference.plan import OWNER_RULES, build_plan, owners_of
+from shardspec.spec.builders import build_input_batch
+from shardspec.spec.errors import PreconditionError
 from shardspec.spec.profiles import rules_of
 from shardspec.spec.rules import RULES_BY_NAME, Rules
 
@@ -26,10 +32,92 @@ def test_the_position_plan_balances_and_keeps_batch_order():
     assert plan.gathered_src_indices.tolist() == [0, 3, 6, 1, 4, 7, 2]
 
 
-@pytest.mark.parametrize("rule", sorted(set(RULES_BY_NAME["owner"].values) - set(OWNER_RULES)))
-def test_a_declared_rule_the_plan_lacks_is_refused(rule):
-    with pytest.raises(NotImplementedError, match=f"owner rule {rule}: not supported yet"):
-        owners_of(SLOTS, 3, rule)
-    rules = Rules.of("engine", {**rules_of("vllm-0.33").as_dict(), "owner": rule})
-    with pytest.raises(NotImplementedError, match=f"owner rule {rule}: not supported yet"):
+def test_the_plan_implements_every_declared_owner_rule_and_refuses_others():
+    assert set(OWNER_RULES) == set(RULES_BY_NAME["owner"].values)
+    with pytest.raises(NotImplementedError, match="owner rule slot_div_tp: not supported yet"):
+        owners_of(SLOTS, 3, "slot_div_tp")
+    rules = Rules.of("engine", {**rules_of("vllm-0.33").as_dict(), "owner": "slot_div_tp"})
+    with pytest.raises(NotImplementedError, match="owner rule slot_div_tp: not supported yet"):
         rules.owner_of(0, 9, 3)
+
+
+@pytest.mark.parametrize("num_reqs", range(0, 12))
+@pytest.mark.parametrize("tp", [1, 2, 3, 4, 8])
+def test_contiguous_ranges_are_balanced_and_in_rank_order(num_reqs, tp):
+    slots = np.arange(num_reqs)[::-1].copy()
+    owners = owners_of(slots, tp, "contiguous_ranges")
+    counts = np.bincount(owners, minlength=tp)
+    assert owners.tolist() == sorted(owners.tolist())  # contiguous, in rank order
+    assert counts.tolist() == [num_reqs // tp + (r < num_reqs % tp) for r in range(tp)]
+    rules = Rules.of("engine", {**rules_of("vllm-0.34").as_dict(), "owner": "contiguous_ranges"})
+    assert rules.owners(slots, tp) == owners.tolist()
+
+
+def test_the_contiguous_plan_keeps_batch_order():
+    plan = build_plan(SLOTS, CU, 3, 1, "contiguous_ranges")
+    assert plan.owners.tolist() == [0, 0, 0, 1, 1, 2, 2]
+    assert plan.owner_sorted_reqs.tolist() == list(range(7)) and plan.local_reqs.tolist() == [3, 4]
+    assert plan.gathered_src_indices.tolist() == [0, 1, 2, 3, 4, 6, 7] and plan.max_num_reqs_per_rank == 3
+
+
+# Slots 0..15, tp 3: an owner table an engine may hold (entries of slots outside SLOTS hold stale values,
+# some outside [0, 3): they are never read).
+TABLE = np.array([2, 1, 9, 0, 5, -1, 1, 7, 8, 2, 4, 4, 0, 1, 1, 2], dtype=np.int32)
+TABLE_PROFILE = "vllm-0.34-sharded-draft-cache"
+
+
+def test_owners_by_the_table_read_the_batch_entries_only():
+    owners = owners_of(SLOTS, 3, "owner_table", TABLE)
+    assert owners.tolist() == [2, 0, 2, 1, 0, 2, 1]
+    assert rules_of(TABLE_PROFILE).owners(SLOTS, 3, TABLE) == owners.tolist()
+    plan = build_plan(SLOTS, CU, 3, 0, "owner_table", TABLE)
+    # Batch order kept within an owner; rank 0 owns positions 1 and 4.
+    assert plan.local_reqs.tolist() == [1, 4]
+    assert plan.owner_sorted_reqs.tolist() == [1, 4, 3, 6, 0, 2, 5]
+    assert plan.gathered_src_indices.tolist() == [6, 0, 7, 3, 1, 8, 4]
+    with pytest.raises(ValueError, match="the owner table is needed"):
+        owners_of(SLOTS, 3, "owner_table")
+
+
+def test_a_rank_may_own_nothing_because_of_the_table():
+    table = np.zeros(16, dtype=np.int32)
+    plan = build_plan(SLOTS, CU, 3, 2, "owner_table", table)
+    assert plan.local_reqs.tolist() == [] and plan.num_reqs_per_rank.tolist() == [7, 0, 0]
+    assert plan.max_num_reqs_per_rank == 7
+
+
+def _shard(table, tp=3, rank=0, **kwargs):
+    batch = build_input_batch(SLOTS.tolist(), np.diff(CU).tolist(), seq_lens_upper_bound=True)
+    sharder = ReferenceSharder(16, 4, comm=LoopbackComm(rank, tp), profile=TABLE_PROFILE, **kwargs)
+    return sharder.shard_sampler_inputs(batch, None, owner_table=table)
+
+
+def test_the_reference_neither_writes_nor_checks_unread_entries():
+    table = TABLE.copy()
+    shard = _shard(table)
+    assert shard.local_batch.req_ids == [f"req-{SLOTS[1]}", f"req-{SLOTS[4]}"]
+    assert np.array_equal(table, TABLE)
+
+
+@pytest.mark.parametrize(
+    "table, pid",
+    [
+        (None, "PRE-OWNER-TABLE"),
+        (TABLE[:-1], "PRE-OWNER-TABLE"),
+        (np.append(TABLE, 0), "PRE-OWNER-TABLE"),
+        (TABLE.astype(np.float64), "PRE-OWNER-TABLE"),
+        (torch.from_numpy(TABLE), "PRE-OWNER-TABLE"),
+        (np.where(np.arange(16) == 9, 3, TABLE).astype(np.int32), "PRE-OWNER-TABLE-RANGE"),
+        (np.where(np.arange(16) == 15, -1, TABLE).astype(np.int32), "PRE-OWNER-TABLE-RANGE"),
+    ],
+)
+def test_the_table_preconditions_are_rejected(table, pid):
+    with pytest.raises(PreconditionError, match=rf"\[{pid}\].*field owner_table"):
+        _shard(table)
+
+
+def test_a_table_under_another_owner_rule_is_refused():
+    batch = build_input_batch(SLOTS.tolist(), np.diff(CU).tolist(), seq_lens_upper_bound=True)
+    sharder = ReferenceSharder(16, 4, comm=LoopbackComm(0, 3), profile="vllm-0.34")
+    with pytest.raises(TypeError, match="owner_table: an argument of owner rule owner_table"):
+        sharder.shard_sampler_inputs(batch, None, owner_table=TABLE)

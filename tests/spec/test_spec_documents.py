@@ -121,10 +121,11 @@ def test_ids_are_unique_and_looked_up(spec):
 def test_an_id_shared_by_two_entries_names_disjoint_profiles(spec):
     entries = [*spec.invariants, *spec.preconditions, *spec.clarifications]
     for entry_id in {e.id for e in entries}:
-        named = [e.profiles for e in entries if e.id == entry_id]
-        if len(named) > 1:
-            flat = [p for profiles in named for p in profiles]
-            assert all(named) and len(flat) == len(set(flat)), entry_id
+        shared = [e for e in entries if e.id == entry_id]
+        if len(shared) > 1:
+            # Each entry names its bundled profiles, or (no bundled profile selects it) its rule values.
+            flat = [p for e in shared for p in e.profiles]
+            assert all(e.profiles or e.requires for e in shared) and len(flat) == len(set(flat)), entry_id
     with pytest.raises(KeyError, match="INV-NOPE"):
         spec.by_id("INV-NOPE")
 

@@ -55,7 +55,7 @@ def test_vllm_034_changes_what_vllm_034_changed():
         ("bad-rule.yaml", "unknown rule 'owners' (rules: owner,"),
         ("bad-value.yaml", "rule owner: unknown value 'slot_div_tp' (values: slot_mod_tp,"),
         ("bad-parent.yaml", f"extends unknown profile 'vllm-0.99' (bundled: {', '.join(PROFILES)})"),
-        ("unsupported.yaml", "rule owner: value owner_table is declared but not supported yet"),
+        ("unsupported.yaml", "rule seq_lens_upper_bound: value always is declared but not supported yet"),
     ],
 )
 def test_a_bad_profile_file_is_one_line_naming_the_file_and_what(name, message):

@@ -72,11 +72,13 @@ def unexpected_error(record: StepRecord, invariant_id: str) -> list[Violation]:
 
 
 def plan_of(record: StepRecord) -> ShardPlan:
-    """The spec's plan for this record's batch and rank (a pure function of the batch)."""
+    """The spec's plan for this record's batch and rank (a pure function of the batch and, under owner rule
+    owner_table, the step's owner table)."""
     batch = record.inputs.batch
     rules = rules_of(record.case.profile)
     cu = device_cu_num_logits(batch, rules)  # the admitted rows where drafts are admitted (CL-ADMITTED-DRAFTS)
-    return build_plan(batch.idx_mapping_np, cu, record.case.tp_size, record.rank, rules.owner)
+    table = record.inputs.shard_kwargs.get("owner_table")
+    return build_plan(batch.idx_mapping_np, cu, record.case.tp_size, record.rank, rules.owner, table)
 
 
 def empty_batch_padding(record: StepRecord) -> tuple[int, ...]:
