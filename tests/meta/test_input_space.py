@@ -55,7 +55,18 @@ def test_a_field_added_to_the_data_model_gets_its_variations():
 def test_each_profile_field_meets_each_optional_output():
     keys = {v.key for v in space.input_space("vllm-0.33")}
     outputs = [f"{f}:{a}={v}" for f, a, v in space.OPTIONAL_OUTPUTS]
-    parts = [f"{f}:{a}={v}" for f, a, v in space.PROFILE_PARTS] + ["batch.idx_mapping:dtype=int32"]
+    # vllm-0.33 always passes the bound (seq_lens_upper_bound: always): it is no optional part there, and
+    # every case draws it with whatever output it has; where it is optional (the guide's engine profile),
+    # both its presences meet each output.
+    bound = [f"{f}:{a}={v}" for f, a, v in space.PROFILE_PARTS if f == "batch.seq_lens_cpu_upper_bound"]
+    assert not [k for k in keys if k.startswith("batch.seq_lens_cpu_upper_bound:presence")]
+    optional = {v.key for v in space.input_space(load_profile_file(ENGINE_PROFILE).name)}
+    for part in bound:
+        for output in outputs:
+            pair = space.cross_pair(space.Variation(*_split(part)), space.Variation(*_split(output)))
+            assert pair.key in optional, pair.key
+    parts = [f"{f}:{a}={v}" for f, a, v in space.PROFILE_PARTS if f"{f}:{a}={v}" not in bound]
+    parts += ["batch.idx_mapping:dtype=int32"]
     parts += [f"batch.{name}:dtype=int64" for name in ("expanded_idx_mapping", "expanded_local_pos", "seq_lens")]
     for part in parts:
         for output in outputs:
@@ -229,7 +240,7 @@ OLD_INPUTS = {
 # Entries whose defect no bundled profile can show, and the profile file they run under: a bound made up
 # where the batch has none needs seq_lens_upper_bound: optional (the guide's engine profile).
 ENGINE_PROFILE = pathlib.Path(__file__).resolve().parents[2] / "examples" / "engine_profile" / "engine.yaml"
-OWN_PROFILE = {"upper-bound-made-up": ENGINE_PROFILE}
+OWN_PROFILE = {"upper-bound-made-up": ENGINE_PROFILE, "grammar-dropped-without-upper-bound": ENGINE_PROFILE}
 
 
 @pytest.mark.parametrize("name", sorted(OLD_INPUTS))
