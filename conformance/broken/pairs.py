@@ -14,8 +14,8 @@ class GrammarDroppedWithoutUpperBound(ReferenceSharder):
     """INV-LOCAL-GRAMMAR: a batch without seq_lens_cpu_upper_bound takes a fallback path that rebuilds the local
     batch from seq_lens and forgets the grammar: every rank's local grammar output is None."""
 
-    def shard_sampler_inputs(self, batch, grammar=None):
-        result = super().shard_sampler_inputs(batch, grammar)
+    def shard_sampler_inputs(self, batch, grammar=None, **kwargs):
+        result = super().shard_sampler_inputs(batch, grammar, **kwargs)
         if self.rules.has_upper_bound and batch.seq_lens_cpu_upper_bound is None:
             return result._replace(local_grammar_output=None)
         return result

@@ -21,8 +21,8 @@ class GrammarListingNothingHandedOn(ReferenceSharder):
     """INV-LOCAL-GRAMMAR: a grammar output that lists no request is handed on as every rank's local one (a
     short cut for "nothing to slice"), where the spec says None."""
 
-    def shard_sampler_inputs(self, batch, grammar=None):
-        result = super().shard_sampler_inputs(batch, grammar)
+    def shard_sampler_inputs(self, batch, grammar=None, **kwargs):
+        result = super().shard_sampler_inputs(batch, grammar, **kwargs)
         if grammar is not None and not grammar.structured_output_request_ids:
             return result._replace(local_grammar_output=grammar)
         return result

@@ -88,8 +88,8 @@ class LocalDraftsCachedByScheduledDrafts(ReferenceSharder):
         super().__init__(*args, **kwargs)
         self._drafts: dict[tuple, int] = {}
 
-    def shard_sampler_inputs(self, batch, grammar_output=None):
-        result = super().shard_sampler_inputs(batch, grammar_output)
+    def shard_sampler_inputs(self, batch, grammar_output=None, **kwargs):
+        result = super().shard_sampler_inputs(batch, grammar_output, **kwargs)
         scheduled = batch.num_draft_tokens_per_req
         key = (tuple(batch.req_ids), None if scheduled is None else tuple(np.asarray(scheduled).tolist()))
         local = result.local_batch

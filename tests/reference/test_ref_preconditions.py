@@ -12,7 +12,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 import torch
-from bundled import VLLM_033, VLLM_SEED
+from bundled import VLLM_033, VLLM_034_SHARDED_CACHE, VLLM_SEED
 
 import shardspec.reference.preconditions as preconditions_module
 from shardspec.comm import LoopbackComm
@@ -117,7 +117,20 @@ def _gather_extensions(declared, carried):
 
 MASK = ExtensionSpec(per="logits_row", dtype=torch.int32, shape=(4,))
 
+
 # precondition ID -> (call that violates it, field named, batch position named or None)
+def _shard_with_table(table):
+    """The test batch on a sharder of 8 slots whose owners come from ``table`` (owner rule owner_table)."""
+    sharder = _sharder(profile=VLLM_034_SHARDED_CACHE)
+    return sharder.shard_sampler_inputs(build_input_batch(SLOTS, COUNTS), None, owner_table=table)
+
+
+def _table_with(slot, owner):
+    table = np.arange(8) % TP
+    table[slot] = owner
+    return table
+
+
 VIOLATIONS = {
     # vllm-0.34 builds no sharder for one rank, or for fewer request slots than ranks (construction rule).
     "PRE-TP-SIZE": (lambda: ReferenceSharder(64, 4, comm=LoopbackComm(0, 1), profile="vllm-0.34"), "tp_size", None),
@@ -126,6 +139,9 @@ VIOLATIONS = {
         "max_num_reqs",
         None,
     ),
+    "PRE-OWNER-TABLE": (lambda: _shard_with_table(np.zeros(4, dtype=np.int64)), "owner_table", None),
+    # slot 6, request 2, owned by a rank the group does not have
+    "PRE-OWNER-TABLE-RANGE": (lambda: _shard_with_table(_table_with(6, TP)), "owner_table", 2),
     "PRE-BATCH-SIZE": (lambda: _shard(_batch(num_reqs=4)), "num_reqs", None),
     "PRE-CAPACITY-REQS": (lambda: _shard(build_input_batch(SLOTS, COUNTS), max_num_reqs=4), "num_reqs", None),
     "PRE-REQ-IDS-UNIQUE": (lambda: _shard(_batch(req_ids=["a", "b", "c", "b", "e"])), "req_ids", 3),
