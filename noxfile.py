@@ -206,7 +206,8 @@ def vllm(session: nox.Session) -> None:
     (examples/vllm/requirements.txt), each pip call with torch pinned. Runs every fixture, every
     precondition's boundaries and 5 generated cases at tp 2 (a CI budget: about 6 minutes with the
     install), one process per rank (gloo and the Triton interpreter on a CPU), with the release's known
-    failures as xfails, and writes reports/vllm-<release>.json. Other arguments after -- go to the suite
+    failures as xfails, and writes reports/vllm-<release>.json, then, once two releases or more have one,
+    reports/releases.html (releases x invariants). Other arguments after -- go to the suite
     (e.g. `-- 0.33.0 --tp 2,3,4 --max-examples 25`).
     """
     args = list(session.posargs)
@@ -253,6 +254,11 @@ def vllm(session: nox.Session) -> None:
         *args,
         env={"PYTHONPATH": "examples/vllm"},
     )
+    # Once both releases have a report (nox -s vllm -- 0.33.0, then nox -s vllm): one page of releases x
+    # invariants, a column per release with its known failures' reasons.
+    runs = [f"reports/vllm-{r}.json" for r in sorted(VLLM_RELEASES) if os.path.isfile(f"reports/vllm-{r}.json")]
+    if len(runs) > 1:
+        session.run("python", "-m", "shardspec.conformance", "report", "releases", *runs, "-o", "reports/releases.html")
 
 
 @nox.session

@@ -11,6 +11,9 @@ profile. A factory that declares ``SPEC_PROFILES`` (a tuple of names) is refused
 for a profile it does not list; one that declares ``SPEC_RULES`` (rule name -> the values it
 implements, spec/rules.py), for a profile whose rules take another value.
 
+A factory may also say what it is with ``RELEASE`` (a string, e.g. ``"vLLM 0.34.0"``): the JSON
+report records it, and the page of releases (``report releases``) heads its column with it.
+
 returning an object with the three methods of
 :class:`shardspec.reference.ReferenceSharder` (same signatures):
 ``shard_sampler_inputs``, ``all_to_all_logits`` and ``gather_sampler_output``.

@@ -124,14 +124,18 @@ def collect_cases(config: RunConfig) -> CaseSet:
         from shardspec.conformance.cases.multistep import multi_step_cases
         from shardspec.conformance.cases.spread import most_drawing
         from shardspec.conformance.cases.strategies import generate_cases
+        from shardspec.spec.profiles import rules_of
 
         for tp in config.tp_sizes:
+            at_boundaries += boundary_cases_for_run(tp, config.profile, config.seed, config.tp_sizes)
+            if tp < rules_of(config.profile).min_tp:
+                continue  # a group the profile builds no sharder for: its rejection is the one case
             multi = multi_step_cases(tp, max(1, config.max_examples // MULTI_STEP_SHARE), config.seed, config.profile)
             # The generated cases chosen to draw what the fixtures and the multi-step cases do not.
             pool = generate_cases(tp, max(config.max_examples, GENERATED_POOL), config.seed, config.profile)
             generated += most_drawing(pool, config.max_examples, [c for c in cases if c.tp_size == tp] + multi)
             cases += multi
-            at_boundaries += boundary_cases_for_run(tp, config.profile, config.seed, config.tp_sizes)
+    notes += _refused_sizes(config)
     steps, parents = _expanded(_unique_ids(cases + at_boundaries + generated))
     made = {c.case_id for c in steps}
     generated_ids = {c.case_id for c in generated} & made
@@ -139,6 +143,21 @@ def collect_cases(config: RunConfig) -> CaseSet:
     case_set = CaseSet(steps, generated_ids, notes, parents=parents, boundary=boundary_ids)
     case_set.for_mixed = _chosen_for_mixed(case_set, config)
     return case_set
+
+
+def _refused_sizes(config: RunConfig) -> list[str]:
+    """A note for each group size of the run the profile builds no sharder for (PRE-TP-SIZE): there only
+    that rejection is judged, never a valid case, and the run says so rather than judging them silently."""
+    from shardspec.spec.profiles import rules_of
+
+    least = rules_of(config.profile).min_tp
+    small = [tp for tp in config.tp_sizes if tp < least]
+    if not small:
+        return []
+    return [
+        f"profile {config.profile} builds no sharder for a group of {', '.join(map(str, small))} (PRE-TP-SIZE): "
+        f"at tp {', '.join(map(str, small))} only that rejection is judged; valid cases run at tp {least} or more"
+    ]
 
 
 # One multi-step case (five steps on one sharder) per this many generated single-step cases.

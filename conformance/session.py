@@ -50,6 +50,7 @@ class ConformanceSession:
         self.invariants = report.load_invariants(config.profile)
         self._load_problems: dict[str, str | None] | None = None
         self.version_warnings: list[str] = []  # implementations that target another spec version
+        self.releases: dict[str, str] = {}  # implementation name -> the release it says it is (RELEASE)
 
     def label(self, impl: str) -> str:
         return ImplChoice.parse(impl).label
@@ -114,7 +115,9 @@ class ConformanceSession:
             from shardspec.conformance.harness.probe import probe
 
             names = [name for impl in self.config.impls for name in ImplChoice.parse(impl).names()]
-            self._load_problems = probe(names, self.config.profile, warnings=self.version_warnings)
+            self._load_problems = probe(
+                names, self.config.profile, warnings=self.version_warnings, releases=self.releases
+            )
             for warning in self.version_warnings:
                 self.log(f"warning: {warning}")
         return self._load_problems
@@ -221,7 +224,9 @@ class ConformanceSession:
                 *self._backend(),
                 self._extra(),
             )
-            data = report.json_report(metadata, sections, tables, warnings, exit_code, self.invariants, failures)
+            data = report.json_report(
+                metadata, sections, tables, warnings, exit_code, self.invariants, failures, xfails
+            )
             from shardspec.conformance.output_paths import ReportPathError, write_report
 
             try:
@@ -269,6 +274,10 @@ class ConformanceSession:
             "mixed_max_examples": self.config.mixed_max_examples,
             "cases_per_tp": {self.label(i): self.case_counts(i) for i in self.config.impls},
             "run_dir": str(self.run_dir),
+            # What the case selection noted (e.g. a group size the profile builds no sharder for).
+            "notes": list(self.case_set.notes),
+            # What each implementation says it is (its factory's RELEASE), for a page of releases.
+            "releases": dict(self.releases),
         }
 
 

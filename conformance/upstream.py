@@ -281,7 +281,9 @@ def spec_fields(spec, profile: str | None) -> dict[tuple[str, str], dict]:
         for entry in (f for f in spec_type.fields if holds_for(f, rules)):
             item = found.setdefault((spec_type.python, entry.name), {"spec_types": [], "profiles": []})
             item["spec_types"] += [spec_type.name] if spec_type.name not in item["spec_types"] else []
-            item["profiles"] = sorted({*item["profiles"], *(entry.profiles or ["all"])})
+            # No profiles: every one where the entry requires nothing, none of the bundled ones where it does.
+            named = entry.profiles or ([] if entry.requires else ["all"])
+            item["profiles"] = sorted({*item["profiles"], *named})
     return found
 
 

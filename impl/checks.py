@@ -41,6 +41,26 @@ def _first(mask: np.ndarray) -> int:
     return int(np.flatnonzero(mask)[0])
 
 
+def check_construction(rules, tp_size: int, max_num_reqs: int, rank) -> None:
+    """PRE-TP-SIZE, PRE-CAPACITY-TP: the construction rule's group and capacity, before the workspace."""
+    if not rules.sharded_groups_only:
+        return
+    if tp_size < rules.min_tp:
+        _fail(
+            "PRE-TP-SIZE",
+            "tp_size",
+            f"tp={tp_size}: {rules.profile} needs a group of {rules.min_tp} or more",
+            rank=rank,
+        )
+    if max_num_reqs < rules.min_capacity(tp_size):
+        _fail(
+            "PRE-CAPACITY-TP",
+            "max_num_reqs",
+            f"capacity {max_num_reqs} < tp={tp_size}: a rank would never own a request",
+            rank=rank,
+        )
+
+
 def check_capacity_reqs(num_reqs: int, max_num_reqs: int, rank) -> None:
     """Always on: buffers are sized by the capacity, so nothing beyond it may pass."""
     if num_reqs > max_num_reqs:
@@ -177,7 +197,7 @@ def check_input_batch(
         profile_checks.check_admitted_drafts(batch, rank)
         admitted = batch.num_admitted_draft_tokens
     if rules.has_upper_bound:
-        profile_checks.check_seq_lens_upper_bound(batch, rank)
+        profile_checks.check_seq_lens_upper_bound(batch, rank, required=rules.upper_bound_required)
     if admitted is not None:
         cu, counts = admitted_rows(batch, scheduled)
         num_logits = int(cu[-1])

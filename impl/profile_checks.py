@@ -52,10 +52,12 @@ def check_admitted_drafts(batch: InputBatch, rank) -> None:
         )
 
 
-def check_seq_lens_upper_bound(batch: InputBatch, rank) -> None:
-    """PRE-SEQ-LENS-UPPER-BOUND: None, or a CPU tensor of N entries."""
+def check_seq_lens_upper_bound(batch: InputBatch, rank, required: bool = False) -> None:
+    """PRE-SEQ-LENS-UPPER-BOUND: a CPU tensor of N entries, or None where not ``required``."""
     bound = batch.seq_lens_cpu_upper_bound
     if bound is None:
+        if required:
+            _fail("PRE-SEQ-LENS-UPPER-BOUND", "seq_lens_cpu_upper_bound", "None, though always passed", rank=rank)
         return
     if not isinstance(bound, torch.Tensor) or not bound.is_cpu or bound.shape != (batch.num_reqs,):
         where = bound.device if isinstance(bound, torch.Tensor) else type(bound).__name__

@@ -130,6 +130,7 @@ class ProductionSharder(WireLaunches):
         spec/profiles) or its rules; ``adaptive_verification_enabled``: the argument of profiles with
         adaptive verification (CL-ADMITTED-DRAFTS), ignored elsewhere, as the reference ignores it."""
         rules = production_rules(profile)
+        checks.check_construction(rules, comm.world_size, max_num_reqs, comm.rank)  # before the workspace
         self.max_num_reqs = max_num_reqs
         self.max_num_logits_per_req = max_num_logits_per_req
         self.comm = comm

@@ -19,6 +19,27 @@ from shardspec.spec.model import DEFAULT_PROFILE, GrammarOutput, InputBatch
 from shardspec.spec.profiles import rules_of
 
 
+def check_construction(rules, tp_size: int, max_num_reqs: int, rank=None) -> None:
+    """PRE-TP-SIZE and PRE-CAPACITY-TP: the group and capacity a sharder is built for (``construction``)."""
+    if not rules.sharded_groups_only:
+        return
+    require(
+        tp_size >= rules.min_tp,
+        "PRE-TP-SIZE",
+        "tp_size",
+        f"a group of {tp_size}: profile {rules.profile} shards a batch over at least {rules.min_tp} ranks",
+        rank=rank,
+    )
+    least = rules.min_capacity(tp_size)
+    require(
+        max_num_reqs >= least,
+        "PRE-CAPACITY-TP",
+        "max_num_reqs",
+        f"max_num_reqs={max_num_reqs} is below the group's {tp_size} ranks: some rank would own no request in any step",
+        rank=rank,
+    )
+
+
 def check_input_batch(
     batch: InputBatch, *, max_num_reqs: int, max_num_logits_per_req: int, rank=None, profile: str = DEFAULT_PROFILE
 ) -> None:
@@ -44,7 +65,7 @@ def check_input_batch(
     if rules.admits_drafts:
         profile_rules.check_admitted_drafts(batch, rank)
     if rules.has_upper_bound:
-        profile_rules.check_seq_lens_upper_bound(batch, rank)
+        profile_rules.check_seq_lens_upper_bound(batch, rank, required=rules.upper_bound_required)
     _check_drafts(batch, counts, rank, profile)
     # The device fields lay out the admitted rows where admitted counts are given (CL-ADMITTED-DRAFTS).
     device_cu = profile_rules.device_cu_num_logits(batch, profile)

@@ -156,10 +156,17 @@ def expected_num_draft_tokens(batch: InputBatch) -> int:
     return int(np.sum(batch.num_draft_tokens_per_req))
 
 
-def check_seq_lens_upper_bound(batch: InputBatch, rank=None) -> None:
-    """PRE-SEQ-LENS-UPPER-BOUND."""
+def check_seq_lens_upper_bound(batch: InputBatch, rank=None, required: bool = False) -> None:
+    """PRE-SEQ-LENS-UPPER-BOUND; ``required``: None is refused too (seq_lens_upper_bound: always)."""
     bound = batch.seq_lens_cpu_upper_bound
     if bound is None:
+        if required:
+            _reject(
+                "PRE-SEQ-LENS-UPPER-BOUND",
+                "seq_lens_cpu_upper_bound",
+                "is None: the profile's engine always passes it",
+                rank,
+            )
         return
     if not isinstance(bound, torch.Tensor) or bound.device.type != "cpu" or tuple(bound.shape) != (batch.num_reqs,):
         where = bound.device if isinstance(bound, torch.Tensor) else type(bound).__name__

@@ -70,6 +70,8 @@ class ReferenceSharder:
         adaptive_verification_enabled: bool = False,
     ):
         rules = reference_rules(profile)
+        # Refused before anything is allocated, whatever check_preconditions says: one comparison per sharder.
+        self.check_construction(rules, comm, max_num_reqs)
         self.max_num_reqs = max_num_reqs
         self.max_num_logits_per_req = max_num_logits_per_req
         self.comm = comm
@@ -81,6 +83,10 @@ class ReferenceSharder:
         self.rules = rules
         # A construction argument where the profile has adaptive verification (CL-ADMITTED-DRAFTS).
         self.adaptive_verification_enabled = adaptive_verification_enabled and rules.adaptive
+
+    def check_construction(self, rules, comm: Communicator, max_num_reqs: int) -> None:
+        """PRE-TP-SIZE, PRE-CAPACITY-TP (the profile's construction rule)."""
+        preconditions.check_construction(rules, comm.world_size, max_num_reqs, rank=comm.rank)
 
     # -- step 1 ------------------------------------------------------------
     def shard_sampler_inputs(

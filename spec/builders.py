@@ -35,7 +35,7 @@ def build_input_batch(
     req_ids: Sequence[str] | None = None,
     device: torch.device | str = "cpu",
     admitted_drafts: Sequence[int] | None = None,
-    seq_lens_upper_bound: bool = False,
+    seq_lens_upper_bound: bool = True,
     dtypes: dict[str, str] | None = None,
     seq_lens_growth: int = 0,
 ) -> InputBatch:
@@ -48,10 +48,11 @@ def build_input_batch(
 
     vllm-0.33 (CL-ADMITTED-DRAFTS): with ``admitted_drafts``, ``num_logits_per_req`` are the scheduled
     rows; the device fields lay out 1 + admitted rows per request, cu_num_logits_np and
-    num_draft_tokens_per_req keep the scheduled counts. ``seq_lens_upper_bound`` adds
-    seq_lens_cpu_upper_bound (a CPU tensor at or above seq_lens). ``dtypes`` gives device fields another
-    integer dtype. ``seq_lens_growth`` makes every default seq_len that many tokens longer (the same
-    requests some decode steps later).
+    num_draft_tokens_per_req keep the scheduled counts. ``seq_lens_upper_bound`` (default: on, as
+    vLLM's model runner has always built it since 0.33, and profiles with seq_lens_upper_bound: always
+    require) adds seq_lens_cpu_upper_bound (a CPU tensor at or above seq_lens); off, it is None.
+    ``dtypes`` gives device fields another integer dtype. ``seq_lens_growth`` makes every default seq_len
+    that many tokens longer (the same requests some decode steps later).
     """
     if admitted_drafts is not None:
         scheduled = np.asarray(num_logits_per_req, dtype=np.int64).reshape(-1)

@@ -299,6 +299,24 @@ def fields_outside(case: Case, rules: Rules) -> list[tuple[str, str, tuple[str, 
     return found
 
 
+def construction_refusal(case: Case) -> str | None:
+    """The precondition the case's sharder breaks when it is built (PRE-TP-SIZE, PRE-CAPACITY-TP: the
+    profile's ``construction`` rule), or None. A case breaks one only on purpose, as its expect_error."""
+    rules = rules_of(case.profile)
+    if not rules.sharded_groups_only:
+        return None
+    if case.tp_size < rules.min_tp:
+        return "PRE-TP-SIZE"
+    if case.max_num_reqs < rules.min_capacity(case.tp_size):
+        return "PRE-CAPACITY-TP"
+    return None
+
+
+def least_capacity(case: Case) -> int:
+    """The smallest max_num_reqs the case's profile builds a sharder of its group with (PRE-CAPACITY-TP)."""
+    return rules_of(case.profile).min_capacity(case.tp_size)
+
+
 def check_case_profile(case: Case) -> None:
     """Raise ValueError naming the case's unknown profile, or a field its profile's rules do not allow."""
     try:

@@ -94,9 +94,9 @@ RULES: tuple[Rule, ...] = (
         {
             "none": "not the spec's: the local batch keeps the batch's value (INV-LOCAL-UNLISTED-FIELDS).",
             "optional": "localized; the engine may pass None.",
-            "always": "localized; the engine always passes it, so cases never leave it out.",
+            "always": "localized; the engine always passes it, and a batch without it is refused "
+            "(PRE-SEQ-LENS-UPPER-BOUND).",
         },
-        unsupported=("always",),
     ),
     Rule(
         "adaptive_verification",
@@ -124,6 +124,16 @@ RULES: tuple[Rule, ...] = (
             "torch.distributed otherwise.",
         },
     ),
+    Rule(
+        "construction",
+        "Which groups and capacities a sharder may be constructed for (PRE-TP-SIZE, PRE-CAPACITY-TP). The "
+        "engine settings a sharder never sees (a vocab-wide max_logprobs, sampling masks) are not the spec's.",
+        {
+            "any_group": "any tp >= 1 and max_num_reqs >= 1: a group of one runs the step unsharded.",
+            "sharded_groups": "tp >= 2 and max_num_reqs >= tp, else the constructor raises: the engine turns "
+            "batch-sharded sampling on only where every rank can own a request (vLLM's config, 0.34.0).",
+        },
+    ),
 )
 
 RULES_BY_NAME: dict[str, Rule] = {rule.name: rule for rule in RULES}
@@ -145,6 +155,7 @@ class Rules:
     adaptive_verification: str
     exchange: str
     communicator: str
+    construction: str
 
     @classmethod
     def of(cls, profile: str, values: Mapping[str, str]) -> Rules:
@@ -175,8 +186,27 @@ class Rules:
         return self.seq_lens_upper_bound != "none"
 
     @property
+    def upper_bound_required(self) -> bool:
+        """seq_lens_cpu_upper_bound is never None (seq_lens_upper_bound: always)."""
+        return self.seq_lens_upper_bound == "always"
+
+    @property
     def adaptive(self) -> bool:
         return self.adaptive_verification == "present"
+
+    @property
+    def sharded_groups_only(self) -> bool:
+        """Whether the constructor refuses small groups and capacities (PRE-TP-SIZE, PRE-CAPACITY-TP)."""
+        return self.construction == "sharded_groups"
+
+    @property
+    def min_tp(self) -> int:
+        """The smallest group a sharder may be constructed for (PRE-TP-SIZE)."""
+        return 2 if self.construction == "sharded_groups" else 1
+
+    def min_capacity(self, tp: int) -> int:
+        """The smallest max_num_reqs a sharder of a group of ``tp`` may be constructed with (PRE-CAPACITY-TP)."""
+        return tp if self.construction == "sharded_groups" else 1
 
     @property
     def owner_by_table(self) -> bool:

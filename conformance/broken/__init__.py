@@ -140,6 +140,21 @@ CORPUS: list[Entry] = [
         "error-capacity-logits",
         "error-slot-range",
     ),
+    _entry(
+        "builds-for-any-group",
+        "rejection",
+        "BuildsForAnyGroup",
+        "error-tp-size",
+        "error-capacity-tp",
+        requires={"construction": "sharded_groups"},
+    ),
+    _entry(
+        "accepts-absent-upper-bound",
+        "rejection",
+        "AcceptsAbsentUpperBound",
+        "error-bound-absent",
+        requires={"seq_lens_upper_bound": "always"},
+    ),
     _entry("anonymous-errors", "rejection", "AnonymousErrors", "error-logits-tail"),
     _entry("checks-nothing", "rejection", "ChecksNothing", "error-capacity-reqs", "error-slot-range"),
     _entry("accepts-on-odd-ranks", "rejection", "AcceptsOnOddRanks", "error-capacity-reqs", "error-zero-logits"),
@@ -178,7 +193,13 @@ CORPUS += [
     # state kept from one step to the next
     _entry("plan-cached-by-batch-size", "state", "PlanCachedByBatchSize", "multi-step"),
     _entry("sampled-ids-in-reused-buffer", "state", "SampledIdsInReusedBuffer", "multi-step"),
-    _entry("local-counts-returned-at-tp1", "state", "GatherReturnsLocalCountsAtTpOne", "decode-tp1"),
+    _entry(
+        "local-counts-returned-at-tp1",
+        "state",
+        "GatherReturnsLocalCountsAtTpOne",
+        "decode-tp1",
+        requires={"construction": "any_group"},  # a profile that builds a sharder for a group of one
+    ),
     _entry("step-cached-by-requests", "state", "StepCachedByRequests", "decode-loop"),
     _entry("draft-counts-cached-by-request-set", "state", "DraftCountsCachedByRequestSet", "decode-loop"),
     # writes a thread makes after the step returned (the collectives of broken/unseen.py need a multi-process
@@ -194,7 +215,7 @@ CORPUS += [
         "vllm033",
         "SeqLensUpperBoundGlobal",
         "adaptive-admitted-no-counts",
-        requires={"seq_lens_upper_bound": "optional"},
+        requires={"seq_lens_upper_bound": "always"},
     ),
     _entry(
         "admitted-drafts-localized",
@@ -320,7 +341,16 @@ CORPUS += [
         "HalfInfinitiesClampedInBfloat16",
         "decode-bf16-logits-limits",
     ),
-    _entry("upper-bound-made-up", "input_space", "UpperBoundMadeUpWhenAbsent", "seq-lens-cpu-upper-bound-absent"),
+    # Only where the bound may be absent (seq_lens_upper_bound: optional): no bundled profile since vllm-0.33
+    # always passes it (a batch without it is PRE-SEQ-LENS-UPPER-BOUND there); tests/meta/test_input_space.py
+    # runs it under the guide's engine profile (examples/engine_profile/engine.yaml), which has optional.
+    _entry(
+        "upper-bound-made-up",
+        "input_space",
+        "UpperBoundMadeUpWhenAbsent",
+        "seq-lens-cpu-upper-bound-absent",
+        requires={"seq_lens_upper_bound": "optional"},
+    ),
     _entry(
         "lengths-checked-from-below-only",
         "input_space",

@@ -109,6 +109,19 @@ SLOT_RANGE = _case("error-slot-range", slots=[3, 64], num_logits_per_req=[1, 1],
 ZERO_LOGITS = _case(
     "error-zero-logits", slots=[0, 1, 2], num_logits_per_req=[1, 0, 2], expect_error="PRE-LOGITS-PER-REQ"
 )
+# Construction refused under vllm-0.34 (construction: sharded_groups): a group of one, one slot for two ranks.
+TP_SIZE = _case("error-tp-size", tp_size=1, slots=[0, 1], num_logits_per_req=[1, 1], expect_error="PRE-TP-SIZE")
+CAPACITY_TP = _case(
+    "error-capacity-tp", slots=[0], num_logits_per_req=[1], max_num_reqs=1, expect_error="PRE-CAPACITY-TP"
+)
+# No seq_lens_cpu_upper_bound where the engine always passes it (seq_lens_upper_bound: always).
+BOUND_ABSENT = _case(
+    "error-bound-absent",
+    slots=[0, 1, 2],
+    num_logits_per_req=[1, 1, 1],
+    edits=["seq-lens-upper-bound-absent"],
+    expect_error="PRE-SEQ-LENS-UPPER-BOUND",
+)
 
 # A precondition whose outcome is undefined, which the reference rejects anyway.
 LOGITS_TAIL = _case(
@@ -162,6 +175,9 @@ ALL = [
     CAPACITY_LOGITS,
     SLOT_RANGE,
     ZERO_LOGITS,
+    TP_SIZE,
+    CAPACITY_TP,
+    BOUND_ABSENT,
     LOGITS_TAIL,
     EXTENSIONS,
     EXTENSIONS_MANY,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from shardspec.reference import ReferenceSharder, preconditions
 from shardspec.spec.errors import PreconditionError
 
@@ -45,3 +47,23 @@ class AcceptsOnOddRanks(ReferenceSharder):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.check_preconditions = self.rank % 2 == 0
+
+
+class BuildsForAnyGroup(ReferenceSharder):
+    """INV-REJECT-INVALID: builds a sharder for a group of one and for fewer request slots than ranks, as
+    under the construction rule any_group, where the profile refuses both (PRE-TP-SIZE, PRE-CAPACITY-TP)."""
+
+    def check_construction(self, rules, comm, max_num_reqs):
+        pass
+
+
+class AcceptsAbsentUpperBound(ReferenceSharder):
+    """INV-REJECT-INVALID: takes a batch without seq_lens_cpu_upper_bound, as where the engine may leave it
+    out (seq_lens_upper_bound: optional), under a profile whose engine always passes it."""
+
+    def shard_sampler_inputs(self, batch, grammar):
+        profile, self.profile = self.profile, replace(self.rules, seq_lens_upper_bound="optional")
+        try:
+            return super().shard_sampler_inputs(batch, grammar)
+        finally:
+            self.profile = profile

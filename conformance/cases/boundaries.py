@@ -23,7 +23,8 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from shardspec.conformance.cases.input_space import holds
-from shardspec.spec.case import Case, ExplicitLocalOutput, case_owners
+from shardspec.spec.case import Case, ExplicitLocalOutput, case_owners, construction_refusal, least_capacity
+from shardspec.spec.case_edits import UPPER_BOUND_ABSENT
 from shardspec.spec.model import DEFAULT_PROFILE
 from shardspec.spec.profiles import rules_of
 
@@ -128,13 +129,20 @@ def _slot_at(value_of: Callable) -> Callable:
     return realize
 
 
+def _requests_over_capacity(case) -> int:
+    """How many requests a batch needs so that one slot fewer is still a slot per rank where the profile
+    needs one (PRE-CAPACITY-TP): the batch, not the capacity, is then at fault."""
+    least = least_capacity(case)
+    return len(case.slots) if least == 1 else max(len(case.slots), least + 1)
+
+
 def _capacity_below_batch(case, rng):
-    n = len(case.slots)
-    return replace(case, slots=list(range(n)), max_num_reqs=n - 1)
+    n = _requests_over_capacity(case)
+    return replace(case, slots=list(range(n)), num_logits_per_req=[1] * n, max_num_reqs=n - 1)
 
 
 def _capacity_at_largest_slot(case, rng):
-    largest = max(max(case.slots), len(case.slots))
+    largest = max(max(case.slots), len(case.slots), least_capacity(case))
     slots = list(case.slots)
     if largest not in slots:
         slots[0] = largest
@@ -142,8 +150,25 @@ def _capacity_at_largest_slot(case, rng):
 
 
 def _too_many_requests(case, rng):
-    n = len(case.slots)
+    n = _requests_over_capacity(case)
     return replace(case, slots=list(range(n)), num_logits_per_req=[1] * n, max_num_reqs=n - 1)
+
+
+def _bound_absent(case, rng):
+    """No seq_lens_cpu_upper_bound: a violation only where the engine always passes one."""
+    return replace(case, edits=[UPPER_BOUND_ABSENT]) if rules_of(case.profile).upper_bound_required else None
+
+
+def _group_of_one(case, rng):
+    """A valid batch in a group of one: only a tp 1 case breaks PRE-TP-SIZE."""
+    return case if case.tp_size == 1 else None
+
+
+def _fewer_slots_than_ranks(case, rng):
+    """One request in slot 0 of a sharder with tp - 1 slots (PRE-CAPACITY-TP); no such sharder at tp 1."""
+    if case.tp_size < 2:
+        return None
+    return replace(case, slots=[0], num_logits_per_req=[1], max_num_reqs=case.tp_size - 1)
 
 
 def _repeat_slot(case, rng):
@@ -196,6 +221,9 @@ def _edit(name: str) -> Callable:
 
 
 REALIZERS: dict[str, Callable] = {
+    "sharder.tp_size:below=1": _group_of_one,
+    "sharder.max_num_reqs:below=tp - 1": _fewer_slots_than_ranks,
+    "sharder.tp_size:above=max_num_reqs + 1": _fewer_slots_than_ranks,  # the same sharder, seen from the group
     "batch.req_ids:below=num_reqs - 1": lambda c, r: replace(c, edits=["req-ids-short"]),
     "batch.num_reqs:above=max_num_reqs + 1": _too_many_requests,
     "sharder.max_num_reqs:below=num_reqs - 1": _capacity_below_batch,
@@ -263,6 +291,7 @@ REALIZERS: dict[str, Callable] = {
     "batch.cu_num_logits_np:above=N + 2 entries": _edit("cu-logits-np-long"),
     "batch.seq_lens:above=N + 1": _edit("seq-lens-long"),
     "batch.seq_lens_cpu_upper_bound:above=N + 1": _edit("seq-lens-upper-bound-long"),
+    "batch.seq_lens_cpu_upper_bound:other=None": _bound_absent,
     "batch.logits_indices:above=L + 1": _edit("logits-indices-long"),
     "batch.expanded_idx_mapping:above=L + 1": _edit("expanded-idx-mapping-long"),
     "batch.expanded_local_pos:above=L + 1": _edit("expanded-local-pos-long"),
@@ -304,12 +333,17 @@ REALIZERS: dict[str, Callable] = {
 
 def _case_for(boundary: Boundary, tp: int, profile: str, seed: int) -> Case | None:
     realizer = REALIZERS.get(boundary.key)
-    if realizer is None:
+    if realizer is None or not applies_at(boundary, tp, profile):
         return None
     rng = np.random.default_rng([seed, tp, sum(map(ord, boundary.pre + boundary.key))])
     every_rank_owns = boundary.raised_on != "every rank"
     base = _base(boundary.pre, tp, rng, every_rank_owns, profile)
     case = realizer(base, rng)
+    if case is None:
+        return None
+    refused = construction_refusal(case)
+    if refused not in (None, boundary.pre):
+        raise ValueError(f"the {boundary.pre} case at {boundary.key}, tp {tp}, breaks {refused} too")
     idle = sorted(set(range(tp)) - set(case_owners(case)))
     where = f"ranks {idle} own nothing" if idle else "every rank owns a request"
     return replace(
@@ -319,6 +353,16 @@ def _case_for(boundary: Boundary, tp: int, profile: str, seed: int) -> Case | No
         f"{where}.",
         spec_refs=[boundary.pre, "INV-REJECT-INVALID", "CL-REJECTION-RANKS"],
     )
+
+
+def applies_at(boundary: Boundary, tp: int, profile: str) -> bool:
+    """Whether a case can break ``boundary`` at group size ``tp``: under a profile that builds no sharder of
+    that size (PRE-TP-SIZE) only that precondition can, and PRE-CAPACITY-TP needs two ranks or more."""
+    if boundary.pre == "PRE-TP-SIZE":
+        return tp == 1
+    if boundary.pre == "PRE-CAPACITY-TP":
+        return tp >= 2
+    return tp >= rules_of(profile).min_tp
 
 
 def boundary_cases(profile: str = DEFAULT_PROFILE, tp_sizes=TP_SIZES, seed: int = 0) -> list[Case]:
@@ -344,8 +388,12 @@ def boundary_cases_for_run(tp: int, profile: str = DEFAULT_PROFILE, seed: int = 
     if tp not in sizes:
         return []
     made = [b for b in boundaries(profile) if b.key in REALIZERS]
-    mine = [b for i, b in enumerate(made) if sizes[(i + seed) % len(sizes)] == tp]
-    cases = [_case_for(b, tp, profile, seed) for b in mine]
+    mine = []
+    for i, b in enumerate(made):
+        where = [size for size in sizes if applies_at(b, size, profile)]  # the sizes a case of it exists at
+        if where and where[(i + seed) % len(where)] == tp:
+            mine.append(b)
+    cases = [c for c in (_case_for(b, tp, profile, seed) for b in mine) if c is not None]
     return [c if rules_of(c.profile).adaptive else replace(c, adaptive_verification=False) for c in cases]
 
 

@@ -33,7 +33,7 @@ from shardspec.conformance.cases.input_space import (
 )
 from shardspec.conformance.cases.owner_tables import variants as owner_table_variants
 from shardspec.conformance.cases.sizes import sizes_drawn
-from shardspec.spec.case import case_owners, owner_table_of
+from shardspec.spec.case import case_owners, least_capacity, owner_table_of
 from shardspec.spec.case_edits import LOGITS_LIMITS_EDIT, UPPER_BOUND_ABSENT
 from shardspec.spec.layouts import BATCH_ARRAYS, BATCH_TENSORS
 from shardspec.spec.model import DEFAULT_PROFILE
@@ -197,7 +197,7 @@ def exercised(case, previous=None) -> set[Variation]:
             add("grammar.num_acceptable_drafts", VALUE, "min")
         if any(p < len(counts) and a == counts[p] for a, p in acceptable):
             add("grammar.num_acceptable_drafts", VALUE, "max")
-    if cap == 1:
+    if cap == least_capacity(case):  # 1, or tp where the profile needs a slot per rank (PRE-CAPACITY-TP)
         add("sharder.max_num_reqs", VALUE, "min")
     if cap_logits == 1:
         add("sharder.max_num_logits_per_req", VALUE, "min")
@@ -283,7 +283,7 @@ def exercised(case, previous=None) -> set[Variation]:
         add(path, LAYOUT, "contiguous" if layout not in LAYOUTS_1D and path not in two_d else layout)
     # presence
     add("batch.num_draft_tokens_per_req", PRESENCE, "present" if spec_decode else "absent")
-    if has_bound:
+    if has_bound and not rules_of(case.profile).upper_bound_required:  # optional: both presences
         add("batch.seq_lens_cpu_upper_bound", PRESENCE, "present" if upper_bound else "absent")
     add("batch.num_admitted_draft_tokens", PRESENCE, "absent" if case.admitted_drafts is None else "present")
     add("grammar", PRESENCE, "present" if case.grammar_positions else "absent")

@@ -42,7 +42,7 @@ from shardspec.conformance.cases.input_space import (
     pair_parts,
 )
 from shardspec.conformance.cases.sizes import SIZE_REALIZERS, largest_batch
-from shardspec.spec.case import case_owners
+from shardspec.spec.case import case_owners, least_capacity
 from shardspec.spec.case_edits import LOGITS_LIMITS_EDIT, UPPER_BOUND_ABSENT
 from shardspec.spec.model import DEFAULT_PROFILE
 from shardspec.spec.profiles import rules_of
@@ -193,11 +193,12 @@ def num_tokens(slots: list[int], counts: list[int]) -> int:
 
 
 def _capacity_one(case, rng):
-    """A sharder of capacity 1: the batch is slot 0 or empty."""
+    """A sharder of the smallest capacity (1, or tp where the profile needs a slot per rank,
+    PRE-CAPACITY-TP): the batch is slot 0 or empty."""
     slots = [0] if case.slots else []
     return replace(
         case,
-        max_num_reqs=1,
+        max_num_reqs=least_capacity(case),
         slots=slots,
         num_logits_per_req=case.num_logits_per_req[:1],
         grammar_positions=[0] if case.grammar_positions and slots else None,

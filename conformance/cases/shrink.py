@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 
 from shardspec.conformance.record import ERROR, CaseResult
-from shardspec.spec.case import Case
+from shardspec.spec.case import Case, least_capacity
 
 RunCase = Callable[[Case], CaseResult]
 
@@ -147,7 +147,10 @@ def _simpler_options(case: Case) -> Iterator[Case]:
             yield replace(case, layouts={k: v for k, v in case.layouts.items() if k != name})
     if case.spec_decode is not None and all(c == 1 for c in case.num_logits_per_req):
         yield replace(case, spec_decode=None)
-    smallest_capacity = (max(case.slots, default=0) + 1, max(case.num_logits_per_req, default=1))
+    smallest_capacity = (
+        max(max(case.slots, default=0) + 1, least_capacity(case)),
+        max(case.num_logits_per_req, default=1),
+    )
     if case.expect_error is None and (case.max_num_reqs, case.max_num_logits_per_req) != smallest_capacity:
         yield replace(case, max_num_reqs=smallest_capacity[0], max_num_logits_per_req=smallest_capacity[1])
 

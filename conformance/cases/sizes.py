@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from shardspec.spec.case import case_owners
+from shardspec.spec.case import case_owners, least_capacity
 
 SIZE = "size"
 EMPTY, LARGEST = "empty", "largest"
@@ -133,7 +133,7 @@ def largest_batch(case, rng):
     return replace(
         case,
         slots=slots,
-        max_num_reqs=len(slots),
+        max_num_reqs=max(len(slots), least_capacity(case)),  # a slot per rank where the profile needs one
         num_logits_per_req=[rows] * len(slots),
         spec_decode=None if rows > 1 else case.spec_decode,
         admitted_drafts=None if case.admitted_drafts is None else [rows - 1] * len(slots),

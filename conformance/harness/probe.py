@@ -21,9 +21,14 @@ from shardspec.spec.profiles import profile_environ
 
 
 def probe(
-    names: list[str], profile: str, timeout_s: float = 120.0, warnings: list[str] | None = None
+    names: list[str],
+    profile: str,
+    timeout_s: float = 120.0,
+    warnings: list[str] | None = None,
+    releases: dict[str, str] | None = None,
 ) -> dict[str, str | None]:
-    """name -> why it cannot be loaded (None: it loads); spec-version warnings are appended to ``warnings``."""
+    """name -> why it cannot be loaded (None: it loads); spec-version warnings are appended to ``warnings``,
+    and the release each factory says it is (its ``RELEASE``, e.g. "vLLM 0.34.0") put in ``releases``."""
     problems: dict[str, str | None] = {}
     found: list[str] = [] if warnings is None else warnings
     pending = list(dict.fromkeys(names))
@@ -31,6 +36,8 @@ def probe(
         reported, ended = _probe_once(pending, profile, timeout_s)
         problems.update({name: item["problem"] for name, item in reported.items()})
         found += [f"{name}: {item['warning']}" for name, item in reported.items() if item.get("warning")]
+        if releases is not None:
+            releases.update({name: str(item["release"]) for name, item in reported.items() if item.get("release")})
         pending = [name for name in pending if name not in problems]
         if pending:  # the child died importing the first of them
             problems[pending.pop(0)] = f"importing it ended the process ({ended})"
@@ -76,16 +83,18 @@ def main(argv: list[str]) -> int:
 
     profile, names = argv[0], argv[1:]
     for name in names:
-        problem = warning = None
+        problem = warning = release = None
         try:
             impl = load_implementation(name)
             warning = target_version_warning(impl.factory)
+            release = getattr(impl.factory, "RELEASE", None)
             problem = profile_refusal(impl, profile)
         except ImplementationError as exc:
             problem = str(exc)
         except BaseException as exc:  # SystemExit, KeyboardInterrupt, or anything an import raises
             problem = f"importing {name!r} raised {type(exc).__name__}: {exc}"
-        print(json.dumps({"probe": "shardspec", "name": name, "problem": problem, "warning": warning}), flush=True)
+        item = {"probe": "shardspec", "name": name, "problem": problem, "warning": warning, "release": release}
+        print(json.dumps(item, default=str), flush=True)
     os._exit(0)  # no atexit handler or thread of an implementation can change the outcome
 
 

@@ -1,4 +1,5 @@
-"""``python -m shardspec.conformance report R1.json [R2.json ...] -o DIR``: a static HTML report.
+"""``python -m shardspec.conformance report R1.json [R2.json ...] -o DIR``: a static HTML report
+(``report releases R1.json R2.json -o releases.html``: one page of releases x invariants, report/releases.py).
 
 Writes one folder that opens from disk (no server, nothing fetched from the
 network; styles and scripts are inline):
@@ -41,6 +42,7 @@ RUN_FIELDS = (
     "seed",
     "max_examples",
     "wall_s",
+    "notes",
 )
 
 
@@ -75,6 +77,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["releases"]:  # one page of releases x invariants (report/releases.py)
+        from shardspec.conformance.report.releases import main as releases_main
+
+        return releases_main(argv[1:])
     args = build_parser().parse_intermixed_args(argv)  # reports may come after --bench PATH
     try:
         pages = build_site(args.reports, args.output, bench=args.bench, title=args.title)

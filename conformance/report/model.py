@@ -78,6 +78,8 @@ class Section:
     levels: dict[str, str]  # invariant id -> level, as the table says
     cases: list[CaseRecord]
     input_coverage: dict[int, DrawnInputs] = field(default_factory=dict)  # absent from reports before it
+    # invariant id -> tp -> why its xfail cell is expected (the known failures' reasons; absent before it).
+    known: dict[str, dict[int, tuple[str, ...]]] = field(default_factory=dict)
 
     def cases_at(self, tp: int) -> list[CaseRecord]:
         return [c for c in self.cases if c.tp == tp]
@@ -191,7 +193,7 @@ def _parse_section(raw: Any, path: str, place: str) -> Section:
     )
     _require(isinstance(raw.get("table"), list), path, f"{place}.table", "is missing or not a list")
     _require(isinstance(raw.get("cases", []), list), path, f"{place}.cases", "is not a list")
-    table, levels = {}, {}
+    table, levels, known = {}, {}, {}
     for i, row in enumerate(raw["table"]):
         row_place = f"{place}.table[{i}]"
         _require(isinstance(row, dict) and isinstance(row.get("invariant"), str), path, row_place, "has no 'invariant'")
@@ -206,6 +208,7 @@ def _parse_section(raw: Any, path: str, place: str) -> Section:
             cells[int(tp)] = cell
         table[row["invariant"]] = cells
         levels[row["invariant"]] = str(row.get("level", "MUST"))
+        known[row["invariant"]] = _parse_known(row.get("known"), path, f"{row_place}.known")
     cases = [_parse_case(c, path, f"{place}.cases[{i}]") for i, c in enumerate(raw.get("cases", []))]
     not_applicable = raw.get("not_applicable") or {}
     _require(
@@ -216,7 +219,20 @@ def _parse_section(raw: Any, path: str, place: str) -> Section:
     )
     na = {int(t): str(w) for t, w in not_applicable.items()}
     drawn = _parse_input_coverage(raw.get("input_coverage") or {}, path, f"{place}.input_coverage")
-    return Section(label, [int(t) for t in tp_sizes], na, table, levels, cases, drawn)
+    known = {invariant: reasons for invariant, reasons in known.items() if reasons}
+    return Section(label, [int(t) for t in tp_sizes], na, table, levels, cases, drawn, known)
+
+
+def _parse_known(raw: Any, path: str, place: str) -> dict[int, tuple[str, ...]]:
+    if raw is None:
+        return {}
+    _require(
+        isinstance(raw, dict) and all(_is_int(t) and isinstance(r, list) for t, r in raw.items()),
+        path,
+        place,
+        "is not a mapping of tp sizes to lists of reasons",
+    )
+    return {int(t): tuple(map(str, reasons)) for t, reasons in raw.items()}
 
 
 def _parse_input_coverage(raw: Any, path: str, place: str) -> dict[int, DrawnInputs]:

@@ -71,6 +71,15 @@ class Xfails:
                 return True
         return any([item.covers(invariant_id, result) for item in self.known])  # every matching item is used
 
+    def reason_of(self, invariant_id: str, result) -> str | None:
+        """Why ``invariant_id`` ("" for a run error) failing in ``result`` is expected: the reason of the
+        first entry or item that covers it (an item's ``why`` first), or None where none does."""
+        for key in (invariant_id, result.case_id):
+            if key in self.entries and self._in_scope(key, result):
+                return self.entries[key]
+        item = next((item for item in self.known if item.covers(invariant_id, result)), None)
+        return None if item is None else f"{item.why}: {item.reason}"
+
     def _in_scope(self, key: str, result) -> bool:
         scope = self.layouts.get(key)
         if not scope:
@@ -216,6 +225,29 @@ def _count_cell(section: Section, tp: int, status: str, xfails: Xfails) -> str:
     if all(xfails.covers("", r) for r in hits):
         return f"xfail {len(hits)}"
     return f"FAIL {len(hits)}"
+
+
+def known_reasons(section: Section, rows: list[list[str]], xfails: Xfails) -> dict[str, dict[str, list[str]]]:
+    """For each xfail cell of ``rows`` (invariant -> tp -> the reasons of the known failures it covers):
+    what a reader of the JSON needs to tell a known failure from a new one."""
+    out: dict[str, dict[str, list[str]]] = {}
+    for row in rows:
+        invariant = "" if row[0] in (ERRORS_ROW, NOT_RUN_ROW) else row[0]
+        status = NOT_RUN if row[0] == NOT_RUN_ROW else ERROR
+        for tp, cell_text in zip(section.tp_sizes, row[2:], strict=False):
+            if not str(cell_text).startswith("xfail"):
+                continue
+            if invariant:
+                failing = [r for r in section.results if r.tp == tp and invariant in _violated(r)]
+            else:
+                failing = [r for r in section.results if r.tp == tp and r.status == status]
+            reasons = {xfails.reason_of(invariant, r) for r in failing}
+            out.setdefault(row[0], {})[str(tp)] = sorted(r for r in reasons if r)
+    return out
+
+
+def _violated(result) -> set[str]:
+    return {v["invariant_id"] for v in result.violations}
 
 
 def render_table(section: Section, rows: list[list[str]]) -> str:
@@ -392,8 +424,11 @@ def json_report(
     exit_code: int,
     invariants: list[InvariantInfo] | None = None,
     launch_failures: list[dict[str, Any]] | None = None,
+    xfails: Xfails | None = None,
 ) -> dict[str, Any]:
+    """The JSON report; with ``xfails``, each row says why its xfail cells are expected (``known``)."""
     levels = {inv.id: inv.level for inv in invariants or []}
+    known = [known_reasons(section, rows, xfails or Xfails()) for section, rows in zip(sections, tables, strict=False)]
     from shardspec.conformance.output_paths import REPORT_MARKER
 
     return {
@@ -414,12 +449,13 @@ def json_report(
                         "level": row[1],
                         "results": {str(tp): c for tp, c in zip(section.tp_sizes, row[2:], strict=False)},
                         "judged": {str(tp): judged_count(section, row[0], tp) for tp in section.tp_sizes},
+                        **({"known": reasons[row[0]]} if row[0] in reasons else {}),
                     }
                     for row in rows
                 ],
                 "cases": [_case_json(r, levels) for r in section.results],
                 "input_coverage": {str(tp): drawn for tp, drawn in section.input_coverage.items()},
             }
-            for section, rows in zip(sections, tables, strict=False)
+            for section, rows, reasons in zip(sections, tables, known, strict=False)
         ],
     }

@@ -34,6 +34,9 @@ class UpstreamStyleSharder:
         self.state = upstream_style.SharderState(
             max_num_reqs, max_num_logits_per_req, torch.device(device), group, adaptive_verification_enabled
         )
+        # Built once here as the engine does at start-up: vllm-0.34 refuses a group of one and fewer request
+        # slots than ranks before any step (PRE-TP-SIZE, PRE-CAPACITY-TP).
+        self.state._sharder()
 
     def shard_sampler_inputs(self, batch, grammar) -> ShardResult:
         # Upstream returns a plain tuple; the suite expects the named one.

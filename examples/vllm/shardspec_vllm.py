@@ -43,6 +43,7 @@ os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 
 import torch.distributed as dist  # noqa: E402
 import vllm.triton_utils  # noqa: E402
+from vllm.config import VllmConfig  # noqa: E402
 from vllm.distributed import parallel_state  # noqa: E402
 from vllm.v1.core.sched.output import GrammarOutput as VllmGrammarOutput  # noqa: E402
 from vllm.v1.outputs import LogprobsTensors as VllmLogprobsTensors  # noqa: E402
@@ -52,6 +53,7 @@ from vllm.v1.worker.gpu.sample.output import SamplerOutput as VllmSamplerOutput 
 
 from shardspec.comm import start_up  # noqa: E402
 from shardspec.spec import model  # noqa: E402
+from shardspec.spec.errors import PreconditionError  # noqa: E402
 from shardspec.spec.profiles import rules_of  # noqa: E402
 
 if not vllm.triton_utils.HAS_TRITON:
@@ -72,6 +74,10 @@ SPEC_FIELDS = tuple(f.name for f in dataclasses.fields(model.InputBatch))
 VOCAB_SHARDS_EXCHANGE = hasattr(batch_shard, "all_to_all_vocab_shards")
 GRAMMAR_HAS_ACCEPTABLE_DRAFTS = "num_acceptable_drafts" in {f.name for f in dataclasses.fields(VllmGrammarOutput)}
 POSITION_OWNERS = hasattr(batch_shard, "shard_owners")
+# - the config check: VllmConfig._validate_batch_sharded_sampling refuses batch-sharded sampling for
+#   tp <= 1 and max_num_seqs < tp before the engine builds a BatchSharder (0.34.0 has it, and so does the
+#   0.33.0 wheel, though profile vllm-0.33 builds a sharder of any group).
+CONFIG_CHECK = getattr(VllmConfig, "_validate_batch_sharded_sampling", None)
 # - 0.34's BatchSharder takes a draft-logits cache; a sharded one decides the owners (owner rule owner_table).
 TABLE_OWNERS = "draft_logits" in inspect.signature(batch_shard.BatchSharder.__init__).parameters
 # The rules the installed release follows (spec/rules.py): the suite refuses a profile that sets another
@@ -83,6 +89,28 @@ RULES = {
     "exchange": ("all_to_all_vocab_shards",) if VOCAB_SHARDS_EXCHANGE else ("all_to_all_logits",),
     "acceptable_drafts": ("sliced",) if GRAMMAR_HAS_ACCEPTABLE_DRAFTS else ("none",),
 }
+
+
+def refuse_as_vllm_config(tp: int, max_num_reqs: int) -> None:
+    """What the engine's config refuses before it builds a BatchSharder, decided by vLLM's own check (on a
+    config of the two settings it reads here; no model, so max_logprobs and return_sampling_mask are not
+    asked, as they are not the spec's): its ValueError as the precondition it is (PRE-TP-SIZE,
+    PRE-CAPACITY-TP), naming vLLM's reasons."""
+    if CONFIG_CHECK is None:
+        return
+    from types import SimpleNamespace
+
+    config = SimpleNamespace(
+        parallel_config=SimpleNamespace(enable_batch_sharded_sampling=True, tensor_parallel_size=tp),
+        scheduler_config=SimpleNamespace(max_num_seqs=max_num_reqs),
+        model_config=None,
+    )
+    try:
+        CONFIG_CHECK(config)
+    except ValueError as exc:
+        refused = "PRE-TP-SIZE" if tp <= 1 else "PRE-CAPACITY-TP"
+        field = "tp_size" if refused == "PRE-TP-SIZE" else "max_num_reqs"
+        raise PreconditionError(refused, field, f"vLLM's config refuses it: {exc}") from None
 
 
 # -- vLLM's tensor-parallel group, once per process ---------------------------------------------
@@ -318,6 +346,7 @@ class VllmSharder:
 
     SPEC_VERSION = "0.5.0"
     SPEC_RULES = RULES
+    RELEASE = f"vLLM {vllm.__version__}"  # the column of the page of releases (report releases)
 
     def __init__(
         self,
@@ -330,6 +359,10 @@ class VllmSharder:
         profile: str = model.DEFAULT_PROFILE,
         **ignored,
     ):
+        # Where the profile's rules refuse what vLLM's config refuses (construction: sharded_groups), the
+        # engine's check runs first, before vLLM's groups are set up; elsewhere the sharder is built as is.
+        if rules_of(profile).sharded_groups_only:
+            refuse_as_vllm_config(comm.world_size, max_num_reqs)
         self.device = torch.device(device)
         self.tp_group = _vllm_tp_group(comm, self.device)
         # Under owner rule owner_table, vLLM's sharder reads its owners from a sharded cache's table.

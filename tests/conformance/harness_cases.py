@@ -2,6 +2,8 @@
 
 import pathlib
 
+from bundled import profile_for_tp
+
 from shardspec.spec.case import Case
 
 PLUGINS = pathlib.Path(__file__).resolve().parent / "plugins"
@@ -9,11 +11,13 @@ EXAMPLE = pathlib.Path(__file__).resolve().parents[2] / "examples" / "out_of_tre
 
 
 def small_cases(tp: int) -> list[Case]:
-    """Three cases of 2, 3 and 4 requests; the faulty sharders misbehave on the 3-request one."""
+    """Three cases of 2, 3 and 4 requests; the faulty sharders misbehave on the 3-request one. Under the default
+    profile where it builds a sharder of ``tp`` ranks, else vllm-0.33 (vllm-0.34 refuses one rank: PRE-TP-SIZE)."""
     return [
         Case(
             f"small-tp{tp}-{n}",
             tp,
+            profile=profile_for_tp(tp),
             description=f"{n} requests",
             slots=[5, 2, 9, 0][:n],
             num_logits_per_req=[1, 2, 1, 3][:n],

@@ -45,10 +45,6 @@ PROFILES = os.path.join(os.path.dirname(__file__), "data", "profiles")
         (["--profile-file", f"{PROFILES}/bad-rule.yaml"], "bad-rule.yaml: unknown rule 'owners' (rules: owner,"),
         (["--profile-file", f"{PROFILES}/bad-value.yaml"], "bad-value.yaml: rule owner: unknown value 'slot_div_tp'"),
         (["--profile-file", f"{PROFILES}/bad-parent.yaml"], "bad-parent.yaml: extends unknown profile 'vllm-0.99'"),
-        (
-            ["--profile-file", f"{PROFILES}/unsupported.yaml"],
-            "seq_lens_upper_bound: value always is declared but not supported",
-        ),
         (["--profile-file", "/no/such/profile.yaml"], "--profile-file: /no/such/profile.yaml: cannot be read"),
         (["--seed", "x"], "--seed: 'x' is not an integer"),
         (["--json", "/no/such/folder/r.json"], "--json: the folder /no/such/folder does not exist"),

@@ -27,8 +27,9 @@ INSTALL_DOCS = [GUIDE, ROOT / "README.md", ROOT / "noxfile.py"]
 MARKED = re.compile(r"<!-- guide-test: (run|install) -->\n```(?:bash|sh)\n(.*?)```", re.S)
 # How the guide keeps the torch a user has: pinned to the installed version, read from torch itself.
 KEEP_TORCH = "\"torch==$(python -c 'import torch; print(torch.__version__)')\""
-# The suite's variables that keep a run of a guide command small: group size 1, one generated case.
-SMALL = {"SHARDSPEC_TP": "1", "SHARDSPEC_MAX_EXAMPLES": "1"}
+# The suite's variables that keep a run of a guide command small: one group size, one generated case. Size 2:
+# the default profile (vllm-0.34) builds no sharder of one rank, so a tp 1 run would judge that refusal alone.
+SMALL = {"SHARDSPEC_TP": "2", "SHARDSPEC_MAX_EXAMPLES": "1"}
 
 
 def blocks(kind: str) -> list[str]:
@@ -39,6 +40,25 @@ def commands(block: str) -> list[str]:
     """The block's commands: continuation lines joined, comments and blank lines left out."""
     joined = re.sub(r"\\\n\s*", " ", block)
     return [line.strip() for line in joined.splitlines() if line.strip() and not line.strip().startswith("#")]
+
+
+ENGINE_PROFILE = ROOT / "examples" / "engine_profile" / "engine.yaml"
+
+
+def test_the_guides_profile_file_is_the_one_its_command_runs():
+    """The engine profile the guide prints is the file of examples/ that its marked command passes with
+    --profile-file, and that file loads: it extends a bundled profile and changes two rules."""
+    from shardspec.spec.profiles import load_profile_file, rules_of
+
+    shown = re.search(r"```yaml\n(# examples/engine_profile/engine.yaml\n.*?)```", GUIDE.read_text(), re.S)
+    assert shown and shown.group(1) == ENGINE_PROFILE.read_text()
+    assert any(f"--profile-file {ENGINE_PROFILE.relative_to(ROOT)}" in c for b in blocks("run") for c in commands(b))
+    name = load_profile_file(ENGINE_PROFILE).name
+    mine, parent = rules_of(name).as_dict(), rules_of("vllm-0.34").as_dict()
+    assert {k: v for k, v in mine.items() if parent[k] != v} == {
+        "seq_lens_upper_bound": "optional",
+        "construction": "any_group",
+    }
 
 
 def test_the_guide_marks_commands_to_run_and_to_install():

@@ -29,7 +29,7 @@ from shardspec.conformance.usage import MAX_TIMEOUT_S, MIN_TIMEOUT_S
 )
 def test_a_timeout_out_of_range_is_refused_with_its_bound(flag, value, bound, capsys, monkeypatch):
     monkeypatch.delenv("SHARDSPEC_TIMEOUT", raising=False)
-    assert main([flag, value, "--in-process", "--case", "tp1-decode"]) == 2
+    assert main([flag, value, "--in-process", "--case", "tp2-decode"]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1, err
     assert f"{flag}: {value!r} is {bound}" in err, err
@@ -37,13 +37,13 @@ def test_a_timeout_out_of_range_is_refused_with_its_bound(flag, value, bound, ca
 
 def test_the_variable_is_bounded_too(capsys, monkeypatch):
     monkeypatch.setenv("SHARDSPEC_TIMEOUT", "1e10")
-    assert main(["--in-process", "--case", "tp1-decode"]) == 2
+    assert main(["--in-process", "--case", "tp2-decode"]) == 2
     assert f"$SHARDSPEC_TIMEOUT: '1e10' is above {MAX_TIMEOUT_S:g} seconds" in capsys.readouterr().err
 
 
 def test_the_bounds_themselves_are_accepted(capsys, monkeypatch):
     monkeypatch.delenv("SHARDSPEC_TIMEOUT", raising=False)
-    args = ["--in-process", "--case", "tp1-decode"]
+    args = ["--in-process", "--case", "tp2-decode"]
     assert main(["--timeout", f"{MAX_TIMEOUT_S:g}", "--pg-timeout", f"{MIN_TIMEOUT_S:g}", *args]) == 0
 
 
@@ -66,7 +66,7 @@ def test_a_bad_variable_under_pytest_prints_one_line_without_the_reporter(tmp_pa
 
 
 def test_a_bad_option_under_pytest_prints_its_line_without_the_reporter(tmp_path):
-    small = ["--shardspec-case", "tp1-decode", "--shardspec-in-process"]
+    small = ["--shardspec-case", "tp2-decode", "--shardspec-in-process"]
     proc = _pytest(tmp_path, "-p", "no:terminal", "--shardspec-timeout", "1e10", *small)
     assert proc.returncode == pytest.ExitCode.USAGE_ERROR, proc.stdout + proc.stderr
     assert "shardspec: --timeout: '1e10' is above" in proc.stderr, proc.stderr

@@ -13,6 +13,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
+from bundled import VLLM_033
 from impl_steps import DEVICE, assert_same
 from test_impl_launch import Chain, _fake_run
 
@@ -422,7 +423,7 @@ def test_a_short_logprob_tensor_is_not_read_past_its_end(field):
 
 
 def test_the_sharder_is_on_the_cpu_by_default():
-    sharder = ProductionSharder(4, 2, comm=LoopbackComm(0, 1))
+    sharder = ProductionSharder(4, 2, comm=LoopbackComm(0, 2))
     assert sharder.device == torch.device("cpu") and sharder._ws["local_idx_mapping"].device.type == "cpu"
 
 
@@ -434,10 +435,12 @@ def test_carved_regions_have_the_layout_dtypes_and_sizes():
 
 
 def test_a_full_batch_on_one_rank_equals_the_reference():
-    """tp 1 at capacity (4 requests, up to 3 rows each): every region of the plan is used to its end."""
+    """tp 1 at capacity (4 requests, up to 3 rows each): every region of the plan is used to its end (vllm-0.33,
+    which builds a sharder of one rank)."""
     batch = build_input_batch([2, 0, 3, 1], [3, 1, 3, 2], device=DEVICE)
-    expected = ReferenceSharder(4, 3, comm=LoopbackComm(0, 1), device=DEVICE).shard_sampler_inputs(batch, None)
-    got = ProductionSharder(4, 3, comm=LoopbackComm(0, 1), device=DEVICE).shard_sampler_inputs(batch, None)
+    one = {"comm": LoopbackComm(0, 1), "device": DEVICE, "profile": VLLM_033}
+    expected = ReferenceSharder(4, 3, **one).shard_sampler_inputs(batch, None)
+    got = ProductionSharder(4, 3, **one).shard_sampler_inputs(batch, None)
     assert_same(expected, got, "full batch")
 
 

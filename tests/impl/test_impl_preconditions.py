@@ -18,6 +18,7 @@ from shardspec.impl import ProductionSharder
 from shardspec.spec.builders import build_grammar_output, build_input_batch
 from shardspec.spec.errors import PreconditionError
 from shardspec.spec.model import DEFAULT_PROFILE, ExtensionSpec, LogprobsTensors, SamplerOutput
+from shardspec.spec.profiles import rules_of
 
 TP = 2
 SLOTS = [4, 1, 6, 3, 0]
@@ -25,6 +26,8 @@ COUNTS = [1, 3, 2, 1, 2]
 
 
 def _build(slots, counts, **options):
+    # With the bound where the default profile's engine always passes it (seq_lens_upper_bound: always).
+    options.setdefault("seq_lens_upper_bound", rules_of(DEFAULT_PROFILE).has_upper_bound)
     return build_input_batch(slots, counts, device=DEVICE, **options)
 
 

@@ -61,6 +61,8 @@ VIOLATIONS = {
         _plain(num_admitted_draft_tokens=_admitted_array(ADMITTED), num_draft_tokens=int(np.sum(ADMITTED))),
         None,
     ),
+    # vLLM 0.33 always passes the bound (seq_lens_upper_bound: always).
+    "seq-lens-bound-none": lambda: (_admitted(seq_lens_cpu_upper_bound=None), None),
     "seq-lens-bound-short": lambda: (_plain(seq_lens_cpu_upper_bound=torch.ones(4, dtype=torch.int32)), None),
     "seq-lens-bound-2d": lambda: (_plain(seq_lens_cpu_upper_bound=torch.ones(5, 1, dtype=torch.int32)), None),
     "seq-lens-bound-numpy": lambda: (_plain(seq_lens_cpu_upper_bound=np.ones(5, np.int32)), None),
@@ -157,7 +159,6 @@ VALID = {
     "budget-0": lambda: build_input_batch(
         SLOTS, SCHEDULED, admitted_drafts=[0] * 5, seq_lens_upper_bound=True, device=DEVICE
     ),
-    "no-bound": lambda: _admitted(seq_lens_cpu_upper_bound=None),
     "bound-int64": lambda: _plain(seq_lens_cpu_upper_bound=torch.arange(5, dtype=torch.int64)),
 }
 

@@ -2,6 +2,7 @@
 every boundary it states, and the new inputs catch defects the old generators let pass."""
 
 import copy
+import pathlib
 
 import pytest
 
@@ -14,8 +15,9 @@ from shardspec.conformance.cases import input_space as space
 from shardspec.conformance.cases.strategies import generate_cases
 from shardspec.conformance.replay import run_case_in_process
 from shardspec.fixtures import load_cases
+from shardspec.fixtures.catalogue import with_profile
 from shardspec.spec.loader import load_spec
-from shardspec.spec.profiles import PROFILES
+from shardspec.spec.profiles import PROFILES, load_profile_file, rules_of
 
 NEW_FIELD = {
     "name": "engine_temperatures",
@@ -53,7 +55,18 @@ def test_a_field_added_to_the_data_model_gets_its_variations():
 def test_each_profile_field_meets_each_optional_output():
     keys = {v.key for v in space.input_space("vllm-0.33")}
     outputs = [f"{f}:{a}={v}" for f, a, v in space.OPTIONAL_OUTPUTS]
-    parts = [f"{f}:{a}={v}" for f, a, v in space.PROFILE_PARTS] + ["batch.idx_mapping:dtype=int32"]
+    # vllm-0.33 always passes the bound (seq_lens_upper_bound: always): it is no optional part there, and
+    # every case draws it with whatever output it has; where it is optional (the guide's engine profile),
+    # both its presences meet each output.
+    bound = [f"{f}:{a}={v}" for f, a, v in space.PROFILE_PARTS if f == "batch.seq_lens_cpu_upper_bound"]
+    assert not [k for k in keys if k.startswith("batch.seq_lens_cpu_upper_bound:presence")]
+    optional = {v.key for v in space.input_space(load_profile_file(ENGINE_PROFILE).name)}
+    for part in bound:
+        for output in outputs:
+            pair = space.cross_pair(space.Variation(*_split(part)), space.Variation(*_split(output)))
+            assert pair.key in optional, pair.key
+    parts = [f"{f}:{a}={v}" for f, a, v in space.PROFILE_PARTS if f"{f}:{a}={v}" not in bound]
+    parts += ["batch.idx_mapping:dtype=int32"]
     parts += [f"batch.{name}:dtype=int64" for name in ("expanded_idx_mapping", "expanded_local_pos", "seq_lens")]
     for part in parts:
         for output in outputs:
@@ -134,11 +147,15 @@ def test_every_precondition_is_violated_at_every_boundary_and_tp(profile):
     for b in found:
         if b.key not in bounds.REALIZERS:
             continue
-        for tp in bounds.TP_SIZES:
+        sizes = [tp for tp in bounds.TP_SIZES if bounds.applies_at(b, tp, profile)]
+        assert sizes, f"{b.pre} at {b.key}: no group size can break it"
+        for tp in sizes:  # under a profile that builds no sharder of one rank, tp 1 has PRE-TP-SIZE only
             case = made.get(f"tp{tp}-reject-{b.pre.removeprefix('PRE-').lower()}-at-{b.slug}")
             assert case is not None and case.expect_error == b.pre, (b, tp)
             idle = set(range(tp)) - {s % tp for s in case.slots}
-            if b.raised_on == "every rank" and tp > 1:
+            # More requests than a capacity of at least tp slots (PRE-CAPACITY-TP) leave no rank idle.
+            crowded = len(case.slots) > case.max_num_reqs >= tp > 1 and rules_of(profile).sharded_groups_only
+            if b.raised_on == "every rank" and tp > 1 and not crowded:
                 assert idle, f"{case.case_id}: a replicated precondition is also rejected by ranks that own nothing"
             elif b.raised_on != "every rank":
                 assert not idle, f"{case.case_id}: every rank is faulty"
@@ -204,7 +221,7 @@ OLD_INPUTS = {
     "local-logprobs-rows-packed": ["spec", "strided-local-output", "explicit-widths", "decode"],
     "logits-clamped-to-half-range": ["decode", "spec", "strided-inputs", "decode-bf16", "grammar"],
     "host-slots-of-any-dtype": ["tp2-error-slot-range", "tp4-reject-slot-range", "decode", "spec"],
-    "upper-bound-made-up": ["adaptive-admitted-no-counts", "decode", "strided-inputs", "admitted-drafts"],
+    "upper-bound-made-up": ["decode", "strided-inputs", "spec", "grammar"],
     "sampler-prefix-sums-passed-on": ["spec", "explicit-widths", "strided-local-output", "logprob-plus-inf"],
     "lengths-checked-from-below-only": ["seq-lens-one-short", "logits-indices-one-short", "decode", "spec"],
     # a later step's profile inputs (multi-step cases drew the seed profile's before) and the sizes' ends
@@ -220,15 +237,24 @@ OLD_INPUTS = {
 }
 
 
+# Entries whose defect no bundled profile can show, and the profile file they run under: a bound made up
+# where the batch has none needs seq_lens_upper_bound: optional (the guide's engine profile).
+ENGINE_PROFILE = pathlib.Path(__file__).resolve().parents[2] / "examples" / "engine_profile" / "engine.yaml"
+OWN_PROFILE = {"upper-bound-made-up": ENGINE_PROFILE, "grammar-dropped-without-upper-bound": ENGINE_PROFILE}
+
+
 @pytest.mark.parametrize("name", sorted(OLD_INPUTS))
 def test_new_inputs_catch_what_the_old_ones_let_pass(name):
     entry = BY_NAME[name]
+    profile = load_profile_file(OWN_PROFILE[name]).name if name in OWN_PROFILE else None
+    assert profile or entry.profiles, f"{name} runs under no profile"
+    under = (lambda case: with_profile(case, profile)) if profile else (lambda case: case)
     fixtures = {c.case_id: c for c in load_cases()}
     for case_id in OLD_INPUTS[name]:
-        case = targeted.BY_ID.get(case_id) or fixtures[case_id]
+        case = under(targeted.BY_ID.get(case_id) or fixtures[case_id])
         result = run_case_in_process(case, ImplChoice(entry.target))
         assert (result.errors, result.violations) == ([], []), f"{name} on {case_id}"
     for case_id in entry.cases:
-        result = run_case_in_process(targeted.BY_ID[case_id], ImplChoice(entry.target))
+        result = run_case_in_process(under(targeted.BY_ID[case_id]), ImplChoice(entry.target))
         assert entry.invariant_id in {v["invariant_id"] for v in result.violations}, (name, case_id)
-        assert run_case_in_process(targeted.BY_ID[case_id], ImplChoice("reference")).status == "pass"
+        assert run_case_in_process(under(targeted.BY_ID[case_id]), ImplChoice("reference")).status == "pass"

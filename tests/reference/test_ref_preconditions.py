@@ -132,6 +132,13 @@ def _table_with(slot, owner):
 
 
 VIOLATIONS = {
+    # vllm-0.34 builds no sharder for one rank, or for fewer request slots than ranks (construction rule).
+    "PRE-TP-SIZE": (lambda: ReferenceSharder(64, 4, comm=LoopbackComm(0, 1), profile="vllm-0.34"), "tp_size", None),
+    "PRE-CAPACITY-TP": (
+        lambda: ReferenceSharder(1, 4, comm=LoopbackComm(0, 2), profile="vllm-0.34"),
+        "max_num_reqs",
+        None,
+    ),
     "PRE-OWNER-TABLE": (lambda: _shard_with_table(np.zeros(4, dtype=np.int64)), "owner_table", None),
     # slot 6, request 2, owned by a rank the group does not have
     "PRE-OWNER-TABLE-RANGE": (lambda: _shard_with_table(_table_with(6, TP)), "owner_table", 2),

@@ -20,10 +20,13 @@ from shardspec.fixtures.run import reference_sharder
 from shardspec.reference.local_sampler import local_sampler_output
 from shardspec.spec.case import Case, build_case_inputs, local_logits_shard
 from shardspec.spec.case_edits import gather_options
+from shardspec.spec.profiles import DEFAULT_PROFILE, rules_of
 
 
 def cases_for(tp: int) -> list[Case]:
-    catalogue = [c for c in load_cases() if c.tp_size == tp and c.local_outputs == "toy" and not c.expect_error]
+    # The default profile where it builds a sharder of tp ranks; vllm-0.33 for a group of one (PRE-TP-SIZE).
+    profile = DEFAULT_PROFILE if tp >= rules_of(DEFAULT_PROFILE).min_tp else "vllm-0.33"
+    catalogue = [c for c in load_cases(profile) if c.tp_size == tp and c.local_outputs == "toy" and not c.expect_error]
     randoms = [
         Case(
             f"random-tp{tp}-{k}",
@@ -35,6 +38,7 @@ def cases_for(tp: int) -> list[Case]:
             nan_tokens=[k, 2 * k + 1],
             logprobs_dims=(k % 3, 4 * (k % 2)),
             max_num_reqs=40,
+            profile=profile,
         )
         for k in range(4)
     ]

@@ -7,7 +7,7 @@ with the tensor-parallel group's ``device_group``, and
 reference, so any failure of a suite run over this file is the adapter's.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.distributed
@@ -20,6 +20,7 @@ from vllm.v1.worker.gpu.input_batch import InputBatch  # noqa: F401
 from vllm.v1.worker.gpu.sample.output import SamplerOutput  # noqa: F401
 
 from shardspec.reference import ReferenceSharder
+from shardspec.spec.profiles import DEFAULT_PROFILE, rules_of
 
 
 class _CollectivesOfTheFile:
@@ -51,10 +52,18 @@ class _Capacity:
 _capacity = {}
 
 
+# vLLM's file builds a sharder for any group (its engine's config refuses a group of one, not the file).
+_RULES = replace(rules_of(DEFAULT_PROFILE), construction="any_group")
+
+
 def _reference(device) -> ReferenceSharder:
     capacity = _capacity[get_tp_group().rank_in_group]
     return ReferenceSharder(
-        capacity.max_num_reqs, capacity.max_num_logits_per_req, comm=_CollectivesOfTheFile(), device=device
+        capacity.max_num_reqs,
+        capacity.max_num_logits_per_req,
+        comm=_CollectivesOfTheFile(),
+        device=device,
+        profile=_RULES,
     )
 
 
