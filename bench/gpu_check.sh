@@ -41,7 +41,10 @@ part gpu-tests 240 python -m pytest -q -x tests/gpu tests/impl tests/cuda_graph_
 part bench 300 python bench/bench_step.py --graph --repeats 5 --target-s 0.1 --out "$OUT/bench.json" \
   ${upstream:+--upstream "$upstream"}
 part counts 200 python bench/step_counts.py --out "$OUT/counts.json" ${upstream:+--upstream "$upstream"}
-part conformance-tp1-nccl 300 python -m shardspec.conformance --impl production --tp 1 --json "$OUT/conformance-tp1.json"
+# One process per rank on one GPU is tp 1, which vllm-0.34 (the default) refuses to build (PRE-TP-SIZE): the
+# part runs under vllm-0.33, the newest bundled profile that builds a one-rank sharder.
+part conformance-tp1-nccl 300 python -m shardspec.conformance --impl production --tp 1 --profile vllm-0.33 \
+  --json "$OUT/conformance-tp1.json"
 part conformance-in-process-cuda 400 python -m shardspec.conformance --in-process --in-process-device cuda \
   --impl production,reference/production --tp 1,2,3,4,8 --json "$OUT/conformance-in-process.json"
 part conformance-torch-threads-cuda 400 python -m shardspec.conformance --in-process-group torch-threads \
