@@ -45,7 +45,7 @@ part counts 200 python bench/step_counts.py --out "$OUT/counts.json" ${upstream:
 # part runs under vllm-0.33, the newest bundled profile that builds a one-rank sharder.
 part conformance-tp1-nccl 300 python -m shardspec.conformance --impl production --tp 1 --profile vllm-0.33 \
   --json "$OUT/conformance-tp1.json"
-part conformance-in-process-cuda 400 python -m shardspec.conformance --in-process --in-process-device cuda \
+part conformance-in-process-cuda 480 python -m shardspec.conformance --in-process --in-process-device cuda \
   --impl production,reference/production --tp 1,2,3,4,8 --json "$OUT/conformance-in-process.json"
 part conformance-torch-threads-cuda 400 python -m shardspec.conformance --in-process-group torch-threads \
   --in-process-device cuda --impl production,reference/production --tp 2,3,4,8 --json "$OUT/conformance-torch-threads.json"

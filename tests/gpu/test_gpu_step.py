@@ -61,8 +61,19 @@ def _local_output(local_batch, seed=0):
     )
 
 
-def _step(sharder, batch, grammar, logits_shard, output=None):
-    shard = sharder.shard_sampler_inputs(batch, grammar)
+def _owner_options(profile, batch, seed):
+    """The step's owner table where the profile's owner rule reads one: an engine's after some steps (half
+    of the batch's slots rewritten to their positions mod tp, the rest still slot mod tp)."""
+    if not rules_of(profile).owner_by_table:
+        return {}
+    table = np.arange(256) % TP
+    rewritten = np.random.default_rng(seed).permutation(batch.num_reqs)[: batch.num_reqs // 2]
+    table[np.asarray(batch.idx_mapping_np)[rewritten]] = rewritten % TP
+    return {"owner_table": table}
+
+
+def _step(sharder, batch, grammar, logits_shard, output=None, **options):
+    shard = sharder.shard_sampler_inputs(batch, grammar, **options)
     full = sharder.all_to_all_logits(logits_shard, shard.metadata)
     output = _local_output(shard.local_batch) if output is None else output
     gathered = sharder.gather_sampler_output(
@@ -84,16 +95,18 @@ def test_whole_step_has_no_device_to_host_sync(profile):
     """vllm-0.33 with everything vLLM 0.33 passes, adaptive verification included."""
     options = dict(profile=profile, adaptive_verification_enabled=rules_of(profile).adaptive)
     sharder = ProductionSharder(256, 4, comm=LoopbackComm(RANK, TP), device="cuda", **options)
-    _step(sharder, *_inputs(40, seed=1, profile=profile))  # compiles the kernels outside the check
+    warm = _inputs(40, seed=1, profile=profile)
+    _step(sharder, *warm, **_owner_options(profile, warm[0], 1))  # compiles the kernels outside the check
     batch, grammar, logits_shard = _inputs(97, seed=2, profile=profile)
+    table = _owner_options(profile, batch, 2)
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
-        shard, full, output, gathered = _step(sharder, batch, grammar, logits_shard)
+        shard, full, output, gathered = _step(sharder, batch, grammar, logits_shard, **table)
     finally:
         torch.cuda.set_sync_debug_mode("default")
     reference = ReferenceSharder(256, 4, comm=LoopbackComm(RANK, TP), device="cuda", **options)
-    ref_shard, ref_full, _, ref_gathered = _step(reference, batch, grammar, logits_shard, output)
+    ref_shard, ref_full, _, ref_gathered = _step(reference, batch, grammar, logits_shard, output, **table)
     assert torch.equal(shard.sorted_logits_indices, ref_shard.sorted_logits_indices)
     assert torch.equal(shard.local_grammar_output.grammar_bitmask, ref_shard.local_grammar_output.grammar_bitmask)
     assert torch.equal(full, ref_full)
