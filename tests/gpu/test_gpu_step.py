@@ -7,21 +7,20 @@ on the device, so the step itself is all that runs under the sync check.
 import numpy as np
 import pytest
 import torch
-from bundled import VLLM_SEED
 
 from shardspec.comm import LoopbackComm
 from shardspec.impl import ProductionSharder
 from shardspec.reference import ReferenceSharder
 from shardspec.spec.builders import build_grammar_output, build_input_batch
 from shardspec.spec.model import PROFILES, LogprobsTensors, SamplerOutput, admitted_cu_num_logits
-from shardspec.spec.profiles import rules_of
+from shardspec.spec.profiles import DEFAULT_PROFILE, rules_of
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
 TP, RANK, DIMS, VOCAB = 4, 1, (5, 2), 512
 
 
-def _inputs(num_reqs, seed, with_grammar=True, profile=VLLM_SEED):
+def _inputs(num_reqs, seed, with_grammar=True, profile=DEFAULT_PROFILE):
     """What the profile's engine passes: vllm-seed one bitmask row per logits row; vllm-0.33 and later
     admitted draft counts, seq_lens_cpu_upper_bound and grammar blocks of 4 rows (with acceptable-draft
     counts where the grammar output has them)."""
