@@ -15,7 +15,7 @@ import pytest
 from shardspec.conformance.cli import main
 
 DATA = pathlib.Path(__file__).resolve().parent / "data"
-RUN = ["--in-process", "--case", "tp1-decode"]
+RUN = ["--in-process", "--case", "tp2-decode"]
 
 
 def _one_line(capsys) -> str:

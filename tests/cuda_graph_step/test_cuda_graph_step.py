@@ -12,6 +12,7 @@ import dataclasses
 import numpy as np
 import pytest
 import torch
+from bundled import VLLM_033
 from impl_steps import DEVICE, assert_same
 from shardspec_cuda_graph import PAD_TOKEN_INDEX, Bucket, CapturedSteps, bucket_for, wire_bytes
 
@@ -71,9 +72,14 @@ def _local_output(local_batch, width, seed, cols=None):
     )
 
 
+def _profile(tp: int) -> str:
+    """The default profile where it builds a sharder for ``tp`` ranks, else vllm-0.33 (one rank: PRE-TP-SIZE)."""
+    return DEFAULT_PROFILE if tp > 1 or rules_of(DEFAULT_PROFILE).construction == "any_group" else VLLM_033
+
+
 def _eager_steps(comm, batches, vocab_shard, plain=False):
     """The eager step per batch; ``plain``: without logprobs and NaN counts, and without the padded order."""
-    sharder = ProductionSharder(*CAPACITY, comm=comm, device=DEVICE)
+    sharder = ProductionSharder(*CAPACITY, comm=comm, device=DEVICE, profile=_profile(comm.world_size))
     make_output = _plain_output if plain else _local_output
     options = {} if plain else {"gather_num_nans": True, "logprobs_dims": DIMS}
     results = []
@@ -98,6 +104,7 @@ def _captured_steps(comm, batches, vocab_shard):
         gather_num_nans=True,
         logprobs_dims=DIMS,
         graphs=False,
+        profile=_profile(comm.world_size),
     )
     results = []
     for k, batch in enumerate(batches):
@@ -322,7 +329,7 @@ def test_with_the_checks_off_logprob_ids_and_values_of_different_widths_are_read
     both (it reads the ids' width). Bucket (1, 2): R = 2 rows, fewer than the C = 3 columns. One rank in
     one thread: on a GPU this replays the recorded graphs."""
     comm, batch = LoopbackComm(0, 1), _batch([3], [2], 0)
-    unchecked = dict(comm=comm, device=DEVICE, check_preconditions=False)
+    unchecked = dict(comm=comm, device=DEVICE, check_preconditions=False, profile=_profile(1))
     steps = CapturedSteps(*CAPACITY, vocab=VOCAB, logprobs_dims=DIMS, **unchecked)
     sharder = ProductionSharder(*CAPACITY, **unchecked)
     for ids_cols, vals_cols in [(3, 3), (2, 3), (3, 2)]:

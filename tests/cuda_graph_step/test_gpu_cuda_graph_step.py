@@ -17,12 +17,14 @@ import sys
 import numpy as np
 import pytest
 import torch
+from bundled import VLLM_033
 from shardspec_cuda_graph import PAD_TOKEN_INDEX, CapturedSteps
 
 from shardspec.comm import LoopbackComm, TorchDistComm
 from shardspec.impl import ProductionSharder
 from shardspec.spec.builders import build_input_batch
 from shardspec.spec.model import LogprobsTensors, SamplerOutput, num_logprob_columns
+from shardspec.spec.profiles import DEFAULT_PROFILE, rules_of
 
 # The subprocess below has no conftest: it is given the example's folder itself.
 EXAMPLE = pathlib.Path(__file__).resolve().parents[2] / "examples" / "cuda_graph_step"
@@ -103,8 +105,12 @@ def _assert_equal(expected, actual, where):
 def _compare_steps(make_comm, batches, tp):
     """Each batch through the eager sharder and through the captured steps; every result compared."""
     comm = make_comm()
-    eager = ProductionSharder(*CAPACITY, comm=comm, device="cuda")
-    steps = CapturedSteps(*CAPACITY, comm=comm, vocab=VOCAB, device="cuda", gather_num_nans=True, logprobs_dims=DIMS)
+    # One rank: vllm-0.33, since the default profile may build no one-rank sharder (PRE-TP-SIZE).
+    profile = DEFAULT_PROFILE if tp > 1 or rules_of(DEFAULT_PROFILE).construction == "any_group" else VLLM_033
+    eager = ProductionSharder(*CAPACITY, comm=comm, device="cuda", profile=profile)
+    steps = CapturedSteps(
+        *CAPACITY, comm=comm, vocab=VOCAB, device="cuda", gather_num_nans=True, logprobs_dims=DIMS, profile=profile
+    )
     assert steps.graphs
     buckets = []
     for k, batch in enumerate(batches):
