@@ -17,7 +17,8 @@ import sys
 import numpy as np
 import pytest
 import torch
-from bundled import VLLM_033
+
+VLLM_033 = "vllm-0.33"  # (the subprocess below imports this module without tests/ on its path)
 from shardspec_cuda_graph import PAD_TOKEN_INDEX, CapturedSteps
 
 from shardspec.comm import LoopbackComm, TorchDistComm
