@@ -17,8 +17,6 @@ import sys
 import numpy as np
 import pytest
 import torch
-
-VLLM_033 = "vllm-0.33"  # (the subprocess below imports this module without tests/ on its path)
 from shardspec_cuda_graph import PAD_TOKEN_INDEX, CapturedSteps
 
 from shardspec.comm import LoopbackComm, TorchDistComm
@@ -27,6 +25,8 @@ from shardspec.spec.builders import build_input_batch
 from shardspec.spec.model import LogprobsTensors, SamplerOutput, num_logprob_columns
 from shardspec.spec.profiles import DEFAULT_PROFILE, rules_of
 
+# The one-rank profile, named here: the subprocess below imports this module without tests/ on its path.
+VLLM_033 = "vllm-0.33"
 # The subprocess below has no conftest: it is given the example's folder itself.
 EXAMPLE = pathlib.Path(__file__).resolve().parents[2] / "examples" / "cuda_graph_step"
 
