@@ -70,6 +70,8 @@ def load_profile_file(path: str | os.PathLike) -> ProfileFile:
     if loaded.name in PROFILES:
         raise ProfileError(f"{path}: name {loaded.name!r} is a bundled profile's; give the file a name of its own")
     loaded = replace(loaded, path=str(path))
+    # Registered last even when registered before: profile_environ hands on the file registered last.
+    _REGISTERED.pop(loaded.name, None)
     _REGISTERED[loaded.name] = loaded
     return loaded
 
