@@ -80,7 +80,7 @@ def report_file(path: str, where: str) -> str:
 
 
 def xfails(path: str, where: str) -> str:
-    from shardspec.conformance.report.summary import load_xfails
+    from shardspec.conformance.report.xfails import load_xfails
 
     try:
         load_xfails(path)

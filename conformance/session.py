@@ -15,6 +15,7 @@ from shardspec.conformance.harness.group import group_for
 from shardspec.conformance.record import NOT_RUN, PASS, CaseResult, not_run
 from shardspec.conformance.report import summary as report
 from shardspec.conformance.report.input_coverage import input_coverage, summary_lines
+from shardspec.conformance.report.xfails import Xfails, load_xfails
 from shardspec.conformance.reproduce import annotate, prepare_reproduction
 from shardspec.conformance.runner import (
     CaseSet,
@@ -141,7 +142,7 @@ class ConformanceSession:
         return sections
 
     def render(
-        self, xfails: report.Xfails, sections: list[report.Section]
+        self, xfails: Xfails, sections: list[report.Section]
     ) -> tuple[str, list[list[list[str]]], list[str], int]:
         """The text report of ``sections``, the tables, warnings and the exit code."""
         checked = self.checked()
@@ -178,7 +179,7 @@ class ConformanceSession:
 
     def verdict(self, impl: str, tp: int, row: str) -> tuple[str, str]:
         """One cell of the table and what explains it (the failures, or why nothing was judged)."""
-        xfails = report.load_xfails(self.config.xfails_file)
+        xfails = load_xfails(self.config.xfails_file)
         section = report.Section(
             self.label(impl), [r for r in self.results[impl] if r.tp == tp], [tp], self.not_applicable(impl)
         )
@@ -196,7 +197,7 @@ class ConformanceSession:
         self.group.close()
         if interrupted:  # the cases the interruption left out are not run, and the report says so
             self._mark_unrun(f"the run was interrupted by {interrupted} before this case ran")
-        xfails = report.load_xfails(self.config.xfails_file)
+        xfails = load_xfails(self.config.xfails_file)
         sections = self.sections()  # built once: each computes its input coverage
         text, tables, warnings, exit_code = self.render(xfails, sections)
         log = log or self.log

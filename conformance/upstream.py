@@ -8,7 +8,7 @@ A field is touched when read (``x.f``, ``getattr(x, "f")``; ``x.f(...)`` is a me
 to a constructor or to ``replace``/``_replace``, or declared in a class body (BatchShardMetadata).
 Findings: touched fields in no profile of the spec, and spec fields the code no longer touches.
 Exit 0 clean, 1 findings, 2 bad input (one line on stderr). With --behaviour the code is run instead of
-read: which bundled profile's rules it follows, rule by rule (upstream_run.py)."""
+read: which bundled profile's rules it follows, rule by rule (upstream_run.py, upstream_verdicts.py)."""
 
 from __future__ import annotations
 
@@ -363,7 +363,7 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="run the sharder (installed, or a tree's or one batch_shard.py through the stand-ins) on a few "
         "generated cases under each bundled profile and say which profile's rules it follows "
-        "(conformance/upstream_run.py)",
+        "(conformance/upstream_run.py, upstream_verdicts.py)",
     )
     parser.add_argument(
         "--hide-profile",
@@ -393,7 +393,7 @@ def touched_fields(source: Source, spec=None) -> set[tuple[str, str]]:
 
 
 def _behaviour(args) -> int:
-    from shardspec.conformance import upstream_run
+    from shardspec.conformance import upstream_run, upstream_verdicts
 
     if args.profile:
         raise UpstreamInputError("--behaviour runs every bundled profile; leave some out with --hide-profile")
@@ -408,5 +408,5 @@ def _behaviour(args) -> int:
         report = upstream_run.check(target, touched_fields(source), tuple(args.hide_profile))
     except upstream_run.BehaviourInputError as exc:
         raise UpstreamInputError(str(exc)) from None
-    print(json.dumps(report, indent=2, default=str) if args.json else upstream_run.render(report))
+    print(json.dumps(report, indent=2, default=str) if args.json else upstream_verdicts.render(report))
     return report["exit_code"]

@@ -70,7 +70,7 @@ def test_a_constructor_that_always_raises_ends_its_entry_after_max_crashes(tmp_p
 
 
 def test_an_xfails_file_too_large_is_refused(tmp_path, capsys):
-    from shardspec.conformance.report.summary import MAX_XFAILS_BYTES
+    from shardspec.conformance.report.xfails import MAX_XFAILS_BYTES
 
     path = tmp_path / "xfails.txt"
     path.write_text("INV-OWNER\n" * (MAX_XFAILS_BYTES // 10 + 1))
@@ -81,7 +81,7 @@ def test_an_xfails_file_too_large_is_refused(tmp_path, capsys):
 
 
 def test_an_xfails_file_with_too_many_entries_is_refused(tmp_path, capsys):
-    from shardspec.conformance.report.summary import MAX_XFAILS_ENTRIES
+    from shardspec.conformance.report.xfails import MAX_XFAILS_ENTRIES
 
     path = tmp_path / "xfails.txt"
     path.write_text("".join(f"case-{n}\n" for n in range(MAX_XFAILS_ENTRIES + 1)))

@@ -8,9 +8,9 @@ from shardspec.conformance.report.summary import (
     ERRORS_ROW,
     InvariantInfo,
     Section,
-    load_xfails,
     table_rows,
 )
+from shardspec.conformance.report.xfails import load_xfails
 from shardspec.spec.case import Case, ExplicitLocalOutput
 
 

@@ -145,7 +145,8 @@ def _failing(case, invariant_id):
 
 
 def test_the_report_says_what_shrinking_found():
-    from shardspec.conformance.report.summary import Section, Xfails, describe_failures
+    from shardspec.conformance.report.summary import Section, describe_failures
+    from shardspec.conformance.report.xfails import Xfails
 
     result = _failing(cases.DECODE, "INV-A")
     result.shrunk = shrink_keeping(cases.DECODE, {"INV-A"}, lambda c: _failing(c, "INV-B")).describe({"INV-A"})

@@ -122,7 +122,7 @@ def test_the_known_failures_are_keyed_by_property_and_name_real_invariants(path)
     """Per release, keyed by invariant and case property (never a generated case's id, which changes with the
     case selection and the device), each entry a defect of vLLM's or the spec's choice."""
     from shardspec.conformance.report.known_failures import NOT_RUN, RUN_ERROR
-    from shardspec.conformance.report.summary import load_xfails
+    from shardspec.conformance.report.xfails import load_xfails
     from shardspec.spec.loader import load_spec
 
     xfails = load_xfails(str(path))

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from shardspec.conformance import upstream_run
+from shardspec.conformance import upstream_run, upstream_verdicts
 from shardspec.conformance.upstream import main as upstream_main
 from shardspec.conformance.upstream import read_source, touched_fields
 
@@ -32,14 +32,14 @@ def touched_034():
 @needs_034
 @pytest.mark.slow
 def test_with_its_profile_hidden_the_ownership_change_is_named(run_034, touched_034):
-    report = upstream_run.report(run_034, upstream_run.visible_profiles(("vllm-0.34",)), touched_034)
+    report = upstream_verdicts.report(run_034, upstream_run.visible_profiles(("vllm-0.34",)), touched_034)
     assert report["exit_code"] == 1 and report["matches"] == []
     assert report["rules"]["owner"]["values"] == ["position_mod_tp"]
     assert not report["rules"]["owner"]["how"].endswith(" 0 telling them apart"), report["rules"]["owner"]
     assert report["rules"]["exchange"]["values"] == ["all_to_all_vocab_shards"]
     # vllm-0.33 differs in the owner rule, the exchange and the grammar's acceptable-draft counts.
     assert set(report["differ"]["vllm-0.33"]) == {"owner", "exchange", "acceptable_drafts"}
-    text = upstream_run.render(report)
+    text = upstream_verdicts.render(report)
     owner = next(line for line in text.splitlines() if line.startswith("  owner: "))
     assert "position_mod_tp" in owner and "no bundled profile has it" in owner, text
     # The closest is vLLM 0.34 with a sharded draft-logits cache: it differs in the owner rule alone.
@@ -50,7 +50,7 @@ def test_with_its_profile_hidden_the_ownership_change_is_named(run_034, touched_
 @needs_034
 @pytest.mark.slow
 def test_with_every_profile_vllm_034_is_the_match(run_034, touched_034):
-    report = upstream_run.report(run_034, upstream_run.visible_profiles(), touched_034)
+    report = upstream_verdicts.report(run_034, upstream_run.visible_profiles(), touched_034)
     assert report["matches"] == ["vllm-0.34"] and report["exit_code"] == 0, report["differ"]
     # Every case ran, and the cases under vllm-0.34 pass but the empty batch (its local cu_num_logits
     # is never written, a known defect of the file).
@@ -100,11 +100,15 @@ def test_an_invariant_failure_is_blamed_on_a_rule_only_under_a_profile_that_fits
             judged=["INV-LOCAL-GRAMMAR"],
         )
 
-    position = {"owner": upstream_run.Verdict("owner", ("position_mod_tp",), "read")}
-    blamed = upstream_run.by_invariants("grammar_slicing", [result("vllm-0.34", ["INV-LOCAL-GRAMMAR"])], position, spec)
+    position = {"owner": upstream_verdicts.Verdict("owner", ("position_mod_tp",), "read")}
+    blamed = upstream_verdicts.by_invariants(
+        "grammar_slicing", [result("vllm-0.34", ["INV-LOCAL-GRAMMAR"])], position, spec
+    )
     assert blamed.values == ("rows",) and list(blamed.broken) == ["blocks"]
-    slot = {"owner": upstream_run.Verdict("owner", ("slot_mod_tp",), "read")}
-    unblamed = upstream_run.by_invariants("grammar_slicing", [result("vllm-0.34", ["INV-LOCAL-GRAMMAR"])], slot, spec)
+    slot = {"owner": upstream_verdicts.Verdict("owner", ("slot_mod_tp",), "read")}
+    unblamed = upstream_verdicts.by_invariants(
+        "grammar_slicing", [result("vllm-0.34", ["INV-LOCAL-GRAMMAR"])], slot, spec
+    )
     assert unblamed.values == ("rows", "blocks") and not unblamed.broken
-    held = upstream_run.by_invariants("grammar_slicing", [result("vllm-0.34", [])], position, spec)
+    held = upstream_verdicts.by_invariants("grammar_slicing", [result("vllm-0.34", [])], position, spec)
     assert held.values == ("rows", "blocks") and "held under blocks" in held.how

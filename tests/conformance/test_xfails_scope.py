@@ -4,7 +4,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from shardspec.conformance.report.summary import load_xfails
+from shardspec.conformance.report.xfails import load_xfails
 
 
 def _result(case_id, layouts):
