@@ -406,6 +406,13 @@ CORPUS += [
     _entry("owners-of-first-table", "owner_table", "OwnersOfFirstTable", "owner-table-steps", requires=_TABLE),
     _entry("assigns-the-table", "owner_table", "AssignsTheTable", "owner-table", requires=_TABLE),
     _entry("padding-from-whole-table", "owner_table", "PaddingFromWholeTable", "owner-table", requires=_TABLE),
+    _entry(
+        "owner-tables-compared-on-the-wire",
+        "owner_table",
+        "OwnerTablesComparedOnTheWire",
+        "owner-table",
+        requires=_TABLE,
+    ),
     # contiguous_ranges: no bundled profile has it, so no bundled run reaches this entry;
     # tests/meta/test_contiguous_ranges.py runs it under examples/profiles/vllm-ascend-contiguous-ranges.yaml.
     _entry(

@@ -1,11 +1,13 @@
 """Broken owners under the owner rule owner_table (CL-OWNER-TABLE): the table ignored, kept from the first
-step, written by the sharder, or read beyond the batch's entries (its stale entries deciding the padding)."""
+step, written by the sharder, read beyond the batch's entries (its stale entries deciding the padding), or
+compared across the ranks through a collective (CL-OWNER-TABLE-AGREEMENT)."""
 
 from __future__ import annotations
 
 from dataclasses import replace
 
 import numpy as np
+import torch
 
 from shardspec.reference import ReferenceSharder
 from shardspec.reference.plan import build_plan
@@ -57,3 +59,21 @@ class PaddingFromWholeTable(ReferenceSharder):
         table = np.asarray(owner_table)
         in_range = table[(table >= 0) & (table < self.tp_size)]
         return replace(plan, max_num_reqs_per_rank=int(np.bincount(in_range, minlength=self.tp_size).max()))
+
+
+class OwnerTablesComparedOnTheWire(ReferenceSharder):
+    """INV-WIRE-SEQUENCE: makes sure every rank was given the same owners (CL-OWNER-TABLE-AGREEMENT) by
+    all-gathering the batch's entries of its owner table through the Communicator after planning, and raises
+    where they differ: a collective the wire sequence does not have, where every rank must derive the plan
+    from its own copy without talking to the others."""
+
+    def shard_sampler_inputs(self, batch, grammar, *, owner_table=None):
+        result = super().shard_sampler_inputs(batch, grammar, owner_table=owner_table)  # the preconditions first
+        if owner_table is not None and batch.num_reqs:
+            slots = np.asarray(batch.idx_mapping_np, dtype=np.intp)
+            mine = torch.as_tensor(np.asarray(owner_table)[slots].astype(np.int64), device=self.device)
+            every = mine.new_empty(self.tp_size * mine.numel())
+            self.comm.all_gather_into_tensor(every, mine)
+            if not bool((every.view(self.tp_size, -1) == mine).all()):
+                raise RuntimeError(f"rank {self.rank}: the ranks were given different owner tables")
+        return result

@@ -1,6 +1,7 @@
 """The owner table's broken entries (conformance/broken/owner_table.py): a sharder that keeps the owners of
 its first step's table is right on every single step, the suite's generated ones included, and is caught
-(INV-OWNER) only by a run of several steps whose table the engine rewrote in between."""
+(INV-OWNER) only by a run of several steps whose table the engine rewrote in between; one that compares the
+tables across ranks is caught on the wire (CL-OWNER-TABLE-AGREEMENT)."""
 
 from dataclasses import replace
 
@@ -59,3 +60,17 @@ def test_first_table_owners_fail_a_generated_multi_step_case():
     assert len({tuple(sorted((step.owner_table or {}).items())) for step in [case, *case.then]}) > 1
     assert "INV-OWNER" in _violated(run_case_in_process(case, FIRST_TABLE))
     assert _violated(run_case_in_process(case, ImplChoice("reference"))) == set()
+
+
+def test_comparing_the_owner_tables_across_ranks_is_caught_on_the_wire_alone():
+    """CL-OWNER-TABLE-AGREEMENT: ranks given different tables are the caller's fault, and an implementation that
+    checks for it anyway, by all-gathering the batch's entries, computes every output right; its extra
+    collective is what fails (INV-WIRE-SEQUENCE, and the all-gathers after it are not where the wire checks
+    expect theirs)."""
+    compares = ImplChoice(BY_NAME["owner-tables-compared-on-the-wire"].target)
+    on_the_wire = {"INV-WIRE-SEQUENCE", "INV-WIRE-SAMPLED", "INV-WIRE-LOGPROBS"}
+    generated = [c for c in generate_cases(3, 4, 0, VLLM_034_SHARDED_CACHE) if c.slots and c.expect_error is None]
+    assert generated
+    for case in (cases.OWNER_TABLE, *generated):  # an empty batch has no entry to compare
+        violated = _violated(run_case_in_process(case, compares))
+        assert "INV-WIRE-SEQUENCE" in violated and violated <= on_the_wire, (case.case_id, violated)
