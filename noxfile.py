@@ -42,7 +42,11 @@ def install(session: nox.Session) -> None:
 
 @nox.session
 def tests(session: nox.Session) -> None:
-    """shardspec's own tests (spec, reference, fixtures, impl, conformance harness, meta-tests)."""
+    """shardspec's own tests (spec, reference, fixtures, impl, conformance harness, meta-tests).
+
+    The tests of vLLM's own batch_shard.py read it out of the wheels `nox -s drift` downloads into
+    .nox/wheels, else from ../shared/upstream, else skip saying so (tests/vllm_files.py);
+    SHARDSPEC_REQUIRE_VLLM_FILES=1 (as .ci/run sets it, after drift) makes a missing file an error."""
     install(session)
     session.run("pytest", "-n", "auto", "tests", *session.posargs)
 

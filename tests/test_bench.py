@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import pytest
+import vllm_files
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 STAND_IN = ROOT / "tests" / "conformance" / "plugins" / "vllm_style_batch_shard.py"
@@ -263,12 +264,10 @@ def test_multi_rank_bench_outside_torchrun_says_how_to_run_it():
     assert proc.returncode == 2 and "run it under torchrun" in proc.stderr
 
 
-VLLM_033_FILE = (
-    ROOT.parent / "shared" / "upstream" / "vllm-0.33.0" / "vllm" / "v1" / "worker" / "gpu" / "sample" / "batch_shard.py"
-)
+VLLM_033_FILE = vllm_files.batch_shard_file("0.33.0")  # from its wheel or a copy (tests/vllm_files.py)
 
 
-@pytest.mark.skipif(not VLLM_033_FILE.exists(), reason=f"vLLM 0.33.0's batch_shard.py is not at {VLLM_033_FILE}")
+@vllm_files.needs("0.33.0")
 def test_the_bench_times_vllm_0_33_on_the_batches_its_engine_sends(tmp_path):
     """vLLM 0.33's file always reads seq_lens_cpu_upper_bound: the bench's batches carry it, as its
     model runner's do, so the file is timed instead of failing on the first row."""

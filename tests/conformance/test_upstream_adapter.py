@@ -10,6 +10,7 @@ import pathlib
 import sys
 
 import pytest
+import vllm_files
 from harness_cases import PLUGINS, small_cases
 
 from shardspec.conformance.api import ImplChoice
@@ -62,12 +63,10 @@ def test_outside_a_sharder_call_there_is_no_group(adapter):
         adapter.get_tp_group()
 
 
-VLLM_033_FILE = (
-    pathlib.Path(__file__).resolve().parents[3] / "shared/upstream/vllm-0.33.0/vllm/v1/worker/gpu/sample/batch_shard.py"
-)
+VLLM_033_FILE = vllm_files.batch_shard_file("0.33.0")  # from its wheel or a copy (tests/vllm_files.py)
 
 
-@pytest.mark.skipif(not VLLM_033_FILE.is_file(), reason=f"vLLM 0.33.0's batch_shard.py is not at {VLLM_033_FILE}")
+@vllm_files.needs("0.33.0")
 @pytest.mark.parametrize("case_id", ["tp2-admitted-drafts", "tp4-adaptive-budget-not-binding", "tp2-decode"])
 def test_the_adapter_runs_vllm_033s_file(monkeypatch, case_id):
     """A later revision: its BatchSharder takes adaptive_verification_enabled and waits for admitted counts."""
@@ -82,12 +81,10 @@ def test_the_adapter_runs_vllm_033s_file(monkeypatch, case_id):
     assert result.status == PASS, result.errors or result.violations
 
 
-VLLM_034_FILE = (
-    pathlib.Path(__file__).resolve().parents[3] / "shared/upstream/vllm-0.34.0/vllm/v1/worker/gpu/sample/batch_shard.py"
-)
+VLLM_034_FILE = vllm_files.batch_shard_file("0.34.0")
 
 
-@pytest.mark.skipif(not VLLM_034_FILE.is_file(), reason=f"vLLM 0.34.0's batch_shard.py is not at {VLLM_034_FILE}")
+@vllm_files.needs("0.34.0")
 @pytest.mark.parametrize("tp", [1, 2, 3])
 def test_the_adapter_runs_vllm_034s_file_through_its_pynccl_branch(monkeypatch, tp):
     """0.34: all_to_all_vocab_shards through the TP group's device_communicator.pynccl_comm, ownership by batch

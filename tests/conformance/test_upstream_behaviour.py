@@ -6,17 +6,17 @@ vllm-0.34 profile, as if it did not exist. Bad input exits 2 with one line.
 """
 
 import importlib.util
-from pathlib import Path
 
 import pytest
+import vllm_files
 
 from shardspec.conformance import upstream_run, upstream_verdicts
 from shardspec.conformance.upstream import main as upstream_main
 from shardspec.conformance.upstream import read_source, touched_fields
 
-UPSTREAM = Path(__file__).resolve().parents[3] / "shared/upstream"
-FILE_034 = UPSTREAM / "vllm-0.34.0/vllm/v1/worker/gpu/sample/batch_shard.py"
-needs_034 = pytest.mark.skipif(not FILE_034.is_file(), reason=f"vLLM 0.34.0's batch_shard.py is not at {FILE_034}")
+# Read out of the wheel nox -s drift downloads, or a copy beside the checkout (tests/vllm_files.py).
+needs_034 = vllm_files.needs("0.34.0")
+FILE_034 = vllm_files.batch_shard_file("0.34.0") or vllm_files.shared_file("0.34.0")  # bad input needs no file
 
 
 @pytest.fixture(scope="module")
