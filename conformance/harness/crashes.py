@@ -8,6 +8,11 @@ that entry's remaining cases there are reported not run, with that reason,
 instead of paying for each again (like pytest's ``--maxfail``). A constructor that raises
 the same error (type and message) in ``max_crashes`` cases spends the budget too: a sharder that
 cannot be built fails every case alike, each with a relaunch and a traceback per rank.
+
+A valid case whose rank was killed by a signal after other cases ran in the same processes is run again
+on its own before the crash is blamed on it (:func:`suspect_crash`): an earlier case can corrupt the
+heap without crashing (an implementation that trusts its inputs writes out of bounds), and glibc aborts
+in whichever case frees memory next.
 """
 
 from __future__ import annotations
@@ -39,6 +44,18 @@ def crash_of(result: CaseResult) -> tuple[str, str] | None:
     if first["kind"] not in CRASH_KINDS:
         return None
     return first["kind"], str(first.get("step") or "an unknown step")
+
+
+def suspect_crash(result: CaseResult) -> bool:
+    """Whether a rank of ``result``'s case was killed by a signal (SIGABRT, SIGSEGV, ...) in a case that must
+    not be rejected: a crash that an earlier case of the same processes may have caused. A later step of a
+    multi-step case is not: it cannot run without the steps before it."""
+    case = result.case
+    valid = getattr(case, "expect_error", None) is None and getattr(case, "continues", None) is None
+    first = result.errors[0] if result.errors else {}
+    # SIGKILL is the suite's own end of a hung group (or the OOM killer's), not a crash of the case.
+    killed = " was killed by " in first.get("message", "") and "SIGKILL" not in first.get("message", "")
+    return valid and first.get("kind") == "died" and killed
 
 
 @dataclass

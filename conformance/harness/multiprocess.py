@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from shardspec.conformance.harness.crashes import CrashBudget
+from shardspec.conformance.harness.crashes import CrashBudget, suspect_crash
 from shardspec.conformance.harness.expectations import rank_device_kind, save_expectations
 from shardspec.conformance.harness.external import JOIN_S
 from shardspec.conformance.harness.follower import Follower
@@ -95,12 +95,25 @@ def run_jobs_multiprocess(
     starter = GroupStarter(run_dir, device_kind, options.launcher, log, {} if servers is None else servers)
     launch_number, idle_launches = 0, 0
     crashes = CrashBudget(options.max_crashes)
+    alone: set[int] = set()  # jobs run again in a launch of their own after a suspect crash
     # A launch that judged at least one job may be followed by another (each ends at most one job early);
     # launches that judge nothing are allowed max_relaunches times.
     while remaining and idle_launches <= options.max_relaunches:
         log(f"  launch {launch_number + 1}: tp {tp}, {len(remaining)} job(s), {_labels(jobs, remaining)}")
-        outcome = _launch(jobs, remaining, tp, options, f"launch{launch_number}", results, on_result, starter, judge)
+        held: dict[int, CaseResult] = {}
+        deliver = _holding_suspects(on_result, results, remaining, alone, held)
+        outcome = _launch(jobs, remaining, tp, options, f"launch{launch_number}", results, deliver, starter, judge)
         launch_number += 1
+        for index in held:  # judged again in the next launch, first, where nothing ran before it
+            del results[index]
+            alone.add(index)
+            before = remaining[: remaining.index(index)]
+            log(
+                f"  {jobs[index].case.case_id}: a rank was killed by a signal after {len(before)} other case(s) "
+                f"in the same processes ({', '.join(jobs[i].case.case_id for i in before[-3:])} last); it runs "
+                "again on its own before the crash is blamed on it"
+            )
+        remaining = [*held, *(i for i in remaining if i not in held)]
         for index in remaining:
             if index in results:
                 crashes.note(results[index])
@@ -128,6 +141,20 @@ def run_jobs_multiprocess(
             f"not run: {options.max_relaunches + 1} launches in a row judged nothing",
         )
     return [results[i] for i in range(len(jobs))]
+
+
+def _holding_suspects(on_result, results, launch: list[int], alone: set[int], held: dict[int, CaseResult]):
+    """``on_result`` for one launch, holding back (into ``held``) the result of a job that is not the launch's
+    first and crashed as :func:`suspect_crash` says: its processes ran other cases first."""
+
+    def deliver(result: CaseResult) -> None:
+        index = next(i for i in launch if results.get(i) is result)
+        if index != launch[0] and index not in alone and suspect_crash(result):
+            held[index] = result
+        elif on_result is not None:
+            on_result(result)
+
+    return deliver
 
 
 def _labels(jobs: list[Job], indices: list[int]) -> str:

@@ -43,6 +43,20 @@ class AbortInGather(_OnGather):
         os.abort()
 
 
+_RAN_A_CASE = []  # per rank process: a gather ran here before
+
+
+class AbortsAfterAnEarlierCase(_Base):
+    """A heap an earlier case corrupted: the triggering case aborts (SIGABRT) in its gather where an earlier case
+    ran in the same process, and passes in a process of its own."""
+
+    def gather_sampler_output(self, local_output, metadata, global_batch, local_batch, **kwargs):
+        if self._triggered(global_batch) and _RAN_A_CASE:
+            os.abort()
+        _RAN_A_CASE.append(True)
+        return super().gather_sampler_output(local_output, metadata, global_batch, local_batch, **kwargs)
+
+
 class ExitInGather(_OnGather):
     def attack(self) -> None:
         sys.exit(3)
