@@ -152,15 +152,18 @@ class Follower:
 
     def without_heartbeat(self, limit_s: float) -> list[int]:
         """Ranks whose process lives but whose watchdog thread has not run for ``limit_s`` (it touches the
-        rank's ``.beat`` file every 0.2 s): the rank holds the GIL or is stopped, and cannot report itself.
-        A rank that died, or has not started its watchdog, is not one of them."""
+        rank's ``.beat`` file every 0.2 s) while its main thread is not running either: it is stopped, or
+        asleep holding the GIL, and cannot report itself. A rank that died, or has not started its watchdog,
+        is not one of them; nor is one whose main thread is running or waiting for a CPU (state R): it
+        computes, perhaps in a long C call that holds the GIL, which a loaded machine stretches past the
+        limit (seen at load 10 on 2 cores); the case timeout ends it if it never returns."""
         now, silent = time.time(), []
         for rank, pid in sorted(self.pids.items()):
             try:
                 beat = (self.run_dir / f"{self.name}-rank{rank}.beat").stat().st_mtime
             except OSError:
                 continue
-            if now - beat >= limit_s and _process_state(pid) not in (None, "Z", "X"):
+            if now - beat >= limit_s and _process_state(pid) not in (None, "Z", "X", "R"):
                 silent.append(rank)
         return silent
 

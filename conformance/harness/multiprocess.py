@@ -33,9 +33,10 @@ STARTUP_S = 90.0  # torch import and rendezvous, generous for 8 ranks on 2 cores
 # After a rank gave up waiting in a collective for a silent peer: time for what that peer sent last (its own
 # watchdog's frame, say) to arrive before it is taken as out of reach. Short, as a GIL hang costs it per case.
 PEER_GRACE_S = 2.0
-# A CPU rank whose watchdog thread has not run for this long (at most the case timeout) holds the GIL or
-# is stopped: its launch ends then, not after a peer's process-group timeout. Torch ops, numpy's large
-# ones and Python code let the thread run; on a GPU, CUDA's and NCCL's first calls may not, for seconds.
+# A CPU rank whose watchdog thread has not run for this long (at most the case timeout), and whose main
+# thread is not running either (Follower.without_heartbeat), holds the GIL asleep or is stopped: its launch
+# ends then, not after a peer's process-group timeout. Torch ops, numpy's large ones and Python code let
+# the thread run; on a GPU, CUDA's and NCCL's first calls may not, for seconds.
 HEARTBEAT_LIMIT_S = 3.0
 
 
