@@ -208,11 +208,13 @@ def vllm(session: nox.Session) -> None:
     one named (VLLM_RELEASES). Installs vLLM without its dependencies (they would replace the CPU torch with
     a CUDA build), then the pure-Python packages its import and group setup need
     (examples/vllm/requirements.txt), each pip call with torch pinned. Runs every fixture, every
-    precondition's boundaries and 5 generated cases at tp 2 (a CI budget: about 6 minutes with the
-    install), one process per rank (gloo and the Triton interpreter on a CPU), with the release's known
-    failures as xfails, and writes reports/vllm-<release>.json, then, once two releases or more have one,
-    reports/releases.html (releases x invariants). Other arguments after -- go to the suite
-    (e.g. `-- 0.33.0 --tp 2,3,4 --max-examples 25`).
+    precondition's boundaries and 5 generated cases at tp 2, one process per rank (gloo and the Triton
+    interpreter on a CPU), with the release's known failures as xfails, and writes
+    reports/vllm-<release>.json, then, once two releases or more have one, reports/releases.html
+    (releases x invariants). Other arguments after -- go to the suite (e.g. `-- 0.33.0 --tp 2,3,4
+    --max-examples 25`). A CI budget, measured on 2 cores at load 1-6: 2.5 min a release with the venv
+    reused (the suite 110-130 s, reinstalling the other release about 30 s), 3 min from a fresh clone;
+    .ci/run runs both releases.
     """
     args = list(session.posargs)
     release = args.pop(0) if args and args[0] in VLLM_RELEASES else next(iter(VLLM_RELEASES))
