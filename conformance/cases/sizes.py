@@ -18,6 +18,8 @@ import math
 from dataclasses import dataclass, replace
 
 from shardspec.spec.case import case_owners, least_capacity
+from shardspec.spec.case_edits import DTYPES
+from shardspec.spec.model import EXTENSION_DTYPES, EXTENSION_KINDS
 
 SIZE = "size"
 EMPTY, LARGEST = "empty", "largest"
@@ -28,6 +30,24 @@ class Size:
     empty: str | None  # the size's empty value, None where it has none (then ``why`` says why)
     largest: str | None  # its largest value, from the construction arguments or the vocabulary
     why: str = ""
+
+
+# One extension field of each kind and each dtype the spec supports (PRE-EXTENSION-SUPPORTED): the most
+# distinct declarations there are, more than a table of fields sized for the few an engine declares holds.
+EVERY_EXTENSION = {
+    f"{per}_{name}": {"per": per, "dtype": name, "shape": []}
+    for per in EXTENSION_KINDS
+    for name, dtype in DTYPES.items()
+    if dtype in EXTENSION_DTYPES
+}
+# A local width (sampled-id or logprob columns) past any fixed staging buffer a sampler's output would
+# plausibly be copied through (32 columns), as k and t reach WIDE_VOCABULARY.
+WIDE_LOCAL_WIDTH = 33
+
+
+def vocabulary_wide_entry(vocab_size: int) -> dict:
+    """A per-row extension entry of one bool per vocabulary token (a sampling mask): E = [V]."""
+    return {"per": "logits_row", "dtype": "bool", "shape": [vocab_size]}
 
 
 def _follows(why: str) -> Size:

@@ -229,6 +229,14 @@ OLD_INPUTS = {
     "local-idx-mapping-in-first-steps-dtype": ["multi-step", "decode-loop", "adaptive-admitted-no-counts"],
     "grammar-listing-nothing-handed-on": ["grammar", "grammar-one-rank", "adaptive-admitted-no-counts", "empty"],
     "logprob-columns-staged-in-fixed-buffer": ["spec", "token-ids-wider", "explicit-widths", "large-batch"],
+    # the ends of the extension fields' count, of an entry's shape E and of the local widths w and c
+    "extensions-none-when-none-declared": ["decode", "extensions", "tp2-extensions", "empty"],
+    "extension-fields-in-fixed-table": ["extensions", "extensions-many-requests", "tp2-extensions", "tp8-extensions"],
+    "extension-entries-staged-in-fixed-buffer": ["extensions", "tp2-extensions", "adaptive-admitted-extensions"],
+    "zero-width-ids-taken-for-an-idle-rank": ["explicit-widths", "token-ids-wider", "decode", "empty"],
+    "local-ids-skipped-past-fixed-buffer": ["explicit-widths", "token-ids-wider", "explicit-narrow-logprobs"],
+    "zero-width-logprobs-taken-for-none": ["explicit-widths", "explicit-narrow-logprobs", "explicit-missing-logprobs"],
+    "local-logprobs-skipped-past-fixed-buffer": ["explicit-widths", "explicit-narrow-logprobs", "token-ids-wider"],
     "grammar-dropped-without-upper-bound": [
         "grammar",
         "adaptive-admitted-no-counts",
