@@ -3,13 +3,16 @@
 Each passed every case of the default run before the ``size`` axis: no case had a grammar output that lists
 no request (G = 0), and no case asked for as many logprobs as the vocabulary has tokens (k = V or t = V:
 the generators drew k up to 4 and t up to 6). Nor did any case declare extension fields as an empty dict or
-as many as one of each kind and dtype (cases declared one), an entry wider than a scalar, a local sampled-id
-or logprob width of 0 (the generators drew 1 and up) or one past 32 columns (they drew up to 9).
-:data:`CASES` are the cases that expose them.
+one of each kind and dtype (at most a few fields), an entry of more than 32 elements, a local sampled-id or
+logprob width of 0 (the generators drew 1 and up) or a sampled-id width past 32 columns (up to 9). One is no
+such defect: local logprobs past 33 columns (LocalLogprobsSkippedPastFixedBuffer) were drawn before, by the
+toy sampler at k = V, and the old run rejected it there too; it stays as the proof that c's largest end is
+judged. :data:`CASES` are the cases that expose them.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 import torch
@@ -92,9 +95,9 @@ class ExtensionEntriesStagedInFixedBuffer(ReferenceSharder):
 
 
 def _staged(value: torch.Tensor) -> torch.Tensor:
-    flat = value.reshape(value.shape[0], -1)
-    if flat.shape[1] <= STAGED_ENTRY:
+    if value.dim() < 2 or math.prod(value.shape[1:]) <= STAGED_ENTRY:
         return value
+    flat = value.flatten(1)
     cut = torch.zeros_like(flat)
     cut[:, :STAGED_ENTRY] = flat[:, :STAGED_ENTRY]
     return cut.reshape(value.shape)
@@ -127,13 +130,12 @@ def _sent_as_padding(out):
 
 
 class ZeroWidthLogprobsTakenForNone(ReferenceSharder):
-    """INV-LOGPROBS-VALUES: tests the local logprobs for emptiness by ``logprobs.numel() == 0``, so logprobs of
-    width 0 (valid: narrower rows are filled) are taken for none and the rows' selected-token ranks come back
-    as padding."""
+    """INV-LOGPROBS-VALUES: takes local logprobs without a column for none, so logprobs of width 0 (valid: narrower
+    rows are filled) come back as padding, the rows' selected-token ranks too."""
 
     def gather_sampler_output(self, local_output, *args, **kwargs):
         lp = None if local_output is None else local_output.logprobs_tensors
-        if lp is not None and lp.logprobs.numel() == 0:
+        if lp is not None and lp.logprobs.dim() == 2 and lp.logprobs.shape[1] == 0:
             local_output = replace(local_output, logprobs_tensors=None)
         return super().gather_sampler_output(local_output, *args, **kwargs)
 
