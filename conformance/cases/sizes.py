@@ -73,7 +73,10 @@ SIZES: dict[str, Size] = {
     "C": _follows("1 + max(k, t)"),
     "c": Size("0", f"{WIDE_LOCAL_WIDTH} columns or more: past C and past a fixed 32-column staging buffer"),
     "g": _follows("0 or 1: gather_num_nans false and true"),
-    "V": _follows("the engine's vocabulary; no construction argument bounds it"),
+    "V": _follows(
+        "the engine's vocabulary, at least 1; no construction argument bounds it, and what a buffer sized by it would "
+        "cut is drawn past any vocabulary: token ids at int64's limits (explicit outputs), k and t up to V"
+    ),
     "Vs": _follows("V padded and split over tp"),
     "G": Size("0", "max_num_reqs"),
     "R": _follows("the listed requests' rows (vllm-seed): G's and L's ends"),
