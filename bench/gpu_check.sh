@@ -24,7 +24,7 @@ card=$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/n
 versions=$(python -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)' 2>&1)
 { echo "gpu_check at $commit, $(date -u +%Y-%m-%dT%H:%MZ)"; echo "card: ${card:-none found}"; echo "$versions"; } >"$summary"
 upstream=${SHARDSPEC_UPSTREAM_FILE:-}
-default="gpu-tests bench counts conformance-tp1-nccl conformance-in-process-cuda conformance-torch-threads-cuda"
+default="gpu-tests bench replayable counts conformance-tp1-nccl conformance-in-process-cuda conformance-torch-threads-cuda"
 default="$default conformance-shared-gpu conformance-tp2-gloo-interpreted"
 [ -n "$upstream" ] && default="$default upstream-shared-gpu"
 parts=" ${*:-$default} "
@@ -41,6 +41,8 @@ part() {  # part NAME SECONDS COMMAND...
 part gpu-tests 240 python -m pytest -q -x tests/gpu tests/impl tests/cuda_graph_step tests/test_step_counts.py
 part bench 300 python bench/bench_step.py --graph --repeats 5 --target-s 0.1 --out "$OUT/bench.json" \
   ${upstream:+--upstream "$upstream"}
+# Production's step captured per batch shape and replayed for other batches of it, checked against eager steps.
+part replayable 200 python bench/replayable_step.py ${upstream:+--upstream "$upstream"}
 part counts 200 python bench/step_counts.py --out "$OUT/counts.json" ${upstream:+--upstream "$upstream"}
 # One process per rank on one GPU is tp 1, which vllm-0.34 (the default) refuses to build (PRE-TP-SIZE): the
 # part runs under vllm-0.33, the newest bundled profile that builds a one-rank sharder.
