@@ -273,6 +273,8 @@ def _local_width(name: str, width: int):
                 logprob_token_ids=[_resized(row, width, 0) for row in out.logprob_token_ids],
                 logprobs=[_resized(row, width, -1.0) for row in out.logprobs],
             )
+            if width == 0:  # the rows' selected ranks, all that is left, differ from a padding row's 0
+                out = replace(out, selected_token_ranks=[1 + r % 7 for r in range(len(out.logprob_token_ids))])
         return replace(case, local_outputs={**case.local_outputs, rank: out})
 
     return realize
