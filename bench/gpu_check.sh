@@ -54,8 +54,9 @@ part conformance-shared-gpu 300 python -m shardspec.conformance --impl productio
   --json "$OUT/conformance-shared-gpu.json"
 part conformance-in-process-cuda 480 python -m shardspec.conformance --in-process --in-process-device cuda \
   --impl production,reference/production --tp 1,2,3,4,8 --json "$OUT/conformance-in-process.json"
+# SHARDSPEC_THREADS_TP: its group sizes (2,3,4,8 unless set; it is the longest part, about 5 minutes on an H100).
 part conformance-torch-threads-cuda 400 python -m shardspec.conformance --in-process-group torch-threads \
-  --in-process-device cuda --impl production,reference/production --tp 2,3,4,8 --json "$OUT/conformance-torch-threads.json"
+  --in-process-device cuda --impl production,reference/production --tp "${SHARDSPEC_THREADS_TP:-2,3,4,8}" --json "$OUT/conformance-torch-threads.json"
 part conformance-tp2-gloo-interpreted 200 python -m shardspec.conformance --impl production --tp 2 --fixtures-only
 # The file's release: SHARDSPEC_UPSTREAM_PROFILE (vllm-0.34 unless set) names its profile and known failures.
 upstream_profile=${SHARDSPEC_UPSTREAM_PROFILE:-vllm-0.34}
