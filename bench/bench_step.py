@@ -44,6 +44,7 @@ from shardspec.impl import ProductionSharder  # noqa: E402
 from shardspec.reference import ReferenceSharder  # noqa: E402
 from shardspec.spec.builders import build_input_batch  # noqa: E402
 from shardspec.spec.model import LogprobsTensors, SamplerOutput, num_logprob_columns  # noqa: E402
+from shardspec.spec.profiles import DEFAULT_PROFILE, PROFILES, rules_of  # noqa: E402
 
 IMPLS = {"reference": ReferenceSharder, "production": ProductionSharder}
 UPSTREAM = "upstream"
@@ -66,7 +67,15 @@ def parse_args(argv=None):
     parser.add_argument("--target-s", type=float, default=0.2, help="time per measurement")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--upstream", metavar="FILE", help="also time vLLM's batch_shard.py at this path")
+    parser.add_argument(
+        "--profile",
+        default=DEFAULT_PROFILE,
+        help="the profile the sharders follow and the batches are built for (default %(default)s); under "
+        "owner rule owner_table each step passes an owner table, which the --upstream adapter cannot",
+    )
     args = parser.parse_args(argv)
+    if args.profile not in PROFILES:
+        parser.error(f"--profile {args.profile}: no bundled profile of that name ({', '.join(PROFILES)})")
     if args.quick:
         args.num_reqs, args.logits_per_req, args.tp = [4, 16], [1, 2], [2]
         args.max_num_reqs, args.vocab, args.num_logprobs = 32, 256, 2
@@ -86,14 +95,19 @@ class Bench:
     def __init__(self, args, num_reqs: int, logits_per_req: int, tp: int, device: torch.device):
         rng = np.random.default_rng(num_reqs * 10 + logits_per_req + 1000 * tp)
         slots = rng.permutation(args.max_num_reqs)[:num_reqs]
-        self.tp, self.device = tp, device
+        self.tp, self.device, self.profile = tp, device, args.profile
         self.batch = engine_batch(slots, [logits_per_req] * num_reqs, device)
+        # Under owner rule owner_table: the owners earlier steps left in the engine's table (CL-OWNER-TABLE).
+        by_table = rules_of(args.profile).owner_by_table
+        self.shard_kwargs = {"owner_table": rng.integers(0, tp, args.max_num_reqs)} if by_table else {}
         self.dims = (args.num_logprobs, 0)
         self.capacity = (args.max_num_reqs, max(args.logits_per_req))
         num_logits = num_reqs * logits_per_req
         self.logits_shard = torch.randn(num_logits, args.vocab // tp, device=device)
 
     def sharder(self, impl: str, **options):
+        if impl != UPSTREAM:  # the adapter of vLLM's file follows the file's own rules
+            options = {"profile": self.profile, **options}
         return IMPLS[impl](*self.capacity, comm=LoopbackComm(0, self.tp), device=self.device, **options)
 
     def local_output(self, local_batch) -> SamplerOutput:
@@ -115,7 +129,8 @@ class Bench:
         )
 
     def calls(self, sharder) -> dict[str, Callable[[], object]]:
-        shard = sharder.shard_sampler_inputs(self.batch, None)
+        shard_kwargs = self.shard_kwargs
+        shard = sharder.shard_sampler_inputs(self.batch, None, **shard_kwargs)
         out = self.local_output(shard.local_batch)
 
         def gather(md=shard.metadata, local=shard.local_batch):
@@ -126,9 +141,20 @@ class Bench:
         gather_kwargs = {"gather_num_nans": True, "logprobs_dims": self.dims}
 
         def step():  # the engine's step; the sampler's output is fixed (the sampler is not timed)
-            return engine_step(sharder, self.batch, None, lambda s: self.logits_shard, lambda f, s: out, gather_kwargs)
+            return engine_step(
+                sharder,
+                self.batch,
+                None,
+                lambda s: self.logits_shard,
+                lambda f, s: out,
+                gather_kwargs,
+                shard_kwargs=shard_kwargs,
+            )
 
-        return {"shard": lambda: sharder.shard_sampler_inputs(self.batch, None), "gather": gather, "step": step}
+        def shard_step():
+            return sharder.shard_sampler_inputs(self.batch, None, **shard_kwargs)
+
+        return {"shard": shard_step, "gather": gather, "step": step}
 
 
 def bench_device() -> torch.device:
@@ -255,6 +281,10 @@ def add_upstream(upstream_file: str):
 
 def run(args) -> dict:
     if args.upstream is not None:
+        if rules_of(args.profile).owner_by_table:
+            raise SystemExit(
+                f"--upstream with --profile {args.profile}: the adapter of vLLM's file passes no owner table"
+            )
         add_upstream(args.upstream)
     print(header(UPSTREAM in IMPLS), flush=True)
     device = bench_device()
@@ -291,6 +321,7 @@ def settings(args) -> dict:
         "communicator": "LoopbackComm",
         "check_preconditions": f"on, except in {UNCHECKED}.*",
         "upstream": args.upstream,
+        "profile": args.profile,
     }
 
 

@@ -3,7 +3,7 @@
 A part timed alone repeats one call with warm caches; inside whole steps the same call runs
 between the others, as an engine runs it, and usually costs more.
 
-    python bench/profile_step.py [--num-reqs 1024] [--logits-per-req 1] [--tp 8]
+    python bench/profile_step.py [--num-reqs 1024] [--logits-per-req 1] [--tp 8] [--upstream FILE]
 """
 
 from __future__ import annotations
@@ -12,11 +12,12 @@ import argparse
 import cProfile
 import io
 import pstats
+import statistics
 import sys
 import time
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
-from bench_step import Bench, bench_device, burst_us, parse_args, synchronize  # noqa: E402
+from bench_step import UPSTREAM, Bench, add_upstream, bench_device, burst_us, parse_args, synchronize  # noqa: E402
 
 
 def per_call_us(fn, device, iters: int) -> float:
@@ -66,6 +67,24 @@ def _plan_sizes(batch, metadata) -> tuple:
     )
 
 
+def side_by_side(bench, device, iters: int, rounds: int = 8) -> int:
+    """Each part's median wall time inside steps, production against vLLM's file, in alternating rounds."""
+    sharders = {impl: bench.sharder(impl) for impl in ("production", UPSTREAM)}
+    segments = {impl: [] for impl in sharders}
+    for round_ in range(rounds):
+        for impl in sharders if round_ % 2 == 0 else reversed(sharders):
+            segments[impl].append(step_segments(sharders[impl], bench, device, iters // rounds))
+    medians = {impl: {n: statistics.median(s[n] for s in runs) for n in runs[0]} for impl, runs in segments.items()}
+    for name in medians["production"]:
+        ours, theirs = medians["production"][name], medians[UPSTREAM][name]
+        print(
+            f"{name + ' in step':>26}: production {ours:7.1f} us, vLLM's file {theirs:7.1f} us ({ours / theirs:.2f}x)"
+        )
+    ours, theirs = sum(medians["production"].values()), sum(medians[UPSTREAM].values())
+    print(f"{'sum':>26}: production {ours:7.1f} us, vLLM's file {theirs:7.1f} us ({ours / theirs:.2f}x)", flush=True)
+    return 0
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--num-reqs", type=int, default=1024)
@@ -73,10 +92,18 @@ def main(argv=None) -> int:
     parser.add_argument("--tp", type=int, default=8)
     parser.add_argument("--steps", type=int, default=2000, help="profiled steps")
     parser.add_argument("--iters", type=int, default=2000, help="calls per timed part")
+    parser.add_argument(
+        "--upstream",
+        metavar="FILE",
+        help="instead: the parts inside steps of production and vLLM's file side by side, alternating rounds",
+    )
     own = parser.parse_args(argv)
     args = parse_args([])
     device = bench_device()
     bench = Bench(args, own.num_reqs, own.logits_per_req, own.tp, device)
+    if own.upstream:
+        add_upstream(own.upstream)
+        return side_by_side(bench, device, own.iters)
     sharder = bench.sharder("production")
     calls = bench.calls(sharder)
     shard = sharder.shard_sampler_inputs(bench.batch, None)

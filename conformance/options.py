@@ -234,6 +234,15 @@ OPTIONS: tuple[Option, ...] = (
         env="SHARDSPEC_LAUNCHER",
     ),
     Option(
+        "share_gpus",
+        "--share-gpus",
+        "one process per rank on CUDA even where a group has more ranks than there are GPUs: rank r runs on "
+        "GPU r % count and the collectives go through gloo (NCCL takes one rank per GPU); without it such a "
+        "group runs on the CPU with Triton's interpreter",
+        kind="switch",
+        default=False,
+    ),
+    Option(
         "run_dir",
         "--run-dir",
         "keep the run's files (per-rank frame streams, launch logs) in this new or empty folder",
@@ -305,6 +314,11 @@ def resolve(given: Mapping[str, Any], environ: Mapping[str, str] = os.environ) -
             raise UsageError(f"--launcher external: one group size (the launch's world size), not {values['tp']}")
         if values["run_dir"] is None:
             raise UsageError("--launcher external: give a --run-dir that every node can read and write")
+    if values["share_gpus"] and (values["in_process"] or values["launcher"] in ("fork", "external")):
+        raise UsageError(
+            "--share-gpus: rank processes that the suite starts with torchrun (not --in-process, --launcher "
+            "fork or external)"
+        )
     return values
 
 
@@ -348,12 +362,17 @@ def resolve_run(given: Mapping[str, Any], environ: Mapping[str, str] = os.enviro
         xfails_file=values["xfails_file"],
         json_path=values["json"],
         profile=values["profile"],
+        share_gpus=values["share_gpus"],
     )
-    if config.in_process_device == "cuda":
-        import torch
+    for flag, wants_cuda in (
+        ("--in-process-device cuda", config.in_process_device == "cuda"),
+        ("--share-gpus", config.share_gpus),
+    ):
+        if wants_cuda:
+            import torch
 
-        if not torch.cuda.is_available():
-            raise UsageError("--in-process-device cuda: no CUDA device is available")
+            if not torch.cuda.is_available():
+                raise UsageError(f"{flag}: no CUDA device is available")
     return Resolved(config, collect_cases(config) if config.selected else None)
 
 

@@ -76,7 +76,7 @@ def reproduce_command(choice: ImplChoice, case: Case, made_here: bool, run_dir: 
 def mode_args(config: RunConfig) -> tuple:
     """The options that make a reproducing run use the same kind of group as this run."""
     if not config.in_process:
-        return ()
+        return ("--share-gpus",) if config.share_gpus else ()
     device = config.in_process_device
     chosen_device = ("--in-process-device", device) if device != "auto" else ()
     return ("--in-process-group", config.in_process_group, *chosen_device)

@@ -63,6 +63,8 @@ class RunConfig:
     json_path: str | None = None
     # The profile every case is judged under (spec/index.yaml).
     profile: str = DEFAULT_PROFILE
+    # Rank processes on CUDA where a group has more ranks than GPUs: GPUs shared, collectives on gloo.
+    share_gpus: bool = False
 
     @property
     def selected(self) -> bool:

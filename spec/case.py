@@ -58,14 +58,17 @@ class ExplicitLocalOutput:
     cu_num_generated_tokens_tensor: list[int] | None = None  # int32 on the device; profile vllm-0.33
 
     def to_sampler_output(self, device) -> SamplerOutput:
+        # Rows and columns named (not -1): a width of 0 leaves no element to infer the rows from.
         width = max((len(row) for row in self.sampled_token_ids), default=1)
-        ids = torch.tensor(self.sampled_token_ids, dtype=torch.int64, device=device).reshape(-1, width)
+        rows = len(self.sampled_token_ids)
+        ids = torch.tensor(self.sampled_token_ids, dtype=torch.int64, device=device).reshape(rows, width)
         logprobs = None
         if self.logprob_token_ids is not None:
             cols = max((len(row) for row in self.logprob_token_ids), default=1)
+            shape = (len(self.logprob_token_ids), cols)
             logprobs = LogprobsTensors(
-                torch.tensor(self.logprob_token_ids, dtype=torch.int64, device=device).reshape(-1, cols),
-                torch.tensor(self.logprobs, dtype=torch.float32, device=device).reshape(-1, cols),
+                torch.tensor(self.logprob_token_ids, dtype=torch.int64, device=device).reshape(shape),
+                torch.tensor(self.logprobs, dtype=torch.float32, device=device).reshape(shape),
                 torch.tensor(self.selected_token_ranks, dtype=torch.int64, device=device),
                 None if self.cu_num_generated_tokens is None else list(self.cu_num_generated_tokens),
                 None

@@ -253,7 +253,17 @@ def _logits_limits(logits: torch.Tensor, logits_rows: torch.Tensor) -> torch.Ten
 # path reads them (the unsharded path too). Valid: logits at their dtype's limits.
 TOKEN_LOGITS_EDITS: dict[str, Callable] = {LOGITS_LIMITS_EDIT: _logits_limits}
 
-EDIT_NAMES = (*INPUT_EDITS, *OWNER_TABLE_EDITS, *TOKEN_LOGITS_EDITS, *LOGITS_SHARD_EDITS, *LOCAL_OUTPUT_EDITS)
+# extension_fields={}: declared, none of them (a case's empty ``extensions`` declares nothing, None).
+EXTENSIONS_DECLARED_EMPTY = "extension-fields-declared-empty"
+GATHER_EDITS = (EXTENSIONS_DECLARED_EMPTY,)
+EDIT_NAMES = (
+    *GATHER_EDITS,
+    *INPUT_EDITS,
+    *OWNER_TABLE_EDITS,
+    *TOKEN_LOGITS_EDITS,
+    *LOGITS_SHARD_EDITS,
+    *LOCAL_OUTPUT_EDITS,
+)
 
 
 def check_edit_names(edits) -> None:
@@ -304,10 +314,17 @@ def finish_local_output(
     return out
 
 
-def gather_options(declared: dict) -> dict:
-    """Extra keyword arguments of gather_sampler_output: only a case that declares fields passes any."""
-    fields = extension_fields(declared)
+def gather_options(declared: dict, edits=()) -> dict:
+    """Extra keyword arguments of gather_sampler_output: only a case that declares fields passes any (or
+    an empty declaration, with EXTENSIONS_DECLARED_EMPTY)."""
+    fields = declared_fields(declared, edits)
     return {} if fields is None else {"extension_fields": fields}
+
+
+def declared_fields(declared: dict, edits=()) -> dict[str, ExtensionSpec] | None:
+    """The extension_fields a case passes: its declarations, {} with EXTENSIONS_DECLARED_EMPTY, else None."""
+    fields = extension_fields(declared)
+    return {} if fields is None and EXTENSIONS_DECLARED_EMPTY in edits else fields
 
 
 def gather_kwargs(case) -> dict:
@@ -315,5 +332,5 @@ def gather_kwargs(case) -> dict:
     return {
         "gather_num_nans": case.gather_num_nans,
         "logprobs_dims": case.logprobs_dims,
-        **gather_options(case.extensions),
+        **gather_options(case.extensions, case.edits),
     }

@@ -274,3 +274,40 @@ def test_the_bench_times_vllm_0_33_on_the_batches_its_engine_sends(tmp_path):
     _, result = _quick_bench(tmp_path, VLLM_033_FILE)
     rows = result["rows"]
     assert rows and all(row["upstream.step"]["wall_us"] > 0 for row in rows)
+
+
+def _bench(tmp_path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "bench_step.py"), "--quick", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=dict(os.environ, TRITON_INTERPRET="1"),
+        cwd=tmp_path,
+    )
+
+
+def test_the_bench_passes_the_owner_table_its_profile_needs(tmp_path):
+    """Under owner rule owner_table every shard takes an owner table (without one production refuses the
+    step, PRE-OWNER-TABLE): the run completing is that check; the JSON names the profile."""
+    out = tmp_path / "bench.json"
+    proc = _bench(tmp_path, "--profile", "vllm-0.34-sharded-draft-cache", "--out", str(out))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    result = json.loads(out.read_text())
+    assert result["settings"]["profile"] == "vllm-0.34-sharded-draft-cache"
+    assert all(row["production.step"]["wall_us"] > 0 for row in result["rows"])
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--profile", "vllm-0.99"], "--profile vllm-0.99: no bundled profile of that name"),
+        (
+            ["--profile", "vllm-0.34-sharded-draft-cache", "--upstream", str(STAND_IN)],
+            "the adapter of vLLM's file passes no owner table",
+        ),
+    ],
+)
+def test_a_profile_the_bench_cannot_time_is_named(tmp_path, args, message):
+    proc = _bench(tmp_path, *args)
+    assert proc.returncode != 0 and message in proc.stderr, proc.stderr

@@ -389,6 +389,24 @@ CORPUS += [
         "logprobs-whole-vocabulary",
         requires={},
     ),
+    _entry(
+        "extensions-none-when-none-declared", "sizes", "ExtensionsNoneWhenNoneDeclared", "extensions-declared-empty"
+    ),
+    _entry(
+        "extension-fields-in-fixed-table", "sizes", "ExtensionFieldsInFixedTable", "extensions-every-kind-and-dtype"
+    ),
+    _entry(
+        "extension-entries-staged-in-fixed-buffer",
+        "sizes",
+        "ExtensionEntriesStagedInFixedBuffer",
+        "extension-entry-vocabulary-wide",
+    ),
+    _entry(
+        "zero-width-ids-taken-for-an-idle-rank", "sizes", "ZeroWidthIdsTakenForAnIdleRank", "sampled-ids-width-zero"
+    ),
+    _entry("local-ids-skipped-past-fixed-buffer", "sizes", "LocalIdsSkippedPastFixedBuffer", "sampled-ids-wide"),
+    _entry("zero-width-logprobs-taken-for-none", "sizes", "ZeroWidthLogprobsTakenForNone", "logprobs-width-zero"),
+    _entry("local-logprobs-skipped-past-fixed-buffer", "sizes", "LocalLogprobsSkippedPastFixedBuffer", "logprobs-wide"),
 ]
 
 

@@ -303,33 +303,27 @@ IDLE_RANK_INT64 = _case(
     "idle-rank-int64-prefix-sums", slots=[4], num_logits_per_req=[2], batch_dtypes={"cu_num_logits": "int64"}
 )
 ALL += [ADMITTED, BUDGET_ZERO, ADMITTED_EXTENSIONS, ADMITTED_NO_COUNTS, IDLE_RANK_INT64]
+
+
 # ADMITTED's requests two steps running with the same scheduled rows, the budget binding otherwise on the
 # second (the admitted counts differ), then in an int32 batch: what a sharder keeps from its first step
 # shows on the later ones.
-DECODE_LOOP_ADMITTED = _case(
-    "decode-loop-admitted",
-    slots=ADMITTED.slots,
-    num_logits_per_req=ADMITTED.num_logits_per_req,
-    adaptive_verification=True,
+def _admitted_step(**fields) -> Case:
+    """A step of ADMITTED's requests with their scheduled rows, under adaptive verification."""
+    return _case(
+        "decode-loop-admitted",
+        slots=ADMITTED.slots,
+        num_logits_per_req=ADMITTED.num_logits_per_req,
+        adaptive_verification=True,
+        **fields,
+    )
+
+
+DECODE_LOOP_ADMITTED = _admitted_step(
     admitted_drafts=ADMITTED.admitted_drafts,
     then=[
-        _case(
-            "decode-loop-admitted",
-            slots=ADMITTED.slots,
-            num_logits_per_req=ADMITTED.num_logits_per_req,
-            adaptive_verification=True,
-            admitted_drafts=[2, 1, 0, 0],
-            seq_lens_growth=1,
-        ),
-        _case(
-            "decode-loop-admitted",
-            slots=ADMITTED.slots,
-            num_logits_per_req=ADMITTED.num_logits_per_req,
-            adaptive_verification=True,
-            admitted_drafts=[2, 1, 0, 0],
-            seq_lens_growth=2,
-            batch_dtypes={"idx_mapping": "int32"},
-        ),
+        _admitted_step(admitted_drafts=[2, 1, 0, 0], seq_lens_growth=1),
+        _admitted_step(admitted_drafts=[2, 1, 0, 0], seq_lens_growth=2, batch_dtypes={"idx_mapping": "int32"}),
     ],
 )
 ALL += [DECODE_LOOP_ADMITTED]

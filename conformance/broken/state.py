@@ -64,37 +64,46 @@ class StepCachedByRequests(ReferenceSharder):
         return self._steps[key]
 
 
-class DraftCountsCachedByRequestSet(ReferenceSharder):
-    """INV-LOCAL-DRAFTS: keeps the local draft counts of the first step with a set of requests, so a later step
-    of the same requests whose drafts changed gets the counts of the first."""
+class _LocalFieldCached(ReferenceSharder):
+    """Keeps the local batch's ``field`` of the first step whose batch has a given ``key`` and hands it out
+    on every later step with that key (a cache keyed by less than the field depends on)."""
+
+    field = ""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        self._drafts: dict[frozenset, object] = {}
+        self._kept: dict = {}
+
+    def key(self, batch):
+        raise NotImplementedError
 
     def shard_sampler_inputs(self, batch, grammar_output=None, **kwargs):
         result = super().shard_sampler_inputs(batch, grammar_output, **kwargs)
         local = result.local_batch
-        kept = self._drafts.setdefault(frozenset(batch.req_ids), local.num_draft_tokens_per_req)
-        return result._replace(local_batch=replace(local, num_draft_tokens_per_req=kept))
+        kept = self._kept.setdefault(self.key(batch), getattr(local, self.field))
+        return result._replace(local_batch=replace(local, **{self.field: kept}))
 
 
-class LocalDraftsCachedByScheduledDrafts(ReferenceSharder):
+class DraftCountsCachedByRequestSet(_LocalFieldCached):
+    """INV-LOCAL-DRAFTS: keeps the local draft counts of the first step with a set of requests, so a later step
+    of the same requests whose drafts changed gets the counts of the first."""
+
+    field = "num_draft_tokens_per_req"
+
+    def key(self, batch):
+        return frozenset(batch.req_ids)
+
+
+class LocalDraftsCachedByScheduledDrafts(_LocalFieldCached):
     """INV-LOCAL-DRAFTS: keeps the local num_draft_tokens of the first step with the same requests and the same
     scheduled drafts, so a later step of them whose admitted counts differ (the budget binds otherwise) gets
     the first step's count (a plan cache keyed by what the scheduler sent, not by what verification admits)."""
 
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self._drafts: dict[tuple, int] = {}
+    field = "num_draft_tokens"
 
-    def shard_sampler_inputs(self, batch, grammar_output=None, **kwargs):
-        result = super().shard_sampler_inputs(batch, grammar_output, **kwargs)
+    def key(self, batch):
         scheduled = batch.num_draft_tokens_per_req
-        key = (tuple(batch.req_ids), None if scheduled is None else tuple(np.asarray(scheduled).tolist()))
-        local = result.local_batch
-        kept = self._drafts.setdefault(key, local.num_draft_tokens)
-        return result._replace(local_batch=replace(local, num_draft_tokens=kept))
+        return tuple(batch.req_ids), None if scheduled is None else tuple(np.asarray(scheduled).tolist())
 
 
 class LocalIdxMappingInFirstStepsDtype(MisreportingSharder):

@@ -27,8 +27,9 @@ variations of each field, along six axes:
   present and absent, adaptive verification, each batch dtype other than the default) with each optional
   output (logprobs, grammar, extension fields, NaN counts), :func:`profile_output_pairs`;
 * ``size``: ``empty`` and ``largest`` of every size of the data model (its symbols: N, L, n, L_local,
-  G, k, t, and the batch's draft count), the largest being what the construction arguments or the
-  vocabulary allow (cases/sizes.py, which says why the other symbols have none);
+  G, k, t, w, c, E, and the batch's draft count and the extension fields' count), the largest being what
+  the construction arguments or the vocabulary allow, or where nothing bounds a size, one past what a
+  fixed buffer would hold (cases/sizes.py, which says why the other symbols have none);
 * ``step``: ``changed`` for each argument an engine may change between consecutive steps of one
   sharder (the sharder's construction parameters are fixed for its lifetime); ``changed`` for each
   field of :data:`LOOP_FIELDS` as well, where the step has the same requests as the one before and that

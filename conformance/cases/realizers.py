@@ -41,8 +41,8 @@ from shardspec.conformance.cases.input_space import (
     input_space,
     pair_parts,
 )
-from shardspec.conformance.cases.sizes import SIZE_REALIZERS, largest_batch
-from shardspec.spec.case import case_owners, least_capacity
+from shardspec.conformance.cases.sizes import SIZE_REALIZERS, largest_batch, with_logprobs
+from shardspec.spec.case import least_capacity
 from shardspec.spec.case_edits import LOGITS_LIMITS_EDIT, UPPER_BOUND_ABSENT
 from shardspec.spec.model import DEFAULT_PROFILE
 from shardspec.spec.profiles import rules_of
@@ -85,21 +85,6 @@ def _slot(value: str) -> Callable:
 _LOGPROB_NAMES = ("logprob_token_ids", "logprobs", "selected_token_ranks")
 
 
-def _with_logprobs(case, rank: int, out):
-    """``out`` with logprobs of the agreed width for its rows where it has none."""
-    if out.logprob_token_ids is not None:
-        return out
-    owners = case_owners(case)
-    rows = sum(n for n, owner in zip(case.num_logits_per_req, owners, strict=True) if owner == rank)
-    cols = 1 + max(case.logprobs_dims)
-    return replace(
-        out,
-        logprob_token_ids=[[0] * cols for _ in range(rows)],
-        logprobs=[[-1.0] * cols for _ in range(rows)],
-        selected_token_ranks=[0] * rows,
-    )
-
-
 def _explicit_value(name: str, value) -> Callable:
     def realize(case, rng):
         if not isinstance(case.local_outputs, dict) or not case.local_outputs:
@@ -109,7 +94,7 @@ def _explicit_value(name: str, value) -> Callable:
         outputs = {}
         for rank, out in case.local_outputs.items():
             if name in _LOGPROB_NAMES:
-                out = _with_logprobs(case, rank, out)
+                out = with_logprobs(case, rank, out)
             values = getattr(out, name)
             if values is None or not values:
                 outputs[rank] = out

@@ -29,13 +29,19 @@ def reference_factory(max_num_reqs, max_num_logits_per_req, *, comm, device, pro
     )
 
 
-def rank_device_kind(tp_size: int) -> str:
-    """Where the ranks of a group of ``tp_size`` run: one GPU each (NCCL), else the CPU (gloo).
+def rank_placement(world_size: int, share_gpus: bool = False, num_gpus: int | None = None) -> tuple[str, str]:
+    """(device kind, collective backend) of a launched world of ``world_size`` ranks: one GPU each on
+    NCCL; with ``share_gpus`` and fewer GPUs than ranks, GPUs shared on gloo (NCCL refuses a second rank
+    on a GPU, gloo moves CUDA tensors through host memory); else the CPU on gloo.
 
     The expectation is computed on the same kind of device: float results
     such as log-softmax differ in the last bits between devices.
     """
-    return "cuda" if torch.cuda.is_available() and torch.cuda.device_count() >= tp_size else "cpu"
+    if num_gpus is None:
+        num_gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if num_gpus >= world_size:
+        return "cuda", "nccl"
+    return ("cuda", "gloo") if share_gpus and num_gpus else ("cpu", "gloo")
 
 
 @contextlib.contextmanager

@@ -56,6 +56,7 @@ class ProcessGroup:
     log: Callable[[str], None] = print
     max_crashes: int = 3  # see harness/crashes.py
     tp_groups: int = 1  # TP groups of one launched world
+    share_gpus: bool = False  # more ranks than GPUs: ranks share GPUs, collectives on gloo
     servers: dict = field(default_factory=dict)  # the preloaded rank server, kept while its environment holds
     # Each launch whose group never started: {"tp", "launch", "reason", "log", "error"} (the first lines of
     # its ranks' error), for the report.
@@ -63,7 +64,8 @@ class ProcessGroup:
 
     def describe(self) -> str:
         groups = f", {self.tp_groups} TP groups per world" if self.tp_groups > 1 else ""
-        return f"one process per rank (gloo or NCCL){groups}"
+        where = "on shared GPUs, gloo" if self.share_gpus else "gloo or NCCL"
+        return f"one process per rank ({where}){groups}"
 
     def run(self, jobs: list[Job], tp: int, judge, on_result: OnResult) -> list[CaseResult]:
         from shardspec.conformance.harness.multiprocess import LaunchOptions, run_jobs_multiprocess
@@ -75,6 +77,7 @@ class ProcessGroup:
             launcher=self.launcher,
             max_crashes=self.max_crashes,
             tp_groups=self.tp_groups,
+            share_gpus=self.share_gpus,
         )
         return run_jobs_multiprocess(
             jobs, tp, options, judge, on_result, self.log, self.servers, failures=self.launch_failures
@@ -130,4 +133,5 @@ def group_for(config, run_dir: pathlib.Path, log: Callable[[str], None]) -> Grou
         log,
         max_crashes=config.max_crashes,
         tp_groups=config.tp_groups,
+        share_gpus=config.share_gpus,
     )

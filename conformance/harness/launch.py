@@ -34,10 +34,14 @@ class GroupStarter:
     server on the CPU (a new server after one was killed). CUDA does not survive a fork, so ranks
     on GPUs always get fresh processes."""
 
-    def __init__(self, run_dir: pathlib.Path, device_kind: str, launcher: str = "auto", log=print, servers=None):
+    def __init__(
+        self, run_dir: pathlib.Path, device_kind: str, launcher: str = "auto", log=print, servers=None, backend=None
+    ):
+        """``backend``: the ranks' collective backend (None: NCCL on GPUs, gloo on the CPU)."""
         if launcher not in ("auto", "torchrun", "fork", "external"):
             raise ValueError(f"launcher {launcher!r}: expected auto, torchrun, fork or external")
         self.run_dir, self.device_kind, self.log = run_dir, device_kind, log
+        self.backend = backend or ("gloo" if device_kind == "cpu" else "nccl")
         self.servers = {} if servers is None else servers
         self.external = launcher == "external"
         self.use_torchrun = launcher == "torchrun" or (launcher == "auto" and device_kind != "cpu")

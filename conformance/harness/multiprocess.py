@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 
 from shardspec.conformance.harness.crashes import CrashBudget, suspect_crash
-from shardspec.conformance.harness.expectations import rank_device_kind, save_expectations
+from shardspec.conformance.harness.expectations import rank_placement, save_expectations
 from shardspec.conformance.harness.external import JOIN_S
 from shardspec.conformance.harness.follower import Follower
 from shardspec.conformance.harness.group import Job
@@ -52,6 +52,8 @@ class LaunchOptions:
     # TP groups in the world of each launch the suite starts (blocks of tp consecutive ranks, each running
     # every job, each judged); an external launch holds as many as the ranks that join make (WORLD_SIZE / tp).
     tp_groups: int = 1
+    # Where a world has more ranks than GPUs: run them on the GPUs anyway, shared, with gloo collectives.
+    share_gpus: bool = False
 
 
 def run_jobs_multiprocess(
@@ -69,10 +71,12 @@ def run_jobs_multiprocess(
     ``failures``: where each launch whose group never started is told (:func:`launch_failure`)."""
     run_dir = options.run_dir
     run_dir.mkdir(parents=True, exist_ok=True)
-    device_kind = (
-        rank_device_kind(tp * options.tp_groups)
+    device_kind, backend = (
+        rank_placement(tp * options.tp_groups, options.share_gpus)
         if options.launcher != "external"
-        else ("cuda" if torch.cuda.is_available() else "cpu")
+        else ("cuda", "nccl")
+        if torch.cuda.is_available()
+        else ("cpu", "gloo")
     )  # one GPU per rank on each node
     cases = list({job.case.case_id: job.case for job in jobs}.values())
     judge = judge.at(device_kind)  # the judge decodes and rebuilds on the ranks' device kind
@@ -93,7 +97,7 @@ def run_jobs_multiprocess(
     # collective end a launch: run them last, so they cost fewer relaunches.
     breaking = {i for i, job in enumerate(jobs) if _breaks_group(expectations[job.case.case_id])}
     remaining = [i for i in range(len(jobs)) if i not in breaking] + sorted(breaking)
-    starter = GroupStarter(run_dir, device_kind, options.launcher, log, {} if servers is None else servers)
+    starter = GroupStarter(run_dir, device_kind, options.launcher, log, {} if servers is None else servers, backend)
     launch_number, idle_launches = 0, 0
     crashes = CrashBudget(options.max_crashes)
     alone: set[int] = set()  # jobs run again in a launch of their own after a suspect crash
@@ -177,6 +181,7 @@ def _launch(jobs, indices, tp, options, name, results, on_result, starter, judge
         "job_indices": indices,
         "tp": tp,  # a world of more ranks holds several TP groups of tp
         "device": starter.device_kind,
+        "backend": starter.backend,
         "case_timeout_s": options.case_timeout_s,
         "pg_timeout_s": options.pg_timeout_s,
     }

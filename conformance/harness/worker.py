@@ -133,19 +133,21 @@ class Streamer:
         return encode({name: getattr(outputs, name) for name in FINAL_FIELDS})
 
 
-def _init_group(pg_timeout_s: float, device_kind: str, tp: int | None = None):
-    """(device, the group for status exchanges, the rank's TP group)."""
+def _init_group(pg_timeout_s: float, device_kind: str, tp: int | None = None, backend: str | None = None):
+    """(device, the group for status exchanges, the rank's TP group). ``backend``: the collectives' (None:
+    NCCL on GPUs, gloo on the CPU); on gloo, ranks share the GPUs round-robin."""
     from shardspec.conformance.harness.external import adopt_slurm_environment
 
     adopt_slurm_environment()
     torch.set_num_threads(1)  # as the expectations were computed, whoever started this rank
     use_cuda = device_kind == "cuda"
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    device = torch.device(f"cuda:{local_rank}") if use_cuda else torch.device("cpu")
+    backend = backend or ("nccl" if use_cuda else "gloo")
+    device = torch.device("cuda", local_rank % torch.cuda.device_count()) if use_cuda else torch.device("cpu")
     if use_cuda:
         torch.cuda.set_device(device)
     timeout = datetime.timedelta(seconds=pg_timeout_s)
-    dist.init_process_group(backend="nccl" if use_cuda else "gloo", timeout=timeout)
+    dist.init_process_group(backend=backend, timeout=timeout)
     # Status exchanges between cases use their own group, so that they never
     # pair with a data collective of a rank that is still inside a step.
     control = dist.new_group(backend="gloo", timeout=timeout)
@@ -205,7 +207,9 @@ def exit_status(exc: SystemExit) -> int:
 def main(argv: list[str]) -> int:
     run_dir, launch_file = pathlib.Path(argv[0]), pathlib.Path(argv[1])
     launch = json.loads(launch_file.read_text())
-    device, control, tp_group = _init_group(launch["pg_timeout_s"], launch.get("device", "cpu"), launch.get("tp"))
+    device, control, tp_group = _init_group(
+        launch["pg_timeout_s"], launch.get("device", "cpu"), launch.get("tp"), launch.get("backend")
+    )
     world_rank = dist.get_rank()
     writer = FrameWriter(run_dir / f"{launch_file.stem}-rank{world_rank}.frames")
 

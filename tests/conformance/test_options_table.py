@@ -145,7 +145,7 @@ def test_the_guide_lists_the_table():
 
 def test_defaults_come_from_the_table():
     values = resolve({}, {})
-    assert values["tp"] == [1, 2, 3, 4, 8] and values["max_examples"] == 36 and values["timeout"] == 60.0
+    assert values["tp"] == [1, 2, 3, 4, 8] and values["max_examples"] == 25 and values["timeout"] == 60.0
     assert values["pg_timeout"] == 60.0 and values["impl"] == ["reference"] and values["launcher"] == "auto"
     quick = resolve({}, {"SHARDSPEC_QUICK": "1", "SHARDSPEC_TIMEOUT": "5"})
     assert quick["tp"] == [2, 4] and quick["max_examples"] == 10 and quick["pg_timeout"] == 5.0

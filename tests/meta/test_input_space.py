@@ -101,12 +101,13 @@ def test_every_size_of_the_data_model_has_its_empty_and_largest_value_or_says_wh
     model = space.raw_data_model()
     assert sizes.sizes_without_ends(model) == []
     symbols = {s["name"] for s in model["symbols"]}
-    assert set(sizes.SIZES) - symbols == {"batch.num_draft_tokens"}  # a count field, not a symbol
+    assert set(sizes.SIZES) - symbols == {"batch.num_draft_tokens", "extension_fields"}  # counts, not symbols
     keys = {v.key for v in space.input_space("vllm-0.33")}
     for name, size in sizes.SIZES.items():
         assert (f"{name}:size=empty" in keys) == (size.empty is not None), name
         assert (f"{name}:size=largest" in keys) == (size.largest is not None), name
-    assert {"N", "L", "n", "L_local", "G", "k", "t"} <= {n for n, s in sizes.SIZES.items() if s.empty and s.largest}
+    both = {"N", "L", "n", "L_local", "G", "k", "t", "w", "c", "E", "extension_fields"}
+    assert both <= {n for n, s in sizes.SIZES.items() if s.empty and s.largest}
 
 
 def test_a_size_added_to_the_data_model_is_named_until_it_has_its_ends():
@@ -229,6 +230,13 @@ OLD_INPUTS = {
     "local-idx-mapping-in-first-steps-dtype": ["multi-step", "decode-loop", "adaptive-admitted-no-counts"],
     "grammar-listing-nothing-handed-on": ["grammar", "grammar-one-rank", "adaptive-admitted-no-counts", "empty"],
     "logprob-columns-staged-in-fixed-buffer": ["spec", "token-ids-wider", "explicit-widths", "large-batch"],
+    # the ends of the extension fields' count, of an entry's shape E and of the local widths w and c
+    "extensions-none-when-none-declared": ["decode", "extensions", "tp2-extensions", "empty"],
+    "extension-fields-in-fixed-table": ["extensions", "extensions-many-requests", "tp2-extensions", "tp8-extensions"],
+    "extension-entries-staged-in-fixed-buffer": ["extensions", "tp2-extensions", "adaptive-admitted-extensions"],
+    "zero-width-ids-taken-for-an-idle-rank": ["explicit-widths", "token-ids-wider", "decode", "empty"],
+    "local-ids-skipped-past-fixed-buffer": ["explicit-widths", "token-ids-wider", "explicit-narrow-logprobs"],
+    "zero-width-logprobs-taken-for-none": ["explicit-widths", "explicit-narrow-logprobs", "explicit-missing-logprobs"],
     "grammar-dropped-without-upper-bound": [
         "grammar",
         "adaptive-admitted-no-counts",

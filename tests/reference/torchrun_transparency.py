@@ -60,7 +60,7 @@ def disagreements(case: Case, comm) -> list[str]:
         shard.local_batch,
         gather_num_nans=case.gather_num_nans,
         logprobs_dims=case.logprobs_dims,
-        **gather_options(case.extensions),
+        **gather_options(case.extensions, case.edits),
     )
     want = replicated_of(case, inputs)
     if want is None:

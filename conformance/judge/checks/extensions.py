@@ -24,7 +24,7 @@ from shardspec.conformance.judge.checks.common import (
     values_equal,
 )
 from shardspec.reference.profile_rules import device_cu_num_logits
-from shardspec.spec.case_edits import batch_extension_values, extension_fields
+from shardspec.spec.case_edits import batch_extension_values, declared_fields
 
 INVARIANT = "INV-GATHER-EXTENSIONS"
 ALL_GATHER = "all_gather_into_tensor"
@@ -41,9 +41,14 @@ def _declined(record: StepRecord) -> bool:
     return declined_extensions(record.case, actual) and actual.failed_step == "gather" and len(actual.wire) <= 1
 
 
-@rank_check(INVARIANT, applies=lambda record: bool(record.case.extensions) and record.case.expect_error is None)
+def _declared(case) -> dict | None:
+    """The extension_fields the case passes ({} for an empty declaration, None for none)."""
+    return declared_fields(case.extensions, case.edits)
+
+
+@rank_check(INVARIANT, applies=lambda record: _declared(record.case) is not None and record.case.expect_error is None)
 def check_gather_extensions(record: StepRecord) -> Iterable[Violation]:
-    fields = extension_fields(record.case.extensions)
+    fields = _declared(record.case)
     if (
         fields is None
         or not judgeable(record)
