@@ -17,6 +17,7 @@ from bench_step import IMPLS, Bench, burst_us, engine_batch, synchronize
 from shardspec.comm import LoopbackComm
 from shardspec.engine import engine_step
 from shardspec.spec.model import SamplerOutput
+from shardspec.spec.profiles import DEFAULT_PROFILE
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
@@ -55,6 +56,8 @@ class ScaleShape(Bench):
             raise ValueError(f"vocab {vocab} is not divisible by tp {tp}")
         rng = np.random.default_rng(num_reqs * 10 + rows + 1000 * tp)
         self.tp, self.device, self.vocab, self.rows = tp, device, vocab, rows
+        # The grid follows the default profile, whose owner rule needs no owner table.
+        self.profile, self.shard_kwargs = DEFAULT_PROFILE, {}
         self.comm = comm if comm is not None else LoopbackComm(0, tp)
         self.num_reqs, self.dtype = num_reqs, DTYPES[dtype]
         self.batch = engine_batch(balanced_slots(num_reqs, tp, capacity[0], rng), [rows] * num_reqs, device)
