@@ -30,7 +30,7 @@ takes one value or a list of values (any of them matches):
     some device field of the batch is in this dtype (``int32``), or this field is (``cu_num_logits=int64``).
 ``present`` / ``absent``
     these optional inputs are all present / all absent: ``grammar``, ``logprobs``,
-    ``num_admitted_draft_tokens``, ``num_acceptable_drafts``, ``extension_fields``,
+    ``num_admitted_draft_tokens``, ``num_acceptable_drafts``, ``extension_fields`` (declared, even empty),
     ``seq_lens_cpu_upper_bound`` and ``local_logprobs`` (absent: some rank's local sampler output
     carries no logprobs while the gather asks for them).
 ``must_reject``, ``empty_batch``, ``rank_owns_nothing``, ``multi_step``, ``generated``
@@ -48,6 +48,8 @@ import fnmatch
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+
+from shardspec.spec.case_edits import EXTENSIONS_DECLARED_EMPTY
 
 # The invariant name an item uses for a case whose run failed (a rank raised, hung or died).
 RUN_ERROR = "run-error"
@@ -90,8 +92,8 @@ def _present(case, name: str) -> bool:
         return case.admitted_drafts is not None
     if name == "num_acceptable_drafts":
         return case.num_acceptable_drafts is not None
-    if name == "extension_fields":
-        return bool(case.extensions)
+    if name == "extension_fields":  # declared, even as no field at all
+        return bool(case.extensions) or EXTENSIONS_DECLARED_EMPTY in (case.edits or [])
     if name == "seq_lens_cpu_upper_bound":
         return _UPPER_BOUND_ABSENT not in (case.edits or [])
     # local_logprobs: every rank's local output carries logprobs when the gather asks for them.

@@ -97,6 +97,10 @@ def test_run_errors_are_covered_by_run_error_entries_with_their_property(tmp_pat
         ("{present: [grammar]}", _case("a", grammar_positions=[0]), True),
         ("{present: [grammar]}", _case("a"), False),
         ("{absent: [logprobs]}", _case("a", logprobs_dims=None), True),
+        # an empty declaration is a declaration: the gather is handed extension_fields={} and owes {} back
+        ("{present: [extension_fields]}", _case("a", edits=["extension-fields-declared-empty"]), True),
+        ("{absent: [extension_fields]}", _case("a", edits=["extension-fields-declared-empty"]), False),
+        ("{absent: [extension_fields]}", _case("a"), True),
         ("{batch_dtype: int32}", _case("a", batch_dtypes={"idx_mapping": "int32"}), True),
         ("{batch_dtype: cu_num_logits=int64}", _case("a", batch_dtypes={"cu_num_logits": "int64"}), True),
         ("{batch_dtype: cu_num_logits=int64}", _case("a", batch_dtypes={"seq_lens": "int64"}), False),
