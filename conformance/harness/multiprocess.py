@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from shardspec.conformance.harness.crashes import CrashBudget, suspect_crash
+from shardspec.conformance.harness.crashes import CrashBudget, must_reject, suspect_crash
 from shardspec.conformance.harness.expectations import rank_placement, save_expectations
 from shardspec.conformance.harness.external import JOIN_S
 from shardspec.conformance.harness.follower import Follower
@@ -123,9 +123,10 @@ def run_jobs_multiprocess(
             if index in results:
                 crashes.note(results[index])
         for index in remaining:
-            reason = None if index in results else crashes.spent(jobs[index].choice.label, tp)
+            job = jobs[index]
+            reason = None if index in results else crashes.spent(job.choice.label, tp, must_reject(job.case))
             if reason is not None:
-                results[index] = not_run(jobs[index].case, jobs[index].choice.label, reason)
+                results[index] = not_run(job.case, job.choice.label, reason)
         still = [i for i in remaining if i not in results]
         idle_launches += len(still) == len(remaining)
         remaining = still

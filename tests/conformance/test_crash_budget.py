@@ -58,3 +58,24 @@ def test_after_two_alike_crashes_the_rest_of_the_entry_is_not_run_and_the_refere
     assert {c["status"] for c in sections["reference"]} == {"pass"}
     # Two crashes, two relaunches at the most: the launch lines of the run's log say so.
     assert proc.stdout.count("  launch ") <= 3, proc.stdout
+
+
+def _rejecting(case_id: str, impl: str, kind: str, step: str) -> CaseResult:
+    result = _result(case_id, impl, kind, step)
+    result.case.expect_error = "PRE-CAPACITY-REQS"
+    return result
+
+
+def test_crashes_on_must_reject_cases_stop_only_must_reject_cases():
+    """vLLM's file aborts on several inputs it must reject (it trusts its scheduler): its valid cases still
+    run, and a valid case's crashes still stop every case."""
+    budget = CrashBudget(max_crashes=2)
+    budget.note(_rejecting("r1", "x", "died", "shard"))
+    budget.note(_rejecting("r2", "x", "died", "shard"))
+    assert budget.spent("x", 2) is None
+    reason = budget.spent("x", 2, rejecting=True)
+    assert reason is not None and "2 must-reject cases of x at tp 2 ended alike" in reason
+    budget.note(_result("v1", "x", "died", "shard"))
+    assert budget.spent("x", 2) is None  # one valid crash: not alike enough yet
+    budget.note(_result("v2", "x", "died", "shard"))
+    assert "2 cases of x at tp 2 ended alike (a rank died in step shard: v1, v2)" in budget.spent("x", 2)
