@@ -172,7 +172,7 @@ OPTIONS: tuple[Option, ...] = (
         "--max-crashes",
         "after this many cases of one entry at one group size end alike (a rank died, or hung, in the same "
         "step, or its constructor raised the same error), its other cases there are not run, with that reason "
-        "(where those cases must be rejected, only its other must-reject cases); 0 runs every case",
+        "(where those cases' inputs are invalid, only its other invalid-input cases); 0 runs every case",
         parse=lambda text, where: read.integer(text, where, 0),
         default=3,
         env="SHARDSPEC_MAX_CRASHES",

@@ -342,34 +342,29 @@ OWNER_TABLE = _case(
     max_num_reqs=16,
     owner_table={9: 2, 3: 1, 0: 2, 6: 0, 12: 1, 4: -1, 7: 5},
 )
+
+
 # Three steps on one sharder, each with the table the engine's assign left after the step before (the
 # batch's entries rewritten to their positions mod 2). Step 0 owners [1, 1, 0, 0] (neither slot nor
 # position mod 2); step 1, the same requests one position later, [1, 0, 1, 0] (the first table would
 # give [0, 1, 1, 0]); step 2 [0, 1, 1] (the first table: [1, 1, 0]).
-OWNER_TABLE_STEPS = carried(
-    _case(
+def _table_step(slots: list[int], num_logits_per_req: list[int], **fields) -> Case:
+    return _case(
         "owner-table-steps",
         profile=TABLE_PROFILE,
-        slots=[0, 1, 2, 3],
-        num_logits_per_req=[1, 2, 1, 1],
+        slots=slots,
+        num_logits_per_req=num_logits_per_req,
         max_num_reqs=8,
+        **fields,
+    )
+
+
+OWNER_TABLE_STEPS = carried(
+    _table_step(
+        [0, 1, 2, 3],
+        [1, 2, 1, 1],
         owner_table={0: 1, 1: 1, 2: 0, 3: 0},
-        then=[
-            _case(
-                "owner-table-steps",
-                profile=TABLE_PROFILE,
-                slots=[3, 0, 1, 2],
-                num_logits_per_req=[1, 1, 2, 1],
-                max_num_reqs=8,
-            ),
-            _case(
-                "owner-table-steps",
-                profile=TABLE_PROFILE,
-                slots=[1, 5, 2],
-                num_logits_per_req=[2, 1, 1],
-                max_num_reqs=8,
-            ),
-        ],
+        then=[_table_step([3, 0, 1, 2], [1, 1, 2, 1]), _table_step([1, 5, 2], [2, 1, 1])],
     )
 )
 ALL += [OWNER_TABLE, OWNER_TABLE_STEPS]

@@ -9,9 +9,10 @@ instead of paying for each again (like pytest's ``--maxfail``). A constructor th
 the same error (type and message) in ``max_crashes`` cases spends the budget too: a sharder that
 cannot be built fails every case alike, each with a relaunch and a traceback per rank.
 
-Crashes on cases that must be rejected are counted apart and stop only the entry's other must-reject
-cases: an implementation that trusts its scheduler (vLLM checks few preconditions) may abort on invalid
-input and still run every valid case right, and those valid cases are what its users run.
+Crashes on cases of invalid inputs (a precondition broken on purpose: must be rejected, or undefined) are
+counted apart and stop only the entry's other invalid-input cases: an implementation that trusts its
+scheduler (vLLM checks few preconditions) may abort on invalid input and still run every valid case right,
+and those valid cases are what its users run.
 
 A valid case whose rank was killed by a signal after other cases ran in the same processes is run again
 on its own before the crash is blamed on it (:func:`suspect_crash`): an earlier case can corrupt the
@@ -50,7 +51,8 @@ def crash_of(result: CaseResult) -> tuple[str, str] | None:
     return first["kind"], str(first.get("step") or "an unknown step")
 
 
-def must_reject(case) -> bool:
+def invalid_input(case) -> bool:
+    """The case breaks a precondition on purpose (one that must be rejected, or one left undefined)."""
     return getattr(case, "expect_error", None) is not None
 
 
@@ -59,7 +61,7 @@ def suspect_crash(result: CaseResult) -> bool:
     not be rejected: a crash that an earlier case of the same processes may have caused. A later step of a
     multi-step case is not: it cannot run without the steps before it."""
     case = result.case
-    valid = not must_reject(case) and getattr(case, "continues", None) is None
+    valid = not invalid_input(case) and getattr(case, "continues", None) is None
     first = result.errors[0] if result.errors else {}
     # SIGKILL is the suite's own end of a hung group (or the OOM killer's), not a crash of the case.
     killed = " was killed by " in first.get("message", "") and "SIGKILL" not in first.get("message", "")
@@ -69,24 +71,24 @@ def suspect_crash(result: CaseResult) -> bool:
 @dataclass
 class CrashBudget:
     max_crashes: int  # 0: never stop an entry
-    # (entry, whether the cases must be rejected, how they ended) -> their case ids
+    # (entry, whether the cases' inputs are invalid, how they ended) -> their case ids
     seen: dict[tuple[str, bool, tuple[str, str]], list[str]] = field(default_factory=dict)
 
     def note(self, result: CaseResult) -> None:
         crash = crash_of(result)
         if crash is not None:
-            self.seen.setdefault((result.impl, must_reject(result.case), crash), []).append(result.case_id)
+            self.seen.setdefault((result.impl, invalid_input(result.case), crash), []).append(result.case_id)
 
-    def spent(self, label: str, tp: int, rejecting: bool = False) -> str | None:
-        """Why ``label``'s remaining cases at ``tp`` are not run, or None while they still run. ``rejecting``:
-        the case must be rejected; crashes on such cases stop only cases like it."""
+    def spent(self, label: str, tp: int, invalid: bool = False) -> str | None:
+        """Why ``label``'s remaining cases at ``tp`` are not run, or None while they still run. ``invalid``: the
+        case's inputs are invalid (:func:`invalid_input`); crashes on such cases stop only cases like it."""
         if self.max_crashes <= 0:
             return None
-        for (impl, on_rejects, (kind, step)), cases in self.seen.items():
-            if impl == label and len(cases) >= self.max_crashes and (rejecting or not on_rejects):
+        for (impl, on_invalid, (kind, step)), cases in self.seen.items():
+            if impl == label and len(cases) >= self.max_crashes and (invalid or not on_invalid):
                 how = {"died": "a rank died in step ", "timeout": "a rank hung in step "}.get(kind, "")
                 how = f"{how}{step}" if how else f"its constructor raised {step}"
-                which = "must-reject cases" if on_rejects else "cases"
+                which = "invalid-input cases" if on_invalid else "cases"
                 return (
                     f"not run: {len(cases)} {which} of {label} at tp {tp} ended alike ({how}: "
                     f"{', '.join(cases)}); --max-crashes 0 runs every case"

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable
 
 from shardspec.comm import LockstepGroup
 from shardspec.conformance.api import ImplChoice, load_implementation
-from shardspec.conformance.harness.crashes import CrashBudget, must_reject
+from shardspec.conformance.harness.crashes import CrashBudget, invalid_input
 from shardspec.conformance.harness.expectations import expectation_device, single_thread
 from shardspec.conformance.harness.rank_step import run_case_on_rank
 from shardspec.conformance.harness.threaded import run_torch_threads
@@ -107,7 +107,7 @@ def run_jobs_in_process(
     for chain in _chains(list(jobs)):
         choice = chain[0].choice
         reason = crashes.spent(
-            choice.label, tp if tp is not None else chain[0].case.tp_size, must_reject(chain[0].case)
+            choice.label, tp if tp is not None else chain[0].case.tp_size, invalid_input(chain[0].case)
         )
         if reason is not None:
             chain_results = [not_run(job.case, choice.label, reason) for job in chain]

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from shardspec.conformance.harness.crashes import CrashBudget, must_reject, suspect_crash
+from shardspec.conformance.harness.crashes import CrashBudget, invalid_input, suspect_crash
 from shardspec.conformance.harness.expectations import rank_placement, save_expectations
 from shardspec.conformance.harness.external import JOIN_S
 from shardspec.conformance.harness.follower import Follower
@@ -124,7 +124,7 @@ def run_jobs_multiprocess(
                 crashes.note(results[index])
         for index in remaining:
             job = jobs[index]
-            reason = None if index in results else crashes.spent(job.choice.label, tp, must_reject(job.case))
+            reason = None if index in results else crashes.spent(job.choice.label, tp, invalid_input(job.case))
             if reason is not None:
                 results[index] = not_run(job.case, job.choice.label, reason)
         still = [i for i in remaining if i not in results]

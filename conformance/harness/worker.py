@@ -133,16 +133,15 @@ class Streamer:
         return encode({name: getattr(outputs, name) for name in FINAL_FIELDS})
 
 
-def _init_group(pg_timeout_s: float, device_kind: str, tp: int | None = None, backend: str | None = None):
-    """(device, the group for status exchanges, the rank's TP group). ``backend``: the collectives' (None:
-    NCCL on GPUs, gloo on the CPU); on gloo, ranks share the GPUs round-robin."""
+def _init_group(pg_timeout_s: float, device_kind: str, tp: int | None, backend: str):
+    """(device, the group for status exchanges, the rank's TP group). ``backend``: the collectives', as the
+    launch file names it (harness/launch.py's GroupStarter); ranks on fewer GPUs share them round-robin."""
     from shardspec.conformance.harness.external import adopt_slurm_environment
 
     adopt_slurm_environment()
     torch.set_num_threads(1)  # as the expectations were computed, whoever started this rank
     use_cuda = device_kind == "cuda"
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    backend = backend or ("nccl" if use_cuda else "gloo")
     device = torch.device("cuda", local_rank % torch.cuda.device_count()) if use_cuda else torch.device("cpu")
     if use_cuda:
         torch.cuda.set_device(device)
@@ -208,7 +207,7 @@ def main(argv: list[str]) -> int:
     run_dir, launch_file = pathlib.Path(argv[0]), pathlib.Path(argv[1])
     launch = json.loads(launch_file.read_text())
     device, control, tp_group = _init_group(
-        launch["pg_timeout_s"], launch.get("device", "cpu"), launch.get("tp"), launch.get("backend")
+        launch["pg_timeout_s"], launch.get("device", "cpu"), launch.get("tp"), launch["backend"]
     )
     world_rank = dist.get_rank()
     writer = FrameWriter(run_dir / f"{launch_file.stem}-rank{world_rank}.frames")

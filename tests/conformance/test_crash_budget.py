@@ -66,15 +66,15 @@ def _rejecting(case_id: str, impl: str, kind: str, step: str) -> CaseResult:
     return result
 
 
-def test_crashes_on_must_reject_cases_stop_only_must_reject_cases():
+def test_crashes_on_invalid_input_cases_stop_only_invalid_input_cases():
     """vLLM's file aborts on several inputs it must reject (it trusts its scheduler): its valid cases still
     run, and a valid case's crashes still stop every case."""
     budget = CrashBudget(max_crashes=2)
     budget.note(_rejecting("r1", "x", "died", "shard"))
     budget.note(_rejecting("r2", "x", "died", "shard"))
     assert budget.spent("x", 2) is None
-    reason = budget.spent("x", 2, rejecting=True)
-    assert reason is not None and "2 must-reject cases of x at tp 2 ended alike" in reason
+    reason = budget.spent("x", 2, invalid=True)
+    assert reason is not None and "2 invalid-input cases of x at tp 2 ended alike" in reason
     budget.note(_result("v1", "x", "died", "shard"))
     assert budget.spent("x", 2) is None  # one valid crash: not alike enough yet
     budget.note(_result("v2", "x", "died", "shard"))
