@@ -211,19 +211,29 @@ def measure(fn: Callable[[], object], device: torch.device, target_s: float, rep
     }
 
 
-def graph_replay_us(bench: Bench, target_s: float, repeats: int) -> float | None:
-    """The production step captured once as a CUDA graph; GPU microseconds per replay."""
-    sharder = bench.sharder("production")
-    step = bench.calls(sharder)["step"]
+def warm_up_for_capture(step: Callable[[], object]) -> None:
+    """A few calls of ``step`` on a side stream, as CUDA graph capture asks: the lazy work of the first calls
+    (compiling, allocating) is done before the capture."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
         for _ in range(3):
             step()
     torch.cuda.current_stream().wait_stream(side)
+
+
+def captured(step: Callable[[], object]) -> torch.cuda.CUDAGraph:
+    """``step`` captured once as a CUDA graph (its shapes and split sizes fixed), after the warm-up."""
+    warm_up_for_capture(step)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         step()
+    return graph
+
+
+def graph_replay_us(bench: Bench, target_s: float, repeats: int) -> float | None:
+    """The production step captured once as a CUDA graph; GPU microseconds per replay."""
+    graph = captured(bench.calls(bench.sharder("production"))["step"])
     return measure(graph.replay, bench.device, target_s, repeats)["gpu_us"]
 
 

@@ -39,7 +39,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_step import IMPLS, UPSTREAM, Bench, add_upstream, burst_us, parse_args  # noqa: E402
+from bench_step import IMPLS, UPSTREAM, Bench, add_upstream, burst_us, parse_args, warm_up_for_capture  # noqa: E402
 
 from shardspec.engine import engine_step  # noqa: E402
 from shardspec.spec.builders import build_input_batch  # noqa: E402
@@ -61,12 +61,7 @@ class Captured:
         self.gather_kwargs = {"gather_num_nans": True, "logprobs_dims": bench.dims}
         first = self.sharder.shard_sampler_inputs(self.static, None)
         self.output = bench.local_output(first.local_batch)
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(3):
-                self._step()
-        torch.cuda.current_stream().wait_stream(side)
+        warm_up_for_capture(self._step)
         torch.cuda.synchronize()
         start = time.perf_counter()
         self.graph = torch.cuda.CUDAGraph()

@@ -32,7 +32,15 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_step import add_upstream, bench_device, environment, save_json, synchronize, warm_up_device  # noqa: E402
+from bench_step import (  # noqa: E402
+    add_upstream,
+    bench_device,
+    captured,
+    environment,
+    save_json,
+    synchronize,
+    warm_up_device,
+)
 from floors import floor_us, measure_floors, step_bytes  # noqa: E402
 from samplers import SAMPLERS, temporaries_bytes  # noqa: E402
 from scale_shapes import (  # noqa: E402
@@ -257,17 +265,7 @@ def focus(grid: Grid, device, shape_args: dict) -> dict:
 
 def captured_step(shape: ScaleShape):
     """The production step captured once (fixed shapes and split sizes): its replay."""
-    step = shape.step_call("production")
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            step()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        step()
-    return graph.replay
+    return captured(shape.step_call("production")).replay
 
 
 def run(grid: Grid, device, parts: set, focus_shape: dict, progress=print, checkpoint=lambda result: None) -> dict:
