@@ -71,13 +71,10 @@ def run_jobs_multiprocess(
     ``failures``: where each launch whose group never started is told (:func:`launch_failure`)."""
     run_dir = options.run_dir
     run_dir.mkdir(parents=True, exist_ok=True)
-    device_kind, backend = (
-        rank_placement(tp * options.tp_groups, options.share_gpus)
-        if options.launcher != "external"
-        else ("cuda", "nccl")
-        if torch.cuda.is_available()
-        else ("cpu", "gloo")
-    )  # one GPU per rank on each node
+    if options.launcher == "external":  # one GPU per rank on each node
+        device_kind, backend = ("cuda", "nccl") if torch.cuda.is_available() else ("cpu", "gloo")
+    else:
+        device_kind, backend = rank_placement(tp * options.tp_groups, options.share_gpus)
     cases = list({job.case.case_id: job.case for job in jobs}.values())
     judge = judge.at(device_kind)  # the judge decodes and rebuilds on the ranks' device kind
     expectations = {case.case_id: judge.expectation(case) for case in cases}
