@@ -11,15 +11,18 @@ median per-call wall time over the bursts, and the median of the per-round
 ratios new / old with its interquartile range.
 
 Either side may instead be ``upstream:FILE``: vLLM's own ``batch_shard.py``
-through ``examples/upstream_vllm``, for a precise ratio to upstream.
+through ``examples/upstream_vllm``, for a precise ratio to upstream. ``SITE@PROFILE`` builds that
+side's sharder under a profile (its ``profile=`` argument; a build without one follows its own rules).
 
     python bench/ab_inprocess.py OLD_SITE NEW_SITE [--tp 8] [--num-reqs 1024] [--logits-per-req 1]
+    python bench/ab_inprocess.py OLD_SITE NEW_SITE@vllm-seed
     python bench/ab_inprocess.py upstream:FILE NEW_SITE
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib
 import os
 import statistics
@@ -50,10 +53,12 @@ def sharder_class(site: str):
 
 
 def sharder_factory(side: str):
-    """A site directory (its ``ProductionSharder``) or ``upstream:FILE`` (vLLM's file, adapted)."""
-    if not side.startswith("upstream:"):
-        return sharder_class(side)
-    return add_upstream(side[len("upstream:") :])
+    """A site directory (its ``ProductionSharder``, under ``@PROFILE`` where named) or ``upstream:FILE``
+    (vLLM's file, adapted)."""
+    if side.startswith("upstream:"):
+        return add_upstream(side[len("upstream:") :])
+    site, _, profile = side.partition("@")
+    return functools.partial(sharder_class(site), profile=profile) if profile else sharder_class(site)
 
 
 def quartiles(values: list[float]) -> tuple[float, float, float]:
@@ -77,7 +82,11 @@ def main(argv=None) -> int:
     bench = Bench(args, own.num_reqs, own.logits_per_req, own.tp, device)
     sides = {}
     for side, site in (("old", own.old_site), ("new", own.new_site)):
-        sharder = sharder_factory(site)(*bench.capacity, comm=LoopbackComm(0, own.tp), device=device)
+        try:
+            sharder = sharder_factory(site)(*bench.capacity, comm=LoopbackComm(0, own.tp), device=device)
+        except (RuntimeError, ValueError) as exc:  # no shardspec there, or a profile it does not know
+            print(f"ab_inprocess: {site}: {exc}", file=sys.stderr)
+            return 2
         sides[side] = bench.calls(sharder)
     print(
         f"tp {own.tp}, {own.num_reqs} requests x {own.logits_per_req} rows, {own.rounds} rounds of "

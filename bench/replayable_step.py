@@ -47,7 +47,6 @@ from shardspec.spec.profiles import DEFAULT_PROFILE, rules_of  # noqa: E402
 
 # The device fields of a batch that the captured step reads: the engine writes them in place each step.
 DEVICE_FIELDS = ("idx_mapping", "logits_indices", "seq_lens", "cu_num_logits")
-SHAPES = ((2, 16, 1), (2, 256, 1), (2, 1024, 1), (2, 256, 4), (8, 16, 1), (8, 256, 1), (8, 1024, 1), (8, 256, 4))
 
 
 class Captured:
@@ -181,7 +180,8 @@ def main(argv=None) -> int:
         add_upstream(own.upstream)
     args, device, status = parse_args([]), torch.device("cuda"), 0
     print("tp/reqs/rows | replay us (x upstream) | eager us (x upstream) | upstream us | capture ms | check")
-    for tp, num_reqs, rows in SHAPES:
+    # The bench table's shapes (bench_step.py's defaults).
+    for tp, num_reqs, rows in itertools.product(args.tp, args.num_reqs, args.logits_per_req):
         line, found = shape_row(Bench(args, num_reqs, rows, tp, device), args, own)
         print(line, flush=True)
         status |= bool(found)

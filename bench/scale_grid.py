@@ -16,7 +16,7 @@ most loaded rank (``scale_shapes.balanced_slots``). Three parts, one JSON:
 * ``focus``: the host-bound shape (tp 8, 1024 requests, 1 row, vocab 32768, float32) with many more
   rounds, and production's step replayed from a CUDA graph beside it.
 
-    python bench/scale_grid.py [--quick | --full] [--upstream FILE] [--out results.json] [--plots DIR]
+    python bench/scale_grid.py [--quick | --full | --large] [--upstream FILE] [--out results.json] [--plots DIR]
 """
 
 from __future__ import annotations
@@ -91,6 +91,8 @@ GRIDS = {
         baseline_tp=[2, 4, 8],
         rounds=7,
     ),
+    # The GPU-bound corner: the shapes that move the most logits and fit one 80 GB card (about 35 GB at most).
+    "large": Grid(vocab=[151936], num_reqs=[1024, 4096], rows=[4]),
     "quick": Grid(
         vocab=[256],
         num_reqs=[1, 8],
@@ -409,6 +411,7 @@ def main(argv=None) -> int:
     size = parser.add_mutually_exclusive_group()
     size.add_argument("--quick", action="store_true", help="tiny shapes, a few seconds (smoke test, CPU)")
     size.add_argument("--full", action="store_true", help="the whole deployment grid (long)")
+    size.add_argument("--large", action="store_true", help="only the GPU-bound shapes (vocab 151936, 4 rows)")
     parser.add_argument("--parts", default="focus,step,baseline", help="comma-separated: focus, step, baseline")
     parser.add_argument("--upstream", metavar="FILE", help="also time vLLM's batch_shard.py at this path")
     parser.add_argument("--out", help="write the results as JSON to this path")
@@ -419,7 +422,7 @@ def main(argv=None) -> int:
         parser.error(f"--parts: unknown part(s) {sorted(parts - {'focus', 'step', 'baseline'})}")
     if args.upstream is not None:
         add_upstream(args.upstream)
-    grid = GRIDS["quick" if args.quick else "full" if args.full else "default"]
+    grid = GRIDS["quick" if args.quick else "full" if args.full else "large" if args.large else "default"]
     device = bench_device()
     warm_up_device(device)
     started = time.perf_counter()

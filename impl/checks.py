@@ -29,6 +29,7 @@ from shardspec.impl.profiles import admitted_rows
 from shardspec.spec.errors import PreconditionError
 from shardspec.spec.model import DEFAULT_PROFILE, GrammarOutput, InputBatch
 from shardspec.spec.profiles import rules_of
+from shardspec.spec.rules import Rules
 
 _INT_DTYPES = (torch.int32, torch.int64)
 
@@ -108,7 +109,12 @@ def largest_count(counts: np.ndarray, num_logits: int) -> int:
 
 
 def check_guards(
-    batch: InputBatch, *, max_num_reqs: int, max_num_logits_per_req: int, rank=None, profile: str = DEFAULT_PROFILE
+    batch: InputBatch,
+    *,
+    max_num_reqs: int,
+    max_num_logits_per_req: int,
+    rank=None,
+    profile: str | Rules = DEFAULT_PROFILE,
 ) -> tuple[np.ndarray, np.ndarray, int]:
     """The checks that stay on without the others; returns :func:`cu_counts` and the width W, of the
     admitted rows where vllm-0.33's admitted counts are given (which are then checked, PRE-DRAFTS).
@@ -159,7 +165,7 @@ def check_input_batch(
     max_num_logits_per_req: int,
     rank=None,
     compare_device_copies: bool | None = None,
-    profile: str = DEFAULT_PROFILE,
+    profile: str | Rules = DEFAULT_PROFILE,
 ) -> tuple[np.ndarray, np.ndarray, int]:
     """Every check of the batch; returns :func:`cu_counts` and the width W of the rows the device
     fields lay out: in vllm-0.33 with admitted counts, the admitted rows (CL-ADMITTED-DRAFTS).
@@ -344,7 +350,12 @@ def _first_repeat(items: list) -> int:
 
 
 def check_grammar_output(
-    grammar: GrammarOutput, batch: InputBatch, position: dict, counts: np.ndarray, rank, profile: str = DEFAULT_PROFILE
+    grammar: GrammarOutput,
+    batch: InputBatch,
+    position: dict,
+    counts: np.ndarray,
+    rank,
+    profile: str | Rules = DEFAULT_PROFILE,
 ) -> None:
     """``position`` maps request id to batch position (built by the caller); ``counts`` are the
     scheduled rows per request (vllm-seed's bitmask has a row for each)."""

@@ -25,6 +25,8 @@ _NUMPY_INTS = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)
 OWNER_RULES = ("slot_mod_tp", "position_mod_tp", "owner_table", "contiguous_ranges")
 # The owner rules whose owners the host finds and the plan kernel reads (the others the kernel computes).
 HOST_OWNER_RULES = ("owner_table", "contiguous_ranges")
+# The owner rules under which the owners depend on the number of requests alone.
+POSITION_OWNER_RULES = ("position_mod_tp", "contiguous_ranges")
 
 
 def production_rules(profile: str | Rules) -> Rules:

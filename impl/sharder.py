@@ -169,6 +169,7 @@ class ProductionSharder(WireLaunches):
         self._logprob_cols = -1  # columns the logprob wire buffers are sized for
         self._lp_ws: dict = {}
         self._views: dict = {}  # step shapes -> views of the workspace and launch configurations
+        self._owned_by_size: dict = {}  # N -> ownership, under owner rules of batch positions (_ownership)
 
     # -- step 1 ------------------------------------------------------------
     def shard_sampler_inputs(
@@ -187,7 +188,7 @@ class ProductionSharder(WireLaunches):
                 max_num_logits_per_req=self.max_num_logits_per_req,
                 rank=rank,
                 compare_device_copies=self.check_device_copies,
-                profile=self.profile,
+                profile=rules,
             )
         else:
             # Capacity, slot range and the shapes the kernels read are checked even so.
@@ -196,7 +197,7 @@ class ProductionSharder(WireLaunches):
                 max_num_reqs=self.max_num_reqs,
                 max_num_logits_per_req=self.max_num_logits_per_req,
                 rank=rank,
-                profile=self.profile,
+                profile=rules,
             )
         table_owners = None
         if rules.owner_by_table:
@@ -208,19 +209,15 @@ class ProductionSharder(WireLaunches):
         if grammar is not None:
             position = {req_id: i for i, req_id in enumerate(batch.req_ids)}
             if self.check_preconditions:
-                checks.check_grammar_output(grammar, batch, position, counts, rank, self.profile)
+                checks.check_grammar_output(grammar, batch, position, counts, rank, rules)
         num_reqs = batch.num_reqs
         slots = batch.idx_mapping_np.astype(np.intp, copy=False)
-        owners = profiles.owners(slots, tp, rules.owner) if table_owners is None else table_owners
+        owners, owned, local_reqs, reqs_per_rank = self._ownership(slots, table_owners)
         num_logits = int(cu[-1])
-        # Per-rank counts as Python lists: tp is small, and list max / indexing cost far less than numpy's.
-        reqs_per_rank = np.bincount(owners, minlength=tp).tolist()
         rows_per_rank = (
             reqs_per_rank if width == 1 else np.bincount(owners, weights=counts, minlength=tp).astype(np.int64).tolist()
         )
         max_reqs_per_rank = max(reqs_per_rank) if num_reqs else 1
-        owned = owners == rank
-        local_reqs = owned.nonzero()[0]  # owned is 1-D: no flatnonzero wrapper needed
         num_local = local_reqs.shape[0]
         num_local_logits = rows_per_rank[rank]
 
@@ -249,6 +246,28 @@ class ProductionSharder(WireLaunches):
             acceptable = rules.acceptable_drafts == "sliced"
             local_grammar = local_grammar_output(grammar, position, owned, cu, rules.grammar_blocks, acceptable)
         return ShardResult(local_batch, views["sorted_logits_indices"], local_grammar, metadata)
+
+    def _ownership(self, slots: np.ndarray, table_owners: np.ndarray | None) -> tuple:
+        """(owners [N], owned [N] bool, the owned positions, requests per rank as a list) of the batch.
+
+        Under owner rules of batch positions (profiles.POSITION_OWNER_RULES) these depend on N alone and are
+        kept per N, read-only: that part of the step's host work then no longer grows with the batch.
+        """
+        by_position = self.rules.owner in profiles.POSITION_OWNER_RULES
+        found = self._owned_by_size.get(slots.shape[0]) if by_position else None
+        if found is None:
+            tp = self.tp_size
+            owners = profiles.owners(slots, tp, self.rules.owner) if table_owners is None else table_owners
+            owned = owners == self.rank
+            # owned is 1-D: no flatnonzero wrapper; per-rank counts as a list (tp is small, list max is cheap).
+            found = (owners, owned, owned.nonzero()[0], np.bincount(owners, minlength=tp).tolist())
+            if by_position:
+                for array in found[:3]:
+                    array.flags.writeable = False
+                if len(self._owned_by_size) >= _MAX_CACHED_VIEWS:
+                    self._owned_by_size.clear()
+                self._owned_by_size[slots.shape[0]] = found
+        return found
 
     def _upload_owners(self, owners: np.ndarray) -> None:
         """The host's owners into the plan kernel's owner buffer. On a GPU from pinned memory without a wait

@@ -93,7 +93,19 @@ def test_in_process_ab_loads_two_installs_side_by_side(tmp_path):
     proc = subprocess.run(
         [*ab, str(empty), str(site), *small], capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path
     )
-    assert proc.returncode != 0 and f"{empty} holds no shardspec" in proc.stderr
+    assert proc.returncode == 2 and f"{empty} holds no shardspec" in proc.stderr
+    # A side under a named profile: that profile's sharder, or a one-line refusal naming the profile.
+    for profile, status in (("vllm-seed", 0), ("no-such-profile", 2)):
+        proc = subprocess.run(
+            [*ab, str(site), f"{site}@{profile}", *small],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env=env,
+            cwd=tmp_path,
+        )
+        assert proc.returncode == status, proc.stdout + proc.stderr
+        assert status == 0 or ("no-such-profile" in proc.stderr and "Traceback" not in proc.stderr)
 
 
 def test_scale_grid_quick_writes_json_and_plots(tmp_path):
