@@ -1,0 +1,62 @@
+"""What an entry of the broken corpus is: a sharder with one defect, the targeted cases that expose it, the
+in-process groups and the profiles it runs under."""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+
+from shardspec.spec.profiles import DEFAULT_PROFILE, PROFILES, rules_of
+
+PACKAGE = __name__.rpartition(".")[0]  # the corpus package
+ALL_GROUPS = ("lockstep", "torch-threads")
+TORCH_GROUPS = ("torch-threads",)
+
+
+@dataclass(frozen=True)
+class Entry:
+    name: str  # readable id
+    target: str  # "shardspec.conformance.broken.<module>:<class>", usable as --impl
+    cases: tuple[str, ...]  # ids of cases in .cases that expose the defect
+    # The in-process groups it runs in: defects that call torch.distributed need a group that has one.
+    groups: tuple[str, ...] = ALL_GROUPS
+    # The profiles its cases run under: a defect in one profile may be the rule of another (an int64
+    # local idx_mapping is vllm-0.33's rule for an int64 batch, a defect in vllm-seed).
+    profiles: tuple[str, ...] = (DEFAULT_PROFILE,)
+
+    @property
+    def factory(self):
+        module, attr = self.target.split(":")
+        return getattr(importlib.import_module(module), attr)
+
+    @property
+    def invariant_id(self) -> str:
+        return self._doc()[0]
+
+    @property
+    def description(self) -> str:
+        return self._doc()[1]
+
+    def _doc(self) -> tuple[str, str]:
+        invariant_id, _, description = (self.factory.__doc__ or "").strip().partition(": ")
+        return invariant_id.split()[0] if invariant_id else "", description.strip()
+
+
+def entry(
+    name: str,
+    module: str,
+    cls: str,
+    *cases: str,
+    groups: tuple[str, ...] = ALL_GROUPS,
+    requires: dict[str, str] | None = None,
+) -> Entry:
+    """An entry run under the default profile, or (``requires``: rule values) under every bundled profile
+    whose rules have those values (``{}``: every profile)."""
+    return Entry(name, f"{PACKAGE}.{module}:{cls}", cases, groups, profiles_requiring(requires))
+
+
+def profiles_requiring(requires: dict[str, str] | None) -> tuple[str, ...]:
+    if requires is None:
+        return (DEFAULT_PROFILE,)
+    rules = {name: rules_of(name).as_dict() for name in PROFILES}
+    return tuple(name for name in PROFILES if all(rules[name][k] == v for k, v in requires.items()))
