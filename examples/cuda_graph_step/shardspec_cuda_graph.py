@@ -66,6 +66,8 @@ API and results: that is what the CPU tests check, with the Triton interpreter.
 
 from __future__ import annotations
 
+import contextlib
+import gc
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -224,14 +226,30 @@ class _Entry:
         torch.cuda.current_stream(self.owner.device).wait_stream(side)
         pool = self.owner._pool
         graphs = [torch.cuda.CUDAGraph() for _ in range(3)]
-        with torch.cuda.graph(graphs[0], pool=pool):
-            result, padded = self.shard()
-        with torch.cuda.graph(graphs[1], pool=pool):
-            local_logits = self.exchange(result)
-        with torch.cuda.graph(graphs[2], pool=pool):
-            gathered = self.gather(result)
+        with _no_collection():
+            with torch.cuda.graph(graphs[0], pool=pool):
+                result, padded = self.shard()
+            with torch.cuda.graph(graphs[1], pool=pool):
+                local_logits = self.exchange(result)
+            with torch.cuda.graph(graphs[2], pool=pool):
+                gathered = self.gather(result)
         self.graphs = graphs
         self.outputs = (result, padded, local_logits, gathered)
+
+
+@contextlib.contextmanager
+def _no_collection():
+    """No garbage collection while graphs are captured: collect before, none during. A collection inside a capture
+    can free objects of earlier steps (pinned host copies among them) and so run CUDA calls that invalidate it: on
+    an H100 a capture after the earlier GPU tests failed with cudaErrorStreamCaptureInvalidated, never alone."""
+    enabled = gc.isenabled()
+    gc.collect()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 class CapturedSteps:
