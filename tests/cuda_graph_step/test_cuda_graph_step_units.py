@@ -1,6 +1,9 @@
 """examples/cuda_graph_step piece by piece: wire bytes, buckets and their entries, static buffers, device choice,
 checks, cached views. test_cuda_graph_step.py compares whole steps with the eager step."""
 
+import contextlib
+import gc
+
 import numpy as np
 import pytest
 import shardspec_cuda_graph as captured
@@ -269,3 +272,36 @@ def test_a_local_output_is_checked_before_it_is_staged(fields, field):
         steps.gather_sampler_output(plan, _local_output(2, 3, **fields))
     error = caught.value
     assert (error.precondition_id, error.field, error.rank) == ("PRE-LOCAL-OUTPUT", field, 1)
+
+
+# -- recording -------------------------------------------------------------------------------------
+
+
+def test_graphs_are_captured_with_garbage_collected_before_and_none_during(monkeypatch):
+    """CUDA streams and graphs are stand-ins here: what is checked is when garbage may be collected."""
+    collected, during = [], []
+
+    class Stream:
+        def __init__(self, device=None):
+            pass
+
+        def wait_stream(self, other):
+            pass
+
+    @contextlib.contextmanager
+    def capture(graph, pool=None):
+        during.append(gc.isenabled())
+        yield
+
+    steps = _steps(device="cpu", graphs=False)
+    entry = steps._entry(steps.max_bucket)
+    monkeypatch.setattr(gc, "collect", lambda *args: collected.append(len(during)))
+    monkeypatch.setattr(torch.cuda, "Stream", Stream)
+    monkeypatch.setattr(torch.cuda, "stream", lambda stream: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: Stream())
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", object)
+    monkeypatch.setattr(torch.cuda, "graph", capture)
+    assert gc.isenabled()
+    entry.record(True)
+    assert collected == [0] and during == [False, False, False] and gc.isenabled()
+    assert len(entry.graphs) == 3
