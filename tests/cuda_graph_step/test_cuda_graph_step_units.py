@@ -1,5 +1,5 @@
 """examples/cuda_graph_step piece by piece: wire bytes, buckets and their entries, static buffers, device choice,
-checks, cached views. test_cuda_graph_step.py compares whole steps with the eager step."""
+checks, cached views, recording. test_cuda_graph_step.py compares whole steps with the eager step."""
 
 import contextlib
 import gc
