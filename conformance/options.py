@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from shardspec.conformance import option_values as read
 from shardspec.conformance.option_type import Option
+from shardspec.conformance.output_paths import release_run_dir
 from shardspec.conformance.usage import (
     DEFAULT_MAX_EXAMPLES,
     GENERATED_POOL,
@@ -279,8 +280,22 @@ def given_any(given: Mapping[str, Any]) -> bool:
 
 def resolve(given: Mapping[str, Any], environ: Mapping[str, str] = os.environ) -> dict[str, Any]:
     """Every option's value by name: the option as given (None: not given), else its variable, else its
-    default; each checked, then the rules between options."""
+    default; each checked, then the rules between options. A run dir claimed before a usage error is given
+    back unused (the corrected command may take it)."""
     values: dict[str, Any] = {}
+    try:
+        return _resolve(given, environ, values)
+    except UsageError:
+        _give_back_run_dir(values)
+        raise
+
+
+def _give_back_run_dir(values: Mapping[str, Any]) -> None:
+    if values.get("run_dir") is not None:
+        release_run_dir(values["run_dir"], unused=True)
+
+
+def _resolve(given: Mapping[str, Any], environ: Mapping[str, str], values: dict[str, Any]) -> dict[str, Any]:
     for entry in OPTIONS:
         raw, where = given.get(entry.name), entry.flag
         if raw is None and entry.env is not None:
@@ -336,9 +351,17 @@ class Resolved:
 def resolve_run(given: Mapping[str, Any], environ: Mapping[str, str] = os.environ) -> Resolved:
     """The run's configuration and its named cases; a UsageError (naming the option, variable or case
     file) on a bad value, before anything is launched."""
+    values = resolve(given, environ)
+    try:
+        return _resolved(values)
+    except UsageError:
+        _give_back_run_dir(values)
+        raise
+
+
+def _resolved(values: dict[str, Any]) -> Resolved:
     from shardspec.conformance.runner import RunConfig, collect_cases
 
-    values = resolve(given, environ)
     config = RunConfig(
         impls=values["impl"],
         tp_sizes=values["tp"],

@@ -12,6 +12,7 @@ the session checks the report's path again when it writes it.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import pathlib
@@ -19,6 +20,8 @@ import stat
 import tempfile
 
 REPORT_MARKER = "shardspec.conformance"
+# The run's claim on its folder: made first (O_EXCL), locked (flock) while the run lives.
+RUN_LOCK = ".shardspec-run.lock"
 # A report larger than this is not read to find out whether it is one (reports of the default run are a few MB).
 MAX_REPORT_BYTES = 256 << 20
 
@@ -108,8 +111,10 @@ def write_report(path: str | os.PathLike, text: str) -> None:
 
 
 def check_run_dir(path: str | os.PathLike) -> pathlib.Path:
-    """The run's folder, made here if new (with its parents); an existing one must be an empty folder, not a
-    link. A ReportPathError names the path and why otherwise."""
+    """The run's folder, made here if new (with its parents), and claimed by this process: a lock file made
+    first in it and locked until the run ends (release_run_dir) or the process exits; a second run there,
+    even one started at the same moment, is refused. An existing folder must be empty and not a link. A
+    ReportPathError names the path and why otherwise."""
     folder = pathlib.Path(path).expanduser()
     found = _lstat(folder)
     if found is None:
@@ -119,18 +124,74 @@ def check_run_dir(path: str | os.PathLike) -> pathlib.Path:
             return check_run_dir(folder)  # made meanwhile: checked as an existing one
         except OSError as exc:
             raise ReportPathError(f"{folder} cannot create the folder: {exc.strerror}") from None
-        return folder
+        return _claim(folder)
     if stat.S_ISLNK(found.st_mode):
         raise ReportPathError(f"{folder} is a symbolic link; give the folder itself")
     if not stat.S_ISDIR(found.st_mode):
         kind = "a regular file" if stat.S_ISREG(found.st_mode) else _kind(found.st_mode)
         raise ReportPathError(f"{folder} is {kind}, not a folder")
-    try:
-        used = any(folder.iterdir())
-    except OSError as exc:
-        raise ReportPathError(f"{folder} cannot be read: {exc.strerror}") from None
-    if used:
-        raise ReportPathError(f"{folder} is not an empty folder (a run never reuses an earlier run's files)")
     if not os.access(folder, os.W_OK | os.X_OK):
         raise ReportPathError(f"{folder} is not writable")
+    return _claim(folder)
+
+
+_UNUSED = "is not an empty folder (a run never reuses an earlier run's files)"
+
+
+def _claim(folder: pathlib.Path) -> pathlib.Path:
+    """``folder`` with its lock file made by this process (O_EXCL: of two runs, one makes it) and locked;
+    any other entry there means an earlier run's files, and the claim is given up."""
+    lock = folder / RUN_LOCK
+    try:
+        descriptor = os.open(lock, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+    except FileExistsError:
+        if _held_elsewhere(lock):
+            raise ReportPathError(f"{folder} is in use by another run (its lock file {RUN_LOCK} is held)") from None
+        raise ReportPathError(f"{folder} {_UNUSED}") from None
+    except OSError as exc:
+        raise ReportPathError(f"{folder} cannot be written: {exc.strerror}") from None
+    fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)  # made here: no other process has it open
+    try:
+        used = any(entry.name != RUN_LOCK for entry in folder.iterdir())
+        why = f"{folder} {_UNUSED}"
+    except OSError as exc:
+        used, why = True, f"{folder} cannot be read: {exc.strerror}"
+    if used:
+        os.close(descriptor)
+        lock.unlink(missing_ok=True)
+        raise ReportPathError(why)
+    os.write(descriptor, f"{os.getpid()}\n".encode())
+    _CLAIMS[folder.resolve()] = descriptor
     return folder
+
+
+# The folders this process claimed, and their lock's descriptor: open for as long as the run uses the folder
+# (closing it releases the lock). Forked ranks inherit it: a rank left alive keeps the folder claimed.
+_CLAIMS: dict[pathlib.Path, int] = {}
+
+
+def _held_elsewhere(lock: pathlib.Path) -> bool:
+    try:
+        descriptor = os.open(lock, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(descriptor, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(descriptor)
+    return False
+
+
+def release_run_dir(path: str | os.PathLike, unused: bool = False) -> None:
+    """The run that claimed ``path`` in this process is over: its lock is released. The lock file stays (the
+    folder is never taken for an unused one), unless the run never started (``unused``: a usage error came
+    after the folder was claimed), so that the corrected command may use it."""
+    folder = pathlib.Path(path).expanduser()
+    descriptor = _CLAIMS.pop(folder.resolve(), None)
+    if descriptor is None:
+        return
+    if unused:
+        (folder / RUN_LOCK).unlink(missing_ok=True)
+    os.close(descriptor)

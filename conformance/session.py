@@ -12,6 +12,7 @@ import time
 from shardspec.conformance.api import ImplChoice
 from shardspec.conformance.harness.expectations import expectation_device
 from shardspec.conformance.harness.group import group_for
+from shardspec.conformance.output_paths import ReportPathError, release_run_dir, write_report
 from shardspec.conformance.record import NOT_RUN, PASS, CaseResult, not_run
 from shardspec.conformance.report import summary as report
 from shardspec.conformance.report.input_coverage import input_coverage, summary_lines
@@ -195,6 +196,7 @@ class ConformanceSession:
     def finish(self, log: Log | None = None, interrupted: str | None = None) -> int:
         """Print the report, write the JSON; the exit code (never 0 when no case was judged)."""
         self.group.close()
+        release_run_dir(self.run_dir)  # the ranks are gone: the folder's lock is given up
         if interrupted:  # the cases the interruption left out are not run, and the report says so
             self._mark_unrun(f"the run was interrupted by {interrupted} before this case ran")
         xfails = load_xfails(self.config.xfails_file)
@@ -228,8 +230,6 @@ class ConformanceSession:
             data = report.json_report(
                 metadata, sections, tables, warnings, exit_code, self.invariants, failures, xfails
             )
-            from shardspec.conformance.output_paths import ReportPathError, write_report
-
             try:
                 write_report(self.config.json_path, json.dumps(data, indent=1, default=repr))
                 log(f"JSON report: {self.config.json_path}")

@@ -94,10 +94,10 @@ def test_two_nodes_on_one_rendezvous_give_the_verdicts_of_one_launch(tmp_path):
     assert {status for status, _ in _verdicts(own / "r.json").values()} == {"pass", "fail"}
 
 
-def test_external_launch_needs_one_group_size_and_a_run_dir(capsys):
+def test_external_launch_needs_one_group_size_and_a_run_dir(tmp_path, capsys):
     from shardspec.conformance.cli import main
 
-    assert main(["--launcher", "external", "--tp", "2,4", "--run-dir", "/tmp/x-never-made"]) == 2
+    assert main(["--launcher", "external", "--tp", "2,4", "--run-dir", str(tmp_path / "run")]) == 2
     assert "one group size" in capsys.readouterr().err
     assert main(["--launcher", "external", "--tp", "2"]) == 2
     assert "--run-dir that every node can read and write" in capsys.readouterr().err

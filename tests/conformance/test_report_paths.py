@@ -121,3 +121,53 @@ def test_a_new_run_dir_is_made_and_kept(tmp_path, capsys):
     run_dir = tmp_path / "a" / "b"
     assert main([*RUN, "--run-dir", str(run_dir)]) == 0
     assert run_dir.is_dir()
+
+
+def test_a_run_dir_in_use_by_another_run_is_refused(tmp_path, capsys):
+    """Two runs started together with one new --run-dir read each other's rank records; now the first
+    to claim the folder owns it (its lock file, made new and locked) and the other is refused in one line."""
+    import subprocess
+    import sys
+
+    run_dir = tmp_path / "shared"
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys; from shardspec.conformance.output_paths import check_run_dir; "
+            "check_run_dir(sys.argv[1]); print('claimed', flush=True); sys.stdin.read()",
+            str(run_dir),
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout.readline() == "claimed\n"
+        assert main([*RUN, "--run-dir", str(run_dir)]) == 2
+        err = _one_line(capsys)
+        assert f"--run-dir: {run_dir} is in use by another run" in err, err
+    finally:
+        holder.communicate("", timeout=60)
+    # The claim ends with its run; the folder it leaves is an earlier run's, never reused.
+    assert main([*RUN, "--run-dir", str(run_dir)]) == 2
+    assert "is not an empty folder" in _one_line(capsys)
+
+
+def test_a_run_dir_is_claimed_once_even_by_runs_that_start_together(tmp_path):
+    from shardspec.conformance.output_paths import ReportPathError, check_run_dir, release_run_dir
+
+    run_dir = tmp_path / "new"
+    assert check_run_dir(run_dir) == run_dir
+    with pytest.raises(ReportPathError, match="is in use by another run"):
+        check_run_dir(run_dir)
+    release_run_dir(run_dir)
+    with pytest.raises(ReportPathError, match="is not an empty folder"):
+        check_run_dir(run_dir)
+
+
+def test_a_usage_error_gives_the_run_dir_back(tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    assert main([*RUN, "--run-dir", str(run_dir), "--tp-groups", "2"]) == 2  # not with --in-process
+    assert "--tp-groups" in _one_line(capsys)
+    assert main([*RUN, "--run-dir", str(run_dir)]) == 0  # the corrected command takes the folder
