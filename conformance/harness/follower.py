@@ -152,20 +152,34 @@ class Follower:
 
     def without_heartbeat(self, limit_s: float) -> list[int]:
         """Ranks whose process lives but whose watchdog thread has not run for ``limit_s`` (it touches the
-        rank's ``.beat`` file every 0.2 s) while its main thread is not running either: it is stopped, or
-        asleep holding the GIL, and cannot report itself. A rank that died, or has not started its watchdog,
-        is not one of them; nor is one whose main thread is running or waiting for a CPU (state R): it
-        computes, perhaps in a long C call that holds the GIL, which a loaded machine stretches past the
-        limit (seen at load 10 on 2 cores); the case timeout ends it if it never returns."""
+        rank's ``.beat`` file every 0.2 s) while none of its threads runs either: it is stopped, or asleep
+        holding the GIL, and cannot report itself. A rank that died, or has not started its watchdog, is not
+        one of them; nor is one with a thread running or waiting for a CPU (state R, :func:`_progressing`):
+        it computes, perhaps in a long C call that holds the GIL, which a loaded machine stretches past the
+        limit (seen at load 10 and 20 on 2 cores); the case timeout ends it if it never returns."""
         now, silent = time.time(), []
         for rank, pid in sorted(self.pids.items()):
             try:
                 beat = (self.run_dir / f"{self.name}-rank{rank}.beat").stat().st_mtime
             except OSError:
                 continue
-            if now - beat >= limit_s and _process_state(pid) not in (None, "Z", "X", "R"):
+            if now - beat >= limit_s and not _progressing(pid):
                 silent.append(rank)
         return silent
+
+
+def _progressing(pid) -> bool:
+    """Whether process ``pid`` is gone (None, Z, X: not a hang) or has a thread that runs or waits for a CPU
+    or for the disk (R, D). Every thread counts, not only the main one: a rank's main thread waits (S) while
+    a helper thread of torch, Triton or the engine computes holding the GIL, and on a loaded machine that
+    stretches past the limit too."""
+    if _process_state(pid) in (None, "Z", "X"):
+        return True
+    try:
+        tasks = list(pathlib.Path(f"/proc/{pid}/task").iterdir())
+    except OSError:
+        return True  # gone meanwhile
+    return any(_process_state(f"{pid}/task/{task.name}") in ("R", "D") for task in tasks)
 
 
 def _process_state(pid) -> str | None:

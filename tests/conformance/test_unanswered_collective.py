@@ -118,28 +118,41 @@ def test_a_live_rank_whose_watchdog_stopped_beating_is_out_of_reach(tmp_path):
     gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     asleep = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])  # like a rank asleep in C
     busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])  # running, or waiting for a CPU
+    # Its main thread waits (S) for a helper thread that computes: a rank in a torch or Triton worker's work.
+    helped = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import threading\nt = threading.Thread(target=lambda: [0 for _ in iter(int, 1)])\nt.start(); t.join()",
+        ]
+    )
     try:
-        follower = Follower(tmp_path, "launch0", 4)
-        ranks = ((0, os.getpid()), (1, asleep.pid), (2, int(gone.stdout)), (3, busy.pid))
+        follower = Follower(tmp_path, "launch0", 5)
+        ranks = ((0, os.getpid()), (1, asleep.pid), (2, int(gone.stdout)), (3, busy.pid), (4, helped.pid))
         for rank, pid in ranks:
-            _send(tmp_path, rank, {"event": "ready", "pid": pid, "world_size": 4})
+            _send(tmp_path, rank, {"event": "ready", "pid": pid, "world_size": 5})
         follower.read()
         assert follower.without_heartbeat(5.0) == []  # no watchdog has started: nothing to judge by
         for rank, _ in ranks:
             (tmp_path / f"launch0-rank{rank}.beat").touch()
         old = time.time() - 6.0
-        for rank in (1, 2, 3):
+        for rank in (1, 2, 3, 4):
             os.utime(tmp_path / f"launch0-rank{rank}.beat", (old, old))
         deadline = time.monotonic() + 10
-        while (_state(asleep.pid), _state(busy.pid)) != ("S", "R") and time.monotonic() < deadline:
+        while (_state(asleep.pid), _state(busy.pid), _state(helped.pid)) != (
+            "S",
+            "R",
+            "S",
+        ) and time.monotonic() < deadline:
             time.sleep(0.05)  # both past their start (reading files, importing)
         # Rank 0 beats; rank 1 lives, sleeps and has not beaten for 6 s; rank 2's process is gone (it died, not
-        # hung); rank 3 has not beaten either but runs (a long C call holding the GIL on a loaded machine).
-        assert _state(busy.pid) == "R"
+        # hung); rank 3 has not beaten either but runs (a long C call holding the GIL on a loaded machine);
+        # rank 4's main thread waits while its other thread runs.
+        assert _state(busy.pid) == "R" and _state(helped.pid) == "S"
         assert follower.without_heartbeat(5.0) == [1]
         assert follower.without_heartbeat(7.0) == []
     finally:
-        for proc in (asleep, busy):
+        for proc in (asleep, busy, helped):
             proc.kill()
             proc.wait()
 
