@@ -15,7 +15,7 @@ from shardspec.conformance.harness.group import group_for
 from shardspec.conformance.output_paths import ReportPathError, release_run_dir, write_report
 from shardspec.conformance.record import NOT_RUN, PASS, CaseResult, not_run
 from shardspec.conformance.report import summary as report
-from shardspec.conformance.report.input_coverage import input_coverage, summary_lines
+from shardspec.conformance.report.input_coverage import input_coverage, left_out_lines, summary_lines
 from shardspec.conformance.report.xfails import Xfails, load_xfails
 from shardspec.conformance.reproduce import annotate, prepare_reproduction
 from shardspec.conformance.runner import (
@@ -160,6 +160,7 @@ class ConformanceSession:
                 parts.append("\nfailures:\n" + "\n".join(failures))
             failed |= bool(report.failing_invariants(rows))
         parts += ["", *(line for section in sections for line in summary_lines(section.label, section.input_coverage))]
+        parts += left_out_lines(section.input_coverage for section in sections)
         known_cases = {r.case_id for rs in self.results.values() for r in rs}
         warnings = xfails.warnings(set(levels) | checked, known_cases) + list(self.version_warnings)
         if not checked:

@@ -3,7 +3,7 @@ cases which ran drew, per entry and group size, and those none drew.
 
 Computed from the cases of the results that were run (a case not run draws nothing), so an entry that
 runs fewer cases (a mixed entry) or a run cut short shows less. Reported on the terminal (one line per
-entry, then what no size drew, then the pairs the space leaves out on purpose and why), in the JSON
+entry, then what no size drew; after every entry, once, the pairs the space leaves out on purpose and why), in the JSON
 (``sections[].input_coverage``) and in the HTML matrix (the pairs left out: a note above it).
 """
 
@@ -41,9 +41,18 @@ def summary_lines(label: str, per_tp: dict[int, dict]) -> list[str]:
     for sizes, keys in by_sizes.items():
         shown = ", ".join(keys[:SHOWN]) + (f" and {len(keys) - SHOWN} more (JSON report)" if len(keys) > SHOWN else "")
         lines.append(f"  not drawn at tp {','.join(map(str, sizes))} ({len(keys)}): {shown}")
-    left_out = next(iter(per_tp.values())).get("left_out") or {}
-    if left_out:
-        shown = "; ".join(f"{key} ({why})" for key, why in list(left_out.items())[:SHOWN])
-        more = f" and {len(left_out) - SHOWN} more (JSON report)" if len(left_out) > SHOWN else ""
-        lines.append(f"  pairs left out of the space on purpose ({len(left_out)}): {shown}{more}")
     return lines
+
+
+def left_out_lines(per_entry: Iterable[dict[int, dict]]) -> list[str]:
+    """The terminal's line naming the pairs the input space leaves out on purpose, and why: once per run,
+    after every entry's lines (the run's profile fixes them, so each entry and size lists the same ones)."""
+    left_out: dict[str, str] = {}
+    for per_tp in per_entry:
+        for entry in per_tp.values():
+            left_out.update(entry.get("left_out") or {})
+    if not left_out:
+        return []
+    shown = "; ".join(f"{key} ({why})" for key, why in list(left_out.items())[:SHOWN])
+    more = f" and {len(left_out) - SHOWN} more (JSON report)" if len(left_out) > SHOWN else ""
+    return [f"pairs left out of the space on purpose ({len(left_out)}): {shown}{more}"]

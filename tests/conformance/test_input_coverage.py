@@ -12,7 +12,7 @@ from shardspec.conformance.cases.input_space import input_space, pairs_left_out
 from shardspec.conformance.cases.spread import best_spread, drawn
 from shardspec.conformance.cli import main
 from shardspec.conformance.record import CaseResult, not_run
-from shardspec.conformance.report.input_coverage import input_coverage, summary_lines
+from shardspec.conformance.report.input_coverage import input_coverage, left_out_lines, summary_lines
 from shardspec.conformance.report.matrix import build_matrix
 from shardspec.conformance.report.model import ReportError, load_report, parse_report
 from shardspec.spec.loader import load_spec
@@ -50,6 +50,16 @@ def test_the_terminal_names_each_entry_and_what_no_case_drew(tmp_path, capsys):
     assert "tp 2 " in line and f"/{len(input_space(DEFAULT_PROFILE))}" in line
     missing = [v.key for v in coverage(small_cases(2)[:1]).not_covered]
     assert f"  not drawn at tp 2 ({len(missing)}): {', '.join(missing[:8])} and {len(missing) - 8} more" in out
+
+
+def test_the_terminal_names_the_pairs_left_out_once_per_run_not_once_per_entry(tmp_path, capsys):
+    files = write_cases(small_cases(2)[:1], tmp_path)
+    assert main(["--in-process", "--impl", "reference,production", "--case-file", files[0]]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    entries = [i for i, line in enumerate(lines) if line.startswith("input coverage, ")]
+    [left] = [i for i, line in enumerate(lines) if "left out of the space on purpose" in line]
+    assert len(entries) == 2 and left > entries[-1]  # after both entries' lines, not under each
+    assert lines[left] == left_out_lines([{2: {"left_out": pairs_left_out(DEFAULT_PROFILE)}}])[0]
 
 
 def test_a_case_not_run_draws_nothing():
@@ -128,8 +138,9 @@ def test_every_output_shows_the_pairs_drawn_on_purpose_and_those_left_out(small_
     assert all(entry["counts"][key] >= 1 for key in drawn) and set(cross) & set(entry["not_covered"])
     left_out = pairs_left_out(profile)
     assert entry["left_out"] == left_out and "logits_shard:pair=dtype=float16,value=largest" in left_out
-    lines = summary_lines("reference", {2: entry})
-    assert lines[-1].startswith(f"  pairs left out of the space on purpose ({len(left_out)}): logits_shard:pair=")
+    assert not any("left out" in line for line in summary_lines("reference", {2: entry}))
+    [line] = left_out_lines([{2: entry, 3: entry}, {2: entry}])
+    assert line.startswith(f"pairs left out of the space on purpose ({len(left_out)}): logits_shard:pair=")
     matrix = build_matrix([load_report(path)], load_spec())
     [note] = [n for n in matrix.notes if "left out of the input space" in n]
     assert all(key in note and why in note for key, why in left_out.items())
