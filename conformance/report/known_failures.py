@@ -49,13 +49,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from shardspec.conformance.report.model import SPEC_CHOICE
 from shardspec.spec.case_edits import EXTENSIONS_DECLARED_EMPTY
 
 # The invariant name an item uses for a case whose run failed (a rank raised, hung or died).
 RUN_ERROR = "run-error"
 # ... and for a case that was not run (e.g. left out after several cases of its entry crashed alike).
 NOT_RUN = "not-run"
-SPEC_CHOICE = "spec-choice"
 
 OPTIONAL_INPUTS = (
     "grammar",

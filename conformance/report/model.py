@@ -30,6 +30,9 @@ FAIL, WARN, XFAIL, PASS, NA, NOT_RUN, UNKNOWN = "fail", "warn", "xfail", "pass",
 JUDGED = (PASS, FAIL, WARN, XFAIL)  # verdicts that say something was checked
 FAILING = (FAIL, WARN, XFAIL)  # verdicts with failing cases to show
 MAX_CASE_YAML = 64_000  # characters of a case file embedded in the page
+# A known failure's ``why`` (an xfails file's ``known_failures``): the spec asks for something the
+# implementation never promised; any ``<engine>-defect`` (``vllm-defect``) is a defect of the implementation.
+SPEC_CHOICE = "spec-choice"
 
 
 class ReportError(ValueError):
@@ -80,6 +83,9 @@ class Section:
     input_coverage: dict[int, DrawnInputs] = field(default_factory=dict)  # absent from reports before it
     # invariant id -> tp -> why its xfail cell is expected (the known failures' reasons; absent before it).
     known: dict[str, dict[int, tuple[str, ...]]] = field(default_factory=dict)
+    # invariant id -> tp -> how many failing cases of its FAIL or warn cell no known failure covers (absent
+    # from reports before it).
+    untriaged: dict[str, dict[int, int]] = field(default_factory=dict)
 
     def cases_at(self, tp: int) -> list[CaseRecord]:
         return [c for c in self.cases if c.tp == tp]
@@ -193,7 +199,7 @@ def _parse_section(raw: Any, path: str, place: str) -> Section:
     )
     _require(isinstance(raw.get("table"), list), path, f"{place}.table", "is missing or not a list")
     _require(isinstance(raw.get("cases", []), list), path, f"{place}.cases", "is not a list")
-    table, levels, known = {}, {}, {}
+    table, levels, known, untriaged = {}, {}, {}, {}
     for i, row in enumerate(raw["table"]):
         row_place = f"{place}.table[{i}]"
         _require(isinstance(row, dict) and isinstance(row.get("invariant"), str), path, row_place, "has no 'invariant'")
@@ -209,6 +215,7 @@ def _parse_section(raw: Any, path: str, place: str) -> Section:
         table[row["invariant"]] = cells
         levels[row["invariant"]] = str(row.get("level", "MUST"))
         known[row["invariant"]] = _parse_known(row.get("known"), path, f"{row_place}.known")
+        untriaged[row["invariant"]] = _parse_untriaged(row.get("untriaged"), path, f"{row_place}.untriaged")
     cases = [_parse_case(c, path, f"{place}.cases[{i}]") for i, c in enumerate(raw.get("cases", []))]
     not_applicable = raw.get("not_applicable") or {}
     _require(
@@ -220,7 +227,8 @@ def _parse_section(raw: Any, path: str, place: str) -> Section:
     na = {int(t): str(w) for t, w in not_applicable.items()}
     drawn = _parse_input_coverage(raw.get("input_coverage") or {}, path, f"{place}.input_coverage")
     known = {invariant: reasons for invariant, reasons in known.items() if reasons}
-    return Section(label, [int(t) for t in tp_sizes], na, table, levels, cases, drawn, known)
+    untriaged = {invariant: counts for invariant, counts in untriaged.items() if counts}
+    return Section(label, [int(t) for t in tp_sizes], na, table, levels, cases, drawn, known, untriaged)
 
 
 def _parse_known(raw: Any, path: str, place: str) -> dict[int, tuple[str, ...]]:
@@ -233,6 +241,30 @@ def _parse_known(raw: Any, path: str, place: str) -> dict[int, tuple[str, ...]]:
         "is not a mapping of tp sizes to lists of reasons",
     )
     return {int(t): tuple(map(str, reasons)) for t, reasons in raw.items()}
+
+
+def _parse_untriaged(raw: Any, path: str, place: str) -> dict[int, int]:
+    if raw is None:
+        return {}
+    _require(
+        isinstance(raw, dict) and all(_is_int(t) and _is_int(n) for t, n in raw.items()),
+        path,
+        place,
+        "is not a mapping of tp sizes to counts",
+    )
+    return {int(t): int(n) for t, n in raw.items()}
+
+
+def known_why(reason: str) -> str:
+    """The ``why`` a known failure's reason starts with in the JSON report (``vllm-defect: ...``, see
+    ``known_reason``), or "" for an entry that gives none (one keyed by invariant or case id)."""
+    why, colon, _ = reason.partition(": ")
+    return why if colon and (why == SPEC_CHOICE or (why.endswith("defect") and " " not in why)) else ""
+
+
+def known_reason(why: str, reason: str) -> str:
+    """A known failure's reason as the JSON report writes it: its ``why`` first (``known_why`` reads it)."""
+    return f"{why}: {reason}"
 
 
 def _parse_input_coverage(raw: Any, path: str, place: str) -> dict[int, DrawnInputs]:

@@ -110,18 +110,32 @@ def known_reasons(section: Section, rows: list[list[str]], xfails: Xfails) -> di
     what a reader of the JSON needs to tell a known failure from a new one."""
     out: dict[str, dict[str, list[str]]] = {}
     for row in rows:
-        invariant = "" if row[0] in (ERRORS_ROW, NOT_RUN_ROW) else row[0]
-        status = NOT_RUN if row[0] == NOT_RUN_ROW else ERROR
         for tp, cell_text in zip(section.tp_sizes, row[2:], strict=False):
-            if not str(cell_text).startswith("xfail"):
-                continue
-            if invariant:
-                failing = [r for r in section.results if r.tp == tp and invariant in _violated(r)]
-            else:
-                failing = [r for r in section.results if r.tp == tp and r.status == status]
-            reasons = {xfails.reason_of(invariant, r) for r in failing}
-            out.setdefault(row[0], {})[str(tp)] = sorted(r for r in reasons if r)
+            if str(cell_text).startswith("xfail"):
+                invariant, failing = _failing(section, row[0], tp)
+                reasons = {xfails.reason_of(invariant, r) for r in failing}
+                out.setdefault(row[0], {})[str(tp)] = sorted(r for r in reasons if r)
     return out
+
+
+def untriaged_counts(section: Section, rows: list[list[str]], xfails: Xfails) -> dict[str, dict[str, int]]:
+    """For each FAIL or warn cell of ``rows`` (invariant -> tp -> n): how many of its failing cases no known
+    failure covers (the page of releases counts them; the cell alone cannot tell one from all)."""
+    out: dict[str, dict[str, int]] = {}
+    for row in rows:
+        for tp, cell_text in zip(section.tp_sizes, row[2:], strict=False):
+            if str(cell_text).split()[:1] in (["FAIL"], ["warn"]):
+                invariant, failing = _failing(section, row[0], tp)
+                out.setdefault(row[0], {})[str(tp)] = sum(xfails.reason_of(invariant, r) is None for r in failing)
+    return out
+
+
+def _failing(section: Section, row_id: str, tp: int) -> tuple[str, list[CaseResult]]:
+    """The invariant of a row ("" for the run-errors and not-run rows) and its failing cases at ``tp``."""
+    if row_id not in (ERRORS_ROW, NOT_RUN_ROW):
+        return row_id, [r for r in section.results if r.tp == tp and row_id in _violated(r)]
+    status = NOT_RUN if row_id == NOT_RUN_ROW else ERROR
+    return "", [r for r in section.results if r.tp == tp and r.status == status]
 
 
 def _violated(result) -> set[str]:
@@ -304,9 +318,12 @@ def json_report(
     launch_failures: list[dict[str, Any]] | None = None,
     xfails: Xfails | None = None,
 ) -> dict[str, Any]:
-    """The JSON report; with ``xfails``, each row says why its xfail cells are expected (``known``)."""
+    """The JSON report; with ``xfails``, each row says why its xfail cells are expected (``known``) and how
+    many failing cases of its FAIL or warn cells no known failure covers (``untriaged``)."""
     levels = {inv.id: inv.level for inv in invariants or []}
-    known = [known_reasons(section, rows, xfails or Xfails()) for section, rows in zip(sections, tables, strict=False)]
+    xfails = xfails or Xfails()
+    known = [known_reasons(section, rows, xfails) for section, rows in zip(sections, tables, strict=False)]
+    untriaged = [untriaged_counts(section, rows, xfails) for section, rows in zip(sections, tables, strict=False)]
     from shardspec.conformance.output_paths import REPORT_MARKER
 
     return {
@@ -328,12 +345,13 @@ def json_report(
                         "results": {str(tp): c for tp, c in zip(section.tp_sizes, row[2:], strict=False)},
                         "judged": {str(tp): judged_count(section, row[0], tp) for tp in section.tp_sizes},
                         **({"known": reasons[row[0]]} if row[0] in reasons else {}),
+                        **({"untriaged": counts[row[0]]} if row[0] in counts else {}),
                     }
                     for row in rows
                 ],
                 "cases": [_case_json(r, levels) for r in section.results],
                 "input_coverage": {str(tp): drawn for tp, drawn in section.input_coverage.items()},
             }
-            for section, rows, reasons in zip(sections, tables, known, strict=False)
+            for section, rows, reasons, counts in zip(sections, tables, known, untriaged, strict=False)
         ],
     }

@@ -12,6 +12,7 @@ import yaml
 
 from shardspec.conformance.report import known_failures
 from shardspec.conformance.report.known_failures import KnownFailure
+from shardspec.conformance.report.model import known_reason
 
 KNOWN_FAILURES = "known_failures"  # an xfails file's list of entries keyed by properties (known_failures.py)
 
@@ -40,7 +41,7 @@ class Xfails:
             if key in self.entries and self._in_scope(key, result):
                 return self.entries[key]
         item = next((item for item in self.known if item.covers(invariant_id, result)), None)
-        return None if item is None else f"{item.why}: {item.reason}"
+        return None if item is None else known_reason(item.why, item.reason)
 
     def _in_scope(self, key: str, result) -> bool:
         scope = self.layouts.get(key)

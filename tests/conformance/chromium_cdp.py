@@ -170,7 +170,11 @@ class Chromium:
     def screenshot(self, full_page: bool = False) -> bytes:
         params: dict[str, Any] = {"format": "png"}
         if full_page:
-            size = self.evaluate("[document.documentElement.scrollWidth, document.documentElement.scrollHeight]")
+            # The whole page is laid out at least as wide as the viewport (its scroll bar gone): all of it.
+            size = self.evaluate(
+                "[Math.max(document.documentElement.scrollWidth, window.innerWidth), "
+                "document.documentElement.scrollHeight]"
+            )
             params.update(
                 captureBeyondViewport=True, clip={"x": 0, "y": 0, "width": size[0], "height": size[1], "scale": 1}
             )
