@@ -290,8 +290,8 @@ def run_group_size(
     group: Group,
 ) -> None:
     """Every entry's cases of group size ``tp``, appended to ``results[entry]`` as they are judged (an
-    interrupted run keeps them); in the multi-process mode all entries share the launches (starting
-    the ranks costs more than most cases). ``load_problems``: why an implementation cannot be loaded
+    interrupted run keeps them); in the multi-process mode each entry runs in rank processes of its
+    own (harness/multiprocess.py). ``load_problems``: why an implementation cannot be loaded
     (see :func:`shardspec.conformance.harness.probe.probe`)."""
     start = {entry: len(results[entry]) for entry in entries}
     prepare_reproduction(case_set, run_dir)

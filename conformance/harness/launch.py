@@ -18,31 +18,44 @@ from shardspec.spec.profiles import profile_environ
 WORKER = "shardspec.conformance.harness.worker"
 
 
-def _rank_server(servers: dict, env: dict[str, str], run_dir: pathlib.Path, name: str) -> RankServer:
-    """The preloaded server in ``servers``, or a new one after it died or the environment changed."""
-    server = servers.get("cpu")
+def _rank_server(
+    servers: dict, implementations: tuple[str, ...], env: dict[str, str], run_dir: pathlib.Path, name: str
+) -> RankServer:
+    """The server in ``servers`` that preloaded ``implementations`` (one entry's: no other entry's ranks are
+    forked from it), or a new one after it died or the environment changed."""
+    server = servers.get(implementations)
     if server is None or not server.alive or server.env != env:
         if server is not None:
             server.close()
-        server = servers["cpu"] = RankServer(WORKER, [str(run_dir)], env, run_dir / f"server-{name}.log")
+        log = run_dir / f"server-{name}.log"
+        server = servers[implementations] = RankServer(WORKER, list(implementations), env, log)
         atexit.register(server.close)  # also when the run ends without closing its group
     return server
 
 
 class GroupStarter:
-    """Starts the group of each launch: ``torchrun --standalone``, or forks of one preloaded rank
-    server on the CPU (a new server after one was killed). CUDA does not survive a fork, so ranks
-    on GPUs always get fresh processes."""
+    """Starts the group of each launch of one entry: ``torchrun --standalone``, or forks of the entry's
+    preloaded rank server on the CPU (a new server after one was killed). CUDA does not survive a fork, so
+    ranks on GPUs always get fresh processes."""
 
     def __init__(
-        self, run_dir: pathlib.Path, device_kind: str, launcher: str = "auto", log=print, servers=None, backend=None
+        self,
+        run_dir: pathlib.Path,
+        device_kind: str,
+        launcher: str = "auto",
+        log=print,
+        servers=None,
+        backend=None,
+        implementations: tuple[str, ...] = (),
     ):
-        """``backend``: the ranks' collective backend (None: NCCL on GPUs, gloo on the CPU)."""
+        """``backend``: the ranks' collective backend (None: NCCL on GPUs, gloo on the CPU);
+        ``implementations``: the entry's, which its rank server imports before forking the ranks."""
         if launcher not in ("auto", "torchrun", "fork", "external"):
             raise ValueError(f"launcher {launcher!r}: expected auto, torchrun, fork or external")
         self.run_dir, self.device_kind, self.log = run_dir, device_kind, log
         self.backend = backend or ("gloo" if device_kind == "cpu" else "nccl")
         self.servers = {} if servers is None else servers
+        self.implementations = implementations
         self.external = launcher == "external"
         self.use_torchrun = launcher == "torchrun" or (launcher == "auto" and device_kind != "cpu")
 
@@ -74,7 +87,8 @@ class GroupStarter:
             command = [sys.executable, "-m", "shardspec.conformance.harness.spawn", str(world), WORKER, *args]
         else:
             log_path.write_text("")
-            return _rank_server(self.servers, env, self.run_dir, name).start(world, args, log_path)
+            server = _rank_server(self.servers, self.implementations, env, self.run_dir, name)
+            return server.start(world, args, log_path)
         with open(log_path, "w") as log_file:  # under a keeper, which ends every process of the launch with it
             return subprocess.Popen(
                 keeper_command(command),

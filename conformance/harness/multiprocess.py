@@ -1,8 +1,11 @@
 """Multi-process runs: one process per rank (like ``torchrun``, see :mod:`.spawn`) over many jobs.
 
-A job is one case run by one entry (``A`` or ``A/B``); every entry of a run
-shares one launch per group size, since starting the ranks (importing torch
-on every one) costs more than most cases. The parent computes the reference
+A job is one case run by one entry (``A`` or ``A/B``). Each entry gets rank
+processes of its own: its launches run only its jobs, forked on the CPU from a
+rank server that imported only its implementations. What an implementation
+does to its process (torch's default dtype, a module it patches, any global
+state) then reaches no other entry's verdict; the cost is one more server
+start (importing torch) per entry of a run. The parent computes the reference
 expectations once per case, saves them with the cases and the jobs into a
 run directory, and launches the group. Every rank appends one JSON line per
 job; the parent follows those files while the group runs, combines the ranks
@@ -90,60 +93,90 @@ def run_jobs_multiprocess(
         )
     )
     results: dict[int, CaseResult] = {}
-    # Jobs after which the reference itself leaves peers waiting in a
-    # collective end a launch: run them last, so they cost fewer relaunches.
-    breaking = {i for i, job in enumerate(jobs) if _breaks_group(expectations[job.case.case_id])}
-    remaining = [i for i in range(len(jobs)) if i not in breaking] + sorted(breaking)
-    starter = GroupStarter(run_dir, device_kind, options.launcher, log, {} if servers is None else servers, backend)
-    launch_number, idle_launches = 0, 0
-    crashes = CrashBudget(options.max_crashes)
-    alone: set[int] = set()  # jobs run again in a launch of their own after a suspect crash
-    # A launch that judged at least one job may be followed by another (each ends at most one job early);
-    # launches that judge nothing are allowed max_relaunches times.
-    while remaining and idle_launches <= options.max_relaunches:
-        log(f"  launch {launch_number + 1}: tp {tp}, {len(remaining)} job(s), {_labels(jobs, remaining)}")
-        held: dict[int, CaseResult] = {}
-        deliver = _holding_suspects(on_result, results, remaining, alone, held)
-        outcome = _launch(jobs, remaining, tp, options, f"launch{launch_number}", results, deliver, starter, judge)
-        launch_number += 1
-        for index in held:  # judged again in the next launch, first, where nothing ran before it
-            del results[index]
-            alone.add(index)
-            before = remaining[: remaining.index(index)]
-            log(
-                f"  {jobs[index].case.case_id}: a rank was killed by a signal after {len(before)} other case(s) "
-                f"in the same processes ({', '.join(jobs[i].case.case_id for i in before[-3:])} last); it runs "
-                "again on its own before the crash is blamed on it"
-            )
-        remaining = [*held, *(i for i in remaining if i not in held)]
-        for index in remaining:
-            if index in results:
-                crashes.note(results[index])
-        for index in remaining:
-            job = jobs[index]
-            reason = None if index in results else crashes.spent(job.choice.label, tp, invalid_input(job.case))
-            if reason is not None:
-                results[index] = not_run(job.case, job.choice.label, reason)
-        still = [i for i in remaining if i not in results]
-        idle_launches += len(still) == len(remaining)
-        remaining = still
-        if outcome is not None:  # the group never started: relaunching cannot help
-            failure = {"tp": tp, "launch": launch_number, **outcome}
-            log(f"  launch {launch_number} did not run: {failure['reason']}; full log {failure['log']}")
-            log("\n".join("    | " + line for line in failure["error"].splitlines()))
-            if failures is not None:
-                failures.append(failure)
-            why = f"{failure['reason']}: {failure['error'].splitlines()[-1] if failure['error'] else 'no output'}"
-            for index in remaining:
-                results[index] = not_run(jobs[index].case, jobs[index].choice.label, f"{why} (log {failure['log']})")
-            remaining = []
-    for index in remaining:
-        results[index] = not_run(
-            jobs[index].case,
-            jobs[index].choice.label,
-            f"not run: {options.max_relaunches + 1} launches in a row judged nothing",
+    launches = _Launches(jobs, tp, options, judge, on_result, log, results, failures)
+    servers = {} if servers is None else servers
+    for choice in dict.fromkeys(job.choice for job in jobs):  # each entry in processes of its own
+        mine = [i for i, job in enumerate(jobs) if job.choice == choice]
+        # Jobs after which the reference itself leaves peers waiting in a
+        # collective end a launch: run them last, so they cost fewer relaunches.
+        breaking = {i for i in mine if _breaks_group(expectations[jobs[i].case.case_id])}
+        starter = GroupStarter(
+            run_dir, device_kind, options.launcher, log, servers, backend, implementations=tuple(choice.names())
         )
+        launches.run_entry([i for i in mine if i not in breaking] + sorted(breaking), starter)
     return [results[i] for i in range(len(jobs))]
+
+
+@dataclass
+class _Launches:
+    """The launches of one call of :func:`run_jobs_multiprocess`, numbered across its entries."""
+
+    jobs: list[Job]
+    tp: int
+    options: LaunchOptions
+    judge: object
+    on_result: Callable[[CaseResult], None] | None
+    log: Callable[[str], None]
+    results: dict[int, CaseResult]
+    failures: list[dict] | None
+    number: int = 0
+
+    def run_entry(self, remaining: list[int], starter: GroupStarter) -> None:
+        """Run the jobs ``remaining`` (of one entry) in launches of ``starter``'s, until each has a result."""
+        jobs, tp, options, log, results = self.jobs, self.tp, self.options, self.log, self.results
+        idle_launches = 0
+        crashes = CrashBudget(options.max_crashes)
+        alone: set[int] = set()  # jobs run again in a launch of their own after a suspect crash
+        # A launch that judged at least one job may be followed by another (each ends at most one job early);
+        # launches that judge nothing are allowed max_relaunches times.
+        while remaining and idle_launches <= options.max_relaunches:
+            log(f"  launch {self.number + 1}: tp {tp}, {len(remaining)} job(s), {_labels(jobs, remaining)}")
+            held: dict[int, CaseResult] = {}
+            deliver = _holding_suspects(self.on_result, results, remaining, alone, held)
+            name = f"launch{self.number}"
+            outcome = _launch(jobs, remaining, tp, options, name, results, deliver, starter, self.judge)
+            self.number += 1
+            for index in held:  # judged again in the next launch, first, where nothing ran before it
+                del results[index]
+                alone.add(index)
+                before = remaining[: remaining.index(index)]
+                log(
+                    f"  {jobs[index].case.case_id}: a rank was killed by a signal after {len(before)} other case(s) "
+                    f"in the same processes ({', '.join(jobs[i].case.case_id for i in before[-3:])} last); it runs "
+                    "again on its own before the crash is blamed on it"
+                )
+            remaining = [*held, *(i for i in remaining if i not in held)]
+            for index in remaining:
+                if index in results:
+                    crashes.note(results[index])
+            for index in remaining:
+                job = jobs[index]
+                reason = None if index in results else crashes.spent(job.choice.label, tp, invalid_input(job.case))
+                if reason is not None:
+                    results[index] = not_run(job.case, job.choice.label, reason)
+            still = [i for i in remaining if i not in results]
+            idle_launches += len(still) == len(remaining)
+            remaining = still
+            if outcome is not None:  # the group never started: relaunching cannot help
+                self._not_started(outcome, remaining)
+                remaining = []
+        for index in remaining:
+            results[index] = not_run(
+                jobs[index].case,
+                jobs[index].choice.label,
+                f"not run: {options.max_relaunches + 1} launches in a row judged nothing",
+            )
+
+    def _not_started(self, outcome: dict, remaining: list[int]) -> None:
+        failure = {"tp": self.tp, "launch": self.number, **outcome}
+        self.log(f"  launch {self.number} did not run: {failure['reason']}; full log {failure['log']}")
+        self.log("\n".join("    | " + line for line in failure["error"].splitlines()))
+        if self.failures is not None:
+            self.failures.append(failure)
+        why = f"{failure['reason']}: {failure['error'].splitlines()[-1] if failure['error'] else 'no output'}"
+        for index in remaining:
+            job = self.jobs[index]
+            self.results[index] = not_run(job.case, job.choice.label, f"{why} (log {failure['log']})")
 
 
 def _holding_suspects(on_result, results, launch: list[int], alone: set[int], held: dict[int, CaseResult]):

@@ -180,19 +180,17 @@ def _all_aligned(aligned: bool, control) -> bool:
 
 
 def preload(argv: list[str]) -> None:
-    """Import what the ranks need (for every job of RUN_DIR), before :mod:`.spawn` forks them:
-    once instead of once per rank."""
-    run_dir = pathlib.Path(argv[0])
+    """Import what the ranks need, before :mod:`.spawn` forks them: once instead of once per rank.
+    ``argv``: the implementations of the one entry whose ranks this server forks."""
     # The recorder's dispatch mode imports torch._dynamo when first entered: a third of a rank's time in a
     # launch of a few cases at tp 8, paid by every rank unless imported here.
     import torch._dynamo  # noqa: F401
 
     import shardspec.conformance.harness.expectations  # noqa: F401
     import shardspec.conformance.harness.rank_step  # noqa: F401
-    from shardspec.conformance.api import ImplChoice, load_implementation
+    from shardspec.conformance.api import load_implementation
 
-    jobs = json.loads((run_dir / "jobs.json").read_text())
-    for name in {name for job in jobs for name in ImplChoice(job["impl"], job["impl_odd"]).names()}:
+    for name in argv:
         load_implementation(name)
 
 

@@ -1,6 +1,6 @@
 """Hostile implementations: each gets its exact verdict, the run goes on and ends in bounded time.
 
-One command-line run judges every entry (they share launches), in one process per rank; the
+One command-line run judges every entry, each in rank processes of its own; the
 assertions below read its JSON report.
 """
 
