@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, replace
 
 from shardspec.conformance.upstream_verdicts import report
 from shardspec.spec.case import Case
-from shardspec.spec.profiles import PROFILES
+from shardspec.spec.profiles import PROFILES, behaviour_profiles
 
 EXAMPLES = pathlib.Path(__file__).resolve().parents[1] / "examples"
 TP_SIZES = (2, 3)
@@ -207,7 +207,7 @@ def visible_profiles(hidden: tuple[str, ...] = ()) -> list[str]:
     unknown = [p for p in hidden if p not in PROFILES]
     if unknown:
         raise BehaviourInputError(f"--hide-profile {unknown[0]}: no such bundled profile ({', '.join(PROFILES)})")
-    profiles = [p for p in PROFILES if p not in hidden]
+    profiles = [p for p in behaviour_profiles() if p not in hidden]
     if not profiles:
         raise BehaviourInputError("--hide-profile hides every bundled profile: nothing to run the cases under")
     return profiles

@@ -27,14 +27,15 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from shardspec.spec.case import Case
-from shardspec.spec.profiles import PROFILES, rules_of
-from shardspec.spec.rules import RULES, RULES_BY_NAME
+from shardspec.spec.profiles import behaviour_profiles, rules_of
+from shardspec.spec.rules import GUARANTEE_RULES, RULES, RULES_BY_NAME
 
 # Rules no step shows: the engine chooses the logprob width before the gather; either communicator issues
 # one all-to-all on the TP group.
 NOT_OBSERVABLE = {
     "logprob_width": "the engine's choice of logprobs_dims, not the sharder's",
     "communicator": "either value is one all-to-all on the TP group",
+    **{rule: "a guarantee of the caller (what the engine sends), not the sharder's" for rule in GUARANTEE_RULES},
 }
 
 
@@ -194,7 +195,7 @@ def report(done, profiles: list[str], touched: set[tuple[str, str]], spec=None) 
     return {
         "source": done.label,
         "profiles": profiles,
-        "hidden": [p for p in PROFILES if p not in profiles],
+        "hidden": [p for p in behaviour_profiles() if p not in profiles],
         "tp_sizes": sorted({c.tp_size for c in done.cases}),
         "seconds": done.seconds,
         "per_profile": per_profile,

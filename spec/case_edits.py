@@ -126,6 +126,13 @@ def _free_slot(batch: InputBatch) -> int:
 UPPER_BOUND_ABSENT = "seq-lens-upper-bound-absent"
 LOGITS_LIMITS_EDIT = "logits-limits"
 
+# The valid edits that pass a host field in another dtype than the builders' (an engine that builds only its
+# own dtypes never sends them: spec/guarantees.py): edit -> (batch field, dtype).
+DTYPE_EDITS = {
+    "idx-mapping-np-int32": ("idx_mapping_np", "int32"),
+    "draft-counts-int64": ("num_draft_tokens_per_req", "int64"),
+}
+
 # stage "inputs": f(batch, grammar) -> (batch, grammar)
 INPUT_EDITS: dict[str, Callable] = {
     "req-ids-short": _batch(req_ids=lambda b: b.req_ids[:-1]),

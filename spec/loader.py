@@ -286,7 +286,7 @@ def _build_spec(index: dict, raw: dict[str, Any], base=None) -> Spec:
 
 # Keys of the input space (conformance/cases/input_space.py reads them from the raw documents): not
 # part of the loaded entries.
-INPUT_SPACE_FIELD_KEYS = ("values", "dtypes", "variants")
+INPUT_SPACE_FIELD_KEYS = ("values", "dtypes", "engine_dtype", "variants")
 INPUT_SPACE_PRECONDITION_KEYS = ("boundaries",)
 
 

@@ -25,6 +25,9 @@ class Rule:
     doc: str
     values: Mapping[str, str]
     unsupported: tuple[str, ...] = ()
+    # A guarantee of the caller (what the profile's engine sends), not a behaviour of the sharder: a case that
+    # breaks one is outside the contract (spec/guarantees.py), and no run of a sharder can tell its value.
+    guarantee: bool = False
 
 
 RULES: tuple[Rule, ...] = (
@@ -134,9 +137,55 @@ RULES: tuple[Rule, ...] = (
             "batch-sharded sampling on only where every rank can own a request (vLLM's config, 0.34.0).",
         },
     ),
+    # The caller's guarantees: what the profile's engine sends. A case that breaks one is outside the contract
+    # (spec/guarantees.py): not a verdict on an implementation, run only by the robustness run.
+    Rule(
+        "layouts",
+        "Which memory layouts the caller builds its input tensors and arrays in (spec/layouts.py).",
+        {
+            "contiguous": "contiguous only: a storage offset (a prefix of a persistent buffer) is still contiguous; "
+            "strided, row-padded and column-slice views are outside the contract.",
+            "views": "any view: strided, offset, row-padded, column-slice; the sharder reads every input by its "
+            "strides.",
+        },
+        guarantee=True,
+    ),
+    Rule(
+        "dtypes",
+        "Which dtypes the caller passes for the host and device fields that allow several (the data model's dtypes).",
+        {
+            "engine": "the engine's own dtype per field: the data model's dtype, or its engine_dtype where the "
+            "engine builds another; any other dtype is outside the contract.",
+            "accepted": "every dtype the data model and PRE-DTYPES accept for the field.",
+        },
+        guarantee=True,
+    ),
+    Rule(
+        "preconditions",
+        "Who is responsible for the step's preconditions (shard and gather; construction refusals are the "
+        "construction rule's).",
+        {
+            "trusted": "the caller: it never breaks one (vLLM's scheduler guarantees them), so a case that breaks one, "
+            "MUST-reject or undefined, is outside the contract.",
+            "enforced": "the sharder: it rejects every MUST-reject violation (INV-REJECT-INVALID) and may raise on an "
+            "undefined one.",
+        },
+        guarantee=True,
+    ),
+    Rule(
+        "extension_fields",
+        "Whether the optional extension fields exist (CL-EXTENSION-FIELDS): gather_sampler_output's extension_fields.",
+        {
+            "none": "the caller never declares extension fields, even none at all: a case that does is outside the "
+            "contract.",
+            "declared": "the caller may declare extension fields, and the gather carries them.",
+        },
+        guarantee=True,
+    ),
 )
 
 RULES_BY_NAME: dict[str, Rule] = {rule.name: rule for rule in RULES}
+GUARANTEE_RULES: tuple[str, ...] = tuple(rule.name for rule in RULES if rule.guarantee)
 
 
 @dataclass(frozen=True)
@@ -156,6 +205,10 @@ class Rules:
     exchange: str
     communicator: str
     construction: str
+    layouts: str
+    dtypes: str
+    preconditions: str
+    extension_fields: str
 
     @classmethod
     def of(cls, profile: str, values: Mapping[str, str]) -> Rules:
@@ -207,6 +260,26 @@ class Rules:
     def min_capacity(self, tp: int) -> int:
         """The smallest max_num_reqs a sharder of a group of ``tp`` may be constructed with (PRE-CAPACITY-TP)."""
         return tp if self.construction == "sharded_groups" else 1
+
+    @property
+    def contiguous_only(self) -> bool:
+        """The caller builds every input contiguous (layouts: contiguous)."""
+        return self.layouts == "contiguous"
+
+    @property
+    def engine_dtypes_only(self) -> bool:
+        """The caller passes each field in the engine's own dtype (dtypes: engine)."""
+        return self.dtypes == "engine"
+
+    @property
+    def trusts_caller(self) -> bool:
+        """The caller guarantees the step's preconditions (preconditions: trusted)."""
+        return self.preconditions == "trusted"
+
+    @property
+    def has_extension_fields(self) -> bool:
+        """The caller may declare extension fields (extension_fields: declared)."""
+        return self.extension_fields == "declared"
 
     @property
     def owner_by_table(self) -> bool:

@@ -20,9 +20,9 @@ from pathlib import Path
 
 import yaml
 
-from shardspec.spec.rules import RULES, Rules, rule_problem
+from shardspec.spec.rules import GUARANTEE_RULES, RULES, Rules, rule_problem
 
-PROFILES = ("vllm-0.34", "vllm-0.34-sharded-draft-cache", "vllm-0.33", "vllm-seed")
+PROFILES = ("vllm-0.34", "vllm-0.34-sharded-draft-cache", "vllm-0.34-strict", "vllm-0.33", "vllm-seed")
 DEFAULT_PROFILE = "vllm-0.34"
 # A user's profile file, read by every process that meets its name (the suite sets it for its ranks).
 PROFILE_FILE_ENV = "SHARDSPEC_PROFILE_FILE"
@@ -158,6 +158,12 @@ def root_profile(name: str) -> str:
     while found.extends is not None:
         found = profile_file(found.extends)
     return found.name
+
+
+def behaviour_profiles() -> tuple[str, ...]:
+    """The bundled profiles that set some rule of the sharder's behaviour: one that changes only the caller's
+    guarantees (spec/guarantees.py) behaves as the profile it extends."""
+    return tuple(name for name in PROFILES if not set(bundled_profile(name).own) <= set(GUARANTEE_RULES))
 
 
 def profile_names() -> tuple[str, ...]:
