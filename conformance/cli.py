@@ -3,7 +3,8 @@
 A thin wrapper over pytest with the suite's plugin (:mod:`shardspec.conformance.plugin`): the
 options (those of the plugin without its ``--shardspec-`` prefix, both made from the table of
 :mod:`shardspec.conformance.options`) are checked here, once, and the run they describe is handed to
-the plugin; arguments after ``--`` go to pytest (e.g. ``-- -k INV-OWNER --junitxml=j.xml``).
+the plugin; arguments after ``--`` go to pytest (e.g. ``-- -k INV-OWNER --junitxml=j.xml``), but those
+that change what pytest collects, loads or does with a warning, refused there and in $PYTEST_ADDOPTS.
 Exit code 0 when every MUST invariant holds, every case ran and no rank
 failed; 1 otherwise (a run that judged no case included); 2 for a usage
 error, reported in one line before anything is launched; 130/143 after
@@ -14,8 +15,10 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import sys
 import textwrap
+from collections.abc import Mapping
 
 from shardspec.conformance.options import OPTIONS, Resolved, resolve_run
 from shardspec.conformance.usage import UsageError
@@ -50,19 +53,74 @@ def resolved_run(args: argparse.Namespace, environ: dict | None = None) -> Resol
 # pytest options the suite cannot honour: its ranks run in processes of its own, and pytest-xdist is
 # not loaded (no third-party plugin is).
 _NOT_SUPPORTED = ("-n", "--numprocesses", "--dist", "--maxprocesses")
+# pytest options that change what pytest collects, which plugins judge the run, or what a warning does: the
+# command line owns the run, so they are refused, after -- and in $PYTEST_ADDOPTS alike (a failing
+# implementation exited 0 under PYTEST_ADDOPTS=--collect-only). Single-letter ones also fused (-Werror).
+_OWNED = {
+    "-p": "it loads or blocks a plugin",
+    "-W": "it turns warnings into errors or hides them",
+    "--pythonwarnings": "it turns warnings into errors or hides them",
+    "-c": "the suite reads no configuration file",
+    "--config-file": "the suite reads no configuration file",
+    "-o": "the suite reads no configuration",
+    "--override-ini": "the suite reads no configuration",
+    "--rootdir": "the suite sets it",
+    "--confcutdir": "the suite reads no conftest.py",
+    "--import-mode": "the suite sets it",
+    "--pyargs": "the suite collects only its own tests",
+    "--ignore": "the suite collects only its own tests",
+    "--ignore-glob": "the suite collects only its own tests",
+    "--continue-on-collection-errors": "a collection error ends the run",
+    **dict.fromkeys(
+        ("--collect-only", "--co", "--setup-only", "--setup-plan", "--fixtures", "--funcargs", "--fixtures-per-test"),
+        "it runs no case, and a run that judged nothing cannot pass",
+    ),
+    **dict.fromkeys(("-h", "--help", "-V", "--version", "--markers"), "it runs no case (see --help before --)"),
+}
+# pytest's single-letter options that take a value: what follows them in one argument is the value.
+_TAKES_VALUE = set("kmprWcon")
 
 
-def _check_pytest_arguments(extra: list[str]) -> None:
+def _refusal(argument: str) -> str | None:
+    """Why ``argument`` (one of pytest's) is not taken, or None."""
+    name = argument.split("=", 1)[0]
+    if name.startswith("--"):
+        return _OWNED.get(name)
+    for letter in name[1:] if name.startswith("-") else "":
+        if f"-{letter}" in _OWNED:
+            return _OWNED[f"-{letter}"]
+        if letter in _TAKES_VALUE:
+            break
+    return None
+
+
+def _check_pytest_arguments(extra: list[str], where: str = "--") -> None:
     plugin_flags = {o.plugin_flag: o.flag for o in OPTIONS}
     for argument in extra:
         name = argument.split("=", 1)[0]
         if name in plugin_flags:  # the run is resolved from this command's options alone
-            raise UsageError(f"-- {argument}: give it before -- as {plugin_flags[name]}")
+            raise UsageError(f"{where} {argument}: give it before -- as {plugin_flags[name]}")
         if name in _NOT_SUPPORTED or (name.startswith("-n") and name[2:].isdigit()):
             raise UsageError(
-                f"-- {argument}: pytest-xdist is not used; the suite runs each group's ranks in processes of "
+                f"{where} {argument}: pytest-xdist is not used; the suite runs each group's ranks in processes of "
                 "its own and group sizes one after another"
             )
+        why = _refusal(argument)
+        if why:
+            raise UsageError(f"{where} {argument}: not taken: {why}; the suite's own options set the run")
+
+
+def _check_pytest_environment(environ: Mapping[str, str]) -> None:
+    """pytest reads $PYTEST_ADDOPTS (options put before the command line's) and $PYTEST_PLUGINS (plugins it
+    loads even with autoloading off): the first is checked as the options after -- are, the second refused."""
+    if environ.get("PYTEST_PLUGINS"):
+        plugins = environ["PYTEST_PLUGINS"]
+        raise UsageError(f"$PYTEST_PLUGINS={plugins}: the suite loads no plugin but its own; unset it")
+    try:
+        added = shlex.split(environ.get("PYTEST_ADDOPTS", ""))
+    except ValueError as exc:
+        raise UsageError(f"$PYTEST_ADDOPTS cannot be read: {exc}") from None
+    _check_pytest_arguments(added, "$PYTEST_ADDOPTS:")
 
 
 def pytest_command(extra: list[str]) -> list[str]:
@@ -100,6 +158,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:  # every value checked, and every named case loaded, once, before anything is launched
         _check_pytest_arguments(extra)
+        _check_pytest_environment(os.environ)
         resolved = resolved_run(args)
     except UsageError as exc:
         print(f"{parser.prog}: error: {exc}", file=sys.stderr)

@@ -37,6 +37,12 @@ class Handover:
     def __init__(self, resolved: Resolved):
         self.resolved = resolved
 
+    def pytest_collectreport(self, report):
+        """The terminal reporter is off: a collection error is said here, in one line, or nothing would be."""
+        if report.failed:
+            lines = [line.strip() for line in report.longreprtext.splitlines() if line.strip()]
+            print(f"error: pytest could not collect the suite: {(lines or ['no reason given'])[-1][:500]}")
+
 
 def pytest_addoption(parser):
     add_plugin_options(parser.getgroup("shardspec", "shardspec conformance suite"))
@@ -46,11 +52,17 @@ def pytest_configure(config):
     """Options given on the command line are checked before collection: a bad one is pytest's usage error
     (one line, exit 4). Nothing is read when no ``--shardspec-*`` option was given (the run is resolved
     when the suite's tests are collected), nor when the command line handed over its run."""
-    handed = [plugin.resolved for plugin in config.pluginmanager.get_plugins() if isinstance(plugin, Handover)]
+    # Its tests carry it; registered so that an unknown mark is never a warning made an error (-W error).
+    config.addinivalue_line("markers", "xdist_group(name): the group size's tests, kept together")
+    handed = _handed(config)
     if handed:
-        config.stash[_RESOLVED] = handed[0]
+        config.stash[_RESOLVED] = handed[0].resolved
     elif given_any(_given(config)):
         _resolved(config)
+
+
+def _handed(config) -> list[Handover]:
+    return [plugin for plugin in config.pluginmanager.get_plugins() if isinstance(plugin, Handover)]
 
 
 def _given(config) -> dict:
@@ -158,6 +170,8 @@ def pytest_sessionfinish(session, exitstatus):
     config = session.config
     run = config.stash.get(_RUN, None)
     if run is None or not run.sizes_run:
+        if _handed(config):
+            _judged_nothing(session, exitstatus)
         return
     reporter = config.pluginmanager.get_plugin("terminalreporter")
     log = reporter.write_line if reporter is not None else print
@@ -177,3 +191,11 @@ def pytest_sessionfinish(session, exitstatus):
         )
     if reporter is not None:  # pytest's own summary follows; python -m shardspec.conformance prints none
         log(f"conformance exit status: {code}")
+
+
+def _judged_nothing(session, exitstatus) -> None:
+    """The command line's run ended before any group size ran (nothing selected, a collection error): it
+    proves nothing, and says so; its exit status is never 0."""
+    print(f"error: no case was judged: the run proves nothing (pytest's exit status {int(exitstatus)})")
+    if exitstatus in (pytest.ExitCode.OK, pytest.ExitCode.NO_TESTS_COLLECTED, pytest.ExitCode.INTERRUPTED):
+        session.exitstatus = 1

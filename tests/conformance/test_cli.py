@@ -151,3 +151,41 @@ def test_the_reports_name_the_profile(tmp_path, capsys):
     assert "profile vllm-seed" in proc.stdout
     assert json.loads(report.read_text())["metadata"]["profile"] == "vllm-seed"
     assert 'name="shardspec_profile" value="vllm-seed"' in junit.read_text()
+
+
+def test_pytest_options_that_would_change_the_verdict_are_refused_from_the_environment(
+    tmp_path, monkeypatch, plugins_on_path, capsys
+):
+    """PYTEST_ADDOPTS=--collect-only made a failing implementation exit 0 with no report, and "-W error"
+    exited 2 and printed nothing: the command line owns the run, so both are refused in one line."""
+    failing = ["--impl", "faulty_sharders:WrongCountsSharder", "--json", str(tmp_path / "r.json")]
+    for value, named in (("--collect-only", "--collect-only"), ("-W error", "-W"), ("-q -Werror", "-Werror")):
+        monkeypatch.setenv("PYTEST_ADDOPTS", value)
+        assert _run_code(tmp_path, *failing) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and f"$PYTEST_ADDOPTS: {named}: not taken" in err, err
+        assert not (tmp_path / "r.json").exists()
+    monkeypatch.setenv("PYTEST_ADDOPTS", "")
+    monkeypatch.setenv("PYTEST_PLUGINS", "faulty_sharders")
+    assert main(["--in-process", "--case", "tp2-decode"]) == 2
+    assert "$PYTEST_PLUGINS=faulty_sharders: the suite loads no plugin but its own" in capsys.readouterr().err
+
+
+def test_pytest_options_after_the_separator_that_would_change_the_verdict_are_refused(capsys):
+    for extra in (["--co"], ["-p", "no:shardspec.conformance.plugin"], ["-vWerror"], ["--pyargs", "os"], ["-h"]):
+        assert main(["--in-process", "--case", "tp2-decode", "--", *extra]) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and f"-- {extra[0]}: not taken" in err, err
+
+
+def test_a_run_that_judged_nothing_never_exits_0(tmp_path, plugins_on_path, capsys):
+    """Nothing selected (-k that matches no test): before, pytest's 5; never 0, and the run says why."""
+    code = _run_code(tmp_path, "--impl", "faulty_sharders:WrongCountsSharder", "--", "-x", "-k", "no-such")
+    assert code == 1
+    assert "error: no case was judged: the run proves nothing" in capsys.readouterr().out
+
+
+def _run_code(tmp_path, *extra) -> int:
+    files = write_cases(small_cases(2), tmp_path)
+    args = ["--in-process", *(arg for path in files for arg in ("--case-file", path))]
+    return main(args + list(extra))
