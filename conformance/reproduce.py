@@ -4,16 +4,23 @@ A fixture is named by its id (``--case ID``), a case file by its path, a case th
 a precondition's boundary) by the file written for it in the run directory, and a step of a multi-step
 case by its whole case's file. They are made when the run starts (:func:`prepare_reproduction`), so an
 interruption (SIGINT, SIGTERM) cannot leave a failure without its command.
+
+Each command carries every option that changes a verdict (:func:`mode_args`): the profile (a profile file by
+its path, with the sha256 of its content in a trailing comment, so a file edited since is noticed), the TP
+groups of a world, and the kind of group. The seed and the sizes drawn are not options of it: a case made by
+the run is named by its written file, which holds what was drawn.
 """
 
 from __future__ import annotations
 
+import hashlib
 import pathlib
 from typing import TYPE_CHECKING
 
 from shardspec.conformance.api import ImplChoice
 from shardspec.conformance.record import CaseResult
 from shardspec.spec.case import Case
+from shardspec.spec.profiles import ProfileError, profile_file
 
 if TYPE_CHECKING:
     from shardspec.conformance.runner import CaseSet, RunConfig
@@ -74,13 +81,44 @@ def reproduce_command(choice: ImplChoice, case: Case, made_here: bool, run_dir: 
 
 
 def mode_args(config: RunConfig) -> tuple:
-    """The options that make a reproducing run use the same kind of group as this run."""
+    """The options that make a reproducing run judge as this run did: its profile, its TP groups, and the same
+    kind of group; a profile file's content hash ends the command as a comment."""
+    group: tuple
     if not config.in_process:
-        return ("--share-gpus",) if config.share_gpus else ()
-    device = config.in_process_device
-    chosen_device = ("--in-process-device", device) if device != "auto" else ()
-    return ("--in-process-group", config.in_process_group, *chosen_device)
+        group = ("--share-gpus",) if config.share_gpus else ()
+    else:
+        device = config.in_process_device
+        chosen_device = ("--in-process-device", device) if device != "auto" else ()
+        group = ("--in-process-group", config.in_process_group, *chosen_device)
+    groups = ("--tp-groups", str(config.tp_groups)) if config.tp_groups > 1 else ()
+    return (*_profile_args(config.profile), *groups, *group)
+
+
+def _profile_args(name: str) -> tuple:
+    """``--profile NAME`` (whatever $SHARDSPEC_PROFILE says where it is run), or a user's profile file by its
+    path, the sha256 of the bytes judged last (a comment: ``#`` and after is for the reader)."""
+    try:
+        path = profile_file(name).path
+    except ProfileError:
+        path = None
+    if path is None:
+        return ("--profile", name)
+    return ("--profile-file", path, _COMMENT + _sha256(path))
+
+
+_COMMENT = "# profile file sha256 "
+
+
+def _sha256(path: str) -> str:
+    try:
+        with open(path, "rb") as stream:
+            return hashlib.sha256(stream.read()).hexdigest()
+    except OSError as exc:
+        return f"unknown ({exc.strerror})"
 
 
 def _command(choice: ImplChoice, selection: str, mode: tuple = ()) -> str:
-    return " ".join(["python -m shardspec.conformance", *choice.cli_args(), *mode, selection])
+    """The command; a comment among ``mode`` goes last, after the selection."""
+    comments = [arg for arg in mode if arg.startswith(_COMMENT)]
+    options = [arg for arg in mode if not arg.startswith(_COMMENT)]
+    return " ".join(["python -m shardspec.conformance", *choice.cli_args(), *options, selection, *comments])

@@ -39,7 +39,7 @@ def test_must_failure_exits_1_and_lists_a_reproduce_command(tmp_path, plugins_on
     assert "FAIL [INV-TEST-COUNTS] case small-tp2-3 (tp 2): ranks 0, 1, field num_rejected" in out
     assert (
         "reproduce: python -m shardspec.conformance --impl faulty_sharders:WrongCountsSharder "
-        "--in-process-group lockstep --case-file"
+        f"--profile {DEFAULT_PROFILE} --in-process-group lockstep --case-file"
     ) in out  # the same kind of group as this run
 
 
