@@ -45,6 +45,7 @@ An item that covered nothing in a run is reported like a stale id entry ("did no
 from __future__ import annotations
 
 import fnmatch
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -69,6 +70,7 @@ OPTIONAL_INPUTS = (
 _FLAGS = ("must_reject", "empty_batch", "rank_owns_nothing", "multi_step", "generated")
 _VALUED = ("tp", "layout", "edit", "rejects", "batch_dtype", "case")
 PROPERTIES = (*_VALUED, "present", "absent", *_FLAGS)
+_DEFECT_ID = re.compile(r"[a-z0-9]+(-[a-z0-9]+)*")
 _UPPER_BOUND_ABSENT = "seq-lens-upper-bound-absent"  # spec/case_edits.UPPER_BOUND_ABSENT (no torch here)
 
 
@@ -76,11 +78,9 @@ def _owners(case) -> set[int]:
     """The ranks that own some request of ``case`` under its profile's owner rule."""
     from shardspec.spec.profiles import rules_of
 
-    tp = case.tp_size
-    rule = rules_of(case.profile).owner
-    if rule == "position_mod_tp":
-        return {i % tp for i in range(len(case.slots))}
-    return {int(s) % tp for s in case.slots}
+    tp, entries = case.tp_size, case.owner_table or {}
+    table = {int(s): int(entries.get(int(s), int(s) % tp)) for s in case.slots}  # CL-OWNER-TABLE's initial table
+    return set(rules_of(case.profile).owners(case.slots, tp, table))
 
 
 def _present(case, name: str) -> bool:
@@ -133,6 +133,7 @@ class KnownFailure:
     when: dict[str, Any]
     why: str
     reason: str
+    defect: str | None = None  # the defect report's id (examples/<engine>/defects/<id>.md) of a *-defect item
     used: bool = field(default=False, compare=False)
 
     @property
@@ -199,7 +200,7 @@ def parse(items: Any) -> list[KnownFailure]:
         where = f"known_failures[{index}]"
         if not isinstance(item, dict):
             raise ValueError(f"{where}: not a mapping")
-        unknown = set(item) - {"invariant", "invariants", "when", "why", "reason"}
+        unknown = set(item) - {"invariant", "invariants", "when", "why", "reason", "defect"}
         if unknown:
             raise ValueError(f"{where}: unknown key {sorted(unknown)[0]!r}")
         invariants = item.get("invariants", item.get("invariant"))
@@ -219,7 +220,12 @@ def parse(items: Any) -> list[KnownFailure]:
             if name not in PROPERTIES:
                 raise ValueError(f"{where}: when: unknown property {name!r} (properties: {', '.join(PROPERTIES)})")
         parsed = {name: _values(name, value) for name, value in when.items()}
-        out.append(KnownFailure(tuple(invariants), parsed, why, " ".join(reason.split())))
+        defect = item.get("defect")
+        if defect is not None and not (isinstance(defect, str) and _DEFECT_ID.fullmatch(defect)):
+            raise ValueError(f"{where}: defect: {defect!r} is not a report id (lower-case words joined by '-')")
+        if defect is not None and why == SPEC_CHOICE:
+            raise ValueError(f"{where}: defect: a {SPEC_CHOICE} item has no defect report")
+        out.append(KnownFailure(tuple(invariants), parsed, why, " ".join(reason.split()), defect))
     return out
 
 

@@ -1,5 +1,6 @@
 """Known failures keyed by invariant and properties of the case (an xfails file's `known_failures`)."""
 
+from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
@@ -120,6 +121,14 @@ def test_run_errors_are_covered_by_run_error_entries_with_their_property(tmp_pat
             _case("a", slots=[0, 2], profile="vllm-0.33"),
             False,
         ),  # every property must hold
+        # an owner table's entries decide (vllm-0.34-sharded-draft-cache): slots 0 and 1 both on rank 1 here,
+        # where slot mod tp or position mod tp would give each rank one
+        (
+            "{rank_owns_nothing: true}",
+            _case("a", slots=[0, 1], profile="vllm-0.34-sharded-draft-cache", owner_table={0: 1}),
+            True,
+        ),
+        ("{rank_owns_nothing: true}", _case("a", slots=[0, 1], profile="vllm-0.34-sharded-draft-cache"), False),
         ("{multi_step: true}", _case("a", continues="a.step0"), True),
         ("{}", _case("a"), True),
     ],
@@ -140,7 +149,8 @@ def test_the_owner_rule_of_the_case_s_profile_decides_who_owns_nothing(tmp_path,
     )
     case = _case("a", slots=[0, 2], profile="vllm-0.33")
     assert xfails.covers("INV-X", _result(case))  # vllm-0.33: slot % tp, both on rank 0
-    monkeypatch.setattr(profiles, "rules_of", lambda profile: SimpleNamespace(owner="position_mod_tp"))
+    by_position = replace(profiles.rules_of("vllm-0.33"), owner="position_mod_tp")
+    monkeypatch.setattr(profiles, "rules_of", lambda profile: by_position)
     assert not xfails.covers("INV-X", _result(case))  # positions 0 and 1: one request per rank
 
 
@@ -185,6 +195,8 @@ def test_an_entry_that_covers_nothing_is_reported_stale_and_id_entries_still_wor
         ("{invariant: INV-X, why: spec-choice}", "reason"),
         ("{invariant: INV-X, why: spec-choice, reason: r, kind: x}", "unknown key 'kind'"),
         ("{why: spec-choice, reason: r}", "invariants"),
+        ("{invariant: INV-X, why: vllm-defect, reason: r, defect: Empty Batch}", "defect: 'Empty Batch'"),
+        ("{invariant: INV-X, why: spec-choice, reason: r, defect: empty-batch}", "no defect report"),
     ],
 )
 def test_a_malformed_entry_is_refused_with_what_is_wrong(tmp_path, item, message):
