@@ -63,6 +63,23 @@ EXTRA_PROFILE_RUNS = {
 }
 
 
+# TP inside data parallelism, as engines that run DP attention deploy it: one world of 4 rank processes as 2 TP groups
+# of 2 (--tp-groups), each group running and judged on every case, where the default group is the whole world and
+# not a TP group; a collective on any group but a rank's own TP group fails INV-WIRE-SEQUENCE. The fixtures chosen
+# make every collective a step makes: the exchange, the gathers of ids and counts, of logprobs and of extension
+# fields, with drafts, grammar output, a rank that owns nothing and a rejection.
+DP_WORLD_CASES = (
+    "tp2-decode",
+    "tp2-spec-mixed-drafts",
+    "tp2-explicit-wide-logprobs",
+    "tp2-extensions",
+    "tp2-grammar-scrambled",
+    "tp2-all-on-rank1",
+    "tp2-error-capacity-reqs",
+)
+DP_WORLD_OPTIONS = ("--shardspec-tp", "2", "--shardspec-tp-groups", "2")
+
+
 @nox.session
 def conformance(session: nox.Session) -> None:
     """The conformance suite through its pytest plugin: one test per implementation, tp size and invariant.
@@ -71,8 +88,9 @@ def conformance(session: nox.Session) -> None:
     ("reference/production": even ranks run the reference, odd ranks production).
     Arguments after -- go to pytest, e.g. `-- --shardspec-impl my_pkg.adapter:make_sharder
     --shardspec-tp 2,4 -k INV-OWNER` (docs/validate-your-implementation.md lists the options).
-    Writes reports/conformance-junit.xml and reports/conformance.json. Without arguments or SHARDSPEC_IMPL, the
-    profiles of EXTRA_PROFILE_RUNS follow, each on its budget (reports/conformance-<profile>.json).
+    Writes reports/conformance-junit.xml and reports/conformance.json. Without arguments or SHARDSPEC_IMPL, a world
+    of two TP groups (DP_WORLD_OPTIONS, reports/conformance-dp-world.json) and the profiles of EXTRA_PROFILE_RUNS
+    follow, each on its budget (reports/conformance-<profile>.json).
     """
     install(session)
     os.makedirs("reports", exist_ok=True)  # where the JSON and JUnit reports go
@@ -88,6 +106,9 @@ def conformance(session: nox.Session) -> None:
     )
     if session.posargs or "SHARDSPEC_IMPL" in os.environ:
         return  # a run of one's own choosing (arguments, another implementation): the default profile's only
+    dp_cases = (arg for case in DP_WORLD_CASES for arg in ("--shardspec-case", case))
+    reports = ("--shardspec-json", "reports/conformance-dp-world.json", "--junitxml=reports/conformance-dp-junit.xml")
+    session.run(*suite, *impl, *DP_WORLD_OPTIONS, *dp_cases, *reports)
     for profile, budget in EXTRA_PROFILE_RUNS.items():
         session.run(
             *suite,

@@ -1,8 +1,8 @@
 """How to reproduce each result: one command per case and entry, made before any case runs.
 
 A fixture is named by its id (``--case ID``), a case file by its path, a case the run made (generated, at
-a precondition's boundary) by the file written for it in the run directory, and a step of a multi-step
-case by its whole case's file. They are made when the run starts (:func:`prepare_reproduction`), so an
+a precondition's boundary, at a deployed size) by the file written for it in the run directory, and a step
+of a multi-step case by its whole case's file. They are made when the run starts (:func:`prepare_reproduction`), so an
 interruption (SIGINT, SIGTERM) cannot leave a failure without its command.
 
 Each command carries every option that changes a verdict (:func:`mode_args`): the profile (a profile file by
@@ -42,7 +42,7 @@ def prepare_reproduction(case_set: CaseSet, run_dir: pathlib.Path) -> None:
             if not path.exists():
                 write_case_file(parent, run_dir)
             selection = f"--case-file {path} --tp {parent.tp_size}"
-        elif case.case_id in case_set.generated or case.case_id in case_set.boundary:
+        elif case.case_id in case_set.generated | case_set.boundary | case_set.deployed:
             selection = f"--case-file {write_case_file(case, run_dir)} --tp {case.tp_size}"
         else:
             selection = f"--case {case.case_id}"

@@ -83,6 +83,9 @@ class CaseSet:
     # Cases made from the preconditions' boundaries (cases/boundaries.py): made in the run like generated
     # cases, so reproduced from a written file, but not shrunk (each is already one violation).
     boundary: set[str] = field(default_factory=set)
+    # Cases at the sizes engines deploy (cases/deployment.py): made in the run, so reproduced from a written
+    # file; run by mixed entries too, as the fixtures are.
+    deployed: set[str] = field(default_factory=set)
     # The generated cases and the multi-step case (its steps) a mixed entry runs at each size: those that
     # draw the most of the input space beyond the fixtures (cases/spread.py).
     for_mixed: set[str] = field(default_factory=set)
@@ -121,8 +124,10 @@ def collect_cases(config: RunConfig) -> CaseSet:
     cases = [c for c in _fixture_cases(notes, config.profile) if c.tp_size in config.tp_sizes]
     generated: list[Case] = []
     at_boundaries: list[Case] = []
+    deployed: list[Case] = []
     if not config.fixtures_only and config.max_examples > 0:
         from shardspec.conformance.cases.boundaries import boundary_cases_for_run
+        from shardspec.conformance.cases.deployment import deployment_cases_for_run
         from shardspec.conformance.cases.multistep import multi_step_cases
         from shardspec.conformance.cases.spread import most_drawing
         from shardspec.conformance.cases.strategies import generate_cases
@@ -132,17 +137,19 @@ def collect_cases(config: RunConfig) -> CaseSet:
             at_boundaries += boundary_cases_for_run(tp, config.profile, config.seed, config.tp_sizes)
             if tp < rules_of(config.profile).min_tp:
                 continue  # a group the profile builds no sharder for: its rejection is the one case
+            deployed += deployment_cases_for_run(tp, config.profile, config.seed, config.tp_sizes)
             multi = multi_step_cases(tp, max(1, config.max_examples // MULTI_STEP_SHARE), config.seed, config.profile)
             # The generated cases chosen to draw what the fixtures and the multi-step cases do not.
             pool = generate_cases(tp, max(config.max_examples, GENERATED_POOL), config.seed, config.profile)
             generated += most_drawing(pool, config.max_examples, [c for c in cases if c.tp_size == tp] + multi)
             cases += multi
     notes += _refused_sizes(config)
-    steps, parents = _expanded(_unique_ids(cases + at_boundaries + generated))
+    steps, parents = _expanded(_unique_ids(cases + at_boundaries + deployed + generated))
     made = {c.case_id for c in steps}
     generated_ids = {c.case_id for c in generated} & made
     boundary_ids = {c.case_id for c in at_boundaries} & made
     case_set = CaseSet(steps, generated_ids, notes, parents=parents, boundary=boundary_ids)
+    case_set.deployed = {c.case_id for c in deployed} & made
     case_set.for_mixed = _chosen_for_mixed(case_set, config)
     return case_set
 

@@ -120,6 +120,14 @@ CORPUS += [
     entry("barrier-on-the-group-object", "collectives", "BarrierThroughTheGroupObject", "decode", groups=TORCH_GROUPS),
     entry("extra-functional-all-reduce", "collectives", "ExtraFunctionalAllReduce", "decode", groups=TORCH_GROUPS),
     entry("barrier-on-the-default-group", "collectives", "BarrierOnTheDefaultGroup", "decode", groups=TORCH_GROUPS),
+    entry(
+        "all-to-all-on-the-default-group",
+        "collectives",
+        "AllToAllOnTheDefaultGroup",
+        "decode",
+        groups=TORCH_GROUPS,
+        tp_groups=2,
+    ),
     entry("width-agreed-on-the-wire", "collectives", "WidthAgreedOnTheWire", "decode", "spec"),
     # views read as if contiguous
     entry("seq-lens-unit-stride", "views", "SeqLensReadWithUnitStride", "strided-inputs"),
@@ -131,6 +139,8 @@ CORPUS += [
     entry("local-slots-wrap-at-64", "scale", "LocalSlotsWrapAt64", "large-batch"),
     entry("sampled-ids-capped-at-4", "scale", "SampledIdsCappedAtFourColumns", "many-drafts"),
     entry("ids-reversed-above-3-reqs", "scale", "IdsReversedAboveThreeRequests", "decode"),
+    entry("rows-shifted-past-512-requests", "scale", "RowsShiftedPast512Requests", "deployed-requests"),
+    entry("columns-shifted-past-4096", "scale", "ColumnsShiftedPast4096", "deployed-vocabulary"),
     # the wrong container type
     entry("req-ids-tuple", "containers", "ReqIdsAsTuple", "decode"),
     entry("grammar-ids-tuple", "containers", "GrammarIdsAsTuple", "grammar"),
@@ -156,12 +166,13 @@ CORPUS += rule_entries.ENTRIES
 
 
 def _register_input_space_cases() -> None:
-    """The cases of broken/input_space.py, sizes.py and pairs.py join the targeted cases by id (not cases.ALL: the
-    checks that run every entry on every targeted case stay the size they were; tests/meta/test_input_space.py
-    runs the reference on these)."""
+    """The cases of broken/input_space.py, sizes.py and pairs.py, and the deployed sizes', join the targeted cases
+    by id (not cases.ALL: the checks that run every entry on every targeted case stay the size they were;
+    tests/meta/test_input_space.py runs the reference on the first three)."""
     from shardspec.conformance.broken import cases, input_space, pairs, sizes
 
     cases.BY_ID.update({case.case_id: case for case in input_space.CASES + sizes.CASES + pairs.CASES})
+    cases.BY_ID.update({case.case_id: case for case in cases.DEPLOYED})
 
 
 _register_input_space_cases()

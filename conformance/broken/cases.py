@@ -1,4 +1,4 @@
-"""Small targeted cases that expose the corpus's defects (tp 2 or 3, at most 5 requests).
+"""Small targeted cases that expose the corpus's defects (tp 2 or 3, at most 5 requests; DEPLOYED at deployed sizes).
 
 Positions and token indices are chosen by hand; comments say what each case
 makes observable.
@@ -6,6 +6,9 @@ makes observable.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
+from shardspec.conformance.cases.deployment import deployment_cases
 from shardspec.conformance.cases.owner_tables import carried
 from shardspec.spec.case import Case, ExplicitLocalOutput
 from shardspec.spec.layouts import BATCH_ARRAYS, BATCH_TENSORS, LOCAL_OUTPUT, OFFSET, STRIDED
@@ -377,3 +380,7 @@ CONTIGUOUS_RANGES = _case(
     "contiguous-ranges", profile=RANGES_PROFILE, tp_size=3, slots=[7, 2, 5, 0], num_logits_per_req=[2, 1, 3, 1]
 )
 BY_ID[CONTIGUOUS_RANGES.case_id] = CONTIGUOUS_RANGES  # not in ALL: its profile is not bundled
+
+# The cases at the sizes engines deploy (conformance/cases/deployment.py) at tp 2, named by their kind: not in ALL
+# (every entry runs on every case of ALL), registered by id as broken/sizes.py's are.
+DEPLOYED = [replace(case, case_id=case.case_id.rsplit("-tp", 1)[0]) for case in deployment_cases(2)]

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from shardspec.reference import ReferenceSharder
+from shardspec.reference import ReferenceSharder, output_preconditions
 
 
 class ExtraAllReduce(ReferenceSharder):
@@ -99,3 +99,24 @@ class BarrierOnTheDefaultGroup(ReferenceSharder):
 
         dist.barrier()
         return super().gather_sampler_output(*args, **kwargs)
+
+
+class AllToAllOnTheDefaultGroup(ReferenceSharder):
+    """INV-WIRE-SEQUENCE: exchanges the logits with one all_to_all_single on the default group, sending nothing
+    to (zero-size splits) and receiving nothing from the ranks outside its TP group: the right values, on the
+    TP group itself where the world is one TP group, but on the whole world where an engine runs several (TP
+    inside data parallelism)."""
+
+    def all_to_all_logits(self, logits_shard, metadata):
+        import torch.distributed as dist
+
+        if self.check_preconditions:  # the reference's own check, so that only the group is wrong
+            output_preconditions.check_logits_shard(logits_shard, metadata, rank=self.rank)
+        tp, num_local, width = metadata.tp_size, metadata.num_local_logits, logits_shard.shape[1]
+        received_splits, sent_splits = [0] * dist.get_world_size(), [0] * dist.get_world_size()
+        for tp_rank, world_rank in enumerate(dist.get_process_group_ranks(self.comm.group)):
+            received_splits[world_rank] = num_local
+            sent_splits[world_rank] = metadata.num_logits_per_rank[tp_rank]
+        received = logits_shard.new_empty(tp * num_local, width)
+        dist.all_to_all_single(received, logits_shard.contiguous(), received_splits, sent_splits)
+        return received.view(tp, num_local, width).permute(1, 0, 2).reshape(num_local, tp * width)

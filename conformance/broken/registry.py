@@ -23,6 +23,9 @@ class Entry:
     # The profiles its cases run under: a defect in one profile may be the rule of another (an int64
     # local idx_mapping is vllm-0.33's rule for an int64 batch, a defect in vllm-seed).
     profiles: tuple[str, ...] = (DEFAULT_PROFILE,)
+    # TP groups of the world it runs in: a defect on the default group shows only in a world of several, which
+    # only rank processes make (tests/meta/test_suite_rejects_broken.py runs those entries so).
+    tp_groups: int = 1
 
     @property
     def factory(self):
@@ -49,10 +52,11 @@ def entry(
     *cases: str,
     groups: tuple[str, ...] = ALL_GROUPS,
     requires: dict[str, str] | None = None,
+    tp_groups: int = 1,
 ) -> Entry:
     """An entry run under the default profile, or (``requires``: rule values) under every bundled profile
     whose rules have those values (``{}``: every profile)."""
-    return Entry(name, f"{PACKAGE}.{module}:{cls}", cases, groups, profiles_requiring(requires))
+    return Entry(name, f"{PACKAGE}.{module}:{cls}", cases, groups, profiles_requiring(requires), tp_groups)
 
 
 def profiles_requiring(requires: dict[str, str] | None) -> tuple[str, ...]:

@@ -9,7 +9,9 @@ import pytest
 
 from shardspec.conformance.api import ImplChoice
 from shardspec.conformance.broken import CORPUS, cases
-from shardspec.conformance.replay import run_case_in_process
+from shardspec.conformance.harness.group import Job
+from shardspec.conformance.harness.multiprocess import LaunchOptions, run_jobs_multiprocess
+from shardspec.conformance.replay import run_case_in_process, suite_judge
 from shardspec.fixtures.catalogue import case_profiles, with_profile
 from shardspec.reference import ReferenceSharder
 from shardspec.spec.loader import load_spec
@@ -22,10 +24,12 @@ CONTROLS = [
     "shardspec.conformance.broken.conforming:RankDependentRowsPastTheAdmitted",
 ]
 
-# Each entry in every in-process group it can run in (those calling torch.distributed need a group that has one).
+# Each entry in every in-process group it can run in (those calling torch.distributed need a group that has one);
+# an entry whose defect shows only in a world of several TP groups runs in rank processes (WORLD_ENTRIES).
 RUNS = [
     pytest.param(entry, case_id, group, profile, id=f"{entry.name}/{case_id}-{group}-{profile}")
     for entry in CORPUS
+    if entry.tp_groups == 1
     for case_id in entry.cases
     for group in entry.groups
     for profile in entry.profiles
@@ -53,6 +57,31 @@ def test_checkers_catch_the_defect(entry, case_id, group, profile):
     assert entry.invariant_id in found, (
         f"{entry.name} ({entry.description}) on {case_id}: expected {entry.invariant_id}, got {sorted(found)}"
     )
+
+
+WORLD_ENTRIES = [entry for entry in CORPUS if entry.tp_groups > 1]
+
+
+@pytest.mark.parametrize("entry", WORLD_ENTRIES, ids=[e.name for e in WORLD_ENTRIES])
+def test_checkers_catch_the_defect_in_a_world_of_several_tp_groups(entry, tmp_path):
+    """Rank processes (fork) as entry.tp_groups TP groups of one world: every targeted case fails by the entry's
+    invariant. In-process, where the world is the one TP group, the same cases pass: only such a world tells."""
+    targeted = [with_profile(cases.BY_ID[case_id], profile) for case_id in entry.cases for profile in entry.profiles]
+    for case in targeted:
+        alone = run_case_in_process(case, ImplChoice(entry.target), group=entry.groups[0])
+        assert (alone.status, alone.errors) == ("pass", []), (case.case_id, alone.errors, alone.violations)
+    [tp] = {case.tp_size for case in targeted}
+    options = LaunchOptions(tmp_path / "run", 60, 60, launcher="fork", tp_groups=entry.tp_groups)
+    servers: dict = {}
+    jobs = [Job(ImplChoice(entry.target), case) for case in targeted]
+    try:
+        results = run_jobs_multiprocess(jobs, tp, options, suite_judge(), log=lambda line: None, servers=servers)
+    finally:
+        for server in servers.values():
+            server.close()
+    for case, result in zip(targeted, results, strict=True):
+        assert not result.errors, f"{entry.name} should fail checks, not crash: {result.errors}"
+        assert entry.invariant_id in _violated(result), (case.case_id, result.violations)
 
 
 @pytest.mark.parametrize("entry, case", ALL_RUNS)

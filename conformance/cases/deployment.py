@@ -1,0 +1,96 @@
+"""Cases at the sizes engines deploy, in every run that generates cases: a batch of DEPLOYED_REQUESTS requests
+and a vocabulary of DEPLOYED_VOCAB columns split over the group.
+
+Generated batches stop at a few hundred requests and vocabularies at a few hundred columns (the Triton
+interpreter costs about 0.5 ms per program instance, and the reference's toy sampler sorts every full-vocab
+row), so a gather wrong only past 512 requests, or an exchange wrong only past a 4096-column vocabulary, would
+pass every one of them. Engines run 1024 requests and more over vocabularies of 128k-262k tokens. Each size
+gets a case of its own, never both at once: the many requests over a small vocabulary, one logits row each;
+the wide vocabulary with two requests per rank of the group. Production's kernels launch one program per
+block of requests (impl/sharder.py, _block), never per vocabulary column, so neither case adds more than a
+few programs per launch.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from shardspec.spec.case import Case, least_capacity
+from shardspec.spec.model import DEFAULT_PROFILE
+from shardspec.spec.profiles import rules_of
+
+# max_num_seqs of engines serving many short requests, and as many requests in the batch: every slot in use.
+DEPLOYED_REQUESTS = 1024
+# Qwen2's vocabulary: not a multiple of 64 * tp at any tp above 1, so the shards are padded as engines pad
+# them (Case.padded_vocab_size).
+DEPLOYED_VOCAB = 151936
+SMALL_VOCAB = 33  # the many requests' vocabulary: every token id differs from its neighbours' most of the time
+WIDE_VOCAB_REQS_PER_RANK = 2
+WIDE_VOCAB_CAPACITY = 64
+
+
+def deployment_cases(tp: int, profile: str = DEFAULT_PROFILE, seed: int = 0) -> list[Case]:
+    """The deployed-size cases of group size ``tp`` under ``profile``, the same for the same seed."""
+    rng = np.random.default_rng([seed, tp, 1024])
+    return [_many_requests(tp, profile, seed, rng), _wide_vocabulary(tp, profile, seed, rng)]
+
+
+def _many_requests(tp: int, profile: str, seed: int, rng: np.random.Generator) -> Case:
+    """Every one of DEPLOYED_REQUESTS slots in use, in a random order (owners interleave), one row each, half of
+    them listed by the grammar output, with logprobs and NaN rows."""
+    n = DEPLOYED_REQUESTS
+    case = Case(
+        case_id=f"deployed-requests-tp{tp}-s{seed}",
+        tp_size=tp,
+        slots=[int(s) for s in rng.permutation(n)],
+        num_logits_per_req=[1] * n,
+        description=f"{n} requests at a capacity of {n}, one logits row each",
+        max_num_reqs=n,
+        max_num_logits_per_req=1,
+        grammar_positions=[int(p) for p in rng.permutation(n)[: n // 2]],
+        vocab_size=SMALL_VOCAB,
+        seed=int(rng.integers(0, 2**16)),
+        nan_tokens=sorted(int(t) for t in rng.choice(n, size=3, replace=False)),
+        logprobs_dims=(4, 2),
+        profile=profile,
+    )
+    return _at_least_capacity(case)
+
+
+def _wide_vocabulary(tp: int, profile: str, seed: int, rng: np.random.Generator) -> Case:
+    """DEPLOYED_VOCAB columns in bfloat16, WIDE_VOCAB_REQS_PER_RANK requests per rank of the group (at random
+    slots), of one or two rows each."""
+    n = WIDE_VOCAB_REQS_PER_RANK * tp
+    capacity = max(WIDE_VOCAB_CAPACITY, n)
+    case = Case(
+        case_id=f"deployed-vocabulary-tp{tp}-s{seed}",
+        tp_size=tp,
+        slots=[int(s) for s in rng.choice(capacity, size=n, replace=False)],
+        num_logits_per_req=[int(c) for c in rng.integers(1, 3, size=n)],
+        description=f"a vocabulary of {DEPLOYED_VOCAB} columns split over {tp} rank(s)",
+        max_num_reqs=capacity,
+        max_num_logits_per_req=2,
+        grammar_positions=[int(p) for p in rng.permutation(n)[: n // 2]],
+        vocab_size=DEPLOYED_VOCAB,
+        seed=int(rng.integers(0, 2**16)),
+        logprobs_dims=(4, 2),
+        logits_dtype="bfloat16",
+        profile=profile,
+    )
+    return _at_least_capacity(case)
+
+
+def _at_least_capacity(case: Case) -> Case:
+    """``case`` with the capacity its profile needs at its group size (PRE-CAPACITY-TP)."""
+    case.max_num_reqs = max(case.max_num_reqs, least_capacity(case))
+    return case
+
+
+def deployment_cases_for_run(tp: int, profile: str, seed: int, run_tp_sizes) -> list[Case]:
+    """The deployed-size cases a run of one seed over group sizes ``run_tp_sizes`` gives size ``tp``: each case
+    goes to one of the sizes the profile builds a sharder for, rotating with the seed (case i to
+    sizes[(i + seed) % len(sizes)]), as the boundary cases do: each one judged once within the run's budget."""
+    sizes = sorted(size for size in set(run_tp_sizes) if size >= rules_of(profile).min_tp)
+    if tp not in sizes:
+        return []
+    return [case for i, case in enumerate(deployment_cases(tp, profile, seed)) if sizes[(i + seed) % len(sizes)] == tp]
