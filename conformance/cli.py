@@ -21,6 +21,7 @@ import textwrap
 from collections.abc import Mapping
 
 from shardspec.conformance.options import OPTIONS, Resolved, resolve_run
+from shardspec.conformance.output_paths import ReportPathError, check_report_path, is_junit_report
 from shardspec.conformance.usage import UsageError
 
 # Light imports only: the pytest plugin imports this module in every pytest session of an environment
@@ -94,8 +95,27 @@ def _refusal(argument: str) -> str | None:
     return None
 
 
+# pytest's reports written to a path: checked as --json is (output_paths.py), never through a link or into
+# a FIFO or device, never over a file that is not such a report.
+_REPORT_PATHS = ("--junitxml", "--junit-xml")
+
+
+def _check_report_paths(extra: list[str], where: str) -> None:
+    for index, argument in enumerate(extra):
+        name, joined, value = argument.partition("=")
+        if name not in _REPORT_PATHS:
+            continue
+        if not joined and index + 1 < len(extra):  # --junitxml PATH
+            value = extra[index + 1]
+        try:
+            check_report_path(value, is_junit_report, "a JUnit XML report")
+        except ReportPathError as exc:
+            raise UsageError(f"{where} {name}: {exc}") from None
+
+
 def _check_pytest_arguments(extra: list[str], where: str = "--") -> None:
     plugin_flags = {o.plugin_flag: o.flag for o in OPTIONS}
+    _check_report_paths(extra, where)
     for argument in extra:
         name = argument.split("=", 1)[0]
         if name in plugin_flags:  # the run is resolved from this command's options alone
@@ -163,6 +183,9 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as exc:
         print(f"{parser.prog}: error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # nothing was started: no report to write
+        print(f"{parser.prog}: interrupted while the options were checked; nothing ran", file=sys.stderr)
+        return 130
     import pytest
 
     from shardspec.conformance.plugin import Handover

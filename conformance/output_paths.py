@@ -68,9 +68,20 @@ def is_report(path: pathlib.Path) -> bool:
     return isinstance(metadata, dict) and "spec_version" in metadata and isinstance(data.get("sections"), list)
 
 
-def check_report_path(path: str | os.PathLike) -> pathlib.Path:
-    """``path`` if a report may be written there (nothing there, or a report of this suite), else a
-    ReportPathError saying why not. The folder must exist and take a new file."""
+def is_junit_report(path: pathlib.Path) -> bool:
+    """Whether the regular file ``path`` holds a JUnit XML report (pytest's ``--junitxml``)."""
+    try:
+        with open(path, "rb") as stream:
+            head = stream.read(4096).lstrip()
+    except OSError:
+        return False
+    return head.startswith(b"<?xml") and (b"<testsuites" in head or b"<testsuite" in head)
+
+
+def check_report_path(path: str | os.PathLike, ours=is_report, what: str = "a report of this suite") -> pathlib.Path:
+    """``path`` if a report may be written there (nothing there, or a report ``ours`` recognises: by default
+    a JSON report of this suite), else a ReportPathError saying why not. The folder must exist and take a
+    new file."""
     file = pathlib.Path(path).expanduser()
     found = _lstat(file)
     if found is not None:
@@ -80,10 +91,8 @@ def check_report_path(path: str | os.PathLike) -> pathlib.Path:
             raise ReportPathError(f"{file} is a folder, not a file")
         if not stat.S_ISREG(found.st_mode):
             raise ReportPathError(f"{file} is {_kind(found.st_mode)}, not a regular file")
-        if not is_report(file):
-            raise ReportPathError(
-                f"{file} exists and is not a report of this suite; the run replaces only its own reports"
-            )
+        if not ours(file):
+            raise ReportPathError(f"{file} exists and is not {what}; the run replaces only its own reports")
     folder = file.parent
     if not folder.is_dir():
         raise ReportPathError(f"the folder {folder.resolve()} does not exist")

@@ -26,7 +26,7 @@ from shardspec.conformance.usage import UsageError
 _SUITE_MODULE = pathlib.Path(__file__).resolve().with_name("test_conformance.py")
 _RESOLVED = pytest.StashKey()  # the run's options, checked, and its named cases, loaded: once per session
 _RUN = pytest.StashKey()
-_SIGNAL = pytest.StashKey()  # the signal that ended the run, and the SIGTERM handler it replaced
+_SIGNAL = pytest.StashKey()  # the signal that ended the run (None: none yet), and the handlers it replaced
 _DESELECTED = pytest.StashKey()  # whether -k/-m left some of the suite's tests out
 
 
@@ -103,28 +103,35 @@ def conformance_run(config):
             resolved = resolved.with_verbose()
         if not torch.cuda.is_available():
             os.environ.setdefault("TRITON_INTERPRET", "1")
+        _end_on_signals(config)  # before the cases are made: a signal then still leaves a report
         run = ConformanceSession(resolved.config, log=print, case_set=resolved.cases)
         print(run.header())
         config.stash[_RUN] = run
-        _end_on_sigterm(config)
     return config.stash[_RUN]
 
 
-def _end_on_sigterm(config) -> None:
-    """SIGTERM ends the run like SIGINT: the ranks are stopped and the cases judged so far are reported."""
-    if threading.current_thread() is not threading.main_thread():
+def _end_on_signals(config) -> None:
+    """SIGINT and SIGTERM end the run alike: the first raises KeyboardInterrupt (the ranks are stopped and the
+    cases judged so far reported); those that follow while the run ends are said, not raised, so that the
+    report is written whatever is pressed meanwhile."""
+    if threading.current_thread() is not threading.main_thread() or _SIGNAL in config.stash:
         return
 
     def interrupt(signum, frame):
-        config.stash[_SIGNAL] = (signum, config.stash[_SIGNAL][1])
-        raise KeyboardInterrupt(signal.Signals(signum).name)
+        name = signal.Signals(signum).name
+        if config.stash[_SIGNAL][0] is None:
+            config.stash[_SIGNAL] = (signum, config.stash[_SIGNAL][1])
+            raise KeyboardInterrupt(name)
+        print(f"{name} again: the run is ending; its report of the cases judged so far is being written")
 
-    config.stash[_SIGNAL] = (signal.SIGINT, signal.signal(signal.SIGTERM, interrupt))
+    replaced = {signum: signal.signal(signum, interrupt) for signum in (signal.SIGINT, signal.SIGTERM)}
+    config.stash[_SIGNAL] = (None, replaced)
 
 
 def pytest_unconfigure(config):
     if _SIGNAL in config.stash:
-        signal.signal(signal.SIGTERM, config.stash[_SIGNAL][1])
+        for signum, handler in config.stash[_SIGNAL][1].items():
+            signal.signal(signum, handler)
 
 
 def pytest_generate_tests(metafunc):
@@ -170,13 +177,15 @@ def pytest_sessionfinish(session, exitstatus):
     config = session.config
     run = config.stash.get(_RUN, None)
     if run is None or not run.sizes_run:
-        if _handed(config):
+        if _handed(config) and exitstatus == pytest.ExitCode.INTERRUPTED and run is None:
+            _interrupted_before_any_case(session)
+        elif _handed(config):
             _judged_nothing(session, exitstatus)
         return
     reporter = config.pluginmanager.get_plugin("terminalreporter")
     log = reporter.write_line if reporter is not None else print
     interrupted = exitstatus == pytest.ExitCode.INTERRUPTED
-    signum = config.stash.get(_SIGNAL, (signal.SIGINT, None))[0]
+    signum = _signal_of(config)
     if interrupted:
         log(f"interrupted by {signal.Signals(signum).name}: the report below covers the cases judged so far")
     code = run.finish(log=log, interrupted=signal.Signals(signum).name if interrupted else None)
@@ -191,6 +200,21 @@ def pytest_sessionfinish(session, exitstatus):
         )
     if reporter is not None:  # pytest's own summary follows; python -m shardspec.conformance prints none
         log(f"conformance exit status: {code}")
+
+
+def _signal_of(config) -> int:
+    """The signal that ended the run; SIGINT where a KeyboardInterrupt came another way."""
+    signum = config.stash.get(_SIGNAL, (None, None))[0]
+    return signal.SIGINT if signum is None else signum
+
+
+def _interrupted_before_any_case(session) -> None:
+    """A signal while the run was being made (its cases drawn): nothing was judged, and the report says so."""
+    from shardspec.conformance.session import report_unstarted
+
+    signum = _signal_of(session.config)
+    report_unstarted(session.config.stash[_RESOLVED].config, signal.Signals(signum).name, log=print)
+    session.exitstatus = 128 + signum
 
 
 def _judged_nothing(session, exitstatus) -> None:

@@ -283,6 +283,27 @@ class ConformanceSession:
         }
 
 
+def report_unstarted(config: RunConfig, interrupted: str, log: Log = print) -> int:
+    """A run ended by ``interrupted`` (a signal's name) before its first case: the report of a run that judged
+    nothing, with its reason, in the terminal and the JSON; the exit status."""
+    exit_code = _exit_status_of(interrupted)
+    why = f"interrupted by {interrupted} before any case was judged (while the run's cases were being made)"
+    log(f"error: {why}: the run proves nothing")
+    if config.json_path:
+        labels = [ImplChoice.parse(impl).label for impl in config.impls]
+        extra = {"profile": config.profile, "run_dir": str(config.run_dir)}
+        metadata = report.run_metadata(labels, config.tp_sizes, config.seed, 0.0, "not started", "none", extra)
+        invariants = report.load_invariants(config.profile)
+        data = report.json_report(metadata, [], [], [why, "partial report"], exit_code, invariants)
+        try:
+            write_report(config.json_path, json.dumps(data, indent=1, default=repr))
+            log(f"JSON report: {config.json_path}")
+        except (ReportPathError, OSError) as exc:
+            log(f"error: the JSON report was not written: --json {config.json_path}: {exc}")
+    log(f"FAILED ({why})")
+    return exit_code
+
+
 def _exit_status_of(signal_name: str) -> int:
     """The status a process ended by ``signal_name`` reports, 128 + its number (the plugin exits with it)."""
     import signal

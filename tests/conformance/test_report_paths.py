@@ -171,3 +171,34 @@ def test_a_usage_error_gives_the_run_dir_back(tmp_path, capsys):
     assert main([*RUN, "--run-dir", str(run_dir), "--tp-groups", "2"]) == 2  # not with --in-process
     assert "--tp-groups" in _one_line(capsys)
     assert main([*RUN, "--run-dir", str(run_dir)]) == 0  # the corrected command takes the folder
+
+
+def test_pytests_junit_report_path_obeys_the_rules_of_json(tmp_path, capsys):
+    """--junitxml through -- (and in $PYTEST_ADDOPTS): before, a link's target was overwritten."""
+    target = tmp_path / "target.txt"
+    target.write_text("not ours\n")
+    link = tmp_path / "j.xml"
+    link.symlink_to(target)
+    for extra in ([f"--junitxml={link}"], ["--junit-xml", str(link)]):
+        assert main([*RUN, "--", *extra]) == 2
+        assert f"-- {extra[0].split('=')[0]}: {link} is a symbolic link" in _one_line(capsys)
+    other = tmp_path / "notes.txt"
+    other.write_text("mine\n")
+    assert main([*RUN, "--", f"--junitxml={other}"]) == 2
+    assert f"{other} exists and is not a JUnit XML report" in _one_line(capsys)
+    assert link.is_symlink() and target.read_text() == "not ours\n" and other.read_text() == "mine\n"
+    junit = tmp_path / "earlier.xml"
+    junit.write_text('<?xml version="1.0" encoding="utf-8"?><testsuites></testsuites>')
+    assert main([*RUN, "--", f"--junitxml={junit}"]) == 0
+    assert "tp2-decode" in junit.read_text() or "shardspec" in junit.read_text()
+
+
+def test_a_fifo_as_pytests_junit_report_is_refused_not_waited_on(tmp_path):
+    import subprocess
+    import sys
+
+    fifo = tmp_path / "j.xml"
+    os.mkfifo(fifo)
+    command = [sys.executable, "-m", "shardspec.conformance", *RUN, "--", f"--junitxml={fifo}"]
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=120)  # before: it hung after the run
+    assert proc.returncode == 2 and f"{fifo} is a FIFO, not a regular file" in proc.stderr, proc.stderr
