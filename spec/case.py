@@ -144,6 +144,9 @@ class Case:
     # Tokens every request decoded since the batch's first step: each seq_len (and its bound) that much
     # longer, as an engine's next step of the same requests has them.
     seq_lens_growth: int = 0
+    # Scheduled tokens of each request (q_i >= n_i: its logits rows are its last n_i tokens); None: the
+    # builder's short default, n_i + slot % 3. A long prefill is a large q_i with n_i = 1.
+    query_lens: list[int] | None = None
     # Owner rule owner_table: the entries of the step's owner table (slot -> owner) that differ from the
     # engine's initial table, slot mod tp (CL-OWNER-TABLE); None: the initial table. Entries of slots
     # past the capacity are left out of the table. An entry of a slot outside the batch is not read and
@@ -242,6 +245,7 @@ def build_case_inputs(case: Case, device: torch.device | str = "cpu") -> CaseInp
         seq_lens_upper_bound=rules.has_upper_bound,
         dtypes=case.batch_dtypes,
         seq_lens_growth=case.seq_lens_growth,
+        query_lens=case.query_lens,
     )
     grammar = None
     if case.grammar_positions is not None:

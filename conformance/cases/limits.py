@@ -70,6 +70,12 @@ def _problems(case) -> list[str]:
     rows = sum(max(int(n), 0) for n in case.num_logits_per_req)
     if rows * case.vocab_size > MAX_LOGITS_ELEMENTS:
         problems.append(f"{rows} logits rows x vocab {case.vocab_size} is more than {MAX_LOGITS_ELEMENTS} values")
+    # The suite builds a logits row for every scheduled token (the model's output before the rows are picked).
+    tokens = sum(max(int(q), 0) for q in case.query_lens or ())
+    if tokens * case.vocab_size > MAX_LOGITS_ELEMENTS:
+        problems.append(
+            f"query_lens: {tokens} tokens x vocab {case.vocab_size} is more than {MAX_LOGITS_ELEMENTS} values"
+        )
     dims = case.logprobs_dims
     if dims is not None and all(isinstance(d, int) for d in dims) and dims:
         columns = 1 + max(max(dims), 0)  # the agreed width (spec/model.py, num_logprob_columns)

@@ -14,7 +14,8 @@ from harness_cases import small_cases
 
 from shardspec.conformance.cases.limits import MAX_LOGITS_ELEMENTS
 from shardspec.conformance.cli import main
-from shardspec.fixtures import case_to_yaml
+from shardspec.fixtures import case_from_dict, case_to_dict, case_to_yaml
+from shardspec.spec.case import Case, build_case_inputs
 
 
 def _write(case, folder):
@@ -67,3 +68,38 @@ def test_a_later_step_is_held_to_the_same_bounds(tmp_path, capsys):
 def test_ordinary_logprobs_still_run(tmp_path, dims, capsys):
     path = _write(replace(small_cases(2)[0], case_id="ordinary", logprobs_dims=dims), tmp_path)
     assert main(["--in-process", "--case-file", str(path)]) == 0, capsys.readouterr().err
+
+
+def test_query_lengths_a_case_file_states_are_the_batch_s(tmp_path):
+    """A long prefill: the logits row of each request is the last token of its query (query_start_loc)."""
+    case = _prefills("long", [5000, 3])
+    loaded = case_from_dict(case_to_dict(case), "long.yaml")
+    assert loaded.query_lens == [5000, 3]
+    batch = build_case_inputs(loaded).batch
+    assert batch.query_start_loc.tolist() == [0, 5000, 5003]
+    assert batch.logits_indices.tolist() == [4999, 5002]
+
+
+@pytest.mark.parametrize(
+    ("query_lens", "message"),
+    [
+        ([1, 5, 1], "query_lens: has 3 entries, slots has 2"),
+        ([0, 5], "query_lens.0: field query_lens: 0 tokens hold fewer than the request's 1 logits rows"),
+        ([1 << 30, 1], "tokens x vocab"),
+    ],
+)
+def test_query_lengths_that_do_not_fit_the_batch_are_refused(tmp_path, capsys, query_lens, message):
+    assert message in _refused(_write(_prefills("q", query_lens), tmp_path), capsys)
+
+
+def _prefills(case_id, query_lens):
+    return Case(
+        case_id=case_id,
+        tp_size=2,
+        slots=[2, 0],
+        num_logits_per_req=[1, 1],
+        query_lens=query_lens,
+        max_num_reqs=4,
+        max_num_logits_per_req=1,
+        vocab_size=8,
+    )
