@@ -67,6 +67,9 @@ class StepOutputs:
     held_results_modified: list[dict] = field(default_factory=list)
     # Tensors of the gathered result in the storage of an input: {"field": "gathered.<name>", "input": ...}.
     results_sharing_inputs: list[dict] = field(default_factory=list)
+    # Collectives the rank's process groups performed from the shard step to the step's end, as c10d counts
+    # them (harness/performed.py); None where not counted (ranks that are threads of one process).
+    collectives_performed: int | None = None
 
 
 # What a rank's last frame of a job carries beside the streamed step parts: StepOutputs fields.
@@ -78,6 +81,7 @@ FINAL_FIELDS = (
     "inputs_modified",
     "held_results_modified",
     "results_sharing_inputs",
+    "collectives_performed",
 )
 
 

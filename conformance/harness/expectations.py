@@ -15,8 +15,7 @@ import torch
 
 from shardspec.comm import LockstepGroup
 from shardspec.conformance.harness.rank_step import run_step
-from shardspec.conformance.harness.transcript import decode, encode, read_frames, write_frame
-from shardspec.conformance.record import Expectation, StepOutputs
+from shardspec.conformance.record import Expectation
 from shardspec.reference import ReferenceSharder
 from shardspec.reference.sampler import replicated_output
 from shardspec.spec.case import Case, build_case_inputs
@@ -162,29 +161,3 @@ def replicated_of(case: Case, inputs) -> SamplerOutput | None:
         profile=case.profile,
         adaptive_verification_enabled=case.adaptive_verification,
     )
-
-
-# -- saving: the ranks of a multi-process run read them in the transcript's own encoding ------------------
-
-
-def for_ranks(expectation: Expectation) -> Expectation:
-    """What a rank reads of an expectation (harness/rank_step.py: where the reference raised, after how many
-    collectives): its outputs' tensors left out, which every rank would decode for every rank and case."""
-    expected = [
-        StepOutputs(wire=out.wire, failed_step=out.failed_step, error=out.error) for out in expectation.expected
-    ]
-    return Expectation(expected=expected, replicated=None)
-
-
-def save_expectations(path, expectations: dict[str, Expectation]) -> None:
-    """The ranks' part of each case's expectation (:func:`for_ranks`), in the transcript's encoding."""
-    with open(path, "wb") as stream:
-        write_frame(stream, {case_id: encode(for_ranks(e)) for case_id, e in expectations.items()})
-
-
-def load_expectations(path, device="cpu") -> dict[str, Expectation]:
-    with open(path, "rb") as stream:
-        frames, _ = read_frames(stream.read())
-    if len(frames) != 1 or "unreadable" in frames[0]:
-        raise ValueError(f"{path}: not one readable frame of expectations")
-    return {case_id: decode(encoded, device) for case_id, encoded in frames[0].items()}

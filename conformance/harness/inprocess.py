@@ -19,6 +19,7 @@ from shardspec.comm import LockstepGroup
 from shardspec.conformance.api import ImplChoice, load_implementation
 from shardspec.conformance.harness.crashes import CrashBudget, invalid_input
 from shardspec.conformance.harness.expectations import expectation_device, single_thread
+from shardspec.conformance.harness.rank_plan import plan_of
 from shardspec.conformance.harness.rank_step import run_case_on_rank
 from shardspec.conformance.harness.threaded import run_torch_threads
 from shardspec.conformance.record import ERROR, FAIL, NOT_RUN, PASS, CaseResult, not_run
@@ -53,14 +54,14 @@ def run_steps_in_process(
     record is judged in its own thread as soon as its case ends (the judge runs in this process)."""
     device = expectation_device(device)
     judge = judge.at(device)
-    expectations = [judge.expectation(c) for c in cases]
+    plans = [plan_of(c, judge.expectation(c)) for c in cases]
     impls = {name: load_implementation(name) for name in {choice.impl, choice.impl_odd} if name}
 
     def one_rank(comm):
         impl, kept, records = impls[choice.for_rank(comm.rank)], None, []
-        for case, expectation in zip(cases, expectations, strict=False):
+        for case, plan in zip(cases, plans, strict=False):
             try:
-                record, kept = run_case_on_rank(case, comm, impl.name, impl.factory, expectation, device, kept=kept)
+                record, kept = run_case_on_rank(case, comm, impl.name, impl.factory, plan, device, kept=kept)
                 record = judge.rank(case, record)
             except Exception:  # outside the implementation's calls (e.g. a device error surfacing in a checker)
                 records.append({"harness_error": traceback.format_exc()})

@@ -24,11 +24,12 @@ from dataclasses import dataclass
 import torch
 
 from shardspec.conformance.harness.crashes import CrashBudget, invalid_input, suspect_crash
-from shardspec.conformance.harness.expectations import rank_placement, save_expectations
+from shardspec.conformance.harness.expectations import rank_placement
 from shardspec.conformance.harness.external import JOIN_S
 from shardspec.conformance.harness.follower import Follower
 from shardspec.conformance.harness.group import Job
 from shardspec.conformance.harness.launch import GroupStarter, first_error, kill_group, let_finish, torchrun_culprit
+from shardspec.conformance.harness.rank_plan import blinded, plan_of, real_names, save_plans
 from shardspec.conformance.harness.settle import Settler
 from shardspec.conformance.record import CaseResult, not_run
 
@@ -81,8 +82,9 @@ def run_jobs_multiprocess(
     cases = list({job.case.case_id: job.case for job in jobs}.values())
     judge = judge.at(device_kind)  # the judge decodes and rebuilds on the ranks' device kind
     expectations = {case.case_id: judge.expectation(case) for case in cases}
-    save_expectations(run_dir / "expectations.pt", expectations)
-    torch.save(cases, run_dir / "cases.pt")
+    # What the ranks get: the cases without the verdict's terms, and where each rank must have raised.
+    save_plans(run_dir / "plans.json", [plan_of(case, expectations[case.case_id]) for case in cases])
+    torch.save(blinded(cases), run_dir / "cases.pt")
     position = {case.case_id: i for i, case in enumerate(cases)}
     (run_dir / "jobs.json").write_text(
         json.dumps(
@@ -93,7 +95,7 @@ def run_jobs_multiprocess(
         )
     )
     results: dict[int, CaseResult] = {}
-    launches = _Launches(jobs, tp, options, judge, on_result, log, results, failures)
+    launches = _Launches(jobs, tp, options, judge, on_result, log, results, failures, real_names(cases))
     servers = {} if servers is None else servers
     for choice in dict.fromkeys(job.choice for job in jobs):  # each entry in processes of its own
         mine = [i for i, job in enumerate(jobs) if job.choice == choice]
@@ -119,6 +121,7 @@ class _Launches:
     log: Callable[[str], None]
     results: dict[int, CaseResult]
     failures: list[dict] | None
+    names: dict[str, str]  # a rank's name of each case (rank_plan.blinded) to its id
     number: int = 0
 
     def run_entry(self, remaining: list[int], starter: GroupStarter) -> None:
@@ -134,7 +137,8 @@ class _Launches:
             held: dict[int, CaseResult] = {}
             deliver = _holding_suspects(self.on_result, results, remaining, alone, held)
             name = f"launch{self.number}"
-            outcome = _launch(jobs, remaining, tp, options, name, results, deliver, starter, self.judge)
+            settle = Settler(jobs, results, None, self.judge, deliver, self.names)
+            outcome = _launch(remaining, tp, options, name, settle, starter)
             self.number += 1
             for index in held:  # judged again in the next launch, first, where nothing ran before it
                 del results[index]
@@ -204,7 +208,7 @@ def _breaks_group(expectation) -> bool:
     return not all(out.error is not None and len(out.wire) == len(outs[0].wire) for out in outs)
 
 
-def _launch(jobs, indices, tp, options, name, results, on_result, starter, judge) -> dict | None:
+def _launch(indices, tp, options, name, settle: Settler, starter) -> dict | None:
     """One launch of the group. Returns, when the group never became ready, why: the ``reason``, the path of
     the ``log`` that holds the ranks' output and the first lines of the ``error`` it holds."""
     run_dir = options.run_dir
@@ -220,9 +224,9 @@ def _launch(jobs, indices, tp, options, name, results, on_result, starter, judge
     log_path = run_dir / f"{name}.log"
     startup = JOIN_S if starter.external else STARTUP_S
     limit = startup + len(indices) * (options.case_timeout_s + 5.0)
-    follower = Follower(run_dir, name, tp, 1 if starter.external else options.tp_groups)
+    follower = settle.follower = Follower(run_dir, name, tp, 1 if starter.external else options.tp_groups)
     proc = starter.start(tp, name, log_path, tp * options.tp_groups)
-    settle = Settler(jobs, results, follower, judge, on_result)
+    results = settle.results
     try:
         beats = not starter.external and starter.device_kind == "cpu"
         ended = _follow(proc, limit, follower, indices, settle, options, beats)

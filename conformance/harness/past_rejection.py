@@ -22,14 +22,13 @@ class NotRejected(BaseException):
 
 @dataclass
 class RejectionPoint:
-    precondition: str | None  # None: the rank need not reject, and is never stopped
-    step: str = ""  # the step that must raise on this rank
+    step: str | None  # the step that must raise on this rank; None: it need not reject, and is never stopped
     collectives: int = 0  # how many collectives the rank issues before the raise (from the shard step on)
     stopped: str | None = None  # where the suite stopped the rank, once it did
 
     def steps(self, on_step: Callable | None) -> Callable | None:
         """``on_step`` (called as each step returns), then a stop after the step that must raise."""
-        if self.precondition is None:
+        if self.step is None:
             return on_step
 
         def stepped(step: str, run) -> None:
@@ -43,7 +42,7 @@ class RejectionPoint:
     def calls(self, on_call: Callable | None) -> Callable | None:
         """``on_call`` (called before each collective is issued), after a stop before any collective the
         reference does not issue before raising."""
-        if self.precondition is None:
+        if self.step is None:
             return on_call
         issued = []
 
@@ -75,4 +74,4 @@ def rejection_point(case: Case, expected) -> RejectionPoint:
         return RejectionPoint(None)
     if precondition not in must_reject_ids() or not names_precondition(expected.error, precondition):
         return RejectionPoint(None)
-    return RejectionPoint(precondition, expected.failed_step, len(expected.wire))
+    return RejectionPoint(expected.failed_step, len(expected.wire))

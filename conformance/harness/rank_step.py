@@ -24,9 +24,10 @@ import torch
 from shardspec.conformance.api import construction_kwargs
 from shardspec.conformance.harness.after_step import AfterStep
 from shardspec.conformance.harness.held import HeldResults, shared_memory
-from shardspec.conformance.harness.past_rejection import NotRejected, rejection_point
+from shardspec.conformance.harness.past_rejection import NotRejected
 from shardspec.conformance.harness.patching import DIRECT_CALLS, STARTED_THREADS
 from shardspec.conformance.harness.progress import Progress
+from shardspec.conformance.harness.rank_plan import RankPlan
 from shardspec.conformance.harness.recording import CollectiveError, RecordingComm
 from shardspec.conformance.harness.snapshots import changed_fields, snapshot
 from shardspec.conformance.record import STEP_OUTPUT, StepOutputs
@@ -53,6 +54,9 @@ class RankRun:
     # Whether to copy the gathered result as the gather returns it (for the second look), and the copy.
     copy_result: bool = False
     returned: Any = None
+    # Counts the collectives the process performed (harness/performed.py), and its count once constructed.
+    counter: Callable[[], int | None] | None = None
+    performed_from: int | None = None
 
 
 @dataclass
@@ -93,6 +97,7 @@ def run_step(
     kept: KeptSharder | None = None,
     on_call: Callable[[Any], None] | None = None,
     defer_after: bool = False,
+    counter: Callable[[], int | None] | None = None,
 ) -> RankRun:
     """Run the whole step for ``comm.rank``; never raises for the implementation's errors.
 
@@ -107,10 +112,13 @@ def run_step(
     call, after waiting for the threads the step left running, or, with
     ``defer_after``, when the caller calls ``run.after.finish(run.outputs)``
     (a multi-process rank: once its peers have finished the step too).
+
+    ``counter`` (a rank alone in its process): how many collectives the process performed so far, read
+    once the sharder is constructed and as the step ends (``outputs.collectives_performed``).
     """
     recorder = kept.recorder if kept is not None else RecordingComm(comm, progress)
     recorder.calls = CallLog(on_call)  # this step's collectives only
-    run = RankRun(outputs=StepOutputs(wire=recorder.calls), kept=kept)
+    run = RankRun(outputs=StepOutputs(wire=recorder.calls), kept=kept, counter=counter)
     run.on_step = on_step
     on_gpu = torch.device(device).type == "cuda"
     run.copy_result = defer_after or on_gpu
@@ -138,6 +146,8 @@ def run_step(
         pass
     finally:
         recorder.progress.enter(step=None)
+    if run.performed_from is not None:
+        run.outputs.collectives_performed = counter() - run.performed_from
     run.outputs.inputs_modified = [
         name for key, old in before.items() for name in changed_fields(key, old, watched[key])
     ]
@@ -174,6 +184,8 @@ def _steps(make_sharder, case, inputs, recorder: RecordingComm, device, run: Ran
             **construction_kwargs(make_sharder, case.profile, case.adaptive_verification),
         )
         run.kept = KeptSharder(sharder, recorder)
+    if run.counter is not None:  # the engine's start-up in the constructor may issue collectives unrecorded
+        run.performed_from = run.counter()
     timed = functools.partial(_timed, run, recorder.progress)
 
     def logits_shard_of(shard):
@@ -241,13 +253,13 @@ def error_summary(run: RankRun) -> dict[str, Any] | None:
     }
 
 
-def continue_after(case: Case, run: RankRun, expected: list[StepOutputs]) -> bool:
+def continue_after(case: Case, run: RankRun, plan: RankPlan) -> bool:
     """Whether the group's collectives can still be aligned after this rank's step.
 
-    True when the step completed, or when the error is an expected rejection
-    raised outside a collective at the point where the reference rejects on
-    every rank alike (replicated inputs). Otherwise peers may wait in a
-    collective this rank will never enter.
+    True when the step completed, or when the error was raised outside a
+    collective after as many collectives as every rank of the reference
+    raises after (``plan.aligned_wire``: a rejection of replicated inputs).
+    Otherwise peers may wait in a collective this rank will never enter.
     """
     out = run.outputs
     if out.error is None:
@@ -256,9 +268,7 @@ def continue_after(case: Case, run: RankRun, expected: list[StepOutputs]) -> boo
         return False
     if declines_extensions(case.extensions, out.error):
         return True  # the declaration is replicated: every rank declines at the same point
-    if case.expect_error is None:
-        return False
-    return all(ref.error is not None and len(ref.wire) == len(out.wire) for ref in expected)
+    return plan.aligned_wire is not None and len(out.wire) == plan.aligned_wire
 
 
 def run_case_on_rank(
@@ -266,38 +276,50 @@ def run_case_on_rank(
     comm,
     impl_name: str,
     make_sharder,
-    expectation,
+    plan: RankPlan,
     device,
     progress: Progress | None = None,
     on_step: StepCallback | None = None,
     kept: KeptSharder | None = None,
     on_call: Callable[[Any], None] | None = None,
     defer_after: bool = False,
+    counter: Callable[[], int | None] | None = None,
 ) -> tuple[dict[str, Any], KeptSharder | None]:
     """Run ``case`` on ``comm.rank``, unjudged: the record carries the raw ``outputs``; and the sharder,
     kept for a next step of the same case. With ``defer_after`` the record's ``"after_step"`` is the
     step's :class:`AfterStep`, for the caller to finish (and take out of the record) later.
 
-    The expectation only decides whether the group can go on after an error
-    (the reference's collectives); judging is :func:`judge_rank`'s.
+    ``plan`` (:mod:`.rank_plan`) only says where to stop a rank that does not reject and whether the group
+    can go on after an error; whether an error was the expected rejection is the judge's to say
+    (:func:`shardspec.conformance.judge.rank.judge_rank`): ``case`` may be blinded, without its expected error.
     """
     rank = comm.rank
     inputs = build_case_inputs(case, device)
-    stop = rejection_point(case, expectation.expected[rank])  # stops the rank where it must raise
+    stop = plan.rejection_point(rank)  # stops the rank where it must raise
     run = run_step(
-        make_sharder, case, inputs, comm, device, progress, stop.steps(on_step), kept, stop.calls(on_call), defer_after
+        make_sharder,
+        case,
+        inputs,
+        comm,
+        device,
+        progress,
+        stop.steps(on_step),
+        kept,
+        stop.calls(on_call),
+        defer_after,
+        counter,
     )
     run.outputs.not_rejected = stop.stopped
-    expected_to_raise = case.expect_error is not None or declines_extensions(case.extensions, run.outputs.error)
+    declined = declines_extensions(case.extensions, run.outputs.error)
     return {
         "case_id": case.case_id,
         "rank": rank,
         "impl": impl_name,
-        "error": None if expected_to_raise else error_summary(run),
-        "rejection": error_summary(run) if expected_to_raise else None,
+        "error": None if declined else error_summary(run),
+        "rejection": error_summary(run) if declined else None,
         "timings": {k: round(v, 6) for k, v in run.timings.items()},
         "error_in_collective": run.error_in_collective,
-        "aligned": continue_after(case, run, expectation.expected),
+        "aligned": continue_after(case, run, plan),
         "outputs": run.outputs,
         **({"after_step": run.after} if defer_after else {}),
     }, run.kept

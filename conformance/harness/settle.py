@@ -12,8 +12,11 @@ from shardspec.conformance.record import ERROR, FAIL, NOT_RUN, CaseResult
 class Settler:
     """Turns complete transcripts into results, in job order."""
 
-    def __init__(self, jobs, results, follower, judge, on_result):
+    def __init__(self, jobs, results, follower, judge, on_result, names: dict[str, str] | None = None):
+        """``follower``: the launch's (set once it starts); ``names``: the ranks' names of the cases
+        (harness/rank_plan.py's ``blinded``) to their ids."""
         self.jobs, self.results, self.follower, self.judge, self.on_result = jobs, results, follower, judge, on_result
+        self.names = names or {}
 
     def complete(self, indices) -> None:
         for index in indices:
@@ -40,9 +43,17 @@ class Settler:
     def _judged(self, job, transcripts, ended, culprit) -> CaseResult:
         try:
             decoded = {rank: decode_frames(log, self.judge.device) for rank, log in transcripts.items()}
+            for transcript in decoded.values():
+                self._named(transcript.outputs)
             return self.judge.transcripts(job.case, job.choice.label, decoded, ended, culprit)
         except Exception as exc:  # a defect of the judge: this case, not the run, ends with it
             return judge_failed(job, exc)
+
+    def _named(self, outputs) -> None:
+        """The earlier steps' results a rank reports changed, by the cases' ids rather than its names for them."""
+        for changed in getattr(outputs, "held_results_modified", None) or []:
+            name, dot, rest = str(changed.get("field", "")).partition(".gathered")
+            changed["field"] = self.names.get(name, name) + dot + rest
 
     def broken_job(self, indices, ended, culprit) -> None:
         """The first unfinished job fails with what is known, unless a rank left on purpose before it."""

@@ -187,6 +187,7 @@ def preload(argv: list[str]) -> None:
     import torch._dynamo  # noqa: F401
 
     import shardspec.conformance.harness.expectations  # noqa: F401
+    import shardspec.conformance.harness.performed  # noqa: F401  (takes c10d's counter before any implementation)
     import shardspec.conformance.harness.rank_step  # noqa: F401
     from shardspec.conformance.api import load_implementation
 
@@ -212,13 +213,14 @@ def main(argv: list[str]) -> int:
 
     from shardspec.comm import TorchDistComm
     from shardspec.conformance.api import ImplChoice, load_implementation
-    from shardspec.conformance.harness.expectations import load_expectations
+    from shardspec.conformance.harness.performed import performed
     from shardspec.conformance.harness.progress import Progress
+    from shardspec.conformance.harness.rank_plan import load_plans
     from shardspec.conformance.harness.rank_step import run_case_on_rank
 
     jobs = json.loads((run_dir / "jobs.json").read_text())
     cases = torch.load(run_dir / "cases.pt", weights_only=False)
-    expectations = load_expectations(run_dir / "expectations.pt", device)
+    plans = load_plans(run_dir / "plans.json")
     comm = TorchDistComm(tp_group)
     rank = comm.rank  # in the TP group: what the judge and the implementation see
     progress = Progress()
@@ -254,13 +256,14 @@ def main(argv: list[str]) -> int:
                 comm,
                 impl.name,
                 impl.factory,
-                expectations[case.case_id],
+                plans[job["case"]],
                 device,
                 progress,
                 on_step=streamer.on_step,
                 on_call=streamer.on_call,
                 kept=sharder if case.continues and case.continues == previous_id else None,
                 defer_after=True,
+                counter=performed,
             )
             kept[name] = (case.case_id, sharder)
             after = record.pop("after_step")

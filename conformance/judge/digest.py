@@ -138,4 +138,5 @@ def step_digest(
         "sorted_logits_indices": None if out.shard is None else plain(out.shard.sorted_logits_indices),
         "metadata": _metadata(out),
         "wire": _wire(out),
+        "collectives_performed": out.collectives_performed,
     }

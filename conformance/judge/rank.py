@@ -79,6 +79,8 @@ def judge_rank(
     invariants of those steps are judged then (the rest cannot be).
     """
     record = dict(record)
+    if case.expect_error is not None and record.get("error"):  # the rank does not know; its rejection, judged
+        record["rejection"], record["error"] = record["error"], None
     outputs: StepOutputs = record.pop("outputs")
     rank = record["rank"]
     start = time.perf_counter()

@@ -272,6 +272,17 @@ def check_wire_sequence(case: Case, digests: dict[int, dict[str, Any]]) -> Itera
                 field="wire.sequence",
             )
             return
+        performed = digests[rank].get("collectives_performed")
+        if performed is not None and performed > len(kinds):
+            yield Violation(
+                "INV-WIRE-SEQUENCE",
+                f"the rank's process groups performed {performed} collectives in the step, the recorder saw "
+                f"{len(kinds)}: {performed - len(kinds)} were issued around the recorder (a backend method "
+                "captured before it, an operator run with torch's dispatch modes disabled, a switched-off recorder)",
+                rank=rank,
+                field="wire.sequence",
+            )
+            return
     first_rank = min(digests)
     base = [_agreement_key(call) for call in digests[first_rank]["wire"]]
     for rank in sorted(digests):
