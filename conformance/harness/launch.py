@@ -11,7 +11,7 @@ import subprocess
 import sys
 
 from shardspec.conformance.harness.external import ExternalGroup, rank_command
-from shardspec.conformance.harness.reaper import keeper_command, stop_kept
+from shardspec.conformance.harness.reaper import become_subreaper, end_strays, keeper_command, launch_mark, stop_kept
 from shardspec.conformance.harness.spawn import RankServer, ServedGroup, describe_exit
 from shardspec.spec.profiles import profile_environ
 
@@ -58,6 +58,15 @@ class GroupStarter:
         self.implementations = implementations
         self.external = launcher == "external"
         self.use_torchrun = launcher == "torchrun" or (launcher == "auto" and device_kind != "cpu")
+        if not self.external:  # a rank that kills what started it leaves its daemons to this process, not init
+            become_subreaper()
+
+    def end_strays(self, proc) -> None:
+        """Once launch ``proc`` ended: what its ranks left to this process (their server or keeper killed) ends;
+        the servers, and ``proc`` if it still runs, are kept."""
+        if not self.external:
+            keep = {server.proc.pid for server in self.servers.values() if server.alive}
+            end_strays(keep | ({proc.pid} if proc.poll() is None else set()))
 
     def start(self, tp: int, name: str, log_path: pathlib.Path, world: int | None = None):
         """``world`` ranks (default ``tp``), in TP groups of ``tp``."""
@@ -101,7 +110,7 @@ class GroupStarter:
 
 
 def _worker_env(device_kind: str) -> dict[str, str]:
-    env = {**os.environ, **profile_environ()}  # a profile file of the user's, registered in this process
+    env = {**os.environ, **profile_environ(), **launch_mark()}  # a profile file of the user's; the judge's mark
     env["OMP_NUM_THREADS"] = "1"  # the expectations are computed with one thread too
     if device_kind == "cpu":
         # Ranks on the CPU (no GPU, or fewer GPUs than ranks): Triton kernels

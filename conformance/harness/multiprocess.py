@@ -233,6 +233,7 @@ def _launch(indices, tp, options, name, settle: Settler, starter) -> dict | None
     finally:  # interrupted (SIGINT/SIGTERM) or failed: leave no rank behind
         if proc.poll() is None and not all(i in results for i in indices):
             kill_group(proc)
+        starter.end_strays(proc)
     follower.read()
     if not follower.ready:
         return launch_failure(proc.returncode, ended, log_path, starter)

@@ -32,6 +32,9 @@ import subprocess
 import sys
 import time
 
+# In the environment of every process a judge launches (its ranks inherit it), the judge's pid: what marks an
+# orphan the judge adopted as one of its launches', not one of the other processes it started.
+LAUNCH_MARK = "SHARDSPEC_LAUNCHED_BY"
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
 ENDING_S = 10.0  # at most this long to kill a launch's processes (each is SIGKILLed: no process can delay it)
@@ -157,6 +160,42 @@ def end_when_asked() -> None:
     _prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
     if os.getppid() == 1:  # the judge died before the death signal was set
         end(signal.SIGTERM, None)
+
+
+def launch_mark() -> dict[str, str]:
+    """The variable that marks every process of this judge's launches (:func:`end_strays`)."""
+    return {LAUNCH_MARK: str(os.getpid())}
+
+
+def _marked(pid: int, mark: bytes) -> bool:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as environ:
+            return mark in environ.read().split(b"\0")
+    except OSError:
+        return False
+
+
+def end_strays(keep: set[int], timeout_s: float = ENDING_S) -> int:
+    """The judge's part (a subreaper, :func:`become_subreaper`): a rank that killed what started it (the rank
+    server, the keeper) leaves its daemons to the judge; each child of this process that carries this judge's
+    launch mark and is not in ``keep`` (the servers and keepers it runs) is SIGKILLed with all below it, until
+    none is left. Reaps only those. Returns how many were killed."""
+    mark = f"{LAUNCH_MARK}={os.getpid()}".encode()
+    killed: set[int] = set()
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        strays = [pid for pid in children(os.getpid()) if pid not in keep and _marked(pid, mark)]
+        for pid in [below for stray in strays for below in (stray, *descendants(stray))]:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+                killed.add(pid)
+        for pid in killed:  # only the judge's own strays: its other children are waited for by their owners
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, os.WNOHANG)
+        if not strays:
+            break
+        time.sleep(0.01)
+    return len(killed)
 
 
 def keep(command: list[str]) -> int:

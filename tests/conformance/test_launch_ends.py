@@ -113,6 +113,31 @@ def test_no_process_of_a_launch_outlives_it(tmp_path, launcher):
 
 
 @pytest.mark.parametrize("launcher", LAUNCHERS)
+def test_a_rank_that_kills_its_parent_then_daemonises_leaves_nothing_behind(tmp_path, launcher):
+    """Its daemon's parent is gone (the rank server, torchrun) before the launch ends: the judge, a subreaper,
+    adopts it and ends it. Before, it and the rank were left running."""
+    entry = "hostile_sharders:KillsItsParentThenDaemonInGather"
+    files = write_cases(small_cases(2), tmp_path)
+    mark = f"SHARDSPEC_TEST_LAUNCH_ENDS={tmp_path}"
+    args = ["--impl", entry, "--launcher", launcher, "--timeout", "6"]
+    args += [arg for path in files for arg in ("--case-file", path)]
+    try:
+        proc, sections, _ = _conformance(tmp_path, *args, env={**os.environ, mark.split("=")[0]: str(tmp_path)})
+        time.sleep(0.5)
+        left = _marked(mark.encode())
+    finally:
+        for pid in _marked(mark.encode()):
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+    assert left == [], [
+        pathlib.Path(f"/proc/{pid}/cmdline").read_bytes() for pid in left if os.path.exists(f"/proc/{pid}")
+    ]
+    # Its verdict is its own (with fork the rank goes on and passes; torchrun's end takes the launch's cases).
+    assert proc.returncode in (0, 1) and "Traceback" not in proc.stderr, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert sections[entry]["small-tp2-3"]["status"] in ("pass", "error")
+
+
+@pytest.mark.parametrize("launcher", LAUNCHERS)
 def test_a_judge_killed_outright_leaves_no_rank_behind(tmp_path, launcher):
     """SIGKILL to the judge mid-launch (no handler of its runs): the process that started the ranks is told
     by the kernel (its parent died) and ends them, and what they started (a child in a session of its own).

@@ -223,3 +223,12 @@ class SegfaultAfterReturning(ReferenceSharder):
 
             threading.Thread(target=crash, daemon=True).start()
         return gathered
+
+
+class KillsItsParentThenDaemonInGather(DaemonInGather):
+    """Kills the process that started it (the rank server, or torchrun), then starts a daemon: the daemon's
+    parent is gone before the launch ends, so only the judge can still reach it."""
+
+    def attack(self) -> None:
+        os.kill(os.getppid(), signal.SIGKILL)
+        super().attack()
