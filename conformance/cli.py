@@ -28,6 +28,24 @@ from shardspec.conformance.usage import UsageError
 # where shardspec is installed; torch and the suite load when a run starts.
 
 
+# What --help says, in plain text (the module's docstring is reStructuredText).
+_DESCRIPTION = """Check implementations against the spec, in real multi-rank runs, through pytest.
+
+Arguments after -- go to pytest (e.g. -- -k INV-OWNER --junitxml=j.xml), but not those that change what
+pytest collects, loads or does with a warning. Exit status 0 when every MUST invariant holds, every case
+ran and no rank failed; 1 otherwise (a run that judged no case included); 2 for a usage error, said in one
+line before anything is launched; 128 + the signal after SIGINT or SIGTERM, with a partial report. SHOULD
+violations are warnings.
+
+Other commands:
+  python -m shardspec.conformance upstream PATH [--behaviour]
+      which fields a vLLM tree, wheel or batch_shard.py touches that no profile covers; with
+      --behaviour, run it and say which profile's rules it follows
+  python -m shardspec.conformance report R1.json [R2.json ...] -o DIR
+      the HTML compliance matrix of JSON reports (and report releases ... for a page of releases)
+"""
+
+
 def build_parser() -> argparse.ArgumentParser:
     from shardspec.conformance.options import add_arguments
 
@@ -38,7 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser = argparse.ArgumentParser(
         prog="python -m shardspec.conformance",
-        description=__doc__,
+        description=_DESCRIPTION,
         epilog=textwrap.fill(epilog, width=100, break_on_hyphens=False),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

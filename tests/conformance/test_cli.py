@@ -189,3 +189,14 @@ def _run_code(tmp_path, *extra) -> int:
     files = write_cases(small_cases(2), tmp_path)
     args = ["--in-process", *(arg for path in files for arg in ("--case-file", path))]
     return main(args + list(extra))
+
+
+def test_help_names_the_other_commands_in_plain_text(capsys):
+    import pytest
+
+    with pytest.raises(SystemExit) as ended:
+        main(["--help"])
+    out = capsys.readouterr().out
+    assert ended.value.code == 0
+    assert "python -m shardspec.conformance upstream PATH" in out and "python -m shardspec.conformance report" in out
+    assert "``" not in out and ":mod:" not in out and ":class:" not in out

@@ -81,6 +81,17 @@ def _installs_shardspec(line: str) -> bool:
     return bool(re.search(r"pip install\b.*-e\s+[\"']?\.(\[|[\"'\s]|$)", line))
 
 
+def test_the_guides_install_lines_install_what_its_commands_run():
+    """The guide runs production (Triton): each of its lines that installs shardspec installs the impl extra.
+    Before, it installed ".[test]" alone."""
+    runs_production = any(re.search(r"--impl \S*production", c) for b in blocks("run") for c in commands(b))
+    installs = [line for line in GUIDE.read_text().splitlines() if _installs_shardspec(line)]
+    assert runs_production and installs
+    for line in installs:
+        extras = re.search(r"-e\s+[\"']?\.\[([^\]]*)\]", line)
+        assert extras and "impl" in extras.group(1).split(","), line
+
+
 def test_every_install_line_keeps_the_users_torch():
     found = []
     for path in INSTALL_DOCS:
