@@ -99,8 +99,8 @@ def profile(text: str, where: str) -> str:
 
 
 def profile_file(text: str, where: str) -> str:
-    """A profile file's name, the file read and registered for this process (and, through
-    ``profile_environ``, for the rank processes it starts)."""
+    """A profile file's name, the file read once, as untrusted input, and registered for this process (the
+    processes a run starts receive its rules as data with their jobs)."""
     try:
         loaded = load_profile_file(os.path.abspath(str(text).strip()))
     except ProfileError as exc:

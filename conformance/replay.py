@@ -25,6 +25,7 @@ from shardspec.conformance.judge.checks.base import StepRecord
 from shardspec.conformance.judge.verdicts import Judge
 from shardspec.conformance.record import ERROR, CaseResult
 from shardspec.spec.case import Case, build_case_inputs
+from shardspec.spec.profiles import install_profiles, profile_data
 
 
 def suite_judge(timeout_s: float = 60.0) -> Judge:
@@ -83,6 +84,7 @@ def shrink_in_child(
         json.dumps(sorted(target)),
         str(result),
         str(budget_s),
+        json.dumps(profile_data([case.profile])),  # as resolved here: the child reads no profile file
     ]
     try:
         proc = subprocess.run(command, capture_output=True, text=True, timeout=budget_s + 60, stdin=subprocess.DEVNULL)
@@ -125,7 +127,8 @@ def _facts(case_file: pathlib.Path) -> pathlib.Path:
 
 
 def main(argv: list[str]) -> int:
-    """``python -m shardspec.conformance.replay CASE_FILE ENTRY GROUP DEVICE TARGET_JSON OUT_FILE BUDGET_S``."""
+    """``python -m shardspec.conformance.replay CASE_FILE ENTRY GROUP DEVICE TARGET_JSON OUT_FILE BUDGET_S
+    PROFILES_JSON``."""
     import os
 
     import torch
@@ -134,7 +137,8 @@ def main(argv: list[str]) -> int:
         os.environ.setdefault("TRITON_INTERPRET", "1")  # before any Triton kernel is defined
     from shardspec.fixtures import case_to_yaml, load_case_file
 
-    source, entry, group, device, target, out, budget = argv
+    source, entry, group, device, target, out, budget, profiles = argv
+    install_profiles(json.loads(profiles))
     choice = ImplChoice.parse(entry)
     outcome = shrink_keeping(
         load_case_file(source),

@@ -29,6 +29,7 @@ from shardspec.conformance.runner import (
     run_group_size,
     tp_sizes_of,
 )
+from shardspec.spec.profiles import profile_source
 
 
 class ConformanceSession:
@@ -70,7 +71,7 @@ class ConformanceSession:
         from shardspec.spec.loader import spec_version
 
         lines = [
-            f"shardspec conformance against spec {spec_version()}, profile {self.config.profile}: implementation(s): "
+            f"shardspec conformance against spec {spec_version()}, profile {self._profile()}: implementation(s): "
             f"{', '.join(self.label(i) for i in self.config.impls)}",
             f"  mode: {self.group.describe()}; seed {self.config.seed}; run dir {self.run_dir}",
         ]
@@ -267,9 +268,14 @@ class ConformanceSession:
             return (f"nccl where tp <= {gpus} GPUs, else gloo on the CPU", f"{gpus} x {torch.cuda.get_device_name(0)}")
         return "gloo", "cpu"
 
+    def _profile(self) -> str:
+        source = profile_source(self.config.profile)
+        return self.config.profile + (f" (file {source['path']}, sha256 {source['sha256']})" if source else "")
+
     def _extra(self) -> dict:
         return {
             "profile": self.config.profile,
+            "profile_file": profile_source(self.config.profile),  # the path and hash of a user's file
             "mode": f"in-process ({self.config.in_process_group})" if self.config.in_process else "multi-process",
             "cases": len(self.case_set.cases),
             "max_examples": self.config.max_examples,

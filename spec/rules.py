@@ -324,8 +324,44 @@ def rule_problem(name: str, value: object) -> str | None:
     rule = RULES_BY_NAME.get(name)
     if rule is None:
         return f"unknown rule {name!r} (rules: {', '.join(RULES_BY_NAME)})"
-    if value not in rule.values:
+    if not isinstance(value, str) or value not in rule.values:
         return f"rule {name}: unknown value {value!r} (values: {', '.join(rule.values)})"
     if value in rule.unsupported:
         return f"rule {name}: value {value} is declared but not supported yet"
+    return None
+
+
+@dataclass(frozen=True)
+class Needs:
+    """A rule value that holds only with one of some values of another rule: a profile that sets it
+    without them contradicts itself (the reference cannot follow both), and is refused when loaded."""
+
+    rule: str
+    value: str
+    other: str
+    allowed: tuple[str, ...]
+    why: str
+
+
+NEEDS: tuple[Needs, ...] = (
+    Needs("acceptable_drafts", "sliced", "grammar_slicing", ("blocks",), "the counts are sliced with the blocks"),
+    Needs(
+        "admitted_drafts",
+        "admitted",
+        "grammar_slicing",
+        ("blocks",),
+        "rows a budget did not admit keep their place only in fixed-width blocks, CL-GRAMMAR-BLOCKS",
+    ),
+)
+
+
+def contradiction(values: Mapping[str, str]) -> str | None:
+    """The first pair of rule values in ``values`` that :data:`NEEDS` says cannot hold together, in one
+    line naming both rules; None when there is none."""
+    for need in NEEDS:
+        if values.get(need.rule) == need.value and values.get(need.other) not in need.allowed:
+            return (
+                f"rule {need.rule}: {need.value} needs {need.other}: {' or '.join(need.allowed)}, not "
+                f"{values.get(need.other)} ({need.why})"
+            )
     return None

@@ -13,7 +13,6 @@ import sys
 from shardspec.conformance.harness.external import ExternalGroup, rank_command
 from shardspec.conformance.harness.reaper import become_subreaper, end_strays, keeper_command, launch_mark, stop_kept
 from shardspec.conformance.harness.spawn import RankServer, ServedGroup, describe_exit
-from shardspec.spec.profiles import profile_environ
 
 WORKER = "shardspec.conformance.harness.worker"
 
@@ -110,7 +109,7 @@ class GroupStarter:
 
 
 def _worker_env(device_kind: str) -> dict[str, str]:
-    env = {**os.environ, **profile_environ(), **launch_mark()}  # a profile file of the user's; the judge's mark
+    env = {**os.environ, **launch_mark()}  # the judge's mark on every process of the launch
     env["OMP_NUM_THREADS"] = "1"  # the expectations are computed with one thread too
     if device_kind == "cpu":
         # Ranks on the CPU (no GPU, or fewer GPUs than ranks): Triton kernels

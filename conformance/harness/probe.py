@@ -2,7 +2,8 @@
 
 The process that judges must never import an implementation under test (its
 import could patch the checks), so loading is tried in a child:
-``python -m shardspec.conformance.harness.probe PROFILE NAME...`` prints one JSON line per
+``python -m shardspec.conformance.harness.probe PROFILE PROFILES_JSON NAME...`` (the run's profile
+by name, and as data: :func:`shardspec.spec.profiles.profile_data`) prints one JSON line per
 name, ``{"name", "problem", "warning"}`` (``problem`` null when it loads and implements the
 run's profile;
 ``warning`` when it targets another spec version than the one checked). An import
@@ -17,7 +18,7 @@ import os
 import subprocess
 import sys
 
-from shardspec.spec.profiles import profile_environ
+from shardspec.spec.profiles import install_profiles, profile_data
 
 
 def probe(
@@ -45,10 +46,10 @@ def probe(
 
 
 def _probe_once(names: list[str], profile: str, timeout_s: float) -> tuple[dict[str, dict], str]:
-    env = {**os.environ, **profile_environ(), "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     try:
         proc = subprocess.run(
-            [sys.executable, "-m", __name__, profile, *names],
+            [sys.executable, "-m", __name__, profile, json.dumps(profile_data([profile])), *names],
             capture_output=True,
             text=True,
             timeout=timeout_s,
@@ -81,7 +82,8 @@ def main(argv: list[str]) -> int:
     from shardspec.conformance.api import ImplementationError, load_implementation, profile_refusal
     from shardspec.spec.loader import target_version_warning
 
-    profile, names = argv[0], argv[1:]
+    profile, names = argv[0], argv[2:]
+    install_profiles(json.loads(argv[1]))
     for name in names:
         problem = warning = release = None
         try:

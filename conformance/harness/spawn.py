@@ -26,8 +26,6 @@ import sys
 import time
 import traceback
 
-from shardspec.spec.profiles import profile_environ
-
 
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
@@ -50,7 +48,7 @@ def start_processes(world_size: int, module: str, args: list[str], port: int) ->
     ranks = [
         subprocess.Popen(
             [sys.executable, "-u", "-m", module, *args],
-            env={**os.environ, **profile_environ(), **rank_env(rank, world_size, port)},
+            env={**os.environ, **rank_env(rank, world_size, port)},
         )
         for rank in range(world_size)
     ]

@@ -1,8 +1,9 @@
 """One rank of a multi-process conformance run (started by :mod:`.spawn`).
 
 ``python -m shardspec.conformance.harness.worker RUN_DIR LAUNCH_FILE``. Reads the
-cases, the jobs (an entry and a case each) and the reference expectations
-from RUN_DIR, runs the jobs listed in LAUNCH_FILE in order, and streams to
+cases, the jobs (an entry and a case each, with the profiles they are judged
+under, as data) and the reference expectations from RUN_DIR, runs the jobs
+listed in LAUNCH_FILE in order, and streams to
 ``RUN_DIR/<launch>-rank<R>.frames`` (see :mod:`.transcript`) a frame after
 every step of a job, with what the implementation returned in it, and one
 when the job ends. This process judges nothing: the parent does, from the
@@ -37,6 +38,8 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import torch.distributed as dist  # noqa: E402
+
+from shardspec.spec.profiles import install_profiles  # noqa: E402
 
 EXIT_HUNG = 4
 
@@ -195,6 +198,13 @@ def preload(argv: list[str]) -> None:
         load_implementation(name)
 
 
+def read_jobs(run_dir: pathlib.Path) -> list[dict]:
+    """The launch's jobs, the profiles they are judged under installed first: as the judge resolved them."""
+    found = json.loads((run_dir / "jobs.json").read_text())
+    install_profiles(found["profiles"])
+    return found["jobs"]
+
+
 def exit_status(exc: SystemExit) -> int:
     """The status ``sys.exit(code)`` ends a process with."""
     if isinstance(exc.code, int):
@@ -218,7 +228,7 @@ def main(argv: list[str]) -> int:
     from shardspec.conformance.harness.rank_plan import load_plans
     from shardspec.conformance.harness.rank_step import run_case_on_rank
 
-    jobs = json.loads((run_dir / "jobs.json").read_text())
+    jobs = read_jobs(run_dir)
     cases = torch.load(run_dir / "cases.pt", weights_only=False)
     plans = load_plans(run_dir / "plans.json")
     comm = TorchDistComm(tp_group)

@@ -3,8 +3,10 @@
 A profile file names the profile it ``extends`` and the rules (``shardspec.spec.rules``) it sets or
 changes; the root profile sets every rule. The bundled ones are listed here and in spec/index.yaml (a
 test keeps the two in step); a user's own file (``--profile-file engine.yaml``) extends a bundled one
-and is registered by :func:`load_profile_file` for the rest of the process, and for the processes it
-starts, through :data:`PROFILE_FILE_ENV`.
+and is read once, as untrusted input (:mod:`shardspec.spec.profile_input`), by :func:`load_profile_file`
+at the edge (the command line, the pytest plugin), which registers it for the rest of the process.
+Nothing reads it again: the processes a run starts receive the resolved profiles as data with their
+jobs (:func:`profile_data`, :func:`install_profiles`), never through the environment.
 
 Code asks :func:`rules_of` for a profile's rules and branches on those, never on a name. No torch here:
 the command line reads profiles before a run starts.
@@ -14,23 +16,31 @@ from __future__ import annotations
 
 import functools
 import os
-from dataclasses import dataclass, replace
+from contextvars import ContextVar
+from dataclasses import asdict, dataclass, replace
 from importlib import resources
 from pathlib import Path
 
-import yaml
+from shardspec.spec.profile_input import (
+    MAX_EXTENDS,
+    NAME,
+    ProfileError,
+    content_hash,
+    parse_profile,
+    read_bounded,
+)
+from shardspec.spec.rules import GUARANTEE_RULES, RULES, Rules, contradiction, rule_problem
 
-from shardspec.spec.rules import GUARANTEE_RULES, RULES, Rules, rule_problem
+__all__ = ["ProfileError"]  # raised here, defined with the reading of a file (profile_input)
 
 PROFILES = ("vllm-0.34", "vllm-0.34-sharded-draft-cache", "vllm-0.34-strict", "vllm-0.33", "vllm-seed")
 DEFAULT_PROFILE = "vllm-0.34"
-# A user's profile file, read by every process that meets its name (the suite sets it for its ranks).
+# The variable the options table reads a user's profile file from (at the edge, like --profile-file).
 PROFILE_FILE_ENV = "SHARDSPEC_PROFILE_FILE"
-_KEYS = ("name", "extends", "upstream", "meaning", "rules")
 
 
-class ProfileError(ValueError):
-    """A profile file or name that cannot be used; the message is one line naming the file and what."""
+class UnknownProfile(ProfileError):
+    """A profile name that is neither bundled nor registered."""
 
 
 @dataclass(frozen=True)
@@ -44,8 +54,11 @@ class ProfileFile:
     rules: Rules
     # The rules this file sets itself (the rest are its parent's).
     own: tuple[str, ...] = ()
-    # The file it was read from (a user's profile; None for a bundled one).
+    # The file it was read from (a user's profile; None for a bundled one), and the sha256 of its bytes.
     path: str | None = None
+    sha256: str | None = None
+    # Profiles above it in its extends chain (bounded by MAX_EXTENDS).
+    depth: int = 0
 
 
 _REGISTERED: dict[str, ProfileFile] = {}
@@ -70,81 +83,121 @@ def load_profile_file(path: str | os.PathLike) -> ProfileFile:
     if loaded.name in PROFILES:
         raise ProfileError(f"{path}: name {loaded.name!r} is a bundled profile's; give the file a name of its own")
     loaded = replace(loaded, path=str(path))
-    # Registered last even when registered before: profile_environ hands on the file registered last.
-    _REGISTERED.pop(loaded.name, None)
     _REGISTERED[loaded.name] = loaded
     return loaded
 
 
-def profile_environ() -> dict[str, str]:
-    """What a process this one starts needs in its environment to know the profile file registered last."""
-    files = [p.path for p in _REGISTERED.values() if p.path]
-    return {PROFILE_FILE_ENV: files[-1]} if files else {}
+# The files whose extends chain is being resolved, innermost last: a chain that comes back to one is a cycle.
+_RESOLVING: ContextVar[tuple[str, ...]] = ContextVar("resolving", default=())
 
 
 def read_profile(path, name: str | None, parents=None) -> ProfileFile:
     """The profile of the file at ``path`` (``name``: its name, else the file's ``name`` or stem);
     ``parents``: how a parent's name is resolved (default :func:`profile_file`)."""
-    data = _read_mapping(path)
-    extra = [k for k in data if k not in _KEYS]
-    if extra:
-        raise ProfileError(f"{path}: unknown key {extra[0]!r} (keys: {', '.join(_KEYS)})")
-    name = name or str(data.get("name") or Path(str(path)).stem)
+    chain = _RESOLVING.get()
+    if str(path) in chain or len(chain) >= MAX_EXTENDS:
+        raise ProfileError(
+            f"{chain[0]}: extends chain {' -> '.join(map(_stem, (*chain, path)))} "
+            + ("comes back to a profile in it" if str(path) in chain else f"is longer than {MAX_EXTENDS} profiles")
+        )
+    token = _RESOLVING.set((*chain, str(path)))
+    try:
+        return _read_profile(path, name, parents or profile_file)
+    finally:
+        _RESOLVING.reset(token)
+
+
+def _stem(path) -> str:
+    return Path(str(path)).stem
+
+
+def _read_profile(path, name: str | None, parents) -> ProfileFile:
+    raw = read_bounded(path)
+    data = parse_profile(raw, path)
+    name = name or data.get("name") or _stem(path)
+    if not NAME.fullmatch(name):
+        raise ProfileError(f"{path}: {name!r} is not a profile name ({NAME.pattern}); set the file's name")
     values = data.get("rules") or {}
-    if not isinstance(values, dict):
-        raise ProfileError(f"{path}: rules: expected a mapping of rule names to values")
     for rule, value in values.items():
-        problem = rule_problem(str(rule), value)
+        problem = rule_problem(rule, value)
         if problem:
             raise ProfileError(f"{path}: {problem}")
-    parent = _parent(path, data.get("extends"), parents or profile_file)
+    parent = _parent(path, data.get("extends"), parents)
     merged = {**(parent.rules.as_dict() if parent else {}), **values}
     missing = [rule.name for rule in RULES if rule.name not in merged]
     if missing:
         raise ProfileError(f"{path}: rule {missing[0]} is not set and the profile extends none")
+    problem = contradiction(merged)
+    if problem:
+        raise ProfileError(f"{path}: contradicts itself: {problem}")
     return ProfileFile(
         name=name,
         extends=parent.name if parent else None,
-        upstream=str(data.get("upstream") or (parent.upstream if parent else "")),
-        meaning=str(data.get("meaning") or ""),
+        upstream=data.get("upstream") or (parent.upstream if parent else ""),
+        meaning=data.get("meaning") or "",
         rules=Rules.of(name, merged),
         own=tuple(values),
+        sha256=content_hash(raw),
+        depth=getattr(parent, "depth", 0) + 1 if parent else 0,
     )
 
 
-def _read_mapping(path) -> dict:
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ProfileError(f"{path}: cannot be read: {exc}") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise ProfileError(f"{path}: invalid YAML: {' '.join(str(exc).split())}") from None
-    if not isinstance(data, dict):
-        raise ProfileError(f"{path}: expected a mapping (extends, rules, ...)")
-    return data
-
-
-def _parent(path, extends, parents) -> ProfileFile | None:
+def _parent(path, extends: str | None, parents) -> ProfileFile | None:
     if extends is None:
         return None
     try:
-        return parents(str(extends))
-    except ProfileError:
+        parent = parents(extends)
+    except UnknownProfile:
         raise ProfileError(f"{path}: extends unknown profile {extends!r} (bundled: {', '.join(PROFILES)})") from None
+    # A registered file's depth; a spec's own Profile (selection.spec_profile) is bounded by _RESOLVING.
+    if getattr(parent, "depth", 0) + 1 >= MAX_EXTENDS:
+        raise ProfileError(f"{path}: extends {extends!r}, at the end of a chain of {MAX_EXTENDS} profiles already")
+    return parent
 
 
 def profile_file(name: str) -> ProfileFile:
-    """A profile by name: bundled, registered, or the one of :data:`PROFILE_FILE_ENV`."""
+    """A profile by name: registered (a user's file, or one handed to this process with its jobs) or
+    bundled; :class:`UnknownProfile` otherwise. Never read from the environment: see the module's doc."""
     if name in _REGISTERED:
         return _REGISTERED[name]
     if name in PROFILES:
         return bundled_profile(name)
-    from_env = os.environ.get(PROFILE_FILE_ENV)
-    if from_env and read_profile(Path(from_env), None).name == name:
-        return load_profile_file(from_env)
-    raise ProfileError(f"unknown profile {name!r} (bundled: {', '.join(PROFILES)})")
+    raise UnknownProfile(f"unknown profile {name!r} (bundled: {', '.join(PROFILES)})")
+
+
+def profile_source(name: str) -> dict[str, str] | None:
+    """The file a user's profile was read from and the sha256 of the bytes read (None: a bundled one),
+    for reports: the run was judged under those bytes, whatever the file holds now."""
+    found = profile_file(name)
+    return {"path": found.path, "sha256": found.sha256} if found.path else None
+
+
+def profile_data(names) -> list[dict]:
+    """The profiles ``names`` and every profile they extend, parents first, as JSON data: what a process
+    this one starts needs to judge or run them, resolved here once (:func:`install_profiles`)."""
+    found: dict[str, ProfileFile] = {}
+
+    def add(name: str) -> None:
+        profile = profile_file(name)
+        if profile.extends is not None:
+            add(profile.extends)
+        found.setdefault(name, profile)
+
+    for name in names:
+        add(name)
+    return [{**asdict(p), "rules": p.rules.as_dict()} for p in found.values()]
+
+
+def install_profiles(data: list[dict]) -> None:
+    """Register the profiles of :func:`profile_data` in this process, in place of any of the same name:
+    the rules the process that started this one resolved, whatever the files say now."""
+    for item in data:
+        values = item["rules"]
+        problem = next(filter(None, (rule_problem(r, v) for r, v in values.items())), None) or contradiction(values)
+        if problem or set(values) != {rule.name for rule in RULES}:
+            raise ProfileError(f"profile {item['name']!r} handed to this process: {problem or 'not every rule set'}")
+        rules = Rules.of(item["name"], item["rules"])
+        _REGISTERED[item["name"]] = ProfileFile(**{**item, "rules": rules, "own": tuple(item["own"])})
 
 
 def rules_of(profile: str | Rules) -> Rules:
@@ -168,7 +221,7 @@ def behaviour_profiles() -> tuple[str, ...]:
 
 def profile_names() -> tuple[str, ...]:
     """The bundled profiles (the default first) and those registered in this process."""
-    return (*PROFILES, *_REGISTERED)
+    return tuple(dict.fromkeys((*PROFILES, *_REGISTERED)))
 
 
 def is_profile(name: str) -> bool:

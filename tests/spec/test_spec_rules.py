@@ -122,13 +122,16 @@ def test_no_package_compares_a_profile_name():
 
 
 def test_a_file_registered_again_is_the_one_handed_on(tmp_path):
-    """Processes the suite starts learn of the file registered last: a run registering its file again after
-    another one (an earlier run of the same process) hands its own on, not the other."""
+    """A run registering its file again after another one (an earlier run of the same process) judges under
+    its own, and hands its own on to the processes it starts (as data: profile_data)."""
     import shardspec.spec.profiles as profiles
 
     mine = pathlib.Path(__file__).parents[1] / "conformance" / "data" / "profiles" / "position-owner.yaml"
     other = tmp_path / "other.yaml"
-    other.write_text("name: other-engine\nextends: vllm-0.34\nupstream: u\nmeaning: m\nrules:\n  owner: slot_mod_tp\n")
-    for path in (mine, other, mine):
+    other.write_text(
+        "name: position-owner\nextends: vllm-0.34\nupstream: u\nmeaning: m\nrules:\n  owner: slot_mod_tp\n"
+    )
+    for path in (other, mine):
         profiles.load_profile_file(path)
-    assert profiles.profile_environ() == {profiles.PROFILE_FILE_ENV: str(mine.absolute())}
+    assert rules_of("position-owner").owner == "position_mod_tp"
+    assert profiles.profile_data(["position-owner"])[-1]["path"] == str(mine.absolute())
