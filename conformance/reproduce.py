@@ -13,14 +13,13 @@ the run is named by its written file, which holds what was drawn.
 
 from __future__ import annotations
 
-import hashlib
 import pathlib
 from typing import TYPE_CHECKING
 
 from shardspec.conformance.api import ImplChoice
 from shardspec.conformance.record import CaseResult
 from shardspec.spec.case import Case
-from shardspec.spec.profiles import ProfileError, profile_file
+from shardspec.spec.profiles import is_profile, profile_source
 
 if TYPE_CHECKING:
     from shardspec.conformance.runner import CaseSet, RunConfig
@@ -96,25 +95,15 @@ def mode_args(config: RunConfig) -> tuple:
 
 def _profile_args(name: str) -> tuple:
     """``--profile NAME`` (whatever $SHARDSPEC_PROFILE says where it is run), or a user's profile file by its
-    path, the sha256 of the bytes judged last (a comment: ``#`` and after is for the reader)."""
-    try:
-        path = profile_file(name).path
-    except ProfileError:
-        path = None
-    if path is None:
+    path, with the sha256 of the bytes the run was judged under, as read once when the profile was resolved
+    (a comment: ``#`` and after is for the reader)."""
+    source = profile_source(name) if is_profile(name) else None
+    if source is None:
         return ("--profile", name)
-    return ("--profile-file", path, _COMMENT + _sha256(path))
+    return ("--profile-file", source["path"], _COMMENT + source["sha256"])
 
 
 _COMMENT = "# profile file sha256 "
-
-
-def _sha256(path: str) -> str:
-    try:
-        with open(path, "rb") as stream:
-            return hashlib.sha256(stream.read()).hexdigest()
-    except OSError as exc:
-        return f"unknown ({exc.strerror})"
 
 
 def _command(choice: ImplChoice, selection: str, mode: tuple = ()) -> str:
