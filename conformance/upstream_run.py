@@ -12,6 +12,8 @@ from __future__ import annotations
 import contextlib
 import os
 import pathlib
+import signal
+import subprocess
 import sys
 import tempfile
 import time
@@ -26,6 +28,9 @@ TP_SIZES = (2, 3)
 CASES_PER_TP = 3
 # Larger generated batches cost seconds each in Triton's interpreter and tell the rules apart no better.
 MAX_REQUESTS = 16
+# How long loading the sharder (an import of vLLM, or the file) may take in a child process before it is
+# loaded here: a file that blocks at import is then a one-line error, not a run that hangs with no output.
+LOAD_LIMIT_S = 120.0
 
 
 class BehaviourInputError(Exception):
@@ -55,7 +60,9 @@ class Subject:
             sys.path[:] = saved_path
 
     def batch_shard(self):
-        """The module of vLLM's sharder, loaded in this process, for its API."""
+        """The module of vLLM's sharder, loaded in this process, for its API (once a child process loaded it
+        within :data:`LOAD_LIMIT_S`)."""
+        self._loads_in_time()
         try:
             if "shardspec_vllm" in self.impl:
                 import shardspec_vllm
@@ -66,6 +73,29 @@ class Subject:
             return shardspec_upstream.load_upstream(self.env["SHARDSPEC_UPSTREAM_FILE"])
         except Exception as exc:  # an import of vLLM or a load of the file: its first line
             raise BehaviourInputError(f"{self.label}: cannot be loaded: {type(exc).__name__}: {exc}") from None
+
+    def _loads_in_time(self) -> None:
+        if "shardspec_vllm" in self.impl:
+            load = "import shardspec_vllm"
+        else:
+            path = self.env["SHARDSPEC_UPSTREAM_FILE"]
+            load = f"import shardspec_upstream; shardspec_upstream.load_upstream({path!r})"
+        child = subprocess.Popen(
+            [sys.executable, "-c", load],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,  # what the load starts ends with it
+        )
+        try:
+            child.wait(timeout=LOAD_LIMIT_S)
+        except subprocess.TimeoutExpired:
+            os.killpg(child.pid, signal.SIGKILL)
+            child.wait()
+            raise BehaviourInputError(
+                f"{self.label}: loading it did not finish within {LOAD_LIMIT_S:g}s (does it block at import?)"
+            ) from None
+        # Loaded, or failed: the load here says how (its error's first line).
 
 
 def subject_of(arg: str) -> Subject:

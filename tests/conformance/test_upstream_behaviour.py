@@ -81,6 +81,20 @@ def test_bad_input_is_one_line_and_exit_2(capsys, tmp_path, monkeypatch):
     assert "no vllm package is installed" in error_of("installed")
 
 
+def test_a_file_that_blocks_at_import_is_one_line_within_the_limit(capsys, tmp_path, monkeypatch):
+    """Before, --behaviour hung with no output."""
+    import time
+
+    blocking = tmp_path / "batch_shard.py"
+    blocking.write_text("import time\n\n\nclass BatchShardMetadata:\n    pass\n\n\ntime.sleep(3600)\n")
+    monkeypatch.setattr(upstream_run, "LOAD_LIMIT_S", 5.0)
+    started = time.monotonic()
+    assert upstream_main([str(blocking), "--behaviour"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "loading it did not finish within 5s" in err, err
+    assert time.monotonic() - started < 60
+
+
 def test_an_invariant_failure_is_blamed_on_a_rule_only_under_a_profile_that_fits_what_was_read():
     """INV-LOCAL-GRAMMAR (tied to grammar_slicing) failing under vllm-0.34 breaks its value, blocks, when the
     owner rule read off the plans is vllm-0.34's; under a profile whose owner rule was not seen (every local
