@@ -29,6 +29,7 @@ from shardspec.conformance.usage import (
     MAX_TP_GROUPS,
     MIN_TIMEOUT_S,
     MIXED_MAX_EXAMPLES,
+    SIZE_TIERS,
     UsageError,
 )
 from shardspec.spec.profiles import DEFAULT_PROFILE, PROFILE_FILE_ENV, PROFILES
@@ -225,6 +226,16 @@ OPTIONS: tuple[Option, ...] = (
         default="auto",
     ),
     Option(
+        "size_tier",
+        "--size-tier",
+        "default: every fixture, boundary and generated case, and each size engines deploy (1024 requests, a "
+        "151936-column vocabulary) once; deploy: only the sizes engines deploy, each at every group size, and "
+        "larger ones (4096 requests, a 262144-column vocabulary)",
+        choices=SIZE_TIERS,
+        default=SIZE_TIERS[0],
+        env="SHARDSPEC_SIZE_TIER",
+    ),
+    Option(
         "launcher",
         "--launcher",
         "how rank processes start: torchrun, fork of one preloaded process (CPU only), auto: fork on the "
@@ -375,6 +386,7 @@ def _resolved(values: dict[str, Any]) -> Resolved:
         pg_timeout_s=values["pg_timeout"],
         max_crashes=values["max_crashes"],
         tp_groups=values["tp_groups"],
+        size_tier=values["size_tier"],
         in_process=values["in_process"],
         in_process_group=values["in_process_group"],
         launcher=values["launcher"],

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 from shardspec.conformance.api import ImplChoice
 from shardspec.conformance.record import CaseResult
+from shardspec.conformance.usage import DEFAULT_TIER
 from shardspec.spec.case import Case
 from shardspec.spec.profiles import is_profile, profile_source
 
@@ -80,8 +81,8 @@ def reproduce_command(choice: ImplChoice, case: Case, made_here: bool, run_dir: 
 
 
 def mode_args(config: RunConfig) -> tuple:
-    """The options that make a reproducing run judge as this run did: its profile, its TP groups, and the same
-    kind of group; a profile file's content hash ends the command as a comment."""
+    """The options that make a reproducing run judge as this run did: its profile, its TP groups, its size tier,
+    and the same kind of group; a profile file's content hash ends the command as a comment."""
     group: tuple
     if not config.in_process:
         group = ("--share-gpus",) if config.share_gpus else ()
@@ -90,7 +91,8 @@ def mode_args(config: RunConfig) -> tuple:
         chosen_device = ("--in-process-device", device) if device != "auto" else ()
         group = ("--in-process-group", config.in_process_group, *chosen_device)
     groups = ("--tp-groups", str(config.tp_groups)) if config.tp_groups > 1 else ()
-    return (*_profile_args(config.profile), *groups, *group)
+    tier = ("--size-tier", config.size_tier) if config.size_tier != DEFAULT_TIER else ()
+    return (*_profile_args(config.profile), *groups, *tier, *group)
 
 
 def _profile_args(name: str) -> tuple:

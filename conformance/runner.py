@@ -21,7 +21,13 @@ from shardspec.conformance.reproduce import (
     reproduce_command,
     write_case_file,
 )
-from shardspec.conformance.usage import DEFAULT_MAX_EXAMPLES, GENERATED_POOL, MIXED_MAX_EXAMPLES
+from shardspec.conformance.usage import (
+    DEFAULT_MAX_EXAMPLES,
+    DEFAULT_TIER,
+    DEPLOY_TIER,
+    GENERATED_POOL,
+    MIXED_MAX_EXAMPLES,
+)
 from shardspec.spec.case import Case
 from shardspec.spec.model import DEFAULT_PROFILE
 
@@ -63,6 +69,9 @@ class RunConfig:
     json_path: str | None = None
     # The profile every case is judged under (spec/index.yaml).
     profile: str = DEFAULT_PROFILE
+    # "default": each size engines deploy once among the run's cases; "deploy": only those sizes, every one at every
+    # group size, and larger ones (cases/deployment.py).
+    size_tier: str = DEFAULT_TIER
     # Rank processes on CUDA where a group has more ranks than GPUs: GPUs shared, collectives on gloo.
     share_gpus: bool = False
 
@@ -121,6 +130,8 @@ def collect_cases(config: RunConfig) -> CaseSet:
             where = f"--case-file {files[step.case_id]}" if step.case_id in files else f"--case {step.case_id}"
             _agrees_with_reference(step, where, config.case_timeout_s)
         return CaseSet(steps, set(), notes, files, parents)
+    if config.size_tier == DEPLOY_TIER:
+        return _deploy_tier(config, notes)
     cases = [c for c in _fixture_cases(notes, config.profile) if c.tp_size in config.tp_sizes]
     generated: list[Case] = []
     at_boundaries: list[Case] = []
@@ -151,6 +162,23 @@ def collect_cases(config: RunConfig) -> CaseSet:
     case_set = CaseSet(steps, generated_ids, notes, parents=parents, boundary=boundary_ids)
     case_set.deployed = {c.case_id for c in deployed} & made
     case_set.for_mixed = _chosen_for_mixed(case_set, config)
+    return case_set
+
+
+def _deploy_tier(config: RunConfig, notes: list[str]) -> CaseSet:
+    """--size-tier deploy: the deploy tier's cases at each of the run's sizes the profile builds a sharder for, and
+    no other case (the default tier runs the rest)."""
+    from shardspec.conformance.cases.deployment import deployment_cases_for_run
+
+    deployed = [
+        case
+        for tp in config.tp_sizes
+        for case in deployment_cases_for_run(tp, config.profile, config.seed, config.tp_sizes, config.size_tier)
+    ]
+    sizes = sorted({case.tp_size for case in deployed})
+    notes.append(f"size tier deploy: only the sizes engines deploy, at tp {', '.join(map(str, sizes)) or 'none'}")
+    case_set = CaseSet(deployed, set(), notes)
+    case_set.deployed = {case.case_id for case in deployed}
     return case_set
 
 

@@ -21,6 +21,9 @@ GENERATED_POOL = 100
 DEFAULT_MAX_EXAMPLES = 25
 # A mixed entry A/B runs no more: it mostly tests the wire between two implementations.
 MIXED_MAX_EXAMPLES = 25
+# --size-tier (cases/deployment.py): "default" draws each size engines deploy once among a run's cases, "deploy" only
+# those sizes, each at every group size, and larger ones.
+DEFAULT_TIER, DEPLOY_TIER = SIZE_TIERS = ("default", "deploy")
 # Seconds a timeout (--timeout, --pg-timeout) may be: below the least a case needs to start, every case times
 # out and the run proves nothing; above a day, a hang is never caught (and timers overflow).
 MIN_TIMEOUT_S = 1.0

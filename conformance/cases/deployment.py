@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from shardspec.conformance.usage import DEFAULT_TIER, DEPLOY_TIER
 from shardspec.spec.case import Case, least_capacity
 from shardspec.spec.model import DEFAULT_PROFILE
 from shardspec.spec.profiles import rules_of
@@ -27,6 +28,9 @@ DEPLOYED_VOCAB = 151936
 SMALL_VOCAB = 33  # the many requests' vocabulary: every token id differs from its neighbours' most of the time
 WIDE_VOCAB_REQS_PER_RANK = 2
 WIDE_VOCAB_CAPACITY = 64
+# The deploy tier's larger sizes: 4096 requests, Gemma 3's 262144-column vocabulary.
+DEPLOY_TIER_REQUESTS = 4096
+DEPLOY_TIER_VOCAB = 262144
 
 
 def deployment_cases(tp: int, profile: str = DEFAULT_PROFILE, seed: int = 0) -> list[Case]:
@@ -35,12 +39,23 @@ def deployment_cases(tp: int, profile: str = DEFAULT_PROFILE, seed: int = 0) -> 
     return [_many_requests(tp, profile, seed, rng), _wide_vocabulary(tp, profile, seed, rng)]
 
 
-def _many_requests(tp: int, profile: str, seed: int, rng: np.random.Generator) -> Case:
-    """Every one of DEPLOYED_REQUESTS slots in use, in a random order (owners interleave), one row each, half of
-    them listed by the grammar output, with logprobs and NaN rows."""
-    n = DEPLOYED_REQUESTS
+def deploy_tier_cases(tp: int, profile: str = DEFAULT_PROFILE, seed: int = 0) -> list[Case]:
+    """The deploy tier's cases of group size ``tp``: the deployed-size cases, and DEPLOY_TIER_REQUESTS requests and
+    a vocabulary of DEPLOY_TIER_VOCAB columns, each in a case of its own."""
+    rng = np.random.default_rng([seed, tp, 4096])
+    wider = [
+        _many_requests(tp, profile, seed, rng, DEPLOY_TIER_REQUESTS),
+        _wide_vocabulary(tp, profile, seed, rng, DEPLOY_TIER_VOCAB),
+    ]
+    return deployment_cases(tp, profile, seed) + wider
+
+
+def _many_requests(tp: int, profile: str, seed: int, rng: np.random.Generator, n: int = DEPLOYED_REQUESTS) -> Case:
+    """Every one of ``n`` slots in use, in a random order (owners interleave), one row each, half of them listed by
+    the grammar output, with logprobs and NaN rows."""
+    size = "" if n == DEPLOYED_REQUESTS else f"-{n}"
     case = Case(
-        case_id=f"deployed-requests-tp{tp}-s{seed}",
+        case_id=f"deployed-requests{size}-tp{tp}-s{seed}",
         tp_size=tp,
         slots=[int(s) for s in rng.permutation(n)],
         num_logits_per_req=[1] * n,
@@ -57,21 +72,22 @@ def _many_requests(tp: int, profile: str, seed: int, rng: np.random.Generator) -
     return _at_least_capacity(case)
 
 
-def _wide_vocabulary(tp: int, profile: str, seed: int, rng: np.random.Generator) -> Case:
-    """DEPLOYED_VOCAB columns in bfloat16, WIDE_VOCAB_REQS_PER_RANK requests per rank of the group (at random
-    slots), of one or two rows each."""
+def _wide_vocabulary(tp: int, profile: str, seed: int, rng: np.random.Generator, vocab: int = DEPLOYED_VOCAB) -> Case:
+    """``vocab`` columns in bfloat16, WIDE_VOCAB_REQS_PER_RANK requests per rank of the group (at random slots),
+    of one or two rows each."""
     n = WIDE_VOCAB_REQS_PER_RANK * tp
     capacity = max(WIDE_VOCAB_CAPACITY, n)
+    size = "" if vocab == DEPLOYED_VOCAB else f"-{vocab}"
     case = Case(
-        case_id=f"deployed-vocabulary-tp{tp}-s{seed}",
+        case_id=f"deployed-vocabulary{size}-tp{tp}-s{seed}",
         tp_size=tp,
         slots=[int(s) for s in rng.choice(capacity, size=n, replace=False)],
         num_logits_per_req=[int(c) for c in rng.integers(1, 3, size=n)],
-        description=f"a vocabulary of {DEPLOYED_VOCAB} columns split over {tp} rank(s)",
+        description=f"a vocabulary of {vocab} columns split over {tp} rank(s)",
         max_num_reqs=capacity,
         max_num_logits_per_req=2,
         grammar_positions=[int(p) for p in rng.permutation(n)[: n // 2]],
-        vocab_size=DEPLOYED_VOCAB,
+        vocab_size=vocab,
         seed=int(rng.integers(0, 2**16)),
         logprobs_dims=(4, 2),
         logits_dtype="bfloat16",
@@ -86,11 +102,14 @@ def _at_least_capacity(case: Case) -> Case:
     return case
 
 
-def deployment_cases_for_run(tp: int, profile: str, seed: int, run_tp_sizes) -> list[Case]:
-    """The deployed-size cases a run of one seed over group sizes ``run_tp_sizes`` gives size ``tp``: each case
-    goes to one of the sizes the profile builds a sharder for, rotating with the seed (case i to
-    sizes[(i + seed) % len(sizes)]), as the boundary cases do: each one judged once within the run's budget."""
+def deployment_cases_for_run(tp: int, profile: str, seed: int, run_tp_sizes, tier: str = DEFAULT_TIER) -> list[Case]:
+    """The deployed-size cases a run of one seed over group sizes ``run_tp_sizes`` gives size ``tp``. In the default
+    tier each case goes to one of the sizes the profile builds a sharder for, rotating with the seed (case i to
+    sizes[(i + seed) % len(sizes)]), as the boundary cases do: each one judged once within the run's budget; in the
+    deploy tier every size gets every case of :func:`deploy_tier_cases`."""
     sizes = sorted(size for size in set(run_tp_sizes) if size >= rules_of(profile).min_tp)
     if tp not in sizes:
         return []
+    if tier == DEPLOY_TIER:
+        return deploy_tier_cases(tp, profile, seed)
     return [case for i, case in enumerate(deployment_cases(tp, profile, seed)) if sizes[(i + seed) % len(sizes)] == tp]

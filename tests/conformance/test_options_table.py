@@ -33,6 +33,7 @@ BAD_VALUES = {
     "SHARDSPEC_XFAILS": "/no/such/xfails.txt",
     "SHARDSPEC_TIMEOUT": "nan",
     "SHARDSPEC_LAUNCHER": "slurm",
+    "SHARDSPEC_SIZE_TIER": "huge",
     "SHARDSPEC_MAX_CRASHES": "-1",
     "SHARDSPEC_TP_GROUPS": "0",
 }

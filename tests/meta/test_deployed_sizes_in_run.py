@@ -1,7 +1,8 @@
 """The sizes engines deploy are in `nox -s conformance`: a batch of 1024 requests and a vocabulary of 151936
 columns split over the group (conformance/cases/deployment.py), and a world of two TP groups (noxfile.py's
 DP_WORLD_OPTIONS and DP_WORLD_CASES). Each rejects the broken entry whose defect shows only there, and no other
-case of the default run reaches past that entry's threshold: before these draws, the entries passed it."""
+case of the default run reaches past that entry's threshold: before these draws, the entries passed it. The
+deploy tier (--size-tier deploy) runs every deployed size at every group size, and larger ones; CI runs it."""
 
 import ast
 import pathlib
@@ -12,12 +13,16 @@ from shardspec.conformance import options
 from shardspec.conformance.api import ImplChoice
 from shardspec.conformance.broken import BY_NAME
 from shardspec.conformance.broken.scale import EXCHANGE_CHUNK_COLUMNS, GATHER_STAGE_ROWS
+from shardspec.conformance.cases.deployment import deploy_tier_cases
 from shardspec.conformance.harness.group import Job
 from shardspec.conformance.harness.multiprocess import LaunchOptions, run_jobs_multiprocess
 from shardspec.conformance.replay import run_case_in_process, suite_judge
+from shardspec.conformance.reproduce import mode_args
 from shardspec.conformance.runner import collect_cases
+from shardspec.spec.profiles import rules_of
 
 NOXFILE = pathlib.Path(__file__).resolve().parents[2] / "noxfile.py"
+CI = NOXFILE.with_name(".ci") / "run"
 # Each entry, and what puts a case past its threshold.
 PAST_THRESHOLD = {
     "rows-shifted-past-512-requests": lambda case: len(case.slots) > GATHER_STAGE_ROWS,
@@ -83,3 +88,28 @@ def test_the_default_run_s_world_of_two_tp_groups_rejects_the_default_group_entr
             server.close()
     for case, result in zip(valid, results, strict=True):
         assert entry.invariant_id in {v["invariant_id"] for v in result.violations}, (case.case_id, result.errors)
+
+
+def test_the_deploy_tier_runs_every_deployed_size_at_every_group_size_and_nothing_else():
+    config = options.resolve_run({"impl": "reference", "size_tier": "deploy"}, {}).config
+    case_set = collect_cases(config)
+    built = [tp for tp in config.tp_sizes if tp >= rules_of(config.profile).min_tp]
+    assert [c.case_id for c in case_set.cases] == [
+        c.case_id for tp in built for c in deploy_tier_cases(tp, config.profile, config.seed)
+    ]
+    assert case_set.deployed == {c.case_id for c in case_set.cases} and not case_set.generated | case_set.boundary
+    for tp in built:
+        at_tp = [c for c in case_set.cases if c.tp_size == tp]
+        assert max(len(c.slots) for c in at_tp) >= 4096 and max(c.vocab_size for c in at_tp) >= 262144
+
+
+def test_reproduce_commands_name_the_size_tier():
+    """Only a run of the deploy tier names it (a case it made is named by its file too)."""
+    deploy = mode_args(options.resolve_run({"impl": "reference", "size_tier": "deploy"}, {}).config)
+    assert deploy[deploy.index("--size-tier") + 1] == "deploy", deploy
+    assert "--size-tier" not in mode_args(options.resolve_run({"impl": "reference"}, {}).config)
+
+
+def test_ci_runs_the_deploy_tier():
+    lines = CI.read_text().replace("\\\n", " ").splitlines()
+    assert any(line.startswith("nox -s conformance -- ") and "--shardspec-size-tier deploy" in line for line in lines)
