@@ -140,7 +140,7 @@ def run_step(
     except Exception as exc:  # recorded; the checkers and the report judge it
         out = run.outputs
         out.failed_step, out.error = run.step, exc
-        out.error_traceback = traceback.format_exc()
+        out.error_traceback = cut(traceback.format_exc(), TRACEBACK_LIMIT)
         run.error_in_collective = isinstance(exc, CollectiveError)
     except NotRejected:  # the rank went on where it must raise: INV-REJECT-INVALID judges it
         pass
@@ -239,6 +239,25 @@ def _left_running(run: RankRun) -> bool:
     return recorder is not None and any(thread.is_alive() for thread in recorder.adopted)
 
 
+# What is kept of an implementation's exception: a message of megabytes would be printed whole otherwise.
+MESSAGE_LIMIT = 4000
+TRACEBACK_LIMIT = 20000
+
+
+def cut(text: str, limit: int) -> str:
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text) - limit} more characters cut)"
+
+
+def message_of(error: BaseException) -> str:
+    """The message of an implementation's exception, cut to MESSAGE_LIMIT; an exception whose ``__str__``
+    raises is the implementation's failure too, said as such (not the suite's)."""
+    try:
+        text = str(error)
+    except Exception as failure:
+        text = f"<its str() raised {type(failure).__name__}>"
+    return cut(text, MESSAGE_LIMIT)
+
+
 def error_summary(run: RankRun) -> dict[str, Any] | None:
     out = run.outputs
     if out.error is None:
@@ -246,7 +265,7 @@ def error_summary(run: RankRun) -> dict[str, Any] | None:
     return {
         "step": out.failed_step,
         "type": type(out.error).__name__,
-        "message": str(out.error),
+        "message": message_of(out.error),
         "traceback": out.error_traceback,
         "in_collective": run.error_in_collective,
         "precondition_id": getattr(out.error, "precondition_id", None),

@@ -200,3 +200,18 @@ def test_help_names_the_other_commands_in_plain_text(capsys):
     assert ended.value.code == 0
     assert "python -m shardspec.conformance upstream PATH" in out and "python -m shardspec.conformance report" in out
     assert "``" not in out and ":mod:" not in out and ":class:" not in out
+
+
+def test_an_unprintable_or_huge_exception_is_the_implementations_error_cut_short(tmp_path, plugins_on_path, capsys):
+    """Before, an exception whose __str__ raises was "the conformance suite failed", and a 20 MB message was
+    printed whole (84 MB)."""
+    entries = ["faulty_sharders:RaisesUnprintableInGather", "faulty_sharders:RaisesHugeMessageInGather"]
+    code = _run_code(tmp_path, "--impl", ",".join(entries), "--json", str(tmp_path / "r.json"))
+    out = capsys.readouterr().out
+    assert code == 1 and len(out) < 1 << 20 and (tmp_path / "r.json").stat().st_size < 1 << 20
+    data = json.loads((tmp_path / "r.json").read_text())
+    sections = {s["implementation"]: {c["case_id"]: c for c in s["cases"]} for s in data["sections"]}
+    unprintable, huge = (sections[entry]["small-tp2-3"]["errors"][0] for entry in entries)
+    assert (unprintable["kind"], unprintable["rank"]) == ("raised", 1), unprintable
+    assert "<its str() raised ValueError>" in unprintable["message"] and "suite failed" not in out
+    assert (huge["kind"], huge["rank"]) == ("raised", 1) and "more characters cut" in huge["message"], huge["rank"]

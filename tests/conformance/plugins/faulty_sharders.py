@@ -79,3 +79,26 @@ class RaisingConstructor(_Base):
 
     def __init__(self, max_num_reqs, max_num_logits_per_req, *, comm, device):
         raise RuntimeError("deliberate failure in the constructor")
+
+
+class _Unprintable(RuntimeError):
+    def __str__(self):
+        raise ValueError("no message for you")
+
+
+class RaisesUnprintableInGather(_Base):
+    """Rank 1 raises an exception whose __str__ raises."""
+
+    def gather_sampler_output(self, local_output, metadata, global_batch, local_batch, **kwargs):
+        if self._triggered(global_batch):
+            raise _Unprintable()
+        return super().gather_sampler_output(local_output, metadata, global_batch, local_batch, **kwargs)
+
+
+class RaisesHugeMessageInGather(_Base):
+    """Rank 1 raises with a 20 MB message."""
+
+    def gather_sampler_output(self, local_output, metadata, global_batch, local_batch, **kwargs):
+        if self._triggered(global_batch):
+            raise RuntimeError("x" * (20 << 20))
+        return super().gather_sampler_output(local_output, metadata, global_batch, local_batch, **kwargs)
