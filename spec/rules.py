@@ -352,6 +352,13 @@ NEEDS: tuple[Needs, ...] = (
         ("blocks",),
         "rows a budget did not admit keep their place only in fixed-width blocks, CL-GRAMMAR-BLOCKS",
     ),
+    Needs(
+        "adaptive_verification",
+        "present",
+        "admitted_drafts",
+        ("admitted",),
+        "adaptive verification is what admits drafts: its batches may carry admitted counts",
+    ),
 )
 
 
