@@ -166,12 +166,13 @@ CORPUS += rule_entries.ENTRIES
 
 
 def _register_input_space_cases() -> None:
-    """The cases of broken/input_space.py, sizes.py and pairs.py, and the deployed sizes', join the targeted cases
-    by id (not cases.ALL: the checks that run every entry on every targeted case stay the size they were;
-    tests/meta/test_input_space.py runs the reference on the first three)."""
-    from shardspec.conformance.broken import cases, input_space, pairs, sizes
+    """The cases of broken/input_space.py, sizes.py, pairs.py and variations.py, and the deployed sizes', join the
+    targeted cases by id (not cases.ALL: the checks that run every entry on every targeted case stay the size they
+    were; tests/meta/test_input_space.py runs the reference on the first three)."""
+    from shardspec.conformance.broken import cases, input_space, pairs, sizes, variations
 
-    cases.BY_ID.update({case.case_id: case for case in input_space.CASES + sizes.CASES + pairs.CASES})
+    made = input_space.CASES + sizes.CASES + pairs.CASES + variations.CASES
+    cases.BY_ID.update({case.case_id: case for case in made})
     cases.BY_ID.update({case.case_id: case for case in cases.DEPLOYED})
 
 

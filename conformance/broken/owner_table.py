@@ -1,6 +1,7 @@
 """Broken owners under the owner rule owner_table (CL-OWNER-TABLE): the table ignored, kept from the first
-step, written by the sharder, read beyond the batch's entries (its stale entries deciding the padding), or
-compared across the ranks through a collective (CL-OWNER-TABLE-AGREEMENT)."""
+step, written by the sharder, read beyond the batch's entries (its stale entries deciding the padding),
+compared across the ranks through a collective (CL-OWNER-TABLE-AGREEMENT), or predicted from the step before
+in one of the forms the engine carries it in (conformance/cases/owner_tables.py, CARRIED)."""
 
 from __future__ import annotations
 
@@ -77,3 +78,60 @@ class OwnerTablesComparedOnTheWire(ReferenceSharder):
             if not bool((every.view(self.tp_size, -1) == mine).all()):
                 raise RuntimeError(f"rank {self.rank}: the ranks were given different owner tables")
         return result
+
+
+class _PredictsTheRewrite(ReferenceSharder):
+    """Keeps the previous step's table and slots, and where :meth:`predicted` gives a table of its own, reads that
+    instead of the step's: the engine's rewrite (CL-OWNER-TABLE) done or undone in the sharder's head."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._before = None  # (table, slots) of the step before
+
+    def shard_sampler_inputs(self, batch, grammar, *, owner_table=None):
+        read = owner_table
+        if owner_table is not None and self._before is not None:
+            guess = self.predicted(np.asarray(owner_table), *self._before)
+            read = owner_table if guess is None else guess.astype(np.asarray(owner_table).dtype)
+        result = super().shard_sampler_inputs(batch, grammar, owner_table=read)
+        if owner_table is not None:
+            self._before = (np.array(owner_table, copy=True), np.asarray(batch.idx_mapping_np, dtype=np.intp).copy())
+        return result
+
+    def rewrite(self, table: np.ndarray, slots: np.ndarray) -> np.ndarray:
+        """``table`` with the entries of ``slots`` rewritten to their positions mod tp (the engine's assign)."""
+        out = np.array(table, copy=True)
+        out[slots] = np.arange(slots.shape[0]) % self.tp_size
+        return out
+
+    def predicted(self, table, before, slots):
+        raise NotImplementedError
+
+
+class RewriteTakenForAFreshTable(_PredictsTheRewrite):
+    """INV-OWNER: where the step's table is the previous one fully rewritten (the engine's assign), it is taken for
+    a fresh table holding only that rewrite: a request that was not in the step before gets slot mod tp, not
+    its entry."""
+
+    def predicted(self, table, before, slots):
+        if not np.array_equal(table, self.rewrite(before, slots)):
+            return None
+        return self.rewrite(np.arange(table.shape[0]) % self.tp_size, slots)
+
+
+class ChangedTableTakenForAFullRewrite(_PredictsTheRewrite):
+    """INV-OWNER: a table that changed since the step before is taken to be the engine's full rewrite of it (every
+    request of that step verified), and the sharder's own rewrite of the previous table is read: wrong where the
+    engine rewrote only some of the entries."""
+
+    def predicted(self, table, before, slots):
+        return None if np.array_equal(table, before) else self.rewrite(before, slots)
+
+
+class UnchangedTableRewrittenBySharder(_PredictsTheRewrite):
+    """INV-OWNER: a table identical to the step before's is taken for a copy the engine has not refreshed yet, and
+    the rewrite it owes (every request of that step to its position mod tp) is read instead: wrong where the
+    engine left the table as it was across the step."""
+
+    def predicted(self, table, before, slots):
+        return self.rewrite(before, slots) if np.array_equal(table, before) else None

@@ -200,6 +200,25 @@ ENTRIES += [
     entry("local-logprobs-skipped-past-fixed-buffer", "sizes", "LocalLogprobsSkippedPastFixedBuffer", "logprobs-wide"),
 ]
 
+ENTRIES += [
+    # what callers may send, drawn on purpose (conformance/cases/input_space.py): each dtype a field accepts
+    entry(
+        "upper-bound-localized-in-int32",
+        "variations",
+        "UpperBoundLocalizedInInt32",
+        "upper-bound-int64",
+        requires={"seq_lens_upper_bound": "always"},
+    ),
+    # ... and each relation of the slots to the batch positions (conformance/cases/relations.py)
+    entry(
+        "local-slots-numbered-like-positions", "variations", "LocalSlotsNumberedLikeLocalPositions", "slots-identical"
+    ),
+    entry("reversed-slots-gathered-in-slot-order", "variations", "ReversedSlotsGatheredInSlotOrder", "slots-reversed"),
+    entry("identity-judged-by-its-ends", "variations", "IdentityJudgedByItsEnds", "slots-permuted"),
+    entry("ascending-slots-taken-as-consecutive", "variations", "AscendingSlotsTakenAsConsecutive", "slots-gaps"),
+    entry("slots-rebased-when-all-past-n", "variations", "SlotsRebasedWhenAllPastN", "slots-above-n"),
+]
+
 
 _TABLE = {"owner": "owner_table"}
 ENTRIES += [
@@ -220,6 +239,28 @@ ENTRIES += [
         "owner_table",
         "OwnerTablesComparedOnTheWire",
         "owner-table",
+        requires=_TABLE,
+    ),
+    # the table carried across a step in each form the contract allows (conformance/cases/owner_tables.py)
+    entry(
+        "rewrite-taken-for-a-fresh-table",
+        "owner_table",
+        "RewriteTakenForAFreshTable",
+        "owner-table-rewritten",
+        requires=_TABLE,
+    ),
+    entry(
+        "changed-table-taken-for-a-full-rewrite",
+        "owner_table",
+        "ChangedTableTakenForAFullRewrite",
+        "owner-table-rewritten-in-part",
+        requires=_TABLE,
+    ),
+    entry(
+        "unchanged-table-rewritten-by-sharder",
+        "owner_table",
+        "UnchangedTableRewrittenBySharder",
+        "owner-table-kept",
         requires=_TABLE,
     ),
     # contiguous_ranges: no bundled profile has it, so no bundled run reaches this entry;

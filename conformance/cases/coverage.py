@@ -31,7 +31,9 @@ from shardspec.conformance.cases.input_space import (
     pairs_left_out,
     raw_data_model,
 )
+from shardspec.conformance.cases.owner_tables import carried_forms as owner_table_forms
 from shardspec.conformance.cases.owner_tables import variants as owner_table_variants
+from shardspec.conformance.cases.relations import relations as slot_relations
 from shardspec.conformance.cases.sizes import sizes_drawn
 from shardspec.spec.case import case_owners, least_capacity, owner_table_of
 from shardspec.spec.case_edits import LOGITS_LIMITS_EDIT, UPPER_BOUND_ABSENT
@@ -169,6 +171,8 @@ def exercised(case, previous=None) -> set[Variation]:
             add("logits_shard", VALUE, limit)
     if n_reqs == cap:
         add("batch.num_reqs", VALUE, "max")
+    for relation in slot_relations(list(slots)):  # slots against batch positions (cases/relations.py)
+        add("batch.idx_mapping", VALUE, relation)
     for name in ("idx_mapping", "idx_mapping_np", "expanded_idx_mapping"):
         if 0 in slots:
             add(f"batch.{name}", VALUE, "min")
@@ -237,7 +241,11 @@ def exercised(case, previous=None) -> set[Variation]:
         "batch.cu_num_logits": "int32",
         "batch.num_draft_tokens_per_req": "int32",
     }
-    dtypes.update({f"batch.{name}": dtype for name, dtype in case.batch_dtypes.items()})
+    has_bound = rules_of(case.profile).has_upper_bound
+    upper_bound = has_bound and UPPER_BOUND_ABSENT not in case.edits
+    if upper_bound:
+        dtypes["batch.seq_lens_cpu_upper_bound"] = "int32"
+    dtypes.update({f"batch.{name}": dtype for name, dtype in case.batch_dtypes.items() if f"batch.{name}" in dtypes})
     for edit in case.edits:
         if edit in _DTYPE_EDITS:
             path, dtype = _DTYPE_EDITS[edit]
@@ -260,8 +268,6 @@ def exercised(case, previous=None) -> set[Variation]:
     if case.grammar_positions:
         tensors.append("grammar.grammar_bitmask")
     tensors += _local_tensors(case)
-    has_bound = rules_of(case.profile).has_upper_bound
-    upper_bound = has_bound and UPPER_BOUND_ABSENT not in case.edits
     if upper_bound:
         tensors.append("batch.seq_lens_cpu_upper_bound")
     if case.admitted_drafts is not None:
@@ -333,6 +339,8 @@ def exercised(case, previous=None) -> set[Variation]:
                 add(path, STEP, "changed")
         if _same_step(previous, case):
             add("batch", STEP, "repeated")
+        for form in owner_table_forms(previous, case):
+            add("owner_table", STEP, form)
     got |= sizes_drawn(case)
     space = set(input_space(case.profile))
     drawn = {Variation(*v) for v in got} & space
@@ -357,9 +365,10 @@ def _loop_changes(previous, case) -> dict[str, bool]:
     # seq_lens follow the query lengths (the rows) and the tokens decoded (spec/builders.py), the bound seq_lens
     seq_lens = reordered or rows(previous) != rows(case) or previous.seq_lens_growth != case.seq_lens_growth
     bound = UPPER_BOUND_ABSENT not in previous.edits + case.edits
+    came_or_went = (UPPER_BOUND_ABSENT in previous.edits) != (UPPER_BOUND_ABSENT in case.edits)
     return {
         "batch.seq_lens": seq_lens,
-        "batch.seq_lens_cpu_upper_bound": seq_lens and bound,
+        "batch.seq_lens_cpu_upper_bound": (seq_lens and bound) or came_or_went,
         "batch.cu_num_logits": previous.num_logits_per_req != case.num_logits_per_req,
         "batch.num_admitted_draft_tokens": admitted(previous) != admitted(case),
         "batch.idx_mapping": reordered,

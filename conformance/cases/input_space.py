@@ -33,7 +33,8 @@ variations of each field, along six axes:
 * ``step``: ``changed`` for each argument an engine may change between consecutive steps of one
   sharder (the sharder's construction parameters are fixed for its lifetime); ``changed`` for each
   field of :data:`LOOP_FIELDS` as well, where the step has the same requests as the one before and that
-  field moved (a decode loop), and ``repeated`` for the batch, where nothing but the logits moved.
+  field moved (a decode loop), and ``repeated`` for the batch, where nothing but the logits moved; for state
+  the engine carries (:data:`CARRIED_FIELDS`), each form in which it may hold it across a step.
 
 A field added to the YAML gets its variations here without new code. What a case exercises is
 measured by :func:`exercised` from the case itself; :func:`coverage` sets that against the space,
@@ -46,6 +47,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cache
 
+from shardspec.conformance.cases.owner_tables import CARRIED
 from shardspec.conformance.cases.sizes import SIZE, size_variations
 from shardspec.spec.model import DEFAULT_PROFILE
 from shardspec.spec.profiles import rules_of
@@ -76,6 +78,9 @@ LOOP_FIELDS = (
     "batch.idx_mapping",
     "grammar.structured_output_request_ids",
 )
+# State the engine carries from step to step, and each form in which it may hold it across a step (the owner
+# table's, cases/owner_tables.py).
+CARRIED_FIELDS = {"owner_table": CARRIED}
 # A large batch: more requests than any small one draws and more than a 64-entry block.
 LARGE_BATCH = 65
 
@@ -198,6 +203,7 @@ def variations_of(field: InputField) -> list[Variation]:
         out.append((STEP, "changed"))
     if field.path == "batch":
         out.append((STEP, "repeated"))
+    out += [(STEP, form) for form in CARRIED_FIELDS.get(field.path, ())]
     return [Variation(field.path, axis, value) for axis, value in out]
 
 

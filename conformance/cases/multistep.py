@@ -1,22 +1,21 @@
 """Multi-step cases: one sharder instance called for several consecutive steps, as an engine calls it.
 
-State and workspace reuse are where an implementation can go wrong only on a
-later step: a plan cached by batch size, a buffer sized by the first batch, a
-view into last step's output. Each multi-step case starts from a generated
-case and then changes the batch the way engines do: the same number of
-requests in other slots, fewer requests, more requests (up to the capacity),
-a decode loop on those (:func:`decode_loop`: the same requests step after step, one field changed each
-time), and the first shape again; under an owner table the engine's table is carried from step to step
-(:func:`with_tables`). The step's options change too, as the input space
-says an engine may change them between steps (conformance/cases/input_space.py,
-axis ``step``): the grammar output comes and goes, NaN counts and logprobs are
-asked for on some steps only, and the last step declares an extension field. A
-sharder that keeps a width, a flag or a buffer from an earlier step fails
-there. Every step draws the inputs the run's profile adds (cases/profile_inputs.py: admitted draft
-counts, grammar blocks, batch dtypes), with the sharder's adaptive verification fixed for all of them
-(on for every other case where the profile has it), the repeat step every batch field in the other dtype
-than the first's; the decode loop keeps them consistent with the step's requests and changes the
-admitted counts on a step of their own. Every step is judged on its own (``<case id>.step<k>``).
+State and workspace reuse are where an implementation can go wrong only on a later step: a plan cached by
+batch size, a buffer sized by the first batch, a view into last step's output. Each multi-step case starts
+from a case generated under the run's profile (its callers' inputs, never another profile's) and then changes
+the batch the way engines do: the same number of requests in other slots, fewer requests, more requests (up to
+the capacity), a decode loop on those (:func:`decode_loop`: the same requests step after step, one field
+changed each time), and the first shape again; under an owner table the engine's table is carried from step to
+step (:func:`with_tables`). The step's options change too, as the input space says an engine may change them
+between steps (conformance/cases/input_space.py, axis ``step``): the grammar output comes and goes, NaN counts
+and logprobs are asked for on some steps only, and the last step declares an extension field. A sharder that
+keeps a width, a flag or a buffer from an earlier step fails there. Every step draws the inputs the run's
+profile adds (cases/profile_inputs.py: admitted draft counts, grammar blocks, batch dtypes), with the
+sharder's adaptive verification fixed for all of them (on for every other case where the profile has it), the
+repeat step every batch field in the other dtype than the first's; the decode loop keeps them consistent with
+the step's requests and changes the admitted counts on a step of their own, and where the profile's engine may
+leave the bound of seq_lens out, leaves it out on a step of its own. Every step is judged on its own (``<case
+id>.step<k>``).
 """
 
 from __future__ import annotations
@@ -29,8 +28,9 @@ from shardspec.conformance.cases import owner_tables
 from shardspec.conformance.cases.profile_inputs import flipped_dtypes, with_profile_inputs, without_profile_inputs
 from shardspec.conformance.cases.realizers import EXTENSION
 from shardspec.spec.case import Case
+from shardspec.spec.case_edits import UPPER_BOUND_ABSENT
 from shardspec.spec.model import DEFAULT_PROFILE
-from shardspec.spec.profiles import root_profile, rules_of
+from shardspec.spec.profiles import rules_of
 
 STEP_KINDS = ("other-slots", "shrink", "grow", "repeat")
 
@@ -40,10 +40,9 @@ def multi_step_cases(tp_size: int, count: int, seed: int, profile: str = DEFAULT
     rule owner_table they carry the owner tables the engine carries from step to step (:func:`with_tables`)."""
     from shardspec.conformance.cases.strategies import generate_cases
 
-    # Bases under the root profile, without a later release's per-request inputs: every step draws
-    # ``profile``'s own (with_steps).
-    base = root_profile(DEFAULT_PROFILE)
-    bases = [c for c in generate_cases(tp_size, count * 2 + 8, seed + 7919, base, fill_gaps=False) if _usable(c)]
+    # Bases drawn under ``profile`` itself, as its callers send them; every step then draws the profile's
+    # per-step inputs afresh (with_steps).
+    bases = [c for c in generate_cases(tp_size, count * 2 + 8, seed + 7919, profile, fill_gaps=False) if _usable(c)]
     bases = bases[:count]
     cases = []
     rules = rules_of(profile)
@@ -57,12 +56,18 @@ def multi_step_cases(tp_size: int, count: int, seed: int, profile: str = DEFAULT
     return cases
 
 
+# The forms in which the engine carries its table across the steps of a multi-step case, in turn.
+CARRIED_IN_TURN = ("rewritten", "rewritten-in-part", "rewritten", "kept")
+
+
 def with_tables(case: Case, rng: np.random.Generator) -> Case:
     """``case`` with owner tables: the first step's is one an engine may hold after some steps and each later
     step's is the one the engine leaves after the step before it (its requests' entries rewritten to their
-    batch positions mod tp: CL-OWNER-TABLE), so later steps' owners differ from what the first step's table
-    gives their slots."""
-    return owner_tables.carried(case, owner_tables.engine_entries(case.tp_size, case.max_num_reqs, rng))
+    batch positions mod tp: CL-OWNER-TABLE), in each form the contract allows (:data:`CARRIED_IN_TURN`: some
+    of them only, or none), so later steps' owners differ from what the first step's table gives their
+    slots."""
+    entries = owner_tables.engine_entries(case.tp_size, case.max_num_reqs, rng)
+    return owner_tables.carried(case, entries, CARRIED_IN_TURN)
 
 
 def _usable(case: Case) -> bool:
@@ -81,10 +86,12 @@ def with_steps(base: Case, rng: np.random.Generator, adaptive: bool = False) -> 
     for k, kind in enumerate(STEP_KINDS, start=1):
         slots = _slots(kind, first, previous, rng)
         step = _step(first, slots, rng, seed=base.seed + k, description=f"multi-step: {kind}")
+        if kind == "grow":  # the decode loop's requests: one with drafts at least, whose admitted counts it changes
+            step = _with_a_draft(step, rng)
         step = replace(step, **_options(kind, first, previous, slots))
         step = with_profile_inputs(step, rules, rng, adaptive=first.adaptive_verification)
         if kind == "repeat" and rules.batch_dtypes:  # every batch field in the other dtype than on the first
-            step = replace(step, batch_dtypes=flipped_dtypes(first))
+            step = replace(step, batch_dtypes=flipped_dtypes(first, rules))
         steps.append(step)
         if kind == "grow":  # the most requests of any step (at least two): the decode loop's
             steps += decode_loop(steps[-1], rng, seed=base.seed + 100)
@@ -105,6 +112,7 @@ LOOP_KINDS = (
     "nan-counts",
     "extensions",
     "order",
+    "bound",
     "same",
 )
 
@@ -152,7 +160,21 @@ def _loop_change(kind: str, step: Case, rng: np.random.Generator) -> dict | None
         return {"extensions": {} if step.extensions else dict(EXTENSION)}
     if kind == "order":
         return None if n < 2 else _reordered(step)
+    if kind == "bound":
+        return _bound_change(step)
     return {}  # same: nothing changed
+
+
+def _bound_change(step: Case) -> dict | None:
+    """The bound of seq_lens left out where it was passed, or passed again, where the profile's engine may leave
+    it out (seq_lens_upper_bound: optional); None elsewhere."""
+    rules = rules_of(step.profile)
+    if not rules.has_upper_bound or rules.upper_bound_required:
+        return None
+    if UPPER_BOUND_ABSENT in step.edits:
+        return {"edits": [e for e in step.edits if e != UPPER_BOUND_ABSENT]}
+    kept = {k: v for k, v in step.batch_dtypes.items() if k != "seq_lens_cpu_upper_bound"}
+    return {"edits": [*step.edits, UPPER_BOUND_ABSENT], "batch_dtypes": kept}
 
 
 def _reordered(step: Case) -> dict:
@@ -195,6 +217,15 @@ def _admitted_change(step: Case, rng: np.random.Generator) -> dict | None:
     admitted = list(step.admitted_drafts)
     admitted[i] = (admitted[i] + 1) % step.num_logits_per_req[i]  # another count in [0, n_i - 1]
     return {"admitted_drafts": admitted}
+
+
+def _with_a_draft(step: Case, rng: np.random.Generator) -> Case:
+    """``step`` with a draft for one request where none has one (the sharder takes more than one row each)."""
+    if step.max_num_logits_per_req == 1 or any(c > 1 for c in step.num_logits_per_req):
+        return step
+    counts = list(step.num_logits_per_req)
+    counts[int(rng.integers(len(counts)))] = int(rng.integers(2, step.max_num_logits_per_req + 1))
+    return replace(step, num_logits_per_req=counts)
 
 
 def _slots(kind: str, first: Case, previous: Case, rng: np.random.Generator) -> list[int]:

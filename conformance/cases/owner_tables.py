@@ -14,7 +14,14 @@ A case writes its table as the entries that differ from the engine's initial tab
 * ``idle-rank``: a rank owns nothing because of the table, although the batch has tp requests or more.
 
 A step after another on one sharder gets the table the engine leaves: :func:`assign` rewrites the
-entries of the step's requests to their batch position mod tp (vLLM's ``DraftLogitsCache.assign``).
+entries of the step's requests to their batch position mod tp (vLLM's ``DraftLogitsCache.assign``). The
+contract lets the engine hold the table in every form across a step (each step's owners come from that
+step's table): :data:`CARRIED` names them, :func:`carried_forms` measures them from two steps, and
+:func:`carried` makes a case's steps hold them.
+
+* ``rewritten``: every entry of the step before's requests rewritten to its position then (a full assign);
+* ``rewritten-in-part``: some of them rewritten, the others kept (the engine verified only some requests);
+* ``kept``: the table left as it was, where a rewrite would have changed it (no verification in between).
 """
 
 from __future__ import annotations
@@ -93,15 +100,45 @@ def assign(entries: dict | None, slots: list[int], tp: int) -> dict:
     return {**(entries or {}), **{int(s): i % tp for i, s in enumerate(slots)}}
 
 
-def carried(first: Case, entries: dict | None = None) -> Case:
+CARRIED = ("rewritten", "rewritten-in-part", "kept")
+
+
+def carried(first: Case, entries: dict | None = None, forms: tuple[str, ...] = ("rewritten",)) -> Case:
     """``first`` and its later steps with the tables the engine carries from step to step: the first step's
-    ``entries`` (default: its own), then each later step's those the step before it left (:func:`assign`)."""
+    ``entries`` (default: its own), then each later step's those the step before it left, in the form (CARRIED)
+    ``forms`` give in turn (default: the full rewrite, :func:`assign`)."""
     entries = first.owner_table if entries is None else entries
     steps = []
-    for step in [replace(first, then=[]), *first.then]:
+    for k, step in enumerate([replace(first, then=[]), *first.then]):
         steps.append(replace(step, owner_table=None if entries is None else dict(entries)))
-        entries = assign(entries, step.slots, step.tp_size)
+        entries = _carry(entries, step.slots, step.tp_size, forms[k % len(forms)])
     return replace(steps[0], then=steps[1:])
+
+
+def _carry(entries: dict | None, slots: list[int], tp: int, form: str) -> dict | None:
+    """The entries the engine leaves after a step of ``slots``, in ``form``: every other request (positions 0, 2,
+    ...) rewritten where it rewrites in part."""
+    if form == "kept":
+        return entries
+    if form == "rewritten-in-part":
+        return {**(entries or {}), **{int(s): i % tp for i, s in enumerate(slots) if i % 2 == 0}}
+    return assign(entries, slots, tp)
+
+
+def carried_forms(previous: Case, case: Case) -> set[str]:
+    """The form (CARRIED) in which ``case``'s table holds ``previous``'s across their step (empty under another
+    owner rule, or for a table none of them gives: a step of the generator's own)."""
+    before, now = owner_table_of(previous), owner_table_of(case)
+    if before is None or now is None or len(before) != len(now):
+        return set()
+    rewrite = {int(s): i % case.tp_size for i, s in enumerate(previous.slots)}
+    full = [rewrite.get(slot, owner) for slot, owner in enumerate(before)]
+    if now == before:
+        return {"kept"} if full != before else set()
+    if now == full:
+        return {"rewritten"}
+    moved = [slot for slot, owner in enumerate(now) if owner != before[slot]]
+    return {"rewritten-in-part"} if all(rewrite.get(slot) == now[slot] for slot in moved) else set()
 
 
 # -- realizers (cases/realizers.py): a case made to draw a variant --------------------------------------

@@ -4,9 +4,9 @@ A share of the generated cases get, as an engine with those rules makes them: th
 verification on (adaptive_verification: present); admitted draft counts below the scheduled ones when
 the budget binds, some with a budget of 0 (admitted_drafts: admitted); grammar blocks wider than any
 request's rows (grammar_slicing: blocks), with and without num_acceptable_drafts (acceptable_drafts:
-sliced); and device fields in the other integer dtype, which the local batch follows (local_dtypes:
-batch, CL-LOCAL-DTYPES). The draws come from a generator seeded by the case, so a run is the same every
-time.
+sliced); and device fields (and the host bound of seq_lens, where the profile has it) in the other
+integer dtype, which the local batch follows (local_dtypes: batch, CL-LOCAL-DTYPES, CL-SEQ-LENS-UPPER-BOUND).
+The draws come from a generator seeded by the case, so a run is the same every time.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from dataclasses import replace
 import numpy as np
 
 from shardspec.spec.case import Case
+from shardspec.spec.case_edits import UPPER_BOUND_ABSENT
 from shardspec.spec.rules import Rules
 
 ADAPTIVE_SHARE = 0.4
@@ -32,6 +33,9 @@ OTHER_DTYPES = {
     "seq_lens": "int64",
     "cu_num_logits": "int64",
 }
+# The host bound of seq_lens, whose dtype the local batch keeps (CL-SEQ-LENS-UPPER-BOUND): drawn where the
+# profile has it, in the other dtype the data model lists for it.
+BOUND, BOUND_DTYPE = "seq_lens_cpu_upper_bound", "int64"
 
 
 def with_profile_inputs(case: Case, rules: Rules, rng: np.random.Generator, adaptive: bool | None = None) -> Case:
@@ -60,7 +64,14 @@ def with_profile_inputs(case: Case, rules: Rules, rng: np.random.Generator, adap
     if rules.batch_dtypes and rng.random() < DTYPE_SHARE:
         names = [name for name in OTHER_DTYPES if rng.random() < 0.5] or ["idx_mapping"]
         changes["batch_dtypes"] = {name: OTHER_DTYPES[name] for name in names}
+        if _has_bound(case, rules) and rng.random() < 0.5:
+            changes["batch_dtypes"][BOUND] = BOUND_DTYPE
     return replace(case, **changes)
+
+
+def _has_bound(case: Case, rules: Rules) -> bool:
+    """Whether ``case`` passes seq_lens_cpu_upper_bound under ``rules``."""
+    return rules.has_upper_bound and UPPER_BOUND_ABSENT not in case.edits
 
 
 def without_profile_inputs(case: Case) -> Case:
@@ -69,6 +80,8 @@ def without_profile_inputs(case: Case) -> Case:
     return replace(case, admitted_drafts=None, grammar_block_rows=None, num_acceptable_drafts=None, batch_dtypes={})
 
 
-def flipped_dtypes(case: Case) -> dict[str, str]:
-    """Batch dtypes in which every field of :data:`OTHER_DTYPES` has the other dtype than in ``case``."""
-    return {name: dtype for name, dtype in OTHER_DTYPES.items() if name not in case.batch_dtypes}
+def flipped_dtypes(case: Case, rules: Rules) -> dict[str, str]:
+    """Batch dtypes in which every field of :data:`OTHER_DTYPES`, and the bound where ``rules`` have it, has the
+    other dtype than in ``case``."""
+    other = {**OTHER_DTYPES, BOUND: BOUND_DTYPE} if _has_bound(case, rules) else OTHER_DTYPES
+    return {name: dtype for name, dtype in other.items() if name not in case.batch_dtypes}

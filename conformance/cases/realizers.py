@@ -16,6 +16,7 @@ from dataclasses import replace
 import numpy as np
 
 from shardspec.conformance.cases import owner_tables
+from shardspec.conformance.cases import relations as slot_relations
 from shardspec.conformance.cases.coverage import (
     CU_GENERATED_TENSOR,
     EXPLICIT_OUTPUTS,
@@ -63,6 +64,8 @@ def _batch_dtype(name: str, dtype: str) -> Callable:
     def realize(case, rng):
         if dtype not in declared_dtypes(case.profile).get(f"batch.{name}", ()):
             return None
+        if name == "seq_lens_cpu_upper_bound" and UPPER_BOUND_ABSENT in case.edits:
+            return None  # no bound to pass in that dtype
         return replace(case, batch_dtypes={**case.batch_dtypes, name: dtype})
 
     return realize
@@ -308,6 +311,7 @@ def _realizers() -> dict[str, Callable]:
         ("expanded_local_pos", ("int32", "int64")),
         ("seq_lens", ("int32", "int64")),
         ("cu_num_logits", ("int32", "int64")),
+        ("seq_lens_cpu_upper_bound", ("int32", "int64")),
     ):
         for dtype in dtypes:
             out[f"batch.{name}:{DTYPE}={dtype}"] = _batch_dtype(name, dtype)
@@ -327,6 +331,7 @@ def _realizers() -> dict[str, Callable]:
         c,
         edits=[*c.edits, UPPER_BOUND_ABSENT],
         layouts={k: v for k, v in c.layouts.items() if k != "seq_lens_cpu_upper_bound"},
+        batch_dtypes={k: v for k, v in c.batch_dtypes.items() if k != "seq_lens_cpu_upper_bound"},
     )
     for limit in ("+inf", "-inf", "largest", "lowest", "subnormal"):
         out[f"logits_shard:{VALUE}={limit}"] = _logits_limits
@@ -364,6 +369,8 @@ def _realizers() -> dict[str, Callable]:
     }
     for limit, value in limits.items():
         out[f"local_output.logprobs_tensors.logprobs:{VALUE}={limit}"] = _explicit_value("logprobs", value)
+    for relation in slot_relations.RELATIONS:
+        out[f"batch.idx_mapping:{VALUE}={relation}"] = slot_relations.realizer(relation)
     for variant in ("initial", "by-position", "mixed", "stale", "idle-rank"):
         out[f"{OWNER_TABLE}:{VALUE}={variant}"] = owner_tables.realizer(variant)
     for name, path in EXPLICIT_OUTPUTS.items():

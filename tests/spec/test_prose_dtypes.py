@@ -4,11 +4,17 @@ has no dtype of its own to name). Prose that contradicted the data model once re
 that followed the prose."""
 
 import re
+from dataclasses import replace
 
+import numpy as np
 import pytest
 
+from shardspec.conformance.cases import input_space
+from shardspec.conformance.cases.boundaries import boundaries
+from shardspec.reference.preconditions import check_input_batch
+from shardspec.spec.builders import build_input_batch
 from shardspec.spec.loader import load_spec
-from shardspec.spec.profiles import PROFILES
+from shardspec.spec.profiles import PROFILES, rules_of
 
 DTYPE_WORDS = ("int32", "int64", "intp", "float32", "bool")
 
@@ -35,3 +41,43 @@ def contradictions(spec) -> list[str]:
 @pytest.mark.parametrize("profile", PROFILES)
 def test_clarifications_name_no_local_dtype_the_data_model_does_not_give(profile):
     assert contradictions(load_spec(profile=profile)) == []
+
+
+# The data model's ``dtypes`` are the one list of what a field may be passed as: every one of them is accepted by
+# the preconditions, and no dtype a precondition rejects (PRE-DTYPES' boundaries) is in it.
+def _listed_dtypes(profile: str) -> dict[str, tuple[str, ...]]:
+    return {f.path: f.dtypes for f in input_space.input_fields(input_space.raw_data_model(), profile) if f.dtypes}
+
+
+def _batch_in(path: str, dtype: str):
+    name = path.removeprefix("batch.")
+    batch = build_input_batch([0, 3, 1], [2, 1, 2])
+    if isinstance(getattr(batch, name), np.ndarray):
+        return replace(batch, **{name: getattr(batch, name).astype(getattr(np, dtype))})
+    return build_input_batch([0, 3, 1], [2, 1, 2], dtypes={name: dtype})
+
+
+@pytest.mark.parametrize("profile", PROFILES)
+def test_every_dtype_the_data_model_lists_is_accepted(profile):
+    listed = {p: d for p, d in _listed_dtypes(profile).items() if p.startswith("batch.")}
+    assert listed, profile
+    for path, dtypes in listed.items():
+        for dtype in dtypes:
+            batch = _batch_in(path, dtype)
+            check_input_batch(batch, max_num_reqs=4, max_num_logits_per_req=2, profile=profile)  # raises if refused
+
+
+@pytest.mark.parametrize("profile", PROFILES)
+def test_no_dtype_a_precondition_rejects_is_listed(profile):
+    listed = _listed_dtypes(profile)
+    rejected = [(f, b.value) for b in boundaries(profile) if b.pre == "PRE-DTYPES" for f in b.fields]
+    assert rejected
+    assert [(f, v) for f, v in rejected if v in listed.get(f, ())] == []
+
+
+def test_the_bound_of_seq_lens_is_listed_in_both_integer_dtypes_where_a_profile_has_it():
+    """Accepted in either (PRE-SEQ-LENS-UPPER-BOUND asks for no dtype, CL-SEQ-LENS-UPPER-BOUND keeps the batch's),
+    it was drawn in int32 only while the data model listed no dtypes for it."""
+    for profile in PROFILES:
+        want = ("int32", "int64") if rules_of(profile).has_upper_bound else None
+        assert _listed_dtypes(profile).get("batch.seq_lens_cpu_upper_bound") == want, profile
