@@ -207,7 +207,7 @@ ENTRIES += [
         "variations",
         "UpperBoundLocalizedInInt32",
         "upper-bound-int64",
-        requires={"seq_lens_upper_bound": "always"},
+        requires={"seq_lens_upper_bound": "always", "dtypes": "accepted"},
     ),
     # ... and each relation of the slots to the batch positions (conformance/cases/relations.py)
     entry(

@@ -9,7 +9,8 @@ variations of each field, along six axes:
   (``+inf``, ``-inf``, ``nan``, ``largest``, ``lowest``, ``subnormal`` for floats; ``dtype-min``,
   ``dtype-max`` for integers); ``true`` and ``false`` for a bool; each of its named ``variants``
   (the owner table's: cases/owner_tables.py);
-* ``dtype``: every dtype the spec allows, where it allows more than one;
+* ``dtype``: every dtype the spec allows that the profile's callers send (its ``dtypes`` rule: for a batch
+  field, the engine's own or every accepted one), where that is more than one;
 * ``layout``: every view engines produce: ``contiguous``, ``strided`` (``t[::2]``), ``offset`` (past
   its storage's first element) and, for a two-dimensional tensor, ``row-padded`` (rows further apart
   than their width: the leading columns of a wider buffer) and ``column-slice`` (columns from the
@@ -141,7 +142,7 @@ def input_fields(data_model: dict, profile: str | None = DEFAULT_PROFILE) -> lis
                 type=entry["type"],
                 placement=entry["placement"],
                 dtype=entry.get("dtype"),
-                dtypes=tuple(entry.get("dtypes", ())),
+                dtypes=_sent_dtypes(entry, path, profile),
                 shape=None if entry.get("shape") is None else tuple(str(s) for s in entry["shape"]),
                 optional=bool(entry.get("optional", False)),
                 values=tuple(sorted((entry.get("values") or {}).items())),
@@ -171,6 +172,15 @@ def input_fields(data_model: dict, profile: str | None = DEFAULT_PROFILE) -> lis
         # The sharder's construction parameters: an object argument with fields of its own.
         add(argument, argument["name"], True, argument["type"] == "object")
     return fields
+
+
+def _sent_dtypes(entry: dict, path: str, profile: str | None) -> tuple[str, ...]:
+    """The dtypes of ``entry`` that ``profile``'s callers send (the dtypes rule, spec/guarantees.py): every one the
+    data model lists, or for a batch field under dtypes: engine, the engine's own (its dtype and engine_dtype)."""
+    listed = tuple(entry.get("dtypes", ()))
+    if profile is None or not path.startswith("batch.") or not rules_of(profile).engine_dtypes_only:
+        return listed
+    return tuple(d for d in listed if d in (entry.get("dtype"), entry.get("engine_dtype")))
 
 
 def variations_of(field: InputField) -> list[Variation]:

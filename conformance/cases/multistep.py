@@ -29,6 +29,7 @@ from shardspec.conformance.cases.profile_inputs import flipped_dtypes, with_prof
 from shardspec.conformance.cases.realizers import EXTENSION
 from shardspec.spec.case import Case
 from shardspec.spec.case_edits import UPPER_BOUND_ABSENT
+from shardspec.spec.guarantees import CONTIGUOUS_LAYOUTS
 from shardspec.spec.model import DEFAULT_PROFILE
 from shardspec.spec.profiles import rules_of
 
@@ -80,7 +81,13 @@ def with_steps(base: Case, rng: np.random.Generator, adaptive: bool = False) -> 
     """``base`` and its later steps, each with a draw of its profile's inputs on a sharder whose adaptive
     verification is ``adaptive`` (where the profile has it)."""
     rules = rules_of(base.profile)
-    first = replace(base, local_outputs="toy", nan_tokens=[], description="multi-step: first step")
+    first = replace(
+        base,
+        local_outputs="toy",
+        nan_tokens=[],
+        description="multi-step: first step",
+        layouts=_sent_layouts(base, rules),
+    )
     first = with_profile_inputs(without_profile_inputs(first), rules, rng, adaptive=adaptive and rules.adaptive)
     steps, previous = [], first
     for k, kind in enumerate(STEP_KINDS, start=1):
@@ -217,6 +224,13 @@ def _admitted_change(step: Case, rng: np.random.Generator) -> dict | None:
     admitted = list(step.admitted_drafts)
     admitted[i] = (admitted[i] + 1) % step.num_logits_per_req[i]  # another count in [0, n_i - 1]
     return {"admitted_drafts": admitted}
+
+
+def _sent_layouts(case: Case, rules) -> dict[str, str]:
+    """``case``'s views that the callers of ``rules`` build (layouts: contiguous keeps none but storage offsets)."""
+    if not rules.contiguous_only:
+        return dict(case.layouts)
+    return {name: layout for name, layout in case.layouts.items() if layout in CONTIGUOUS_LAYOUTS}
 
 
 def _with_a_draft(step: Case, rng: np.random.Generator) -> Case:

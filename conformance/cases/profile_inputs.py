@@ -6,7 +6,8 @@ the budget binds, some with a budget of 0 (admitted_drafts: admitted); grammar b
 request's rows (grammar_slicing: blocks), with and without num_acceptable_drafts (acceptable_drafts:
 sliced); and device fields (and the host bound of seq_lens, where the profile has it) in the other
 integer dtype, which the local batch follows (local_dtypes: batch, CL-LOCAL-DTYPES, CL-SEQ-LENS-UPPER-BOUND).
-The draws come from a generator seeded by the case, so a run is the same every time.
+Each only where the profile's callers send it (spec/guarantees.py: the dtypes rule). The draws come from a
+generator seeded by the case, so a run is the same every time.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import numpy as np
 
 from shardspec.spec.case import Case
 from shardspec.spec.case_edits import UPPER_BOUND_ABSENT
+from shardspec.spec.guarantees import engine_dtypes
 from shardspec.spec.rules import Rules
 
 ADAPTIVE_SHARE = 0.4
@@ -61,12 +63,19 @@ def with_profile_inputs(case: Case, rules: Rules, rng: np.random.Generator, adap
             changes["num_acceptable_drafts"] = [
                 int(rng.integers(0, case.num_logits_per_req[p] + 1)) for p in case.grammar_positions
             ]
-    if rules.batch_dtypes and rng.random() < DTYPE_SHARE:
-        names = [name for name in OTHER_DTYPES if rng.random() < 0.5] or ["idx_mapping"]
+    sendable = [name for name, dtype in OTHER_DTYPES.items() if sent(rules, name, dtype)]
+    if rules.batch_dtypes and sendable and rng.random() < DTYPE_SHARE:
+        names = [name for name in sendable if rng.random() < 0.5] or sendable[:1]
         changes["batch_dtypes"] = {name: OTHER_DTYPES[name] for name in names}
-        if _has_bound(case, rules) and rng.random() < 0.5:
+        if _has_bound(case, rules) and sent(rules, BOUND, BOUND_DTYPE) and rng.random() < 0.5:
             changes["batch_dtypes"][BOUND] = BOUND_DTYPE
     return replace(case, **changes)
+
+
+def sent(rules: Rules, name: str, dtype: str) -> bool:
+    """Whether the callers of ``rules`` send the batch field ``name`` in ``dtype`` (the dtypes rule: every accepted
+    dtype, or the engine's own, spec/guarantees.py)."""
+    return not rules.engine_dtypes_only or dtype in engine_dtypes().get(name, ())
 
 
 def _has_bound(case: Case, rules: Rules) -> bool:
@@ -82,6 +91,6 @@ def without_profile_inputs(case: Case) -> Case:
 
 def flipped_dtypes(case: Case, rules: Rules) -> dict[str, str]:
     """Batch dtypes in which every field of :data:`OTHER_DTYPES`, and the bound where ``rules`` have it, has the
-    other dtype than in ``case``."""
+    other dtype than in ``case``, where the callers of ``rules`` send it."""
     other = {**OTHER_DTYPES, BOUND: BOUND_DTYPE} if _has_bound(case, rules) else OTHER_DTYPES
-    return {name: dtype for name, dtype in other.items() if name not in case.batch_dtypes}
+    return {name: dtype for name, dtype in other.items() if name not in case.batch_dtypes and sent(rules, name, dtype)}

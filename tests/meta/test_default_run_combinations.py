@@ -1,6 +1,8 @@
 """Variations of different fields that a defect needs together, drawn together by the default run: an
 implementation wrong only where two of them meet must not pass `nox -s conformance`."""
 
+from dataclasses import replace
+
 import pytest
 
 from shardspec.conformance import options
@@ -9,6 +11,7 @@ from shardspec.conformance.cases.coverage import exercised
 from shardspec.conformance.replay import run_case_in_process
 from shardspec.conformance.runner import cases_of_entry, collect_cases
 from shardspec.spec.case_edits import UPPER_BOUND_ABSENT
+from shardspec.spec.guarantees import broken_guarantee
 from shardspec.spec.profiles import DEFAULT_PROFILE, rules_of
 
 ROTATES_LARGE = "shardspec.conformance.broken.extensions:ExtensionEntriesRotatedInLargeBatches"
@@ -91,8 +94,15 @@ def test_bfloat16_logits_meet_infinities_at_every_tp(default_run, tp):
 # Kept from the sharder's first step where a later step's profile inputs differ: passed every multi-step case
 # while the steps were built from the seed profile's inputs (no admitted counts, no batch dtypes on any step).
 KEPT_ACROSS_PROFILE_INPUTS = {
-    "shardspec.conformance.broken.state:LocalDraftsCachedByScheduledDrafts": "INV-LOCAL-DRAFTS",
-    "shardspec.conformance.broken.state:LocalIdxMappingInFirstStepsDtype": "INV-LOCAL-IDX-MAPPING",
+    "shardspec.conformance.broken.state:LocalDraftsCachedByScheduledDrafts": (
+        "INV-LOCAL-DRAFTS",
+        ["vllm-0.33", "vllm-0.34"],
+    ),
+    # idx_mapping in int32: sent where the callers send every accepted dtype
+    "shardspec.conformance.broken.state:LocalIdxMappingInFirstStepsDtype": (
+        "INV-LOCAL-IDX-MAPPING",
+        ["vllm-0.34-strict"],
+    ),
 }
 
 
@@ -115,20 +125,36 @@ def _multi_step_cases(config, case_set, tp: int) -> list:
     return list({parent.case_id: parent for step_id, parent in case_set.parents.items() if step_id in ran}.values())
 
 
-@pytest.mark.parametrize(("profile", "tp"), _sized(["vllm-0.33", "vllm-0.34"], [1, 2, 8]))
+# Profiles whose callers send the batch's fields in the engine's dtypes only, and in every accepted one (dtypes:
+# engine, accepted; spec/guarantees.py): the other dtypes are drawn under the second only.
+EVERY_DTYPE = "vllm-0.34-strict"
+
+
+@pytest.mark.parametrize(("profile", "tp"), _sized(["vllm-0.33", "vllm-0.34", EVERY_DTYPE], [1, 2, 8]))
 def test_every_step_of_a_multi_step_case_draws_the_profiles_inputs(run_under, profile, tp):
     config, case_set = run_under(profile)
     multi = _multi_step_cases(config, case_set, tp)
     later = [step for case in multi for step in case.then]
     assert any(step.admitted_drafts is not None for step in later), f"no later step has admitted counts at tp {tp}"
-    assert any(step.batch_dtypes for step in later), f"no later step has batch dtypes at tp {tp}"
+    rules = rules_of(profile)
+    if not rules.engine_dtypes_only:
+        assert any(step.batch_dtypes for step in later), f"no later step has batch dtypes at tp {tp}"
+    # the layouts and dtypes its callers send (extension fields aside: the steps still declare some)
+    kept = replace(rules, extension_fields="declared")
+    assert [str(broken_guarantee(c, kept)) for c in multi if broken_guarantee(c, kept)] == []
     for case in multi:  # the sharder's construction argument is the same on every step
         assert {step.adaptive_verification for step in [case, *case.then]} == {case.adaptive_verification}
     assert any(case.adaptive_verification for case in multi)
 
 
-@pytest.mark.parametrize("target", sorted(KEPT_ACROSS_PROFILE_INPUTS))
-@pytest.mark.parametrize(("profile", "tp"), _sized(["vllm-0.33", "vllm-0.34"], [1, 2, 8]))
+@pytest.mark.parametrize(
+    ("target", "profile", "tp"),
+    [
+        (t, p, tp)
+        for t, (_, profiles) in sorted(KEPT_ACROSS_PROFILE_INPUTS.items())
+        for p, tp in _sized(profiles, [1, 2, 8])
+    ],
+)
 def test_the_default_runs_steps_catch_state_kept_across_profile_inputs(run_under, profile, tp, target):
     config, case_set = run_under(profile)
     multi = _multi_step_cases(config, case_set, tp)
@@ -136,7 +162,7 @@ def test_the_default_runs_steps_catch_state_kept_across_profile_inputs(run_under
     violated = set()
     for case in multi:
         violated |= {v["invariant_id"] for v in run_case_in_process(case, ImplChoice(target)).violations}
-    assert KEPT_ACROSS_PROFILE_INPUTS[target] in violated, (target, sorted(violated))
+    assert KEPT_ACROSS_PROFILE_INPUTS[target][0] in violated, (target, sorted(violated))
 
 
 # The ends of sizes no case drew before the size axis (conformance/cases/sizes.py).

@@ -16,6 +16,7 @@ from shardspec.conformance.cases.strategies import generate_cases
 from shardspec.conformance.replay import run_case_in_process
 from shardspec.fixtures import load_cases
 from shardspec.fixtures.catalogue import with_profile
+from shardspec.spec.guarantees import broken_guarantee
 from shardspec.spec.loader import load_spec
 from shardspec.spec.profiles import PROFILES, load_profile_file, rules_of
 
@@ -32,11 +33,16 @@ NEW_FIELD = {
 }
 
 
+# A profile whose callers send every dtype the data model accepts (dtypes: accepted), and one whose callers
+# send the engine's own (dtypes: engine): the space's dtypes follow the profile (spec/guarantees.py).
+EVERY_DTYPE, ENGINE_DTYPES = "vllm-0.34-strict", "vllm-0.34"
+
+
 def test_a_field_added_to_the_data_model_gets_its_variations():
     model = copy.deepcopy(space.raw_data_model())
-    before = {v.key for v in space.derive(model)}
+    before = {v.key for v in space.derive(model, EVERY_DTYPE)}
     next(t for t in model["types"] if t["name"] == "InputBatch")["fields"].append(NEW_FIELD)
-    added = {v.key for v in space.derive(model)} - before
+    added = {v.key for v in space.derive(model, EVERY_DTYPE)} - before
     path = "batch.engine_temperatures"
     want = {f"{path}:value={v}" for v in ("min", *space.FLOAT_LIMITS)}
     want |= {f"{path}:dtype=float32", f"{path}:dtype=bfloat16", f"{path}:presence=present", f"{path}:presence=absent"}
@@ -52,8 +58,20 @@ def test_a_field_added_to_the_data_model_gets_its_variations():
     assert added == want
 
 
+def test_a_batch_field_s_dtypes_are_those_the_profile_s_callers_send():
+    for profile, sent in ((EVERY_DTYPE, ("int32", "int64")), (ENGINE_DTYPES, ())):
+        keys = {v.key for v in space.input_space(profile)}
+        for name in ("idx_mapping", "seq_lens", "cu_num_logits", "seq_lens_cpu_upper_bound"):
+            assert {d for d in ("int32", "int64") if f"batch.{name}:dtype={d}" in keys} == set(sent), (profile, name)
+    # the engine's own dtype where it is not the data model's default (expanded_idx_mapping: engine_dtype int64)
+    assert "batch.expanded_idx_mapping:dtype=int64" in {v.key for v in space.input_space(ENGINE_DTYPES)}
+    for case in generate_cases(2, 30, 0, ENGINE_DTYPES):
+        breach = broken_guarantee(case, rules_of(ENGINE_DTYPES))
+        assert breach is None or breach.rule != "dtypes", (case.case_id, str(breach))
+
+
 def test_each_profile_field_meets_each_optional_output():
-    keys = {v.key for v in space.input_space("vllm-0.33")}
+    keys = {v.key for v in space.input_space(EVERY_DTYPE)}
     outputs = [f"{f}:{a}={v}" for f, a, v in space.OPTIONAL_OUTPUTS]
     # vllm-0.33 always passes the bound (seq_lens_upper_bound: always): it is no optional part there, and
     # every case draws it with whatever output it has; where it is optional (the guide's engine profile),
@@ -88,7 +106,7 @@ def test_a_pair_names_its_two_parts():
 
 
 def test_the_spec_s_fields_get_their_variations():
-    keys = {v.key for v in space.input_space("vllm-0.33")}
+    keys = {v.key for v in space.input_space(EVERY_DTYPE)}
     assert {"batch.idx_mapping:value=min", "batch.idx_mapping:value=max", "batch.idx_mapping:dtype=int32"} <= keys
     assert {"logits_shard:value=+inf", "logits_shard:value=nan", "logits_shard:layout=row-padded"} <= keys
     assert {"grammar:presence=absent", "logprobs_dims:step=changed", "batch.num_reqs:value=min"} <= keys
