@@ -68,4 +68,6 @@ def shared_memory(name: str, result: Any, inputs: dict[str, Any]) -> list[dict[s
 
 
 def _storage(tensor: torch.Tensor) -> tuple[str, int]:
+    if tensor.layout != torch.strided or tensor.device.type == "meta":  # no storage of its own to share
+        return str(tensor.device), -1 - id(tensor)
     return str(tensor.device), tensor.untyped_storage().data_ptr()

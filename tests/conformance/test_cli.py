@@ -215,3 +215,17 @@ def test_an_unprintable_or_huge_exception_is_the_implementations_error_cut_short
     assert (unprintable["kind"], unprintable["rank"]) == ("raised", 1), unprintable
     assert "<its str() raised ValueError>" in unprintable["message"] and "suite failed" not in out
     assert (huge["kind"], huge["rank"]) == ("raised", 1) and "more characters cut" in huge["message"], huge["rank"]
+
+
+def test_a_meta_or_sparse_tensor_returned_is_the_implementations_error(tmp_path, plugins_on_path, capsys):
+    """Before, either was reported as "the conformance suite failed"."""
+    entries = ["faulty_sharders:MetaTensorInResult", "faulty_sharders:SparseTensorInResult"]
+    assert _run_code(tmp_path, "--impl", ",".join(entries), "--json", str(tmp_path / "r.json")) == 1
+    assert "the conformance suite failed" not in capsys.readouterr().out
+    data = json.loads((tmp_path / "r.json").read_text())
+    sections = {s["implementation"]: {c["case_id"]: c for c in s["cases"]} for s in data["sections"]}
+    for entry in entries:
+        case = sections[entry]["small-tp2-3"]
+        assert case["status"] in ("fail", "error") and all(e["kind"] != "harness" for e in case["errors"]), case
+        assert {v["rank"] for v in case["violations"]} | {e["rank"] for e in case["errors"]} == {1}, case
+        assert sections[entry]["small-tp2-2"]["status"] == "pass"

@@ -102,3 +102,28 @@ class RaisesHugeMessageInGather(_Base):
         if self._triggered(global_batch):
             raise RuntimeError("x" * (20 << 20))
         return super().gather_sampler_output(local_output, metadata, global_batch, local_batch, **kwargs)
+
+
+class _SpoilsNumNans(_Base):
+    def spoil(self, tensor):
+        raise NotImplementedError
+
+    def gather_sampler_output(self, local_output, metadata, global_batch, local_batch, **kwargs):
+        gathered = super().gather_sampler_output(local_output, metadata, global_batch, local_batch, **kwargs)
+        if self._triggered(global_batch):
+            gathered.num_nans = self.spoil(gathered.num_nans)
+        return gathered
+
+
+class MetaTensorInResult(_SpoilsNumNans):
+    """Rank 1 returns a meta tensor (no data) as num_nans."""
+
+    def spoil(self, tensor):
+        return tensor.to("meta")
+
+
+class SparseTensorInResult(_SpoilsNumNans):
+    """Rank 1 returns a sparse tensor as num_nans."""
+
+    def spoil(self, tensor):
+        return tensor.to_sparse()
