@@ -13,6 +13,7 @@ from shardspec.conformance.cli import build_parser, main
 from shardspec.conformance.options import resolve
 from shardspec.conformance.reproduce import mode_args, reproduce_command
 from shardspec.conformance.runner import RunConfig
+from shardspec.conformance.usage import DEPLOY_TIER
 from shardspec.fixtures import load_case
 
 PROFILE_FILE = pathlib.Path(__file__).parent / "data" / "profiles" / "position-owner.yaml"
@@ -54,7 +55,7 @@ def test_a_printed_command_resolves_to_the_runs_profile_tp_groups_and_group(tmp_
     """Profile, TP groups and the kind of group, whatever $SHARDSPEC_PROFILE says where it is run."""
     case = load_case("tp2-decode", "vllm-seed")
     for config in (
-        RunConfig(profile="vllm-seed", tp_groups=2, share_gpus=False),
+        RunConfig(profile="vllm-seed", tp_groups=2, share_gpus=False, size_tier=DEPLOY_TIER),
         RunConfig(profile="vllm-seed", in_process=True, in_process_group="torch-threads", in_process_device="cpu"),
     ):
         command = reproduce_command(ImplChoice("reference"), case, False, tmp_path, mode_args(config))
@@ -63,3 +64,4 @@ def test_a_printed_command_resolves_to_the_runs_profile_tp_groups_and_group(tmp_
         assert values["profile"] == config.profile and values["tp_groups"] == config.tp_groups, command
         assert values["in_process"] == config.in_process and values["in_process_group"] == config.in_process_group
         assert values["case"] == ["tp2-decode"] and values["in_process_device"] == config.in_process_device
+        assert values["size_tier"] == config.size_tier, command
