@@ -51,15 +51,27 @@ def tests(session: nox.Session) -> None:
     session.run("pytest", "-n", "auto", "tests", *session.posargs)
 
 
-# Every other bundled profile, each run after the default on a budget of its own (20-60 s on 2 CPU cores): vLLM
-# 0.34's owner table, carried by the engine from step to step (tp 3, where production's owners are not a bit
-# mask, with 6 generated cases, the multi-step case, the fixtures and every boundary of the table's
-# preconditions); the previous release's and the seed's contracts at tp 2 (their fixtures, boundaries and 3
-# generated cases), so that every bundled profile is shown green on every run.
+# The main run's profile: vLLM 0.34's rules under the stricter contract (spec/profiles/vllm-0.34-strict.yaml), where
+# no case is outside the contract: must-reject inputs, strided views, every accepted dtype and extension fields
+# are all judged. vLLM's own profiles trust their caller and leave those out.
+MAIN_PROFILE = ("--shardspec-profile", "vllm-0.34-strict")
+# The other profiles, each run after the main one on a budget of its own (20-60 s on 2 CPU cores): vLLM 0.34's
+# own contract (what its callers send) at tp 2; vLLM 0.34's owner table, carried by the engine from step to step,
+# under the strict contract (tp 3, where production's owners are not a bit mask, with 6 generated cases, the
+# multi-step case and every boundary of the table's preconditions); the previous release's and the seed's
+# contracts at tp 2 (their fixtures, boundaries and 3 generated cases), so that every profile is shown green.
 EXTRA_PROFILE_RUNS = {
-    "vllm-0.34-sharded-draft-cache": ("--shardspec-tp", "3", "--shardspec-max-examples", "6"),
-    "vllm-0.33": ("--shardspec-tp", "2", "--shardspec-max-examples", "3"),
-    "vllm-seed": ("--shardspec-tp", "2", "--shardspec-max-examples", "3"),
+    "vllm-0.34": ("--shardspec-profile", "vllm-0.34", "--shardspec-tp", "2", "--shardspec-max-examples", "3"),
+    "vllm-0.34-sharded-draft-cache-strict": (
+        "--shardspec-profile-file",
+        "examples/profiles/vllm-0.34-sharded-draft-cache-strict.yaml",
+        "--shardspec-tp",
+        "3",
+        "--shardspec-max-examples",
+        "6",
+    ),
+    "vllm-0.33": ("--shardspec-profile", "vllm-0.33", "--shardspec-tp", "2", "--shardspec-max-examples", "3"),
+    "vllm-seed": ("--shardspec-profile", "vllm-seed", "--shardspec-tp", "2", "--shardspec-max-examples", "3"),
 }
 
 
@@ -88,37 +100,38 @@ def conformance(session: nox.Session) -> None:
     ("reference/production": even ranks run the reference, odd ranks production).
     Arguments after -- go to pytest, e.g. `-- --shardspec-impl my_pkg.adapter:make_sharder
     --shardspec-tp 2,4 -k INV-OWNER` (docs/validate-your-implementation.md lists the options).
-    Writes reports/conformance-junit.xml and reports/conformance.json. Without arguments or SHARDSPEC_IMPL, a world
-    of two TP groups (DP_WORLD_OPTIONS, reports/conformance-dp-world.json) and the profiles of EXTRA_PROFILE_RUNS
-    follow, each on its budget (reports/conformance-<profile>.json).
+    Writes reports/conformance-junit.xml and reports/conformance.json, under MAIN_PROFILE. Without arguments,
+    SHARDSPEC_IMPL or SHARDSPEC_PROFILE, a world of two TP groups (DP_WORLD_OPTIONS,
+    reports/conformance-dp-world.json) and the profiles of EXTRA_PROFILE_RUNS follow, each on its budget
+    (reports/conformance-<label>.json); with them, the run is the default profile's (or the one named).
     """
     install(session)
     os.makedirs("reports", exist_ok=True)  # where the JSON and JUnit reports go
     suite = ("pytest", "--pyargs", "shardspec.conformance", "-p", "no:cacheprovider", "-s", "-p", "no:xdist")
     impl = ("--shardspec-impl", os.environ.get("SHARDSPEC_IMPL", "reference,production,reference/production"))
+    own = bool(session.posargs) or any(v in os.environ for v in ("SHARDSPEC_IMPL", "SHARDSPEC_PROFILE"))
     session.run(
         *suite,
         *impl,
+        *(() if own else MAIN_PROFILE),
         "--shardspec-json",
         "reports/conformance.json",
         "--junitxml=reports/conformance-junit.xml",
         *session.posargs,
     )
-    if session.posargs or "SHARDSPEC_IMPL" in os.environ:
-        return  # a run of one's own choosing (arguments, another implementation): the default profile's only
+    if own:
+        return  # a run of one's own choosing (arguments, another implementation or profile): that run only
     dp_cases = (arg for case in DP_WORLD_CASES for arg in ("--shardspec-case", case))
     reports = ("--shardspec-json", "reports/conformance-dp-world.json", "--junitxml=reports/conformance-dp-junit.xml")
-    session.run(*suite, *impl, *DP_WORLD_OPTIONS, *dp_cases, *reports)
-    for profile, budget in EXTRA_PROFILE_RUNS.items():
+    session.run(*suite, *impl, *MAIN_PROFILE, *DP_WORLD_OPTIONS, *dp_cases, *reports)  # extensions, a rejection
+    for label, selection in EXTRA_PROFILE_RUNS.items():
         session.run(
             *suite,
             *impl,
-            "--shardspec-profile",
-            profile,
-            *budget,
+            *selection,
             "--shardspec-json",
-            f"reports/conformance-{profile}.json",
-            f"--junitxml=reports/conformance-{profile}-junit.xml",
+            f"reports/conformance-{label}.json",
+            f"--junitxml=reports/conformance-{label}-junit.xml",
         )
 
 

@@ -261,6 +261,15 @@ OPTIONS: tuple[Option, ...] = (
         parse=read.run_dir,
         metavar="DIR",
     ),
+    Option(
+        "robustness",
+        "--robustness",
+        "also send the cases outside the profile's contract (inputs its callers never send: spec/guarantees.py); "
+        "their crashes, hangs and wrong outputs are reported as robustness findings, never as failures",
+        kind="switch",
+        default=False,
+        env="SHARDSPEC_ROBUSTNESS",
+    ),
     Option("no_shrink", "--no-shrink", "do not shrink failing generated cases", kind="switch", default=False),
     Option("verbose", "--verbose", "one line per case", kind="switch", default=False, short="-v"),
 )
@@ -398,6 +407,7 @@ def _resolved(values: dict[str, Any]) -> Resolved:
         json_path=values["json"],
         profile=values["profile"],
         share_gpus=values["share_gpus"],
+        robustness=values["robustness"],
     )
     for flag, wants_cuda in (
         ("--in-process-device cuda", config.in_process_device == "cuda"),

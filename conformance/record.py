@@ -142,6 +142,9 @@ class CaseResult:
     shrunk: str = ""  # what shrinking the case found (see cases/shrink.py), where it was tried
     # Invariants this case judged on every rank (group checkers judge every complete case).
     judged: list[str] = field(default_factory=list)
+    # The guarantee of the run's profile the case breaks (spec/guarantees.py), where a robustness run sent
+    # it anyway: its result is a robustness finding, never a verdict of conformance. "" for the others.
+    outside: str = ""
 
     @property
     def case_id(self) -> str:
@@ -165,6 +168,7 @@ class CaseResult:
             "reproduce": self.reproduce,
             "shrunk": self.shrunk,
             "judged": self.judged,
+            "outside": self.outside,
         }
 
 

@@ -50,13 +50,16 @@ def prepare_reproduction(case_set: CaseSet, run_dir: pathlib.Path) -> None:
 
 
 def annotate(config, choice: ImplChoice, result: CaseResult, case_set: CaseSet, run_dir: pathlib.Path) -> CaseResult:
-    """``result`` with whether its case was generated and, unless it has one, its reproduce command."""
+    """``result`` with whether its case was generated, the guarantee it breaks (a robustness run's) and, unless
+    it has one, its reproduce command."""
     result.generated = result.case_id in case_set.generated
+    result.outside = str(case_set.outside.get(result.case_id, ""))
     if not result.reproduce:
         if result.case_id not in case_set.selections:
             prepare_reproduction(case_set, run_dir)
         selection = case_set.selections.get(result.case_id, f"--case {result.case_id}")
-        result.reproduce = _command(choice, selection, mode_args(config))
+        sent = ("--robustness",) if result.outside else ()  # only a robustness run sends it
+        result.reproduce = _command(choice, selection, (*mode_args(config), *sent))
     return result
 
 

@@ -29,7 +29,9 @@ from shardspec.conformance.usage import (
     MIXED_MAX_EXAMPLES,
 )
 from shardspec.spec.case import Case
+from shardspec.spec.guarantees import Breach, broken_guarantee
 from shardspec.spec.model import DEFAULT_PROFILE
+from shardspec.spec.profiles import rules_of
 
 ALL_TP_SIZES = [1, 2, 3, 4, 8]
 Log = Callable[[str], None]
@@ -74,6 +76,9 @@ class RunConfig:
     size_tier: str = DEFAULT_TIER
     # Rank processes on CUDA where a group has more ranks than GPUs: GPUs shared, collectives on gloo.
     share_gpus: bool = False
+    # Send the cases outside the profile's contract too (spec/guarantees.py): what they end in is reported as
+    # robustness findings, never as conformance failures.
+    robustness: bool = False
 
     @property
     def selected(self) -> bool:
@@ -101,6 +106,9 @@ class CaseSet:
     # Case id -> what selects it in a reproduce command (``--case ID``, ``--case-file PATH --tp N``), made
     # before any case runs (:func:`prepare_reproduction`), so an interrupted run still says how to reproduce.
     selections: dict[str, str] = field(default_factory=dict)
+    # Case id -> the guarantee of the run's profile it breaks (a step: its whole case's): outside the contract,
+    # run only by a robustness run (spec/guarantees.py).
+    outside: dict[str, Breach] = field(default_factory=dict)
 
 
 def collect_cases(config: RunConfig) -> CaseSet:
@@ -129,7 +137,7 @@ def collect_cases(config: RunConfig) -> CaseSet:
         for step in steps:  # a case the reference contradicts would be judged by no checker, yet read pass
             where = f"--case-file {files[step.case_id]}" if step.case_id in files else f"--case {step.case_id}"
             _agrees_with_reference(step, where, config.case_timeout_s)
-        return CaseSet(steps, set(), notes, files, parents)
+        return CaseSet(steps, set(), notes, files, parents, outside=_outside(steps, parents, config.profile))
     if config.size_tier == DEPLOY_TIER:
         return _deploy_tier(config, notes)
     cases = [c for c in _fixture_cases(notes, config.profile) if c.tp_size in config.tp_sizes]
@@ -142,10 +150,12 @@ def collect_cases(config: RunConfig) -> CaseSet:
         from shardspec.conformance.cases.multistep import multi_step_cases
         from shardspec.conformance.cases.spread import most_drawing
         from shardspec.conformance.cases.strategies import generate_cases
-        from shardspec.spec.profiles import rules_of
 
+        rules = rules_of(config.profile)
         for tp in config.tp_sizes:
-            at_boundaries += boundary_cases_for_run(tp, config.profile, config.seed, config.tp_sizes)
+            made = boundary_cases_for_run(tp, config.profile, config.seed, config.tp_sizes)
+            # Only what the profile's callers send, but where a robustness run sends the rest too.
+            at_boundaries += [c for c in made if config.robustness or broken_guarantee(c, rules) is None]
             if tp < rules_of(config.profile).min_tp:
                 continue  # a group the profile builds no sharder for: its rejection is the one case
             deployed += deployment_cases_for_run(tp, config.profile, config.seed, config.tp_sizes)
@@ -159,7 +169,8 @@ def collect_cases(config: RunConfig) -> CaseSet:
     made = {c.case_id for c in steps}
     generated_ids = {c.case_id for c in generated} & made
     boundary_ids = {c.case_id for c in at_boundaries} & made
-    case_set = CaseSet(steps, generated_ids, notes, parents=parents, boundary=boundary_ids)
+    outside = _outside(steps, parents, config.profile)
+    case_set = CaseSet(steps, generated_ids, notes, parents=parents, boundary=boundary_ids, outside=outside)
     case_set.deployed = {c.case_id for c in deployed} & made
     case_set.for_mixed = _chosen_for_mixed(case_set, config)
     return case_set
@@ -177,16 +188,21 @@ def _deploy_tier(config: RunConfig, notes: list[str]) -> CaseSet:
     ]
     sizes = sorted({case.tp_size for case in deployed})
     notes.append(f"size tier deploy: only the sizes engines deploy, at tp {', '.join(map(str, sizes)) or 'none'}")
-    case_set = CaseSet(deployed, set(), notes)
+    case_set = CaseSet(deployed, set(), notes, outside=_outside(deployed, {}, config.profile))
     case_set.deployed = {case.case_id for case in deployed}
     return case_set
+
+
+def _outside(steps: list[Case], parents: dict[str, Case], profile: str) -> dict[str, Breach]:
+    """Each case (a step: its whole case) that breaks a guarantee of ``profile``'s callers, with the guarantee."""
+    rules = rules_of(profile)
+    found = {step.case_id: broken_guarantee(parents.get(step.case_id, step), rules) for step in steps}
+    return {case_id: breach for case_id, breach in found.items() if breach is not None}
 
 
 def _refused_sizes(config: RunConfig) -> list[str]:
     """A note for each group size of the run the profile builds no sharder for (PRE-TP-SIZE): there only
     that rejection is judged, never a valid case, and the run says so rather than judging them silently."""
-    from shardspec.spec.profiles import rules_of
-
     least = rules_of(config.profile).min_tp
     small = [tp for tp in config.tp_sizes if tp < least]
     if not small:
@@ -281,7 +297,8 @@ def cases_of_entry(config: RunConfig, choice: ImplChoice, case_set: CaseSet, tp:
     even leave each other in a collective, and both be right."""
     if not choice.applies_to(tp):
         return []
-    cases = [c for c in case_set.cases if c.tp_size == tp]
+    sent = config.robustness and not choice.mixed  # a robustness run sends what the profile's callers never do
+    cases = [c for c in case_set.cases if c.tp_size == tp and (sent or c.case_id not in case_set.outside)]
     if not choice.mixed or config.selected:
         return cases
     made = case_set.generated | set(case_set.parents)
@@ -295,7 +312,7 @@ def _chosen_for_mixed(case_set: CaseSet, config: RunConfig) -> set[str]:
     """:data:`CaseSet.for_mixed`, from the cases a mixed entry may run (none of undefined behaviour)."""
     from shardspec.conformance.cases.spread import chosen_for_few
 
-    runnable = [c for c in case_set.cases if not undefined_behaviour(c)]
+    runnable = [c for c in case_set.cases if not undefined_behaviour(c) and c.case_id not in case_set.outside]
     steps_of = {step: parent.case_id for step, parent in case_set.parents.items()}
     made = case_set.generated | set(case_set.parents) | case_set.boundary
     return chosen_for_few(runnable, case_set.generated, steps_of, made, config.mixed_max_examples)
@@ -363,6 +380,7 @@ def _finish_results(config, choice, results, case_set, run_dir, log) -> None:
     """Shrink failing generated cases; every result says how to reproduce it."""
     for result in results:
         annotate(config, choice, result, case_set, run_dir)
+    results = [r for r in results if not r.outside]  # a robustness finding is reported, not shrunk
     _shrink_failures(config, choice, results, case_set.generated, run_dir, log)
 
 

@@ -14,6 +14,7 @@ from shardspec.conformance.harness.expectations import expectation_device
 from shardspec.conformance.harness.group import group_for
 from shardspec.conformance.output_paths import ReportPathError, release_run_dir, write_report
 from shardspec.conformance.record import NOT_RUN, PASS, CaseResult, not_run
+from shardspec.conformance.report import contract
 from shardspec.conformance.report import summary as report
 from shardspec.conformance.report.input_coverage import input_coverage, left_out_lines, summary_lines
 from shardspec.conformance.report.xfails import Xfails, load_xfails
@@ -130,9 +131,15 @@ class ConformanceSession:
         for tp in self.tp_sizes:
             self.run_size(tp)
 
+    def judged_results(self, impl: str) -> list[CaseResult]:
+        """The results of ``impl`` that are verdicts: not those of cases outside the contract (a robustness
+        run's findings, report/contract.py)."""
+        return [r for r in self.results[impl] if not r.outside]
+
     def sections(self) -> list[report.Section]:
         sections = []
-        for impl, results in self.results.items():
+        for impl in self.results:
+            results = self.judged_results(impl)
             if not results:
                 continue
             na = self.not_applicable(impl)
@@ -162,6 +169,8 @@ class ConformanceSession:
             failed |= bool(report.failing_invariants(rows))
         parts += ["", *(line for section in sections for line in summary_lines(section.label, section.input_coverage))]
         parts += left_out_lines(section.input_coverage for section in sections)
+        parts += contract.outside_lines(self.case_set.outside, self.config.profile, self.config.robustness)
+        parts += contract.robustness_lines(self.results)
         known_cases = {r.case_id for rs in self.results.values() for r in rs}
         warnings = xfails.warnings(set(levels) | checked, known_cases) + list(self.version_warnings)
         if not checked:
@@ -184,7 +193,7 @@ class ConformanceSession:
         """One cell of the table and what explains it (the failures, or why nothing was judged)."""
         xfails = load_xfails(self.config.xfails_file)
         section = report.Section(
-            self.label(impl), [r for r in self.results[impl] if r.tp == tp], [tp], self.not_applicable(impl)
+            self.label(impl), [r for r in self.judged_results(impl) if r.tp == tp], [tp], self.not_applicable(impl)
         )
         levels = {inv.id: inv.level for inv in self.invariants}
         rows = report.table_rows(section, self.invariants, self.checked(), xfails)
@@ -210,7 +219,7 @@ class ConformanceSession:
         failures = list(getattr(self.group, "launch_failures", ()))
         for line in report.describe_launch_failures(failures):
             log(line)
-        judged = sum(r.status != NOT_RUN for results in self.results.values() for r in results)
+        judged = sum(r.status != NOT_RUN for impl in self.results for r in self.judged_results(impl))
         if judged == 0:
             why = f" ({len(failures)} launch(es) did not run: see above)" if failures else ""
             warnings.append(f"no case was judged: the run proves nothing{why}")
@@ -232,6 +241,8 @@ class ConformanceSession:
             data = report.json_report(
                 metadata, sections, tables, warnings, exit_code, self.invariants, failures, xfails
             )
+            tp_of = {case.case_id: case.tp_size for case in self.case_set.cases}
+            data.update(contract.json_part(self.case_set.outside, tp_of, self.results))
             try:
                 write_report(self.config.json_path, json.dumps(data, indent=1, default=repr))
                 log(f"JSON report: {self.config.json_path}")
@@ -279,6 +290,7 @@ class ConformanceSession:
             "mode": f"in-process ({self.config.in_process_group})" if self.config.in_process else "multi-process",
             "cases": len(self.case_set.cases),
             "max_examples": self.config.max_examples,
+            "robustness": self.config.robustness,
             "mixed_max_examples": self.config.mixed_max_examples,
             "cases_per_tp": {self.label(i): self.case_counts(i) for i in self.config.impls},
             "run_dir": str(self.run_dir),

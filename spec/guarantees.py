@@ -63,10 +63,20 @@ def _extension_fields(case, rules: Rules) -> Breach | None:
     return Breach("extension_fields", rules.extension_fields, f"extension fields declared ({names})")
 
 
+def sends_layout(rules: Rules, layout: str) -> bool:
+    """Whether the profile's callers pass inputs in ``layout`` (spec/layouts.py)."""
+    return not rules.contiguous_only or layout in CONTIGUOUS_LAYOUTS
+
+
+def sends_dtype(rules: Rules, field: str, dtype: str) -> bool:
+    """Whether the profile's callers pass batch field ``field`` in ``dtype`` (any dtype of a field that takes
+    only one: PRE-DTYPES decides those)."""
+    allowed = engine_dtypes().get(field)
+    return not rules.engine_dtypes_only or allowed is None or dtype in allowed
+
+
 def _layout(case, rules: Rules) -> Breach | None:
-    if not rules.contiguous_only:
-        return None
-    views = sorted((name, layout) for name, layout in (case.layouts or {}).items() if layout not in CONTIGUOUS_LAYOUTS)
+    views = sorted((name, layout) for name, layout in (case.layouts or {}).items() if not sends_layout(rules, layout))
     if not views:
         return None
     name, layout = views[0]
@@ -74,14 +84,12 @@ def _layout(case, rules: Rules) -> Breach | None:
 
 
 def _dtype(case, rules: Rules) -> Breach | None:
-    if not rules.engine_dtypes_only:
-        return None
     sent = dict(case.batch_dtypes or {})
     sent.update(DTYPE_EDITS[name] for name in case.edits or () if name in DTYPE_EDITS)
     for name, dtype in sorted(sent.items()):
-        allowed = engine_dtypes().get(name)
-        if allowed is not None and dtype not in allowed:
-            return Breach("dtypes", rules.dtypes, f"{name} in {dtype} (the engine passes {' or '.join(allowed)})")
+        if not sends_dtype(rules, name, dtype):
+            engine = " or ".join(engine_dtypes()[name])
+            return Breach("dtypes", rules.dtypes, f"{name} in {dtype} (the engine passes {engine})")
     return None
 
 

@@ -12,7 +12,7 @@ through the command line::
 from __future__ import annotations
 
 from shardspec.conformance.broken import rule_entries
-from shardspec.conformance.broken.registry import TORCH_GROUPS, Entry, entry
+from shardspec.conformance.broken.registry import TORCH_GROUPS, Entry, entry, within_contract
 
 CORPUS: list[Entry] = [
     # ownership and order
@@ -177,5 +177,14 @@ def _register_input_space_cases() -> None:
 
 
 _register_input_space_cases()
+
+
+def _within_contract() -> list[Entry]:
+    from shardspec.conformance.broken import cases
+
+    return [within_contract(entry, cases.BY_ID) for entry in CORPUS]
+
+
+CORPUS = _within_contract()
 
 BY_NAME = {entry.name: entry for entry in CORPUS}

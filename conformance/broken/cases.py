@@ -257,7 +257,7 @@ BY_ID = {case.case_id: case for case in ALL}
 # vLLM 0.33's inputs (profile vllm-0.33). Adaptive verification with the budget binding: rank 0 owns
 # positions 0, 2 (scheduled 3 and 1 rows, admitted 2 and 1), rank 1 owns 1, 3 (scheduled 2 and 3,
 # admitted 1 and 3); the grammar lists 3 and 0 in blocks of 5 rows (padding rows past every request's),
-# with acceptable-draft counts; idx_mapping int32, which the local batch follows.
+# with acceptable-draft counts; expanded_idx_mapping int64 (vLLM's own dtype there), which the local batch follows.
 ADMITTED = _case(
     "adaptive-admitted",
     slots=[0, 1, 2, 3],
@@ -267,7 +267,7 @@ ADMITTED = _case(
     grammar_positions=[3, 0],
     grammar_block_rows=5,
     num_acceptable_drafts=[2, 1],
-    batch_dtypes={"idx_mapping": "int32"},
+    batch_dtypes={"expanded_idx_mapping": "int64"},
 )
 # A budget of 0: every request keeps one row, so every rank samples with the regular sampler.
 BUDGET_ZERO = _case(

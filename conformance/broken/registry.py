@@ -4,9 +4,11 @@ in-process groups and the profiles it runs under."""
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from shardspec.spec.profiles import DEFAULT_PROFILE, PROFILES, rules_of
+from shardspec.spec.guarantees import broken_guarantee
+from shardspec.spec.profiles import DEFAULT_PROFILE, PROFILES, bundled_profile, rules_of
+from shardspec.spec.rules import GUARANTEE_RULES
 
 PACKAGE = __name__.rpartition(".")[0]  # the corpus package
 ALL_GROUPS = ("lockstep", "torch-threads")
@@ -64,3 +66,24 @@ def profiles_requiring(requires: dict[str, str] | None) -> tuple[str, ...]:
         return (DEFAULT_PROFILE,)
     rules = {name: rules_of(name).as_dict() for name in PROFILES}
     return tuple(name for name in PROFILES if all(rules[name][k] == v for k, v in requires.items()))
+
+
+def within_contract(entry: Entry, by_id: dict) -> Entry:
+    """``entry`` under the profiles whose callers send each of its cases (``by_id``: case id -> case): a defect
+    on a case outside a profile's contract is no defect there. Where none of its profiles sends them, under
+    the bundled profiles that extend one of them with the caller's guarantees alone, where those admit the
+    cases (vllm-0.34-strict: a sharder that accepts a must-reject case is caught there)."""
+
+    def admits(profile: str) -> bool:
+        return all(broken_guarantee(by_id[case_id], rules_of(profile)) is None for case_id in entry.cases)
+
+    kept = tuple(p for p in entry.profiles if admits(p))
+    if not kept:
+        kept = tuple(
+            p
+            for p in PROFILES
+            if bundled_profile(p).extends in entry.profiles
+            and set(bundled_profile(p).own) <= set(GUARANTEE_RULES)
+            and admits(p)
+        )
+    return replace(entry, profiles=kept)

@@ -50,6 +50,7 @@ from functools import cache
 
 from shardspec.conformance.cases.owner_tables import CARRIED
 from shardspec.conformance.cases.sizes import SIZE, size_variations
+from shardspec.spec.guarantees import sends_layout
 from shardspec.spec.model import DEFAULT_PROFILE
 from shardspec.spec.profiles import rules_of
 
@@ -84,6 +85,9 @@ LOOP_FIELDS = (
 CARRIED_FIELDS = {"owner_table": CARRIED}
 # A large batch: more requests than any small one draws and more than a 64-entry block.
 LARGE_BATCH = 65
+# The inputs that exist only where the profile's callers may declare extension fields (extension_fields rule).
+EXTENSION_PATHS = ("extension_fields", "local_output.extensions")
+EXTENSION_SIZES = ("extension_fields", "E")  # their count and an entry's trailing shape (cases/sizes.py)
 
 
 @dataclass(frozen=True, order=True)
@@ -110,6 +114,8 @@ class InputField:
     variants: tuple[str, ...] = ()
     top_level: bool = False
     fixed: bool = False  # constant for a sharder's lifetime (its construction parameters)
+    # The layouts the profile's callers pass it in (its rank decides which of them a field can take).
+    layouts: tuple[str, ...] = LAYOUTS_2D
 
 
 # -------------------------------------------------------------------- the model
@@ -135,7 +141,11 @@ def input_fields(data_model: dict, profile: str | None = DEFAULT_PROFILE) -> lis
     seen_refs: set[str] = set()
     fields: list[InputField] = []
 
+    rules = None if profile is None else rules_of(profile)
+
     def add(entry: dict, path: str, top: bool, fixed: bool) -> None:
+        if rules is not None and not rules.has_extension_fields and path in EXTENSION_PATHS:
+            return  # an input the profile's callers never pass
         fields.append(
             InputField(
                 path=path,
@@ -149,6 +159,7 @@ def input_fields(data_model: dict, profile: str | None = DEFAULT_PROFILE) -> lis
                 variants=tuple(entry.get("variants") or ()),
                 top_level=top,
                 fixed=fixed,
+                layouts=tuple(layout for layout in LAYOUTS_2D if rules is None or sends_layout(rules, layout)),
             )
         )
         ref = entry.get("ref")
@@ -202,7 +213,7 @@ def variations_of(field: InputField) -> list[Variation]:
         out += [(DTYPE, d) for d in field.dtypes]
     if field.type in ("tensor", "ndarray"):
         two_d = field.type == "tensor" and field.shape is not None and len(field.shape) == 2
-        out += [(LAYOUT, layout) for layout in (LAYOUTS_2D if two_d else LAYOUTS_1D)]
+        out += [(LAYOUT, layout) for layout in (LAYOUTS_2D if two_d else LAYOUTS_1D) if layout in field.layouts]
         if field.shape and field.shape[0] in ZERO_SIZES:
             out.append((DIMS, "empty"))
     if field.optional:
@@ -320,7 +331,10 @@ def derive(data_model: dict, profile: str | None = DEFAULT_PROFILE) -> tuple[Var
     for field in input_fields(data_model, profile):
         single = variations_of(field)
         out += single + (pairs_of(single) if single else [])
-    return tuple(out + profile_output_pairs(out)) + tuple(Variation(*v) for v in size_variations())
+    sizes = [Variation(*v) for v in size_variations()]
+    if profile is not None and not rules_of(profile).has_extension_fields:
+        sizes = [v for v in sizes if v.field not in EXTENSION_SIZES]
+    return tuple(out + profile_output_pairs(out)) + tuple(sizes)
 
 
 def raw_data_model() -> dict:

@@ -163,7 +163,9 @@ def _loop_change(kind: str, step: Case, rng: np.random.Generator) -> dict | None
         return {"logprobs_dims": None if step.logprobs_dims is not None else (1, 2)}
     if kind == "nan-counts":
         return {"gather_num_nans": not step.gather_num_nans}
-    if kind == "extensions":
+    if kind == "extensions":  # only where the profile's callers declare extension fields
+        if not rules_of(step.profile).has_extension_fields:
+            return None
         return {"extensions": {} if step.extensions else dict(EXTENSION)}
     if kind == "order":
         return None if n < 2 else _reordered(step)
@@ -258,14 +260,15 @@ def _slots(kind: str, first: Case, previous: Case, rng: np.random.Generator) -> 
 def _options(kind: str, first: Case, previous: Case, slots: list[int]) -> dict:
     """What changes besides the batch: the grammar output on the other-slots step (none where the step
     before had one, else every other request), NaN counts on the shrink step, logprobs on the grow
-    step (none where the step before had them, else (1, 2)), an extension field on the repeat step."""
+    step (none where the step before had them, else (1, 2)), an extension field on the repeat step (where the
+    profile's callers declare them)."""
     if kind == "other-slots":
         return {"grammar_positions": None if previous.grammar_positions else list(range(0, len(slots), 2))}
     if kind == "shrink":
         return {"gather_num_nans": not previous.gather_num_nans}
     if kind == "grow":
         return {"logprobs_dims": None if previous.logprobs_dims is not None else (1, 2)}
-    return {"extensions": {**first.extensions, **EXTENSION}}
+    return {"extensions": {**first.extensions, **EXTENSION}} if rules_of(first.profile).has_extension_fields else {}
 
 
 def _step(first: Case, slots: list[int], rng: np.random.Generator, seed: int, description: str) -> Case:

@@ -30,6 +30,7 @@ case drew and a case can be made to draw is put into one of them
 from __future__ import annotations
 
 import contextlib
+import functools
 from dataclasses import replace
 
 import numpy as np
@@ -76,7 +77,14 @@ LOGPROB_EXTREMES = tuple(FLOAT_LIMIT_VALUES[v] for v in _field_values(LOGPROB_FI
 # The logits dtypes and the views the spec allows, from the input space (views the case format cannot
 # make yet, spec/layouts.py, are left to the coverage report as not covered).
 LOGITS_DTYPE_CHOICES = _field_values("logits_shard", space.DTYPE)
-VIEW_CHOICES = [v for v in _field_values("batch.idx_mapping", space.LAYOUT) if v in LAYOUTS and v != "contiguous"]
+
+
+@functools.cache
+def view_choices(profile: str) -> list[str]:
+    """The views the profile's callers pass (layouts rule): a case draws only those."""
+    return [v for v in _field_values("batch.idx_mapping", space.LAYOUT, profile) if v in LAYOUTS and v != "contiguous"]
+
+
 # Per-row NaN count whose sum over a request's rows still fits the gathered int32.
 NAN_COUNT_EXTREME = INT32_MAX // MAX_LOGITS_PER_REQ
 
@@ -177,14 +185,15 @@ def _layouts(case: Case, kind: np.random.Generator) -> dict[str, str]:
         if name != "num_draft_tokens_per_req" or case.spec_decode is not False
     ]
     fields += ["logits_shard", LOCAL_OUTPUT] + (["grammar_bitmask"] if case.grammar_positions is not None else [])
+    views = view_choices(case.profile)
     style = int(kind.integers(0, 4))
     if style == 0:
         return {}
     if style == 1:
-        layout = str(kind.choice(VIEW_CHOICES))
+        layout = str(kind.choice(views))
         return {name: layout for name in fields}
     chosen = kind.choice(fields, size=int(kind.integers(1, 5)), replace=False)
-    return {str(name): str(kind.choice(VIEW_CHOICES)) for name in chosen}
+    return {str(name): str(kind.choice(views)) for name in chosen}
 
 
 def _grammar_positions(num_reqs: int):

@@ -51,7 +51,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from shardspec.conformance.report.model import SPEC_CHOICE
-from shardspec.spec.case_edits import EXTENSIONS_DECLARED_EMPTY
+from shardspec.spec.guarantees import extensions_declared
 
 # The invariant name an item uses for a case whose run failed (a rank raised, hung or died).
 RUN_ERROR = "run-error"
@@ -93,7 +93,7 @@ def _present(case, name: str) -> bool:
     if name == "num_acceptable_drafts":
         return case.num_acceptable_drafts is not None
     if name == "extension_fields":  # declared, even as no field at all
-        return bool(case.extensions) or EXTENSIONS_DECLARED_EMPTY in (case.edits or [])
+        return extensions_declared(case)
     if name == "seq_lens_cpu_upper_bound":
         return _UPPER_BOUND_ABSENT not in (case.edits or [])
     # local_logprobs: every rank's local output carries logprobs when the gather asks for them.

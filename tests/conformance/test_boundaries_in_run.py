@@ -18,8 +18,10 @@ def _boundary_ids(profile: str) -> set[str]:
 
 
 def test_a_run_draws_each_boundary_once_at_one_of_its_sizes_and_the_mixed_entry_none():
-    for profile in ("vllm-0.33", "vllm-seed"):
-        config = RunConfig(tp_sizes=[2, 4], max_examples=1, profile=profile)
+    """Under a profile whose sharder enforces the preconditions, and under those that trust their caller
+    where a robustness run sends what their callers never do."""
+    for profile, robustness in (("vllm-0.34-strict", False), ("vllm-0.33", True), ("vllm-seed", True)):
+        config = RunConfig(tp_sizes=[2, 4], max_examples=1, profile=profile, robustness=robustness)
         case_set = collect_cases(config)
         at_boundaries = [c for c in case_set.cases if c.case_id in case_set.boundary]
         assert sorted(c.case_id.split("-reject-", 1)[1] for c in at_boundaries) == sorted(_boundary_ids(profile))
@@ -32,6 +34,14 @@ def test_a_run_draws_each_boundary_once_at_one_of_its_sizes_and_the_mixed_entry_
             assert {c.case_id for c in alone} >= {c.case_id for c in at_boundaries if c.tp_size == tp}
 
 
+def test_a_profile_that_trusts_its_caller_draws_no_boundary_its_callers_never_send():
+    """vllm-0.33 builds a sharder for any group, so none of its boundaries is a construction refusal: none is
+    drawn; vllm-0.34's tp 1 run draws PRE-TP-SIZE's (the construction rule's, judged under every profile)."""
+    assert collect_cases(RunConfig(tp_sizes=[2, 4], max_examples=1, profile="vllm-0.33")).boundary == set()
+    drawn = collect_cases(RunConfig(tp_sizes=[1, 2], max_examples=1, profile="vllm-0.34"))
+    assert drawn.boundary and all("-reject-tp-size" in c or "-reject-capacity-tp" in c for c in drawn.boundary)
+
+
 def test_no_boundary_case_without_generated_cases():
     for config in (RunConfig(tp_sizes=[2], max_examples=0), RunConfig(tp_sizes=[2], fixtures_only=True)):
         assert collect_cases(config).boundary == set()
@@ -40,6 +50,7 @@ def test_no_boundary_case_without_generated_cases():
 def test_an_implementation_accepting_a_negative_slot_fails_its_boundary_case_and_it_reproduces(tmp_path):
     report = tmp_path / "r.json"
     args = ["--in-process", "--impl", BROKEN, "--tp", "2", "--max-examples", "1", "--json", str(report)]
+    args += ["--profile", "vllm-0.34-strict"]  # whose sharder rejects what breaks a precondition
     assert main([*args, "--run-dir", str(tmp_path / "run")]) == 1
     cases = json.loads(report.read_text())["sections"][0]["cases"]
     [failing] = [c for c in cases if c["status"] == "fail"]
@@ -48,6 +59,7 @@ def test_an_implementation_accepting_a_negative_slot_fails_its_boundary_case_and
     assert not failing["generated"] and not failing.get("shrunk")
     command = shlex.split(failing["reproduce"])
     assert command[command.index("--case-file") + 1].endswith(f"{failing['case_id']}.yaml") and "--tp" in command
+    assert command[command.index("--profile") + 1] == "vllm-0.34-strict"  # judged under the run's profile
     again = tmp_path / "again.json"
     assert main([*command[3:], "--json", str(again)]) == 1
     [case] = json.loads(again.read_text())["sections"][0]["cases"]

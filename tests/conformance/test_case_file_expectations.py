@@ -59,7 +59,7 @@ def test_a_case_that_agrees_with_the_reference_still_runs(tmp_path, capsys):
     rejected = replace(small_cases(2)[2], case_id="rejected", max_num_reqs=2, expect_error="PRE-CAPACITY-REQS")
     paths.append(_write(rejected, tmp_path))
     args = [arg for path in paths for arg in ("--case-file", path)]
-    assert main(["--in-process", *args]) == 0, capsys.readouterr()
+    assert main(["--in-process", "--profile", "vllm-0.34-strict", *args]) == 0, capsys.readouterr()
 
 
 @pytest.mark.parametrize("impl", ["reference", WRONG_OWNERS])
@@ -67,7 +67,8 @@ def test_invariants_a_rejection_case_cannot_judge_read_na(tmp_path, impl):
     """A case whose inputs are rejected judges the rejection (and that the inputs stay unchanged), nothing of
     the outputs it never produced: those cells read n/a and the JSON does not list them as judged."""
     report = tmp_path / "r.json"
-    code = main(["--impl", impl, "--in-process", "--case", "tp2-reject-batch-size", "--json", str(report)])
+    args = ["--impl", impl, "--in-process", "--profile", "vllm-0.34-strict", "--case", "tp2-reject-batch-size"]
+    code = main([*args, "--json", str(report)])
     assert code == 0
     section = json.loads(report.read_text())["sections"][0]
     (case,) = section["cases"]

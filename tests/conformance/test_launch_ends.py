@@ -38,7 +38,8 @@ def test_a_peer_that_lost_its_partner_is_not_blamed(tmp_path, launcher):
     rank 1 loses its peer in the all-to-all. Rank 0 is the one error that is its own (died, with its exit
     status, with torchrun too); rank 1 fails no invariant (it failed INV-REJECT-INVALID under torchrun)."""
     entry = "hostile_sharders:ExitOnRankZeroInAllToAll"
-    args = ["--impl", entry, "--case", "tp2-reject-extension-supported", "--launcher", launcher, "--timeout", "10"]
+    args = ["--impl", entry, "--profile", "vllm-0.34-strict", "--case", "tp2-reject-extension-supported"]
+    args += ["--launcher", launcher, "--timeout", "10"]
     proc, sections, _ = _conformance(tmp_path, *args)
     case = sections[entry]["tp2-reject-extension-supported"]
     assert case["status"] == "error" and case["violations"] == [], case

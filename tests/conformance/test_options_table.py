@@ -24,6 +24,7 @@ BAD_VALUES = {
     "SHARDSPEC_IMPL": ",",
     "SHARDSPEC_IMPL_ODD": "a/b",
     "SHARDSPEC_QUICK": "maybe",
+    "SHARDSPEC_ROBUSTNESS": "maybe",
     "SHARDSPEC_TP": "0",
     "SHARDSPEC_PROFILE": "vllm-9",
     "SHARDSPEC_PROFILE_FILE": "/no/such/profile.yaml",

@@ -19,7 +19,8 @@ ROTATES_LARGE = "shardspec.conformance.broken.extensions:ExtensionEntriesRotated
 
 @pytest.fixture(scope="module")
 def default_run():
-    config = options.resolve_run({"impl": "reference"}, {}).config
+    # Under the profile of `nox -s conformance`'s main run (noxfile.py's MAIN_PROFILE): nothing outside the contract.
+    config = options.resolve_run({"impl": "reference", "profile": "vllm-0.34-strict"}, {}).config
     return config, collect_cases(config)
 
 

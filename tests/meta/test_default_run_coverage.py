@@ -28,9 +28,15 @@ def _nox_entries() -> str:
     return found.group(1)
 
 
+def _nox_profile() -> str:
+    found = re.search(r'MAIN_PROFILE = \("--shardspec-profile", "([^"]+)"\)', NOXFILE.read_text())
+    assert found, "noxfile.py no longer names the conformance session's main profile where this test reads it"
+    return found.group(1)
+
+
 @pytest.fixture(scope="module")
 def default_run():
-    config = options.resolve_run({"impl": _nox_entries()}, {}).config
+    config = options.resolve_run({"impl": _nox_entries(), "profile": _nox_profile()}, {}).config
     return config, collect_cases(config)
 
 

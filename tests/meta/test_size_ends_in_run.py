@@ -29,7 +29,8 @@ ENTRIES = {
 
 @pytest.fixture(scope="module")
 def default_run():
-    config = options.resolve_run({"impl": "reference"}, {}).config
+    # The profile of `nox -s conformance`'s main run (noxfile.py's MAIN_PROFILE).
+    config = options.resolve_run({"impl": "reference", "profile": "vllm-0.34-strict"}, {}).config
     return config, collect_cases(config)
 
 

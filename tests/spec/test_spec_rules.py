@@ -46,18 +46,18 @@ def test_vllm_034_changes_what_vllm_034_changed():
         "exchange": "all_to_all_vocab_shards",
         "communicator": "engine",
         "construction": "sharded_groups",
-        "extension_fields": "none",
     }
 
 
 def test_vllms_profiles_trust_their_caller_and_the_strict_one_does_not():
     """vLLM's profiles state what its engine sends (contiguous inputs in its own dtypes, every precondition
-    kept by its scheduler; no extension fields from 0.34 on); the strict profile is 0.34's with none of them."""
+    kept by its scheduler; no extension fields from 0.33 on); the strict profile is 0.34's with none of them."""
     guarantees = ("layouts", "dtypes", "preconditions", "extension_fields")
     for name in ("vllm-seed", "vllm-0.33", "vllm-0.34", "vllm-0.34-sharded-draft-cache"):
         rules = rules_of(name)
         assert (rules.contiguous_only, rules.engine_dtypes_only, rules.trusts_caller) == (True, True, True), name
-    assert rules_of("vllm-0.33").has_extension_fields and not rules_of("vllm-0.34").has_extension_fields
+    # Extension fields up to the seed's revision only: 0.33.0's config already refuses return_sampling_mask.
+    assert rules_of("vllm-seed").has_extension_fields and not rules_of("vllm-0.33").has_extension_fields
     strict = bundled_profile("vllm-0.34-strict")
     assert strict.extends == "vllm-0.34" and set(strict.own) == set(guarantees)
     rules = strict.rules
