@@ -9,8 +9,9 @@ instead of paying for each again (like pytest's ``--maxfail``). A constructor th
 the same error (type and message) in ``max_crashes`` cases spends the budget too: a sharder that
 cannot be built fails every case alike, each with a relaunch and a traceback per rank.
 
-Crashes on cases of invalid inputs (a precondition broken on purpose: must be rejected, or undefined) are
-counted apart and stop only the entry's other invalid-input cases: an implementation that trusts its
+Crashes on cases of invalid inputs (a precondition broken on purpose: must be rejected, or undefined; or,
+in a robustness run, a guarantee of the profile's callers broken) are counted apart and stop only the
+entry's other invalid-input cases: an implementation that trusts its
 scheduler (vLLM checks few preconditions) may abort on invalid input and still run every valid case right,
 and those valid cases are what its users run.
 
@@ -25,6 +26,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from shardspec.conformance.record import CaseResult
+from shardspec.spec.guarantees import broken_guarantee
+from shardspec.spec.profiles import rules_of
 
 # Errors that end a launch: the rank's process died, or hung past its watchdog.
 CRASH_KINDS = ("died", "timeout")
@@ -52,8 +55,11 @@ def crash_of(result: CaseResult) -> tuple[str, str] | None:
 
 
 def invalid_input(case) -> bool:
-    """The case breaks a precondition on purpose (one that must be rejected, or one left undefined)."""
-    return getattr(case, "expect_error", None) is not None
+    """The case breaks a precondition on purpose (one that must be rejected, or one left undefined), or a
+    guarantee its profile's callers keep (a robustness run's case outside the contract: spec/guarantees.py)."""
+    if getattr(case, "expect_error", None) is not None:
+        return True
+    return hasattr(case, "profile") and broken_guarantee(case, rules_of(case.profile)) is not None
 
 
 def suspect_crash(result: CaseResult) -> bool:

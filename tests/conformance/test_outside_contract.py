@@ -3,12 +3,18 @@ sent only by a robustness run, whose findings never fail it; and judged under vl
 
 import json
 
+from shardspec.conformance.broken import CORPUS
+from shardspec.conformance.broken import cases as targeted
 from shardspec.conformance.cases.input_space import input_space
 from shardspec.conformance.cases.multistep import multi_step_cases
 from shardspec.conformance.cases.strategies import generate_cases
 from shardspec.conformance.cli import main
+from shardspec.conformance.harness.crashes import invalid_input
+from shardspec.fixtures import load_case
+from shardspec.fixtures.catalogue import with_profile
 from shardspec.spec.guarantees import broken_guarantee
 from shardspec.spec.profiles import rules_of
+from shardspec.spec.rules import GUARANTEE_RULES
 
 # One fixture per guarantee vllm-0.34's callers keep, and one they send.
 OUTSIDE = {
@@ -83,3 +89,26 @@ def test_the_generators_draw_only_what_the_profiles_callers_send():
         assert "batch.seq_lens:layout=offset" in keys and "batch.expanded_idx_mapping:dtype=int64" in keys
         views = {layout for c in made for layout in c.layouts.values()}
         assert ("strided" in views) is strict
+
+
+def test_each_guarantee_has_broken_sharders_judged_only_where_the_profile_owes_it():
+    """For each guarantee rule, corpus entries whose targeted cases break it under vllm-0.34: they run (and
+    are caught, tests/meta/test_suite_rejects_broken.py) under vllm-0.34-strict only, never under vllm-0.34,
+    whose callers never send those cases."""
+    trusting = rules_of("vllm-0.34")
+    by_rule: dict[str, set[str]] = {}
+    for entry in CORPUS:
+        breaches = [broken_guarantee(targeted.BY_ID[case_id], trusting) for case_id in entry.cases]
+        for breach in filter(None, breaches):
+            by_rule.setdefault(breach.rule, set()).add(entry.name)
+            assert "vllm-0.34" not in entry.profiles and "vllm-0.34-strict" in entry.profiles, entry
+    assert set(by_rule) == set(GUARANTEE_RULES), by_rule
+    assert {"checks-nothing", "seq-lens-unit-stride", "drops-extension-field"} <= set().union(*by_rule.values())
+
+
+def test_a_robustness_runs_crashes_stop_only_cases_outside_the_contract():
+    """The crash budget counts a crash on a case outside the contract with the invalid-input ones: a sharder
+    that aborts on strided views in a robustness run still runs every case its callers send."""
+    strided = load_case("tp2-valid-strided-inputs", "vllm-0.34")
+    assert invalid_input(strided) and not invalid_input(load_case("tp2-decode", "vllm-0.34"))
+    assert not invalid_input(with_profile(strided, "vllm-0.34-strict"))
