@@ -14,13 +14,14 @@ the run is named by its written file, which holds what was drawn.
 from __future__ import annotations
 
 import pathlib
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from shardspec.conformance.api import ImplChoice
 from shardspec.conformance.record import CaseResult
 from shardspec.conformance.usage import DEFAULT_TIER
 from shardspec.spec.case import Case
-from shardspec.spec.profiles import is_profile, profile_source
+from shardspec.spec.profiles import is_profile, profile_source, rules_of
 
 if TYPE_CHECKING:
     from shardspec.conformance.runner import CaseSet, RunConfig
@@ -69,8 +70,18 @@ def write_case_file(case: Case, run_dir: pathlib.Path) -> pathlib.Path:
     folder = run_dir / "failing"
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{case.case_id}.yaml"
-    path.write_text(case_to_yaml(case))
+    path.write_text(case_to_yaml(_table_written_out(case)))
     return path
+
+
+def _table_written_out(case: Case) -> Case:
+    """Under owner rule owner_table a case file holds only where it writes its table out (CL-OWNER-TABLE): a
+    case of this run on the initial table (no entries) gets that table written as no entries, else its
+    printed command could not load it under the run's profile."""
+    if not rules_of(case.profile).owner_by_table:
+        return case
+    steps = [replace(step, owner_table={}) if step.owner_table is None else step for step in case.then]
+    return replace(case, owner_table={} if case.owner_table is None else case.owner_table, then=steps)
 
 
 def reproduce_command(choice: ImplChoice, case: Case, made_here: bool, run_dir: pathlib.Path, mode: tuple = ()) -> str:

@@ -65,3 +65,20 @@ def test_a_printed_command_resolves_to_the_runs_profile_tp_groups_and_group(tmp_
         assert values["in_process"] == config.in_process and values["in_process_group"] == config.in_process_group
         assert values["case"] == ["tp2-decode"] and values["in_process_device"] == config.in_process_device
         assert values["size_tier"] == config.size_tier, command
+
+
+def test_a_case_on_the_initial_owner_table_is_written_so_that_its_command_loads_it(tmp_path):
+    """A case of the run on the initial owner table (no entries, as generated and deployed cases may be)
+    holds under an owner-table profile only where its file writes the table out; before, the printed command
+    was refused ("the case holds for profile(s) ..., not vllm-0.34-sharded-draft-cache")."""
+    from dataclasses import replace
+
+    from shardspec.conformance.reproduce import write_case_file
+    from shardspec.fixtures.catalogue import case_profiles, load_case_file
+
+    profile = "vllm-0.34-sharded-draft-cache"
+    case = replace(load_case("tp2-owner-table-initial", profile), case_id="gen-tp2-s0-000", owner_table=None)
+    case = replace(case, profiles=(), then=[replace(case, owner_table=None)])
+    written = load_case_file(write_case_file(case, tmp_path))
+    assert written.owner_table == {} and written.then[0].owner_table == {}
+    assert profile in case_profiles(written, (profile,))
