@@ -10,7 +10,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -38,24 +37,27 @@ def run(tmp_path_factory):
     command += ["--profile", "vllm-0.34-strict"]  # where must-reject cases are inside the contract
     command += ["--xfails-file", str(folder / "xfails.yaml"), "--json", str(folder / "r.json")]
     command += [arg for case_id in CASES for arg in ("--case", case_id)]
-    start = time.monotonic()
     proc = subprocess.run(command, capture_output=True, text=True, timeout=300, env=dict(os.environ))
-    wall = time.monotonic() - start
     report = json.loads((folder / "r.json").read_text())
     sections = {s["implementation"]: {c["case_id"]: c for c in s["cases"]} for s in report["sections"]}
-    return proc, wall, sections
+    return proc, sections
 
 
 def test_a_known_failures_entry_covers_them(run):
-    proc, wall, _ = run
+    proc, sections = run
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
-    assert wall < 2 * TIMEOUT_S, f"a rank waited for a peer that had stopped ({wall:.0f}s)"
+    # No rank waited for a peer that had stopped: every step ended well before the timeout. Judged by each
+    # case's own step times, not the run's wall time, which grows with the entries' launches and the load.
+    for cases in sections.values():
+        for case_id, case in cases.items():
+            slowest = max(case["timings"].values(), default=0.0)
+            assert slowest < TIMEOUT_S, f"{case_id}: a rank waited for a peer that had stopped ({case['timings']})"
 
 
 @pytest.mark.parametrize("name", ENTRIES)
 @pytest.mark.parametrize("case_id", CASES)
 def test_each_case_fails_inv_reject_invalid_only(run, name, case_id):
-    case = run[2][f"shardspec.conformance.broken.rejection:{name}"][case_id]
+    case = run[1][f"shardspec.conformance.broken.rejection:{name}"][case_id]
     assert (case["status"], case["errors"]) == ("fail", []), case
     assert {v["invariant_id"] for v in case["violations"]} == {"INV-REJECT-INVALID"}
     assert f"--case {case_id}" in case["reproduce"]
@@ -63,6 +65,6 @@ def test_each_case_fails_inv_reject_invalid_only(run, name, case_id):
 
 @pytest.mark.parametrize("case_id", CASES)
 def test_the_rank_that_went_on_is_named_with_the_precondition_and_step(run, case_id):
-    case = run[2]["shardspec.conformance.broken.rejection:AcceptsOnOddRanks"][case_id]
+    case = run[1]["shardspec.conformance.broken.rejection:AcceptsOnOddRanks"][case_id]
     assert [v["rank"] for v in case["violations"]] == [1], case["violations"]  # rank 0 rejects as it must
     assert case["violations"][0]["message"].startswith(CASES[case_id]), case["violations"][0]
