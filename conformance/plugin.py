@@ -188,7 +188,10 @@ def pytest_sessionfinish(session, exitstatus):
     signum = _signal_of(config)
     if interrupted:
         log(f"interrupted by {signal.Signals(signum).name}: the report below covers the cases judged so far")
-    code = run.finish(log=log, interrupted=signal.Signals(signum).name if interrupted else None)
+    suite_errors = 0 if interrupted else session.testsfailed  # beside a FAIL cell's failure the run fails anyway
+    code = run.finish(
+        log=log, interrupted=signal.Signals(signum).name if interrupted else None, suite_errors=suite_errors
+    )
     if interrupted:
         session.exitstatus = 128 + signum
     elif code and session.exitstatus == pytest.ExitCode.OK and not config.stash.get(_DESELECTED, False):

@@ -204,8 +204,9 @@ class ConformanceSession:
         mine = [line for line in lines if f"[{row}]" in line or (row == report.ERRORS_ROW and line.startswith("ERROR"))]
         return cell, "\n".join(mine or lines)
 
-    def finish(self, log: Log | None = None, interrupted: str | None = None) -> int:
-        """Print the report, write the JSON; the exit code (never 0 when no case was judged)."""
+    def finish(self, log: Log | None = None, interrupted: str | None = None, suite_errors: int = 0) -> int:
+        """Print the report, write the JSON; the exit code (never 0 when no case was judged, nor when
+        ``suite_errors`` tests of the suite failed outside the table: an error of the suite's own)."""
         self.group.close()
         release_run_dir(self.run_dir)  # the ranks are gone: the folder's lock is given up
         if interrupted:  # the cases the interruption left out are not run, and the report says so
@@ -224,6 +225,12 @@ class ConformanceSession:
             why = f" ({len(failures)} launch(es) did not run: see above)" if failures else ""
             warnings.append(f"no case was judged: the run proves nothing{why}")
             log(f"error: no case was judged: the run proves nothing{why}")
+            exit_code = 1
+        if suite_errors and exit_code == 0:
+            # A test failed though no cell did: the suite itself raised (a fixture, the expectations), so the
+            # table holds only what ran before it and is no verdict.
+            warnings.append(f"{suite_errors} test(s) of the suite failed outside the table: the run proves nothing")
+            log(f"error: {suite_errors} test(s) of the suite failed outside the table (above): the run proves nothing")
             exit_code = 1
         if interrupted:
             warnings.append(f"interrupted by {interrupted}: partial report")

@@ -83,3 +83,20 @@ def test_the_plugin_costs_other_pytest_sessions_no_torch_import():
     code = "import sys, shardspec.conformance.plugin; print(sorted({'torch', 'numpy'} & set(sys.modules)))"
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert proc.stdout.strip() == "[]", proc.stdout + proc.stderr
+
+
+def test_an_error_of_the_suite_itself_is_never_a_pass(tmp_path, plugins_on_path):
+    """Tests that fail outside the table (the suite's own run raised) make the run fail, in its last line and
+    its JSON, not only in pytest's exit status: before, it printed PASSED and wrote exit_code 0."""
+    import json
+    import subprocess
+    import sys
+
+    report = tmp_path / "r.json"
+    command = [sys.executable, "-m", "pytest", "--pyargs", "shardspec.conformance", "-p", "breaks_the_suite"]
+    command += ["-p", "no:cacheprovider", "-p", "no:xdist", "--shardspec-impl", "reference"]
+    command += ["--shardspec-tp", "1,2", "--shardspec-max-examples", "1", "--shardspec-json", str(report)]
+    out = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert out.returncode != 0, out.stdout[-3000:]
+    assert "PASSED in" not in out.stdout and "the run proves nothing" in out.stdout, out.stdout[-3000:]
+    assert json.loads(report.read_text())["exit_code"] == 1
