@@ -31,19 +31,36 @@ def world_of_two_groups(tmp_path_factory):
     command = [sys.executable, "-m", "shardspec.conformance", "--impl", ",".join(IMPLS), "--tp", "2"]
     command += ["--no-shrink", "--launcher", "external", "--run-dir", str(folder / "run")]
     command += ["--json", str(folder / "r.json"), *[arg for path in files for arg in ("--case-file", path)]]
-    judge = subprocess.Popen(command, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    launch = folder / "run" / "tp2" / "launch0.json"
-    deadline = time.monotonic() + 120
-    while not launch.exists() and time.monotonic() < deadline:
-        time.sleep(0.3)
-    ranks = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", "4"]
-    ranks += ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}"]
-    ranks += ["-m", "shardspec.conformance.harness.worker", str(launch.parent), str(launch)]
-    world = subprocess.Popen(ranks, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    out, _ = judge.communicate(timeout=300)
-    world.wait(timeout=60)
+    log = folder / "judge.log"
+    with open(log, "w") as stream:
+        judge = subprocess.Popen(command, env=_env(), stdout=stream, stderr=subprocess.STDOUT, text=True)
+        worlds = _start_each_launch(judge, folder / "run" / "tp2")
+    for world in worlds:
+        world.wait(timeout=60)
     report = json.loads((folder / "r.json").read_text())
-    return judge.returncode, out, {section["implementation"]: section["cases"] for section in report["sections"]}
+    sections = {section["implementation"]: section["cases"] for section in report["sections"]}
+    return judge.returncode, log.read_text(), sections
+
+
+def _start_each_launch(judge, folder, limit_s: float = 300.0) -> list:
+    """A world of 4 ranks for each launch file the judge writes, as the external launcher's user starts one per
+    printed command: each entry of the run has launches of its own."""
+    worlds, started = [], set()
+    deadline = time.monotonic() + limit_s
+    while judge.poll() is None and time.monotonic() < deadline:
+        for launch in sorted(folder.glob("launch*.json")) if folder.is_dir() else ():
+            if launch.name in started or not launch.stem[len("launch") :].isdigit():
+                continue
+            started.add(launch.name)
+            ranks = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", "4"]
+            ranks += ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}"]
+            ranks += ["-m", "shardspec.conformance.harness.worker", str(folder), str(launch)]
+            worlds.append(subprocess.Popen(ranks, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        time.sleep(0.3)
+    if judge.poll() is None:
+        judge.kill()
+    judge.wait(timeout=60)
+    return worlds
 
 
 def test_the_reference_passes_in_every_tp_group(world_of_two_groups):
