@@ -54,7 +54,11 @@ def extension_rows(name: str, spec: ExtensionSpec, slots: np.ndarray, positions:
     base = np.asarray(slots, dtype=np.int64) * 37 + np.asarray(positions, dtype=np.int64) * 11 + salt
     values = base[:, None] + np.arange(width, dtype=np.int64)[None, :]
     if spec.dtype == torch.bool:
-        data = torch.from_numpy(values % 2 == 1)
+        # Alternating, and the entry's last element always set: a wide entry cut short (its tail dropped or
+        # zeroed) differs from it whatever the entry's keys (a single request's mask included).
+        flags = values % 2 == 1
+        flags[:, -1] = True
+        data = torch.from_numpy(flags)
     elif spec.dtype in (torch.uint8, torch.int8, torch.int16):
         data = torch.from_numpy(values % 100).to(spec.dtype)
     elif spec.dtype.is_floating_point:
