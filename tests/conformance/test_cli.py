@@ -90,7 +90,12 @@ def test_torch_threads_group_runs_from_the_command_line(tmp_path, plugins_on_pat
     assert report["metadata"]["mode"] == "in-process (torch-threads)"
     out = capsys.readouterr().out
     assert "in-process (torch-threads group, ranks as threads on cpu)" in out
-    assert "--impl faulty_sharders:WrongCountsSharder --in-process-group torch-threads --case-file" in out
+    commands = [line for line in out.splitlines() if "reproduce:" in line]
+    assert any(
+        "--impl faulty_sharders:WrongCountsSharder --profile " in line
+        and "--in-process-group torch-threads --case-file" in line
+        for line in commands
+    ), commands
 
 
 def test_a_run_with_warnings_keeps_the_files_its_reproduce_commands_name(tmp_path, monkeypatch):

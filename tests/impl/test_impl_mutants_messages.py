@@ -289,6 +289,7 @@ NO_REQUEST_ONE_ROW = {
     VLLM_033: "[PRE-GRAMMAR-BITMASK] shape (1, 4): expected [G * S, B] (field grammar_bitmask, rank 0)",
     VLLM_034: "[PRE-GRAMMAR-BITMASK] shape (1, 4): expected [G * S, B] (field grammar_bitmask, rank 0)",
     VLLM_034_SHARDED_CACHE: "[PRE-GRAMMAR-BITMASK] shape (1, 4): expected [G * S, B] (field grammar_bitmask, rank 0)",
+    "vllm-0.34-strict": "[PRE-GRAMMAR-BITMASK] shape (1, 4): expected [G * S, B] (field grammar_bitmask, rank 0)",
 }
 
 
