@@ -33,12 +33,14 @@ def runs(tmp_path_factory):
     xfails.write_text(f"INV-REJECT-NAMES-PRECONDITION: {REASON}\n")
     common = ["--tp", "2", "--fixtures-only", "--in-process", "--run-dir"]
     first, second = out / "reference-0.34.json", out / "engine-0.33.json"
-    code = run_suite(["--impl", "reference", "--profile", "vllm-0.34", *common, str(out / "a"), "--json", str(first)])
+    strict = ["--impl", "reference", "--profile", "vllm-0.34-strict"]  # its must-reject fixtures are judged
+    code = run_suite([*strict, *common, str(out / "a"), "--json", str(first)])
     assert code == 0
     with pytest.MonkeyPatch.context() as patch:  # the probe's child process and the in-process ranks import it
         patch.syspath_prepend(str(DATA))
         patch.setenv("PYTHONPATH", str(DATA))
-        engine = ["--impl", "released_engine:EngineNineNine", "--profile", "vllm-0.33", "--xfails-file", str(xfails)]
+        enforced = str(DATA / "vllm-0.33-enforced.yaml")  # must-reject cases are outside vllm-0.33's contract
+        engine = ["--impl", "released_engine:EngineNineNine", "--profile-file", enforced, "--xfails-file", str(xfails)]
         assert run_suite([*engine, *common, str(out / "b"), "--json", str(second)]) == 1  # INV-REJECT-INVALID
     third = out / "production-0.34-tp1.json"
     one = ["--impl", "production", "--profile", "vllm-0.34", "--tp", "1", "--fixtures-only", "--in-process"]
@@ -52,8 +54,8 @@ def test_each_release_is_a_column_of_pass_known_untriaged_and_not_run(runs):
     page = build_releases([load_report(path) for path in (first, second, third)])
     titles = [(c.title, c.profile, c.tp_sizes) for c in page.columns]
     assert titles == [
-        ("reference", "vllm-0.34", (2,)),
-        ("engine 9.9", "vllm-0.33", (2,)),
+        ("reference", "vllm-0.34-strict", (2,)),
+        ("engine 9.9", "vllm-0.33-enforced", (2,)),
         ("production", "vllm-0.34", (1,)),
     ]
     assert page.cell("INV-OWNER", "reference").state == PASSED
@@ -81,7 +83,7 @@ def test_the_command_writes_the_page_with_every_row_and_column(runs):
     html_path = out / "releases.html"
     assert report_main(["releases", *map(str, reports), "-o", str(html_path)]) == 0
     html = html_path.read_text()
-    assert "engine 9.9" in html and "profile vllm-0.33" in html and "profile vllm-0.34" in html
+    assert "engine 9.9" in html and "profile vllm-0.33-enforced" in html and "profile vllm-0.34" in html
     page = build_releases([load_report(path) for path in reports])
     rows = re.findall(r'<tr class="invariant" data-invariant="([^"]+)">(.*?)</tr>', html, re.S)
     assert [inv for inv, _ in rows] == [inv for inv, _ in page.rows]
