@@ -16,7 +16,7 @@ from shardspec.conformance.runner import RunConfig
 from shardspec.conformance.usage import DEPLOY_TIER
 from shardspec.fixtures import load_case
 
-PROFILE_FILE = pathlib.Path(__file__).parent / "data" / "profiles" / "position-owner.yaml"
+PROFILE_FILE = pathlib.Path(__file__).parent / "data" / "profiles" / "position-owner-any-dtype.yaml"
 ENTRY = "default_profile_sharder:make"
 FIXTURES = pathlib.Path(__file__).parents[2] / "fixtures" / "cases"
 
