@@ -11,7 +11,6 @@ from harness_cases import small_cases, write_cases
 from shardspec.conformance.record import FAIL, CaseResult
 from shardspec.conformance.runner import RunConfig
 from shardspec.conformance.session import ConformanceSession
-from shardspec.spec.profiles import DEFAULT_PROFILE
 
 
 class InterruptedGroup:
@@ -52,7 +51,7 @@ def test_an_interruption_keeps_every_reproduce_command(tmp_path):
     assert session.finish(interrupted="SIGINT") == 130
     cases = {c["case_id"]: c for c in json.loads((tmp_path / "r.json").read_text())["sections"][0]["cases"]}
     assert set(cases) == {"tp2-decode", "tp2-reject-slot-unique", *(c.case_id for c in small_cases(2))}
-    prefix = f"python -m shardspec.conformance --impl reference --profile {DEFAULT_PROFILE}"
+    prefix = "python -m shardspec.conformance --impl reference --profile vllm-0.34-strict"
     assert cases["tp2-decode"]["reproduce"] == f"{prefix} --case tp2-decode", cases["tp2-decode"]
     assert cases["tp2-reject-slot-unique"]["reproduce"] == f"{prefix} --case tp2-reject-slot-unique"
     for path in files:
