@@ -9,6 +9,7 @@ so it works wherever Debian's ``chromium`` package is installed, offline.
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
 import select
@@ -17,6 +18,8 @@ import subprocess
 import tempfile
 import time
 from typing import Any
+
+import pytest
 
 CANDIDATES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
 
@@ -179,3 +182,17 @@ class Chromium:
                 captureBeyondViewport=True, clip={"x": 0, "y": 0, "width": size[0], "height": size[1], "scale": 1}
             )
         return base64.b64decode(self.call("Page.captureScreenshot", session=True, **params)["data"])
+
+
+@contextlib.contextmanager
+def headless_chromium(width: int, height: int, skipped: str):
+    """A Chromium of this viewport for a test module's browser tests; the test skips, saying ``skipped`` (what
+    did not run), where no Chromium is found."""
+    executable = find_chromium()
+    if executable is None:
+        pytest.skip(
+            "headless Chromium not found: install Debian's chromium (apt-get install chromium) "
+            f"or set SHARDSPEC_CHROMIUM; {skipped}"
+        )
+    with Chromium(executable, width, height) as chromium:
+        yield chromium

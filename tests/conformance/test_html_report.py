@@ -10,7 +10,7 @@ import pathlib
 import sys
 
 import pytest
-from chromium_cdp import Chromium, find_chromium
+from chromium_cdp import headless_chromium
 from png import png_size, tiny_png
 
 from shardspec.conformance.report.html import main
@@ -34,13 +34,7 @@ def site(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def browser():
-    executable = find_chromium()
-    if executable is None:
-        pytest.skip(
-            "headless Chromium not found: install Debian's chromium (apt-get install chromium) "
-            "or set SHARDSPEC_CHROMIUM; the HTML report's browser tests did not run"
-        )
-    with Chromium(executable, WIDTH, HEIGHT) as chromium:
+    with headless_chromium(WIDTH, HEIGHT, "the HTML report's browser tests did not run") as chromium:
         yield chromium
 
 

@@ -11,7 +11,7 @@ import re
 from types import SimpleNamespace
 
 import pytest
-from chromium_cdp import Chromium, find_chromium
+from chromium_cdp import headless_chromium
 from png import png_size
 
 from shardspec.conformance.cli import main as run_suite
@@ -214,13 +214,7 @@ def test_an_untriaged_cell_counts_only_the_cases_no_known_failure_covers():
 
 @pytest.fixture(scope="module")
 def browser():
-    executable = find_chromium()
-    if executable is None:
-        pytest.skip(
-            "headless Chromium not found: install Debian's chromium (apt-get install chromium) "
-            "or set SHARDSPEC_CHROMIUM; the page of releases was not opened at 1280 px"
-        )
-    with Chromium(executable, WIDTH, HEIGHT) as chromium:
+    with headless_chromium(WIDTH, HEIGHT, "the page of releases was not opened at 1280 px") as chromium:
         yield chromium
 
 
