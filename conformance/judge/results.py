@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from shardspec.conformance.judge.checks.base import GROUP_CHECKERS, checkers_for, group_judgeable
 from shardspec.conformance.judge.rank import group_checks, violation_dict
 from shardspec.conformance.record import ERROR, FAIL, PASS, CaseResult
 from shardspec.spec.case import Case
@@ -19,8 +20,6 @@ def combine(case: Case, impl: str, records: dict[int, dict[str, Any]], ended: st
     complete = len(records) == case.tp_size and all("digest" in r for r in records.values())
     judged: list[str] = []
     if complete and not errors:
-        from shardspec.conformance.judge.checks.base import GROUP_CHECKERS, checkers_for, group_judgeable
-
         digests = {rank: records[rank]["digest"] for rank in sorted(records)}
         violations += [violation_dict(v) for v in group_checks(case, digests)]
         per_rank = [set(records[rank].get("judged", ())) for rank in sorted(records)]

@@ -12,12 +12,15 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from shardspec.conformance.record import StepOutputs
 from shardspec.spec.case import Case, CaseInputs
+from shardspec.spec.loader import load_spec
 from shardspec.spec.model import SamplerOutput
+from shardspec.spec.profiles import rules_of
+from shardspec.spec.rules import Rules
 
 
 @dataclass
@@ -29,6 +32,12 @@ class StepRecord:
     expected: StepOutputs
     # The replicated (unsharded) path's output, for INV-E2E-TRANSPARENCY.
     replicated: SamplerOutput | None = None
+    # The rules of the case's profile: what the checkers read where the profiles differ.
+    rules: Rules = field(init=False)
+
+    def __post_init__(self) -> None:
+        # Read once, where every record is built; the checkers take them from the record.
+        self.rules = rules_of(self.case.profile)
 
 
 @dataclass
@@ -97,8 +106,6 @@ def group_judgeable(invariant_id: str, case: Case, digests: dict[int, dict[str, 
 def other_profiles_invariants(profile: str) -> frozenset[str]:
     """The IDs of the invariants that hold for other profiles only: a case of ``profile`` is not judged
     by them (n/a, never pass)."""
-    from shardspec.spec.loader import load_spec
-
     every = {inv.id for inv in load_spec().invariants}
     return frozenset(every - {inv.id for inv in load_spec(profile=profile).invariants})
 

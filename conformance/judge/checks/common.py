@@ -15,6 +15,7 @@ runs the checkers directly never passes a crashing implementation silently.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -24,7 +25,6 @@ from shardspec.conformance.judge.checks.base import StepRecord, Violation
 from shardspec.reference.plan import ShardPlan, build_plan
 from shardspec.reference.profile_rules import device_cu_num_logits
 from shardspec.spec.errors import declines_extensions
-from shardspec.spec.profiles import rules_of
 
 # The invariant whose checker reports an unexpected exception of each step:
 # the first invariant of that step in spec/invariants.yaml. "construct" is
@@ -75,7 +75,7 @@ def plan_of(record: StepRecord) -> ShardPlan:
     """The spec's plan for this record's batch and rank (a pure function of the batch and, under owner rule
     owner_table, the step's owner table)."""
     batch = record.inputs.batch
-    rules = rules_of(record.case.profile)
+    rules = record.rules
     cu = device_cu_num_logits(batch, rules)  # the admitted rows where drafts are admitted (CL-ADMITTED-DRAFTS)
     table = record.inputs.shard_kwargs.get("owner_table")
     return build_plan(batch.idx_mapping_np, cu, record.case.tp_size, record.rank, rules.owner, table)
@@ -84,7 +84,7 @@ def plan_of(record: StepRecord) -> ShardPlan:
 def empty_batch_padding(record: StepRecord) -> tuple[int, ...]:
     """The max_num_reqs_per_rank values the profile allows for the record's batch: the plan's, or for an
     empty batch under empty_batch_padding zero_or_one (0, 1) (CL-EMPTY-BATCH)."""
-    zero_or_one = rules_of(record.case.profile).empty_batch_padding == "zero_or_one"
+    zero_or_one = record.rules.empty_batch_padding == "zero_or_one"
     if zero_or_one and record.inputs.batch.num_reqs == 0:
         return (0, 1)
     return (plan_of(record).max_num_reqs_per_rank,)
@@ -97,8 +97,6 @@ def wire_metadata(record: StepRecord):
     actual = record.actual.shard.metadata if record.actual.shard is not None else None
     chosen = getattr(actual, "max_num_reqs_per_rank", None)
     if chosen in empty_batch_padding(record) and chosen != expected.max_num_reqs_per_rank:
-        from dataclasses import replace
-
         return replace(expected, max_num_reqs_per_rank=chosen)
     return expected
 

@@ -8,7 +8,6 @@ import numpy as np
 
 from shardspec.conformance.judge.checks.base import StepRecord, Violation, rank_check
 from shardspec.conformance.judge.checks.common import check_int_list, check_tensor, fmt, found, judgeable
-from shardspec.spec.profiles import rules_of
 
 
 def gathered_pair(record: StepRecord):
@@ -119,7 +118,7 @@ def check_cu_num_generated(record: StepRecord) -> Iterable[Violation]:
     got = pair[0].logprobs_tensors.cu_num_generated_tokens
     cu = np.asarray(record.inputs.batch.cu_num_logits_np)
     num_reqs, num_logits = cu.shape[0] - 1, int(cu[-1])
-    if rules_of(record.case.profile).adaptive:
+    if record.rules.adaptive:
         yield from _cu_num_generated_tensor(record, pair[0].logprobs_tensors, pair[1].logprobs_tensors)
         if record.case.adaptive_verification:
             if got is not None:

@@ -6,7 +6,6 @@ from collections.abc import Iterable
 
 from shardspec.conformance.judge.checks.base import StepRecord, Violation, rank_check
 from shardspec.conformance.judge.checks.common import check_int_list, check_str_list, check_tensor, fmt, found, shards
-from shardspec.spec.profiles import rules_of
 
 FIELD = "local_grammar_output"
 
@@ -56,7 +55,7 @@ def check_local_grammar(record: StepRecord) -> Iterable[Violation]:
     if violation:
         yield violation
         return
-    if rules_of(record.case.profile).acceptable_drafts == "sliced":
+    if record.rules.acceptable_drafts == "sliced":
         yield from _acceptable_drafts(record, actual, expected, [position[req_id] for req_id in want])
 
 
@@ -82,7 +81,7 @@ def _acceptable_drafts(record: StepRecord, actual, expected, requests: list[int]
 
 def _rows_of(record: StepRecord, request: int) -> int:
     grammar = record.inputs.grammar
-    blocks = rules_of(record.case.profile).grammar_blocks
+    blocks = record.rules.grammar_blocks
     if blocks and grammar is not None and grammar.structured_output_request_ids:
         return grammar.grammar_bitmask.shape[0] // len(grammar.structured_output_request_ids)
     cu = record.inputs.batch.cu_num_logits_np

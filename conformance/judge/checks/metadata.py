@@ -17,7 +17,6 @@ from shardspec.conformance.judge.checks.common import (
     plan_of,
     shards,
 )
-from shardspec.spec.profiles import rules_of
 
 
 def _first_request_of_rank(owners: np.ndarray):
@@ -77,7 +76,7 @@ def check_meta_scalars(record: StepRecord) -> Iterable[Violation]:
                 violation.message += f" (an empty batch pads to one of {list(allowed)})"
             yield violation
             return
-    if rules_of(record.case.profile).adaptive:
+    if record.rules.adaptive:
         field = "metadata.adaptive_verification_enabled"
         got = getattr(actual, "adaptive_verification_enabled", None)
         if got is not record.case.adaptive_verification:
