@@ -20,9 +20,9 @@ from shardspec.conformance.judge.checks.base import (
     StepRecord,
     Violation,
     checkers_for,
+    declined_extensions,
     judgeable,
 )
-from shardspec.conformance.judge.checks.common import declined_extensions
 from shardspec.conformance.judge.digest import logprob_rows, step_digest
 from shardspec.conformance.record import STEP_OUTPUT, Expectation, StepOutputs
 from shardspec.spec.case import Case, CaseInputs

@@ -14,12 +14,16 @@ from collections.abc import Iterable
 import numpy as np
 import torch
 
-from shardspec.conformance.judge.checks.base import StepRecord, Violation, rank_check
-from shardspec.conformance.judge.checks.common import (
+from shardspec.conformance.judge.checks.base import (
+    StepRecord,
+    Violation,
     declined_extensions,
+    outputs_expected,
+    rank_check,
+)
+from shardspec.conformance.judge.checks.common import (
     first_bad_row,
     fmt,
-    judgeable,
     plan_of,
     values_equal,
 )
@@ -51,7 +55,7 @@ def check_gather_extensions(record: StepRecord) -> Iterable[Violation]:
     fields = _declared(record.case)
     if (
         fields is None
-        or not judgeable(record)
+        or not outputs_expected(record)
         or record.actual.failed_step in ("construct", "shard", "all_to_all", "sample")
     ):
         return
