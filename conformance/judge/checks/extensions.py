@@ -22,8 +22,10 @@ from shardspec.conformance.judge.checks.base import (
     rank_check,
 )
 from shardspec.conformance.judge.checks.common import (
+    check_tensor,
     first_bad_row,
     fmt,
+    lookup,
     plan_of,
     values_equal,
 )
@@ -94,25 +96,10 @@ def check_gather_extensions(record: StepRecord) -> Iterable[Violation]:
 
 
 def _compare_field(record: StepRecord, name: str, actual, expected: torch.Tensor, per: str) -> Violation | None:
-    field = f"gathered.extensions.{name}"
-    if not isinstance(actual, torch.Tensor):
-        return _violation(record, f"is {type(actual).__name__}, expected a tensor", field)
-    if actual.dtype != expected.dtype or tuple(actual.shape) != tuple(expected.shape):
-        return _violation(
-            record, f"is {actual.dtype} {list(actual.shape)}, expected {expected.dtype} {list(expected.shape)}", field
-        )
-    if actual.device != expected.device:
-        return _violation(record, f"is on {actual.device}, expected the sharder's device {expected.device}", field)
-    bad = first_bad_row(values_equal(actual, expected))
-    if bad is None:
-        return None
-    request = bad if per == "request" else int(_row_owner(record)[bad])
-    return _violation(
-        record,
-        f"row {bad} is {fmt(actual[bad])}, expected {fmt(expected[bad])} (another request's entry or none)",
-        field,
-        request=request,
-    )
+    """A field against the values recomputed from the batch; a row of another request's entry, or of none,
+    is named by the request whose row it is."""
+    rows = (lambda row: row) if per == "request" else lookup(_row_owner(record))
+    return check_tensor(INVARIANT, record, f"gathered.extensions.{name}", actual, expected, rows)
 
 
 def _row_owner(record: StepRecord) -> np.ndarray:
