@@ -30,6 +30,7 @@ import numpy as np
 import torch
 
 from shardspec.conformance.record import NUMPY_CARRIER, StepOutputs
+from shardspec.reference.profile_rules import device_cu_num_logits
 
 GATHERED_FIELDS = ("sampled_token_ids", "num_sampled", "num_rejected", "num_nans")
 LOGPROBS_FIELDS = (
@@ -85,8 +86,6 @@ def plain(value: Any) -> Any:
 def logprob_rows(case, batch) -> int | None:
     """The batch's L, the gathered logprob rows that carry data; None for a case that breaks a precondition
     on purpose (its L may not be computable): the digest then covers every row."""
-    from shardspec.reference.profile_rules import device_cu_num_logits
-
     if case.expect_error is not None:
         return None
     return int(device_cu_num_logits(batch, case.profile)[-1])

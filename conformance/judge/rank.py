@@ -20,12 +20,13 @@ from shardspec.conformance.judge.checks.base import (
     StepRecord,
     Violation,
     checkers_for,
+    declined_extensions,
     judgeable,
 )
-from shardspec.conformance.judge.checks.common import declined_extensions
 from shardspec.conformance.judge.digest import logprob_rows, step_digest
 from shardspec.conformance.record import STEP_OUTPUT, Expectation, StepOutputs
 from shardspec.spec.case import Case, CaseInputs
+from shardspec.spec.loader import load_spec
 
 
 def should_check(case: Case, outputs: StepOutputs) -> bool:
@@ -115,8 +116,6 @@ def returned_steps(outputs: StepOutputs) -> set[str]:
 
 @functools.lru_cache(maxsize=1)
 def invariant_steps() -> dict[str, str]:
-    from shardspec.spec.loader import load_spec
-
     return {inv.id: inv.step for inv in load_spec().invariants}
 
 

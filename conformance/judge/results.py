@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from shardspec.conformance.judge.checks.base import GROUP_CHECKERS, checkers_for, group_judgeable
 from shardspec.conformance.judge.rank import group_checks, violation_dict
 from shardspec.conformance.record import ERROR, FAIL, PASS, CaseResult
 from shardspec.spec.case import Case
@@ -19,8 +20,6 @@ def combine(case: Case, impl: str, records: dict[int, dict[str, Any]], ended: st
     complete = len(records) == case.tp_size and all("digest" in r for r in records.values())
     judged: list[str] = []
     if complete and not errors:
-        from shardspec.conformance.judge.checks.base import GROUP_CHECKERS, checkers_for, group_judgeable
-
         digests = {rank: records[rank]["digest"] for rank in sorted(records)}
         violations += [violation_dict(v) for v in group_checks(case, digests)]
         per_rank = [set(records[rank].get("judged", ())) for rank in sorted(records)]
@@ -41,85 +40,71 @@ def combine(case: Case, impl: str, records: dict[int, dict[str, Any]], ended: st
 
 def _rank_errors(case: Case, records: dict[int, dict[str, Any]], ended: str | None) -> list[dict[str, Any]]:
     """Own failures first: an error inside a collective may just follow a peer's failure."""
-    errors = []
-    for rank in range(case.tp_size):
-        record = records.get(rank)
-        if record is None:
-            errors.append(
-                {
-                    "rank": rank,
-                    "kind": "no-result",
-                    "message": f"rank {rank} produced no result" + (f": {ended}" if ended else ""),
-                }
-            )
-        elif record.get("mismatch"):
-            errors.append(
-                {
-                    "rank": rank,
-                    "kind": "mismatch",
-                    "step": record.get("step"),
-                    "message": f"{record['mismatch']}: the ranks' collectives disagree",
-                }
-            )
-        elif record.get("undecodable"):
-            error = {"rank": rank, "kind": "undecodable", "step": record.get("step"), "message": record["undecodable"]}
-            errors.append(error)
-        elif record.get("died"):
-            errors.append({"rank": rank, "kind": "died", "step": record.get("step"), "message": record["died"]})
-        elif record.get("stopped") and not record.get("error"):
-            errors.append(
-                {
-                    "rank": rank,
-                    "kind": "stopped",
-                    "message": f"rank {rank} was stopped {record['stopped']}" + (f": {ended}" if ended else ""),
-                }
-            )
-        elif record.get("harness_error"):
-            errors.append(
-                {
-                    "rank": rank,
-                    "kind": "harness",
-                    "message": "the conformance suite failed",
-                    "traceback": record["harness_error"],
-                }
-            )
-        elif record.get("timeout"):
-            kind = "peer-timeout" if record.get("in_collective") else "timeout"
-            errors.append({"rank": rank, "kind": kind, "step": record.get("step"), "message": record["timeout"]})
-        elif record.get("peer_lost"):
-            errors.append(
-                {"rank": rank, "kind": "peer", "step": record.get("peer_lost_step"), "message": record["peer_lost"]}
-            )
-        elif record.get("error"):
-            error = record["error"]
-            kind = "peer" if error.get("in_collective") else "raised"
-            errors.append(
-                {
-                    "rank": rank,
-                    "kind": kind,
-                    "step": error["step"],
-                    "message": f"{error['type']} in step {error['step']}: {error['message']}",
-                    "traceback": error.get("traceback", ""),
-                }
-            )
+    errors = [
+        error
+        for rank in range(case.tp_size)
+        if (error := _rank_error(rank, records.get(rank), f": {ended}" if ended else "")) is not None
+    ]
     if any(e["kind"] in ("harness", "raised", "timeout", "died", "mismatch", "undecodable") for e in errors):
         # Missing ranks were stopped because another rank failed.
         for error in errors:
             if error["kind"] == "no-result":
                 error["kind"] = "stopped"
-    order = {
-        "harness": -2,
-        "mismatch": -1,
-        "raised": 0,
-        "died": 0,
-        "undecodable": 0,
-        "timeout": 1,
-        "no-result": 2,
-        "peer-timeout": 3,
-        "peer": 4,
-        "stopped": 5,
-    }
-    return sorted(errors, key=lambda e: (order[e["kind"]], e["rank"]))
+    return sorted(errors, key=lambda e: (ERROR_ORDER[e["kind"]], e["rank"]))
+
+
+# Errors in the order they are listed: the suite's own, then a rank's own failure, then what may follow one.
+ERROR_ORDER = {
+    "harness": -2,
+    "mismatch": -1,
+    "raised": 0,
+    "died": 0,
+    "undecodable": 0,
+    "timeout": 1,
+    "no-result": 2,
+    "peer-timeout": 3,
+    "peer": 4,
+    "stopped": 5,
+}
+
+
+def _rank_error(rank: int, record: dict[str, Any] | None, why_ended: str) -> dict[str, Any] | None:
+    """The error of one rank's record (None: it has none); ``why_ended`` says why missing ranks stopped."""
+    if record is None:
+        return _error(rank, "no-result", f"rank {rank} produced no result{why_ended}")
+    step = record.get("step")
+    if record.get("mismatch"):
+        return _error(rank, "mismatch", f"{record['mismatch']}: the ranks' collectives disagree", step=step)
+    if record.get("undecodable"):
+        return _error(rank, "undecodable", record["undecodable"], step=step)
+    if record.get("died"):
+        return _error(rank, "died", record["died"], step=step)
+    if record.get("stopped") and not record.get("error"):
+        return _error(rank, "stopped", f"rank {rank} was stopped {record['stopped']}{why_ended}")
+    if record.get("harness_error"):
+        return _error(rank, "harness", "the conformance suite failed", traceback=record["harness_error"])
+    if record.get("timeout"):
+        kind = "peer-timeout" if record.get("in_collective") else "timeout"
+        return _error(rank, kind, record["timeout"], step=step)
+    if record.get("peer_lost"):
+        return _error(rank, "peer", record["peer_lost"], step=record.get("peer_lost_step"))
+    if record.get("error"):
+        error = record["error"]
+        message = f"{error['type']} in step {error['step']}: {error['message']}"
+        kind = "peer" if error.get("in_collective") else "raised"
+        return _error(rank, kind, message, step=error["step"], traceback=error.get("traceback", ""))
+    return None
+
+
+def _error(rank: int, kind: str, message: str, **where: Any) -> dict[str, Any]:
+    """An error entry: the rank and kind, the step where one is known, the message, a traceback where given."""
+    error: dict[str, Any] = {"rank": rank, "kind": kind}
+    if "step" in where:
+        error["step"] = where["step"]
+    error["message"] = message
+    if "traceback" in where:
+        error["traceback"] = where["traceback"]
+    return error
 
 
 def _max_timings(records: dict[int, dict[str, Any]]) -> dict[str, float]:

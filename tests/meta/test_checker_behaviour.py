@@ -8,8 +8,7 @@ from bundled import VLLM_033
 from shardspec.conformance.api import ImplChoice
 from shardspec.conformance.broken import BY_NAME, cases
 from shardspec.conformance.judge.checks import GROUP_CHECKERS
-from shardspec.conformance.judge.checks.base import StepRecord
-from shardspec.conformance.judge.checks.common import STEP_REPORTER
+from shardspec.conformance.judge.checks.base import STEP_REPORTER, StepRecord
 from shardspec.conformance.judge.checks.digest import rank_digest
 from shardspec.conformance.judge.rank import rank_checks
 from shardspec.conformance.replay import run_case_in_process, step_records

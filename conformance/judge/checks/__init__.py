@@ -4,7 +4,7 @@ Importing this package registers every checker in
 :data:`base.RANK_CHECKERS` (per rank) and :data:`base.GROUP_CHECKERS` (across
 ranks, on digests). An unexpected exception of the implementation is reported
 once, under the first invariant of the step that raised
-(:data:`common.STEP_REPORTER`).
+(:data:`base.STEP_REPORTER`).
 """
 
 from shardspec.conformance.judge.checks import (  # noqa: F401  (imported to register)

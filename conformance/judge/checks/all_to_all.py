@@ -11,22 +11,11 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-import numpy as np
 import torch
 
 from shardspec.conformance.judge.checks.base import StepRecord, Violation, rank_check
-from shardspec.conformance.judge.checks.common import (
-    check_tensor,
-    first_bad_row,
-    fmt,
-    found,
-    local_row_owner,
-    lookup,
-    plan_of,
-    shards,
-    unexpected_error,
-    values_equal,
-)
+from shardspec.conformance.judge.checks.common import first_bad_row, fmt, found, shards, values_equal
+from shardspec.conformance.judge.checks.fields import TENSOR, Field, by_local_row, by_owner_sorted_row, field_table
 from shardspec.conformance.record import WireCall
 from shardspec.spec.case import local_logits_shard
 from shardspec.spec.layouts import logits_dtype_of
@@ -36,7 +25,6 @@ A2A = "all_to_all_single"
 
 @rank_check("INV-A2A-SPLITS")
 def check_a2a_splits(record: StepRecord) -> Iterable[Violation]:
-    yield from unexpected_error(record, "INV-A2A-SPLITS")
     pair = shards(record)
     if pair is None:
         return
@@ -87,15 +75,12 @@ def _check_a2a_buffers(record: StepRecord, call: WireCall, pair) -> Violation | 
         )
     bad = first_bad_row(values_equal(send, want.to(send.device)))
     if bad is not None:
-        plan = plan_of(record)
-        # Owner-sorted row k belongs to the k-th entry of this expansion.
-        request = lookup(np.repeat(plan.owner_sorted_reqs, plan.num_logits_per_req[plan.owner_sorted_reqs]))(bad)
         return Violation(
             "INV-A2A-SPLITS",
             f"{A2A} send row {bad} is {fmt(send[bad])}, but the logits shard the "
             f"caller passed holds {fmt(want[bad])} there",
             rank=record.rank,
-            request=request,
+            request=by_owner_sorted_row(record)(bad),
             field=field,
         )
     received = (record.case.tp_size * expected.metadata.num_local_logits, want.shape[1])
@@ -109,9 +94,12 @@ def _check_a2a_buffers(record: StepRecord, call: WireCall, pair) -> Violation | 
     return None
 
 
+# The values of the rebuilt rows; their dtype and layout are judged before them, against the spec's.
+LAYOUT_VALUES = field_table("INV-A2A-LAYOUT", Field("full_vocab_logits", TENSOR, by_local_row))
+
+
 @rank_check("INV-A2A-LAYOUT")
 def check_a2a_layout(record: StepRecord) -> Iterable[Violation]:
-    yield from unexpected_error(record, "INV-A2A-LAYOUT")
     if shards(record) is None:
         return
     actual, expected = record.actual.full_vocab_logits, record.expected.full_vocab_logits
@@ -134,5 +122,4 @@ def check_a2a_layout(record: StepRecord) -> Iterable[Violation]:
             rank=record.rank,
             field="full_vocab_logits",
         )
-    by_row = lookup(local_row_owner(plan_of(record)))
-    yield from found(check_tensor("INV-A2A-LAYOUT", record, "full_vocab_logits", actual, expected, by_row))
+    yield from LAYOUT_VALUES.violations(record)

@@ -6,18 +6,27 @@ inputs, what the implementation under test produced at each step
 (``expected``). Per-rank checkers take one record; group checkers take the
 per-rank digests of all ranks of a case (they may run in another process
 than the ranks). Each checker is registered under exactly one invariant ID.
+
+An unexpected exception of the implementation is reported exactly once, by the
+checker of the first invariant of the step that raised (:data:`STEP_REPORTER`):
+registering adds it to that checker, so a suite that runs the checkers directly
+never passes a crashing implementation silently.
 """
 
 from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from shardspec.conformance.record import StepOutputs
 from shardspec.spec.case import Case, CaseInputs
+from shardspec.spec.errors import declines_extensions
+from shardspec.spec.loader import load_spec
 from shardspec.spec.model import SamplerOutput
+from shardspec.spec.profiles import rules_of
+from shardspec.spec.rules import Rules
 
 
 @dataclass
@@ -29,6 +38,12 @@ class StepRecord:
     expected: StepOutputs
     # The replicated (unsharded) path's output, for INV-E2E-TRANSPARENCY.
     replicated: SamplerOutput | None = None
+    # The rules of the case's profile: what the checkers read where the profiles differ.
+    rules: Rules = field(init=False)
+
+    def __post_init__(self) -> None:
+        # Read once, where every record is built; the checkers take them from the record.
+        self.rules = rules_of(self.case.profile)
 
 
 @dataclass
@@ -72,12 +87,59 @@ def outputs_expected_of_group(case: Case, digests: dict[int, dict[str, Any]]) ->
     return case.expect_error is None and not any(d.get("failed_step") for d in digests.values())
 
 
+# The invariant whose checker reports an unexpected exception of each step:
+# the first invariant of that step in spec/invariants.yaml. "construct" is
+# building the sharder; "sample" is the local sampler reading the
+# implementation's local batch and full-vocab rows, so an error there
+# belongs to the exchange that produced those rows.
+STEP_REPORTER = {
+    "construct": "INV-OWNER",
+    "shard": "INV-OWNER",
+    "all_to_all": "INV-A2A-SPLITS",
+    "sample": "INV-A2A-LAYOUT",
+    "gather": "INV-WIRE-SAMPLED",
+}
+
+
+def declined_extensions(case: Case, outputs: StepOutputs) -> bool:
+    """The implementation refused the case's extension fields (spec/errors.py, declines_extensions)."""
+    return declines_extensions(case.extensions, outputs.error)
+
+
+def unexpected_error(record: StepRecord, invariant_id: str) -> list[Violation]:
+    """The implementation's own exception, reported under ``invariant_id`` only."""
+    actual = record.actual
+    if not outputs_expected(record) or actual.error is None or declined_extensions(record.case, actual):
+        return []
+    # A step this table does not name is reported with the shard step's.
+    if STEP_REPORTER.get(actual.failed_step, STEP_REPORTER["shard"]) != invariant_id:
+        return []
+    message = f"raised {type(actual.error).__name__} in step {actual.failed_step}: {actual.error}"
+    return [Violation(invariant_id, message, rank=record.rank)]
+
+
+def _reporting_step_errors(invariant_id: str, fn: RankChecker) -> RankChecker:
+    """``fn`` after the implementation's own exception, where ``invariant_id`` reports it."""
+
+    @functools.wraps(fn)
+    def checker(record: StepRecord) -> list[Violation]:
+        return [*unexpected_error(record, invariant_id), *(fn(record) or ())]
+
+    return checker
+
+
+def _register(invariant_id: str, registry: dict, checker: Callable, applies_of: dict, applies: Callable) -> None:
+    if invariant_id in RANK_CHECKERS or invariant_id in GROUP_CHECKERS:
+        raise ValueError(f"two checkers for {invariant_id}")
+    registry[invariant_id] = checker
+    applies_of[invariant_id] = applies
+
+
 def rank_check(invariant_id: str, applies: Callable[[StepRecord], bool] | None = None):
     def register(fn: RankChecker) -> RankChecker:
-        if invariant_id in RANK_CHECKERS or invariant_id in GROUP_CHECKERS:
-            raise ValueError(f"two checkers for {invariant_id}")
-        RANK_CHECKERS[invariant_id] = fn
-        APPLIES[invariant_id] = outputs_expected if applies is None else applies
+        if invariant_id in STEP_REPORTER.values():
+            fn = _reporting_step_errors(invariant_id, fn)
+        _register(invariant_id, RANK_CHECKERS, fn, APPLIES, outputs_expected if applies is None else applies)
         return fn
 
     return register
@@ -97,8 +159,6 @@ def group_judgeable(invariant_id: str, case: Case, digests: dict[int, dict[str, 
 def other_profiles_invariants(profile: str) -> frozenset[str]:
     """The IDs of the invariants that hold for other profiles only: a case of ``profile`` is not judged
     by them (n/a, never pass)."""
-    from shardspec.spec.loader import load_spec
-
     every = {inv.id for inv in load_spec().invariants}
     return frozenset(every - {inv.id for inv in load_spec(profile=profile).invariants})
 
@@ -111,10 +171,8 @@ def checkers_for(registry: dict, profile: str) -> dict:
 
 def group_check(invariant_id: str, applies: Callable[[Case, dict[int, dict[str, Any]]], bool] | None = None):
     def register(fn: GroupChecker) -> GroupChecker:
-        if invariant_id in RANK_CHECKERS or invariant_id in GROUP_CHECKERS:
-            raise ValueError(f"two checkers for {invariant_id}")
-        GROUP_CHECKERS[invariant_id] = fn
-        GROUP_APPLIES[invariant_id] = outputs_expected_of_group if applies is None else applies
+        default = outputs_expected_of_group
+        _register(invariant_id, GROUP_CHECKERS, fn, GROUP_APPLIES, default if applies is None else applies)
         return fn
 
     return register

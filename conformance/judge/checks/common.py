@@ -1,81 +1,43 @@
-"""Comparisons shared by the checkers, and when a checker has something to judge.
+"""Comparisons shared by the checkers, and the spec's plan they read.
 
 Every comparison returns the first :class:`Violation` it finds (or None), so a
 checker reports one problem per field, naming the batch position of the
 first offending request.
 
-When to judge (:func:`judgeable`): checkers of invariants about outputs judge
-only cases without ``expect_error`` whose reference run succeeded. If the
-implementation raised unexpectedly, each checker skips the outputs it lacks;
-the exception itself is reported exactly once, by the checker of the first
-invariant of the step that raised (:data:`STEP_REPORTER`), so a suite that
-runs the checkers directly never passes a crashing implementation silently.
+When to judge (:func:`base.outputs_expected`): checkers of invariants about
+outputs judge only cases without ``expect_error`` whose reference run
+succeeded. If the implementation raised unexpectedly, each checker skips the
+outputs it lacks; the exception itself is reported once (base.STEP_REPORTER).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 import torch
 
-from shardspec.conformance.judge.checks.base import StepRecord, Violation
+from shardspec.conformance.judge.checks.base import StepRecord, Violation, outputs_expected
 from shardspec.reference.plan import ShardPlan, build_plan
 from shardspec.reference.profile_rules import device_cu_num_logits
-from shardspec.spec.errors import declines_extensions
-from shardspec.spec.profiles import rules_of
-
-# The invariant whose checker reports an unexpected exception of each step:
-# the first invariant of that step in spec/invariants.yaml. "construct" is
-# building the sharder; "sample" is the local sampler reading the
-# implementation's local batch and full-vocab rows, so an error there
-# belongs to the exchange that produced those rows.
-STEP_REPORTER = {
-    "construct": "INV-OWNER",
-    "shard": "INV-OWNER",
-    "all_to_all": "INV-A2A-SPLITS",
-    "sample": "INV-A2A-LAYOUT",
-    "gather": "INV-WIRE-SAMPLED",
-}
 
 RowToRequest = Callable[[int], int | None]
 
 
-def judgeable(record: StepRecord) -> bool:
-    """A valid case whose reference run completed."""
-    return record.case.expect_error is None and record.expected.error is None
-
-
 def shards(record: StepRecord):
     """(actual, expected) ShardResults when both exist and the case is judged, else None."""
-    if not judgeable(record) or record.actual.shard is None or record.expected.shard is None:
+    if not outputs_expected(record) or record.actual.shard is None or record.expected.shard is None:
         return None
     return record.actual.shard, record.expected.shard
-
-
-def declined_extensions(case, outputs) -> bool:
-    """The implementation refused the case's extension fields (spec/errors.py, declines_extensions)."""
-    return declines_extensions(case.extensions, outputs.error)
-
-
-def unexpected_error(record: StepRecord, invariant_id: str) -> list[Violation]:
-    """The implementation's own exception, reported under ``invariant_id`` only."""
-    actual = record.actual
-    if not judgeable(record) or actual.error is None or declined_extensions(record.case, actual):
-        return []
-    # A step this table does not name is reported with the shard step's.
-    if STEP_REPORTER.get(actual.failed_step, STEP_REPORTER["shard"]) != invariant_id:
-        return []
-    message = f"raised {type(actual.error).__name__} in step {actual.failed_step}: {actual.error}"
-    return [Violation(invariant_id, message, rank=record.rank)]
 
 
 def plan_of(record: StepRecord) -> ShardPlan:
     """The spec's plan for this record's batch and rank (a pure function of the batch and, under owner rule
     owner_table, the step's owner table)."""
     batch = record.inputs.batch
-    rules = rules_of(record.case.profile)
+    rules = record.rules
     cu = device_cu_num_logits(batch, rules)  # the admitted rows where drafts are admitted (CL-ADMITTED-DRAFTS)
     table = record.inputs.shard_kwargs.get("owner_table")
     return build_plan(batch.idx_mapping_np, cu, record.case.tp_size, record.rank, rules.owner, table)
@@ -84,23 +46,25 @@ def plan_of(record: StepRecord) -> ShardPlan:
 def empty_batch_padding(record: StepRecord) -> tuple[int, ...]:
     """The max_num_reqs_per_rank values the profile allows for the record's batch: the plan's, or for an
     empty batch under empty_batch_padding zero_or_one (0, 1) (CL-EMPTY-BATCH)."""
-    zero_or_one = rules_of(record.case.profile).empty_batch_padding == "zero_or_one"
+    zero_or_one = record.rules.empty_batch_padding == "zero_or_one"
     if zero_or_one and record.inputs.batch.num_reqs == 0:
         return (0, 1)
     return (plan_of(record).max_num_reqs_per_rank,)
 
 
-def wire_metadata(record: StepRecord):
-    """The expected metadata, with the empty batch's padding the implementation chose where the profile
-    leaves the choice (CL-EMPTY-BATCH): the wire is judged in the rows it chose."""
-    expected = record.expected.shard.metadata
+def chosen_padding(record: StepRecord) -> int:
+    """The max_num_reqs_per_rank the metadata and the wire are judged in: the implementation's choice where
+    the profile leaves one (an empty batch under zero_or_one, CL-EMPTY-BATCH), else the reference's."""
+    expected = record.expected.shard.metadata.max_num_reqs_per_rank
     actual = record.actual.shard.metadata if record.actual.shard is not None else None
     chosen = getattr(actual, "max_num_reqs_per_rank", None)
-    if chosen in empty_batch_padding(record) and chosen != expected.max_num_reqs_per_rank:
-        from dataclasses import replace
+    return chosen if type(chosen) is int and chosen in empty_batch_padding(record) else expected
 
-        return replace(expected, max_num_reqs_per_rank=chosen)
-    return expected
+
+def wire_metadata(record: StepRecord):
+    """The expected metadata in the padding the implementation chose where the profile leaves the choice
+    (:func:`chosen_padding`): the wire is judged in the rows it chose."""
+    return replace(record.expected.shard.metadata, max_num_reqs_per_rank=chosen_padding(record))
 
 
 def local_row_owner(plan: ShardPlan) -> np.ndarray:
@@ -145,6 +109,13 @@ def first_bad_row(equal: torch.Tensor) -> int | None:
     return int(bad[0]) if bad.numel() else None
 
 
+def field_violation(
+    invariant_id: str, record: StepRecord, field: str, message: str, request: int | None = None
+) -> Violation:
+    """A violation of ``field`` on the record's rank, its message led by the field's name."""
+    return Violation(invariant_id, f"{field}: {message}", rank=record.rank, request=request, field=field)
+
+
 def check_tensor(
     invariant_id: str,
     record: StepRecord,
@@ -156,25 +127,36 @@ def check_tensor(
     values: bool = True,
 ) -> Violation | None:
     """Type, dtype, shape, device and (unless ``values`` is False) values of a device tensor."""
-
-    def violation(message: str, request: int | None = None) -> Violation:
-        return Violation(invariant_id, f"{field}: {message}", rank=record.rank, request=request, field=field)
-
     if not isinstance(actual, torch.Tensor):
-        return violation(f"expected a torch.Tensor, got {type(actual).__name__}: {fmt(actual)}")
-    if actual.dtype != expected.dtype:
-        return violation(f"dtype {actual.dtype}, expected {expected.dtype}")
-    if tuple(actual.shape) != tuple(expected.shape):
-        return violation(f"shape {list(actual.shape)}, expected {list(expected.shape)}")
-    if actual.device != expected.device:
-        return violation(f"on device {actual.device}, expected {expected.device}")
-    if not values:
-        return None
-    equal = values_equal(actual, expected.to(actual.device))
-    row = first_bad_row(equal)
-    if row is None:
-        return None
-    return violation(diff_summary(actual, expected, equal), row_to_request(row))
+        message = f"expected a torch.Tensor, got {type(actual).__name__}: {fmt(actual)}"
+    elif actual.dtype != expected.dtype:
+        message = f"dtype {actual.dtype}, expected {expected.dtype}"
+    elif tuple(actual.shape) != tuple(expected.shape):
+        message = f"shape {list(actual.shape)}, expected {list(expected.shape)}"
+    elif actual.device != expected.device:
+        message = f"on device {actual.device}, expected {expected.device}"
+    else:
+        equal = values_equal(actual, expected.to(actual.device)) if values else None
+        row = None if equal is None else first_bad_row(equal)
+        if row is None:
+            return None
+        return field_violation(invariant_id, record, field, diff_summary(actual, expected, equal), row_to_request(row))
+    return field_violation(invariant_id, record, field, message)
+
+
+def first_differing_row(actual: torch.Tensor, expected: torch.Tensor, rows: np.ndarray) -> int | None:
+    """The first of ``rows`` (indices along dim 0) where ``actual`` and ``expected`` differ, or None."""
+    index = torch.from_numpy(rows).to(actual.device)
+    bad = first_bad_row(values_equal(actual[index], expected.to(actual.device)[index]))
+    return None if bad is None else int(rows[bad])
+
+
+def row_violation(
+    invariant_id: str, record: StepRecord, field: str, row: int, actual: Any, expected: Any, request: int | None
+) -> Violation:
+    """Row ``row`` of ``field`` differs: both rows shown, not whole tensors."""
+    message = f"{field} row {row} is {fmt(actual[row])}, expected {fmt(expected[row])}"
+    return Violation(invariant_id, message, rank=record.rank, request=request, field=field)
 
 
 def diff_summary(actual: torch.Tensor, expected: torch.Tensor, equal: torch.Tensor, shown: int = 3) -> str:
@@ -197,90 +179,65 @@ def check_array(
     row_to_request: RowToRequest = lambda row: None,
 ) -> Violation | None:
     """A host numpy array: type, dtype, shape and values."""
-
-    def violation(message: str, request: int | None = None) -> Violation:
-        return Violation(invariant_id, f"{field}: {message}", rank=record.rank, request=request, field=field)
-
+    request = None
     if not isinstance(actual, np.ndarray):
-        return violation(f"expected a host numpy array, got {type(actual).__name__}: {fmt(actual)}")
-    if actual.dtype != np.dtype(dtype):
-        return violation(f"dtype {actual.dtype}, expected {np.dtype(dtype)}")
-    if actual.shape != expected.shape:
-        return violation(f"shape {list(actual.shape)}, expected {list(expected.shape)}")
-    bad = np.flatnonzero(actual != expected)
-    if not bad.size:
-        return None
-    shown = "; ".join(f"entry {int(i)} is {actual[i]!r}, expected {expected[i]!r}" for i in bad[:3])
-    return violation(f"{shown} ({bad.size} of {actual.size} entries differ)", row_to_request(int(bad[0])))
+        message = f"expected a host numpy array, got {type(actual).__name__}: {fmt(actual)}"
+    elif actual.dtype != np.dtype(dtype):
+        message = f"dtype {actual.dtype}, expected {np.dtype(dtype)}"
+    elif actual.shape != expected.shape:
+        message = f"shape {list(actual.shape)}, expected {list(expected.shape)}"
+    else:
+        bad = np.flatnonzero(actual != expected)
+        if not bad.size:
+            return None
+        shown = "; ".join(f"entry {int(i)} is {actual[i]!r}, expected {expected[i]!r}" for i in bad[:3])
+        message, request = f"{shown} ({bad.size} of {actual.size} entries differ)", row_to_request(int(bad[0]))
+    return field_violation(invariant_id, record, field, message, request)
 
 
-def check_int(
-    invariant_id: str, record: StepRecord, field: str, actual: Any, expected: int, request: int | None = None
+def check_scalar(
+    invariant_id: str, record: StepRecord, field: str, actual: Any, expected: Any, kind: type = int
 ) -> Violation | None:
-    """A Python int (bool, numpy and tensor scalars are not ints here)."""
-    if type(actual) is not int:
-        message = f"{field}: expected a Python int {expected}, got {type(actual).__name__} {fmt(actual)}"
+    """A Python int (or the ``kind`` given: bool); bool, numpy and tensor scalars are not ints here."""
+    if type(actual) is not kind:
+        message = f"expected a Python {kind.__name__} {expected}, got {type(actual).__name__} {fmt(actual)}"
     elif actual != expected:
-        message = f"{field}: {actual}, expected {expected}"
+        message = f"{actual}, expected {expected}"
     else:
         return None
-    return Violation(invariant_id, message, rank=record.rank, request=request, field=field)
+    return field_violation(invariant_id, record, field, message)
 
 
-def check_int_list(
+def check_list(
     invariant_id: str,
     record: StepRecord,
     field: str,
     actual: Any,
-    expected: Sequence[int],
+    expected: Sequence[Any],
+    kind: type,
     row_to_request: RowToRequest = lambda row: None,
 ) -> Violation | None:
-    """A list of Python ints."""
-
-    def violation(message: str, request: int | None = None) -> Violation:
-        return Violation(invariant_id, f"{field}: {message}", rank=record.rank, request=request, field=field)
-
+    """A Python list of ``kind`` entries (int or str; the data model's list: a tuple or an array is not one)."""
+    expected, entries = list(expected), f"Python {kind.__name__}"
     if type(actual) is not list:
-        return violation(f"expected a list of Python ints {list(expected)}, got {type(actual).__name__} {fmt(actual)}")
-    wrong = [i for i, v in enumerate(actual) if type(v) is not int]
-    if wrong:
-        return violation(f"entry {wrong[0]} is a {type(actual[wrong[0]]).__name__}, not a Python int")
+        message = f"expected a list of {entries}s {fmt(expected)}, got {type(actual).__name__} {fmt(actual)}"
+        return field_violation(invariant_id, record, field, message)
+    wrong = next((i for i, v in enumerate(actual) if type(v) is not kind), None)
+    if wrong is not None:
+        message = f"entry {wrong} is a {type(actual[wrong]).__name__}, not a {entries}"
+        return field_violation(invariant_id, record, field, message, row_to_request(wrong))
+    if actual == expected:
+        return None
+    pairs = enumerate(zip(actual, expected, strict=False))
+    bad = next((i for i, (got, want) in pairs if got != want), min(len(actual), len(expected)))
     if len(actual) != len(expected):
-        return violation(f"{len(actual)} entries {fmt(actual)}, expected {len(expected)}: {fmt(list(expected))}")
-    for i, (got, want) in enumerate(zip(actual, expected, strict=True)):
-        if got != want:
-            return violation(
-                f"entry {i} is {got}, expected {want}; whole list {fmt(actual)}, expected {fmt(list(expected))}",
-                row_to_request(i),
-            )
-    return None
-
-
-def check_str_list(
-    invariant_id: str,
-    record: StepRecord,
-    field: str,
-    actual: Any,
-    expected: Sequence[str],
-    row_to_request: RowToRequest = lambda row: None,
-) -> Violation | None:
-    """A Python list of str (the data model's list[str]: a tuple or an array is not one)."""
-
-    def violation(message: str, request: int | None = None) -> Violation:
-        return Violation(invariant_id, f"{field}: {message}", rank=record.rank, request=request, field=field)
-
-    if type(actual) is not list:
-        return violation(f"expected a list of str {fmt(list(expected))}, got {type(actual).__name__} {fmt(actual)}")
-    wrong = [i for i, v in enumerate(actual) if type(v) is not str]
-    if wrong:
-        return violation(
-            f"entry {wrong[0]} is a {type(actual[wrong[0]]).__name__}, not a str", row_to_request(wrong[0])
+        message = f"{len(actual)} entries {fmt(actual)}, expected {len(expected)}: {fmt(expected)}"
+    else:
+        message = (
+            f"entry {bad} is {actual[bad]!r}, expected {expected[bad]!r}; "
+            f"whole list {fmt(actual)}, expected {fmt(expected)}"
         )
-    if actual != list(expected):
-        pairs = enumerate(zip(actual, expected, strict=False))
-        bad = next((i for i, (a, b) in pairs if a != b), min(len(actual), len(expected)))
-        return violation(f"is {fmt(actual)}, expected {fmt(list(expected))}", row_to_request(bad))
-    return None
+    return field_violation(invariant_id, record, field, message, row_to_request(bad))
 
 
 def found(*violations: Violation | None) -> list[Violation]:

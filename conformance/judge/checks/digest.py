@@ -11,12 +11,10 @@ from __future__ import annotations
 from typing import Any
 
 from shardspec.conformance.judge.checks.base import StepRecord
+from shardspec.conformance.judge.digest import logprob_rows, step_digest
 
 
 def rank_digest(record: StepRecord, impl: str = "") -> dict[str, Any]:
     """JSON-able digest of ``record.actual`` for INV-RANK-AGREEMENT and INV-WIRE-SEQUENCE."""
-    # Imported here: shardspec.conformance.judge.digest imports this package's base module.
-    from shardspec.conformance.judge.digest import logprob_rows, step_digest
-
     rows = logprob_rows(record.case, record.inputs.batch)
     return step_digest(record.actual, rank=record.rank, impl=impl, logprob_rows=rows)

@@ -14,12 +14,18 @@ from collections.abc import Iterable
 import numpy as np
 import torch
 
-from shardspec.conformance.judge.checks.base import StepRecord, Violation, rank_check
-from shardspec.conformance.judge.checks.common import (
+from shardspec.conformance.judge.checks.base import (
+    StepRecord,
+    Violation,
     declined_extensions,
+    outputs_expected,
+    rank_check,
+)
+from shardspec.conformance.judge.checks.common import (
+    check_tensor,
     first_bad_row,
     fmt,
-    judgeable,
+    lookup,
     plan_of,
     values_equal,
 )
@@ -51,7 +57,7 @@ def check_gather_extensions(record: StepRecord) -> Iterable[Violation]:
     fields = _declared(record.case)
     if (
         fields is None
-        or not judgeable(record)
+        or not outputs_expected(record)
         or record.actual.failed_step in ("construct", "shard", "all_to_all", "sample")
     ):
         return
@@ -79,7 +85,7 @@ def check_gather_extensions(record: StepRecord) -> Iterable[Violation]:
     device = record.expected.gathered.sampled_token_ids.device
     # A per-row field has the rows the device fields lay out: the admitted ones in vllm-0.33, where the
     # global cu_num_logits_np keeps the scheduled counts (CL-ADMITTED-DRAFTS).
-    rows = device_cu_num_logits(batch, record.case.profile)
+    rows = device_cu_num_logits(batch, record.rules)
     for name, spec in fields.items():
         expected = batch_extension_values(name, spec, batch, device, rows)
         violation = _compare_field(record, name, gathered[name], expected, spec.per)
@@ -90,25 +96,10 @@ def check_gather_extensions(record: StepRecord) -> Iterable[Violation]:
 
 
 def _compare_field(record: StepRecord, name: str, actual, expected: torch.Tensor, per: str) -> Violation | None:
-    field = f"gathered.extensions.{name}"
-    if not isinstance(actual, torch.Tensor):
-        return _violation(record, f"is {type(actual).__name__}, expected a tensor", field)
-    if actual.dtype != expected.dtype or tuple(actual.shape) != tuple(expected.shape):
-        return _violation(
-            record, f"is {actual.dtype} {list(actual.shape)}, expected {expected.dtype} {list(expected.shape)}", field
-        )
-    if actual.device != expected.device:
-        return _violation(record, f"is on {actual.device}, expected the sharder's device {expected.device}", field)
-    bad = first_bad_row(values_equal(actual, expected))
-    if bad is None:
-        return None
-    request = bad if per == "request" else int(_row_owner(record)[bad])
-    return _violation(
-        record,
-        f"row {bad} is {fmt(actual[bad])}, expected {fmt(expected[bad])} (another request's entry or none)",
-        field,
-        request=request,
-    )
+    """A field against the values recomputed from the batch; a row of another request's entry, or of none,
+    is named by the request whose row it is."""
+    rows = (lambda row: row) if per == "request" else lookup(_row_owner(record))
+    return check_tensor(INVARIANT, record, f"gathered.extensions.{name}", actual, expected, rows)
 
 
 def _row_owner(record: StepRecord) -> np.ndarray:

@@ -4,110 +4,87 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-import numpy as np
-
-from shardspec.conformance.judge.checks.base import StepRecord, Violation, rank_check
-from shardspec.conformance.judge.checks.common import check_int_list, check_tensor, fmt, found, judgeable
-from shardspec.spec.profiles import rules_of
+from shardspec.conformance.judge.checks.base import StepRecord, Violation, outputs_expected, rank_check
+from shardspec.conformance.judge.checks.fields import (
+    INT_LIST,
+    TENSOR,
+    Field,
+    by_batch_position,
+    by_prefix_entry,
+    field_check,
+    field_table,
+)
+from shardspec.reference.profile_rules import gathered_cu_num_generated
 
 
 def gathered_pair(record: StepRecord):
     """(actual, expected) gathered outputs when both exist and the case is judged, else None."""
     actual, expected = record.actual.gathered, record.expected.gathered
-    if not judgeable(record) or actual is None or expected is None:
+    if not outputs_expected(record) or actual is None or expected is None:
         return None
     return actual, expected
 
 
-def by_request(row: int) -> int:
-    return row
+SAMPLED_IDS = field_table("INV-GATHER-SAMPLED-IDS", Field("gathered.sampled_token_ids", TENSOR, by_batch_position))
 
 
 @rank_check("INV-GATHER-SAMPLED-IDS")
 def check_gather_sampled_ids(record: StepRecord) -> Iterable[Violation]:
     actual = record.actual
-    if judgeable(record) and actual.error is None and actual.gathered is None:
+    if outputs_expected(record) and actual.error is None and actual.gathered is None:
         yield Violation(
             "INV-GATHER-SAMPLED-IDS",
             "gather_sampler_output returned None instead of a SamplerOutput",
             rank=record.rank,
             field="gathered",
         )
-        return
-    pair = gathered_pair(record)
-    if pair is None:
-        return
-    yield from found(
-        check_tensor(
-            "INV-GATHER-SAMPLED-IDS",
-            record,
-            "gathered.sampled_token_ids",
-            pair[0].sampled_token_ids,
-            pair[1].sampled_token_ids,
-            by_request,
-        )
-    )
+    elif SAMPLED_IDS.judged(record):
+        yield from SAMPLED_IDS.violations(record)
 
 
-@rank_check("INV-GATHER-COUNTS")
-def check_gather_counts(record: StepRecord) -> Iterable[Violation]:
-    pair = gathered_pair(record)
-    if pair is None:
-        return
-    actual, expected = pair
-    yield from found(
-        check_tensor(
-            "INV-GATHER-COUNTS", record, "gathered.num_sampled", actual.num_sampled, expected.num_sampled, by_request
-        ),
-        check_tensor(
-            "INV-GATHER-COUNTS", record, "gathered.num_rejected", actual.num_rejected, expected.num_rejected, by_request
-        ),
-    )
+# Each differing count is reported: neither follows from the other.
+field_check(
+    "INV-GATHER-COUNTS",
+    Field("gathered.num_sampled", TENSOR, by_batch_position),
+    Field("gathered.num_rejected", TENSOR, by_batch_position),
+    each=True,
+)
+field_check(
+    "INV-GATHER-NANS",
+    Field("gathered.num_nans", TENSOR, by_batch_position, none_when="None exactly when gather_num_nans is off"),
+)
 
 
-@rank_check("INV-GATHER-NANS")
-def check_gather_nans(record: StepRecord) -> Iterable[Violation]:
-    pair = gathered_pair(record)
-    if pair is None:
-        return
-    actual, expected = pair
-    if not record.case.gather_num_nans:
-        if actual.num_nans is not None:
-            yield Violation(
-                "INV-GATHER-NANS",
-                f"gathered.num_nans is {fmt(actual.num_nans)} without gather_num_nans, expected None",
-                rank=record.rank,
-                field="gathered.num_nans",
-            )
-        return
-    if actual.num_nans is None:
-        yield Violation(
-            "INV-GATHER-NANS",
-            f"gathered.num_nans is None, expected the per-request NaN sums {fmt(expected.num_nans)}",
-            rank=record.rank,
-            field="gathered.num_nans",
-        )
-        return
-    yield from found(
-        check_tensor("INV-GATHER-NANS", record, "gathered.num_nans", actual.num_nans, expected.num_nans, by_request)
-    )
+def _spec_cu_num_generated(record: StepRecord) -> dict:
+    """The spec's cu_num_generated_tokens (and, where the profile has adaptive verification, its device copy)
+    for the batch, as the reference computes them: judged also on an implementation that returns logprobs
+    the case did not ask for (where the reference returns none)."""
+    return gathered_cu_num_generated(record.inputs.batch, record.case.adaptive_verification, record.rules)
 
 
-def _cu_num_generated_tensor(record: StepRecord, actual, expected) -> Iterable[Violation]:
-    """vllm-0.33: the device prefix sums under adaptive verification, else None (INV-CU-NUM-GENERATED)."""
-    field = "gathered.logprobs_tensors.cu_num_generated_tokens_tensor"
-    got, want = getattr(actual, "cu_num_generated_tokens_tensor", None), expected.cu_num_generated_tokens_tensor
-    if want is None or got is None:
-        if got is not want:
-            yield Violation(
-                "INV-CU-NUM-GENERATED",
-                f"{field} is {fmt(got)}, expected {fmt(want)} (set only under adaptive verification)",
-                rank=record.rank,
-                field=field,
-            )
-        return
-    # That it is a tensor of its own, not the batch's, is INV-GATHER-RESULT-OWNED's to judge.
-    yield from found(check_tensor("INV-CU-NUM-GENERATED", record, field, got, want, lambda k: max(k - 1, 0)))
+# Each differing field is reported: the device prefix sums (vllm-0.33, under adaptive verification) do not
+# follow from the host list. That the tensor is one of its own, not the batch's, is INV-GATHER-RESULT-OWNED's
+# to judge.
+CU_NUM_GENERATED = field_table(
+    "INV-CU-NUM-GENERATED",
+    Field(
+        "gathered.logprobs_tensors.cu_num_generated_tokens_tensor",
+        TENSOR,
+        by_prefix_entry,
+        none_when="set only under adaptive verification",
+        judged_as=lambda record, _: _spec_cu_num_generated(record)["cu_num_generated_tokens_tensor"],
+        when=lambda rules: rules.adaptive,
+    ),
+    Field(
+        "gathered.logprobs_tensors.cu_num_generated_tokens",
+        INT_LIST,
+        by_prefix_entry,
+        none_when="None under adaptive verification, where cu_num_generated_tokens_tensor carries the admitted "
+        "rows, and with one logits row per request (L == N)",
+        judged_as=lambda record, _: _spec_cu_num_generated(record)["cu_num_generated_tokens"],
+    ),
+    each=True,
+)
 
 
 @rank_check("INV-CU-NUM-GENERATED")
@@ -115,44 +92,4 @@ def check_cu_num_generated(record: StepRecord) -> Iterable[Violation]:
     pair = gathered_pair(record)
     if pair is None or pair[0].logprobs_tensors is None:
         return  # INV-LOGPROBS-SHAPES judges a missing logprobs_tensors
-    field = "gathered.logprobs_tensors.cu_num_generated_tokens"
-    got = pair[0].logprobs_tensors.cu_num_generated_tokens
-    cu = np.asarray(record.inputs.batch.cu_num_logits_np)
-    num_reqs, num_logits = cu.shape[0] - 1, int(cu[-1])
-    if rules_of(record.case.profile).adaptive:
-        yield from _cu_num_generated_tensor(record, pair[0].logprobs_tensors, pair[1].logprobs_tensors)
-        if record.case.adaptive_verification:
-            if got is not None:
-                yield Violation(
-                    "INV-CU-NUM-GENERATED",
-                    f"{field} is {fmt(got)} under adaptive verification, expected None "
-                    "(cu_num_generated_tokens_tensor carries the admitted rows)",
-                    rank=record.rank,
-                    field=field,
-                )
-            return
-    if num_logits == num_reqs:
-        if got is not None:
-            yield Violation(
-                "INV-CU-NUM-GENERATED",
-                f"{field} is {fmt(got)} with one logits row per request (L == N), expected None",
-                rank=record.rank,
-                field=field,
-            )
-        return
-    counts = np.diff(cu)
-    first_multi_row = int(np.flatnonzero(counts > 1)[0])
-    if got is None:
-        yield Violation(
-            "INV-CU-NUM-GENERATED",
-            f"{field} is None with L={num_logits} != N={num_reqs}, expected {fmt(cu.tolist())}",
-            rank=record.rank,
-            request=first_multi_row,
-            field=field,
-        )
-        return
-    yield from found(
-        check_int_list(
-            "INV-CU-NUM-GENERATED", record, field, got, [int(c) for c in cu], lambda entry: max(entry - 1, 0)
-        )
-    )
+    yield from CU_NUM_GENERATED.violations(record)

@@ -2,88 +2,72 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-
-from shardspec.conformance.judge.checks.base import StepRecord, Violation, rank_check
-from shardspec.conformance.judge.checks.common import check_int_list, check_str_list, check_tensor, fmt, found, shards
-from shardspec.spec.profiles import rules_of
+from shardspec.conformance.judge.checks.base import StepRecord
+from shardspec.conformance.judge.checks.common import RowToRequest
+from shardspec.conformance.judge.checks.fields import INT_LIST, PRESENCE, STR_LIST, TENSOR, Field, field_check
 
 FIELD = "local_grammar_output"
 
 
-@rank_check("INV-LOCAL-GRAMMAR")
-def check_local_grammar(record: StepRecord) -> Iterable[Violation]:
-    pair = shards(record)
-    if pair is None:
-        return
-    actual, expected = pair[0].local_grammar_output, pair[1].local_grammar_output
-    position = {req_id: i for i, req_id in enumerate(record.inputs.batch.req_ids)}
-    if expected is None or actual is None:
-        if actual is not expected:
-            got = None if actual is None else fmt(list(actual.structured_output_request_ids))
-            want = None if expected is None else fmt(list(expected.structured_output_request_ids))
-            yield Violation(
-                "INV-LOCAL-GRAMMAR",
-                f"{FIELD} lists {got}, expected {want} (None when the grammar "
-                "output is None or lists no owned request)",
-                rank=record.rank,
-                field=FIELD,
-            )
-        return
-    got, want = actual.structured_output_request_ids, list(expected.structured_output_request_ids)
+def _positions(record: StepRecord) -> dict[str, int]:
+    return {req_id: i for i, req_id in enumerate(record.inputs.batch.req_ids)}
 
-    def entry_request(entry: int):
-        listed = want if entry < len(want) else list(got)
+
+def _listed(record: StepRecord) -> list[str]:
+    """The ids the reference's local grammar output lists: the owned ones, in the grammar output's order."""
+    return list(record.expected.shard.local_grammar_output.structured_output_request_ids)
+
+
+def _by_listed_entry(record: StepRecord) -> RowToRequest:
+    """Entry k of the listed ids -> its request (past the reference's entries, the one the implementation lists)."""
+    position, want = _positions(record), _listed(record)
+    got = getattr(record.actual.shard.local_grammar_output, "structured_output_request_ids", None)
+
+    def request(entry: int) -> int | None:
+        listed = want if entry < len(want) else ([] if got is None else list(got))
         return position.get(listed[entry]) if entry < len(listed) else None
 
-    violation = check_str_list(
-        "INV-LOCAL-GRAMMAR", record, f"{FIELD}.structured_output_request_ids", got, want, entry_request
-    )
-    if violation:
-        violation.message += " (the owned ids in the grammar output's order)"
-        yield violation
-        return
-    # Bitmask row r belongs to the listed request whose rows (or block, in vllm-0.33) cover r.
-    row_request = [position[req_id] for req_id in want for _ in range(_rows_of(record, position[req_id]))]
-    violation = check_tensor(
-        "INV-LOCAL-GRAMMAR",
-        record,
-        f"{FIELD}.grammar_bitmask",
-        actual.grammar_bitmask,
-        expected.grammar_bitmask,
-        lambda row: row_request[row] if row < len(row_request) else None,
-    )
-    if violation:
-        yield violation
-        return
-    if rules_of(record.case.profile).acceptable_drafts == "sliced":
-        yield from _acceptable_drafts(record, actual, expected, [position[req_id] for req_id in want])
+    return request
 
 
-def _acceptable_drafts(record: StepRecord, actual, expected, requests: list[int]) -> Iterable[Violation]:
-    """acceptable_drafts sliced: num_acceptable_drafts moves with the ids (None stays None)."""
-    field = f"{FIELD}.num_acceptable_drafts"
-    got, want = getattr(actual, "num_acceptable_drafts", None), expected.num_acceptable_drafts
-    if want is None or got is None:
-        if got is not want:
-            yield Violation(
-                "INV-LOCAL-GRAMMAR",
-                f"{field} is {fmt(got)}, expected {fmt(want)} (None when the grammar output's is None)",
-                rank=record.rank,
-                field=field,
-            )
-        return
-    yield from found(
-        check_int_list(
-            "INV-LOCAL-GRAMMAR", record, field, got, want, lambda k: requests[k] if k < len(requests) else None
-        )
-    )
+def _by_owned_entry(record: StepRecord) -> RowToRequest:
+    """Entry k of a per-listed-request field -> the k-th owned request."""
+    position = _positions(record)
+    requests = [position[req_id] for req_id in _listed(record)]
+    return lambda k: requests[k] if k < len(requests) else None
+
+
+def _by_bitmask_row(record: StepRecord) -> RowToRequest:
+    """Bitmask row r -> the listed request whose rows (or block, in vllm-0.33) cover r."""
+    position = _positions(record)
+    row_request = [position[req_id] for req_id in _listed(record) for _ in range(_rows_of(record, position[req_id]))]
+    return lambda row: row_request[row] if row < len(row_request) else None
 
 
 def _rows_of(record: StepRecord, request: int) -> int:
     grammar = record.inputs.grammar
-    blocks = rules_of(record.case.profile).grammar_blocks
-    if blocks and grammar is not None and grammar.structured_output_request_ids:
+    if record.rules.grammar_blocks and grammar is not None and grammar.structured_output_request_ids:
         return grammar.grammar_bitmask.shape[0] // len(grammar.structured_output_request_ids)
     cu = record.inputs.batch.cu_num_logits_np
     return int(cu[request + 1] - cu[request])
+
+
+field_check(
+    "INV-LOCAL-GRAMMAR",
+    Field(FIELD, PRESENCE, none_when="None when the grammar output is None or lists no owned request"),
+    Field(
+        f"{FIELD}.structured_output_request_ids",
+        STR_LIST,
+        _by_listed_entry,
+        note=" (the owned ids in the grammar output's order)",
+    ),
+    Field(f"{FIELD}.grammar_bitmask", TENSOR, _by_bitmask_row),
+    # acceptable_drafts sliced: num_acceptable_drafts moves with the ids.
+    Field(
+        f"{FIELD}.num_acceptable_drafts",
+        INT_LIST,
+        _by_owned_entry,
+        none_when="None when the grammar output's is None",
+        when=lambda rules: rules.acceptable_drafts == "sliced",
+    ),
+)

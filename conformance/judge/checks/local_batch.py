@@ -2,137 +2,72 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Iterable
 
 import numpy as np
 import torch
 
 from shardspec.conformance.judge.checks.base import StepRecord, Violation, rank_check
-from shardspec.conformance.judge.checks.common import (
-    check_array,
-    check_int,
-    check_str_list,
-    check_tensor,
-    fmt,
-    found,
-    local_row_owner,
-    lookup,
-    plan_of,
-    shards,
+from shardspec.conformance.judge.checks.common import fmt, shards
+from shardspec.conformance.judge.checks.fields import (
+    ARRAY,
+    INT,
+    STR_LIST,
+    TENSOR,
+    Field,
+    by_local_prefix_entry,
+    by_local_request,
+    by_local_row,
+    field_check,
 )
 
+# Optional local fields are None exactly when the batch's are (the reference's is then None too).
+BATCH_NONE = "None exactly when the batch's is None"
 
-def _local_batches(record: StepRecord):
-    pair = shards(record)
-    return None if pair is None else (pair[0].local_batch, pair[1].local_batch)
-
-
-def _by_local_request(record: StepRecord):
-    """Local request j -> its batch position."""
-    return lookup(plan_of(record).local_reqs)
-
-
-def _by_local_row(record: StepRecord):
-    """Local logits row -> the batch position of its request."""
-    return lookup(local_row_owner(plan_of(record)))
-
-
-def _by_prefix_entry(record: StepRecord):
-    """Entry k of a prefix sum [n+1] -> local request k-1 (entry 0 -> the first)."""
-    local = plan_of(record).local_reqs
-    return lambda k: int(local[max(k - 1, 0)]) if local.size and k <= local.size else None
-
-
-@dataclass(frozen=True)
-class LocalField:
-    """One field of the local batch compared with the reference's: how its entries map to requests, and for
-    host arrays the dtype. ``optional``: None exactly when the reference's is None (the batch's is)."""
-
-    name: str
-    kind: str  # "tensor" | "array" | "int" | "str_list"
-    rows: Callable[[StepRecord], Callable[[int], int | None]] | None = None
-    dtype: Any = None
-    optional: bool = False
-
-
-# Each invariant's fields, in the order they are judged; one ID, written once.
-LOCAL_FIELDS: dict[str, tuple[LocalField, ...]] = {
-    "INV-LOCAL-REQS": (LocalField("req_ids", "str_list", _by_local_request), LocalField("num_reqs", "int")),
-    "INV-LOCAL-IDX-MAPPING": (
-        LocalField("idx_mapping", "tensor", _by_local_request),
-        LocalField("idx_mapping_np", "array", _by_local_request, np.intp),
-    ),
-    "INV-LOCAL-CU-NUM-LOGITS": (
-        LocalField("cu_num_logits", "tensor", _by_prefix_entry),
-        LocalField("cu_num_logits_np", "array", _by_prefix_entry, np.int32),
-    ),
-    "INV-LOCAL-LOGITS-INDICES": (LocalField("logits_indices", "tensor", _by_local_row),),
-    "INV-LOCAL-EXPANDED": (
-        LocalField("expanded_idx_mapping", "tensor", _by_local_row),
-        LocalField("expanded_local_pos", "tensor", _by_local_row),
-    ),
-    "INV-LOCAL-SEQ-LENS": (LocalField("seq_lens", "tensor", _by_local_request),),
-    # vllm-0.33: the owned requests' host bounds, a CPU tensor.
-    "INV-LOCAL-SEQ-LENS-UPPER-BOUND": (
-        LocalField("seq_lens_cpu_upper_bound", "tensor", _by_local_request, optional=True),
-    ),
-    "INV-LOCAL-DRAFTS": (
-        LocalField("num_draft_tokens_per_req", "array", _by_local_request, np.int32, optional=True),
-        LocalField("num_draft_tokens", "int"),
-    ),
-}
-
-
-def _compare(invariant_id: str, record: StepRecord, spec: LocalField, actual, expected) -> Violation | None:
-    field = f"local_batch.{spec.name}"
-    got, want = getattr(actual, spec.name, None), getattr(expected, spec.name)
-    if spec.optional and (got is None or want is None):
-        if got is want:
-            return None
-        message = f"{field} is {fmt(got)}, expected {fmt(want)} (None exactly when the batch's is None)"
-        return Violation(invariant_id, message, rank=record.rank, field=field)
-    rows = spec.rows(record) if spec.rows is not None else None
-    if spec.kind == "tensor":
-        return check_tensor(invariant_id, record, field, got, want, *([rows] if rows else []))
-    if spec.kind == "array":
-        return check_array(invariant_id, record, field, got, want, spec.dtype, *([rows] if rows else []))
-    if spec.kind == "str_list":
-        return check_str_list(invariant_id, record, field, got, want, rows)
-    return check_int(invariant_id, record, field, got, want)
-
-
-def _local_fields_checker(invariant_id: str, fields: tuple[LocalField, ...]):
-    def check(record: StepRecord) -> Iterable[Violation]:
-        pair = _local_batches(record)
-        if pair is None:
-            return []
-        for spec in fields:  # the first field that differs: the later ones usually follow from it
-            violation = _compare(invariant_id, record, spec, *pair)
-            if violation is not None:
-                return [violation]
-        return []
-
-    check.__name__ = check.__qualname__ = "check_" + invariant_id.lower().replace("-", "_")
-    return check
-
-
-for _invariant_id, _fields in LOCAL_FIELDS.items():
-    rank_check(_invariant_id)(_local_fields_checker(_invariant_id, _fields))
+# Each invariant's fields, in the order they are judged.
+field_check(
+    "INV-LOCAL-REQS",
+    Field("local_batch.req_ids", STR_LIST, by_local_request),
+    Field("local_batch.num_reqs", INT),
+)
+field_check(
+    "INV-LOCAL-IDX-MAPPING",
+    Field("local_batch.idx_mapping", TENSOR, by_local_request),
+    Field("local_batch.idx_mapping_np", ARRAY, by_local_request, np.intp),
+)
+field_check(
+    "INV-LOCAL-CU-NUM-LOGITS",
+    Field("local_batch.cu_num_logits", TENSOR, by_local_prefix_entry),
+    Field("local_batch.cu_num_logits_np", ARRAY, by_local_prefix_entry, np.int32),
+)
+field_check("INV-LOCAL-LOGITS-INDICES", Field("local_batch.logits_indices", TENSOR, by_local_row))
+field_check(
+    "INV-LOCAL-EXPANDED",
+    Field("local_batch.expanded_idx_mapping", TENSOR, by_local_row),
+    Field("local_batch.expanded_local_pos", TENSOR, by_local_row),
+)
+field_check("INV-LOCAL-SEQ-LENS", Field("local_batch.seq_lens", TENSOR, by_local_request))
+# vllm-0.33: the owned requests' host bounds, a CPU tensor.
+field_check(
+    "INV-LOCAL-SEQ-LENS-UPPER-BOUND",
+    Field("local_batch.seq_lens_cpu_upper_bound", TENSOR, by_local_request, none_when=BATCH_NONE),
+)
+field_check(
+    "INV-LOCAL-DRAFTS",
+    Field("local_batch.num_draft_tokens_per_req", ARRAY, by_local_request, np.int32, none_when=BATCH_NONE),
+    Field("local_batch.num_draft_tokens", INT),
+)
 
 
 @rank_check("INV-LOCAL-ADMITTED-DRAFTS")
 def check_local_admitted_drafts(record: StepRecord) -> Iterable[Violation]:
     """vllm-0.33: None, or the batch's admitted counts unchanged (no consumer reads it)."""
-    pair = _local_batches(record)
+    pair = shards(record)
     if pair is None:
         return
     field = "local_batch.num_admitted_draft_tokens"
-    got, batch_value = (
-        getattr(pair[0], "num_admitted_draft_tokens", None),
-        record.inputs.batch.num_admitted_draft_tokens,
-    )
+    got = getattr(pair[0].local_batch, "num_admitted_draft_tokens", None)
+    batch_value = record.inputs.batch.num_admitted_draft_tokens
     if got is None:
         return
     if batch_value is None or not isinstance(got, np.ndarray) or not np.array_equal(got, np.asarray(batch_value)):
@@ -144,21 +79,8 @@ def check_local_admitted_drafts(record: StepRecord) -> Iterable[Violation]:
         )
 
 
-@rank_check("INV-LOCAL-GLOBAL-FIELDS")
-def check_local_global_fields(record: StepRecord) -> Iterable[Violation]:
-    pair = _local_batches(record)
-    if pair is None:
-        return
-    # Token space is not sharded: every entry is judged, none maps to one request.
-    yield from found(
-        check_tensor(
-            "INV-LOCAL-GLOBAL-FIELDS",
-            record,
-            "local_batch.query_start_loc",
-            pair[0].query_start_loc,
-            record.inputs.batch.query_start_loc,
-        )
-    )
+# Token space is not sharded: every entry is judged, none maps to one request; the reference's is the batch's.
+field_check("INV-LOCAL-GLOBAL-FIELDS", Field("local_batch.query_start_loc", TENSOR))
 
 
 ALIGNED_FIELDS = (

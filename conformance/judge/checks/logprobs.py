@@ -9,14 +9,13 @@ import torch
 
 from shardspec.conformance.judge.checks.base import StepRecord, Violation, rank_check
 from shardspec.conformance.judge.checks.common import (
-    check_tensor,
-    first_bad_row,
-    fmt,
+    first_differing_row,
     global_row_owner,
     lookup,
     plan_of,
-    values_equal,
+    row_violation,
 )
+from shardspec.conformance.judge.checks.fields import LAYOUT, PRESENCE, Field, field_check
 from shardspec.conformance.judge.checks.gather import gathered_pair
 from shardspec.spec.case import Case
 
@@ -35,17 +34,22 @@ def ranks_without_logprobs(case: Case) -> set[int]:
     }
 
 
+# The gathered logprobs' layout; their values are INV-LOGPROBS-VALUES' and INV-LOGPROBS-MISSING's.
+SHAPES = field_check(
+    "INV-LOGPROBS-SHAPES",
+    Field(PREFIX, PRESENCE, none_when="None exactly when the case's logprobs_dims is None"),
+    *[Field(f"{PREFIX}.{name}", LAYOUT) for name in FIELDS],
+)
+
+
 def logprob_pair(record: StepRecord):
     """(actual, expected) LogprobsTensors when both exist with the expected layout, else None."""
     pair = gathered_pair(record)
     if pair is None or record.case.logprobs_dims is None:
         return None
     actual, expected = pair[0].logprobs_tensors, pair[1].logprobs_tensors
-    if actual is None or expected is None:
-        return None
-    for name in FIELDS:
-        if check_tensor("", record, name, getattr(actual, name), getattr(expected, name), values=False):
-            return None  # INV-LOGPROBS-SHAPES reports it
+    if actual is None or expected is None or SHAPES.violations(record):
+        return None  # INV-LOGPROBS-SHAPES reports it
     return actual, expected
 
 
@@ -56,52 +60,13 @@ def rows_owned_by(record: StepRecord, ranks: set[int]) -> np.ndarray:
     return np.flatnonzero(np.isin(plan.owners[row_owner], list(ranks)))
 
 
-@rank_check("INV-LOGPROBS-SHAPES")
-def check_logprobs_shapes(record: StepRecord) -> Iterable[Violation]:
-    pair = gathered_pair(record)
-    if pair is None:
-        return
-    actual, expected = pair[0].logprobs_tensors, pair[1].logprobs_tensors
-    if expected is None or actual is None:
-        if (actual is None) != (expected is None):
-            dims = record.case.logprobs_dims
-            yield Violation(
-                "INV-LOGPROBS-SHAPES",
-                f"{PREFIX} is {'None' if actual is None else 'set'} with logprobs_dims={dims}",
-                rank=record.rank,
-                field=PREFIX,
-            )
-        return
-    for name in FIELDS:
-        violation = check_tensor(
-            "INV-LOGPROBS-SHAPES",
-            record,
-            f"{PREFIX}.{name}",
-            getattr(actual, name),
-            getattr(expected, name),
-            values=False,
-        )
-        if violation:
-            yield violation
-            return
-
-
 def _first_mismatch(record: StepRecord, invariant_id: str, actual, expected, rows: np.ndarray) -> Violation | None:
     by_row = lookup(global_row_owner(plan_of(record)))
-    index = torch.from_numpy(rows)
     for name in FIELDS:
         got, want = getattr(actual, name), getattr(expected, name)
-        equal = values_equal(got[index.to(got.device)], want[index.to(want.device)].to(got.device))
-        bad = first_bad_row(equal)
-        if bad is not None:
-            row = int(rows[bad])
-            return Violation(
-                invariant_id,
-                f"{PREFIX}.{name} row {row} is {fmt(got[row])}, expected {fmt(want[row])}",
-                rank=record.rank,
-                request=by_row(row),
-                field=f"{PREFIX}.{name}",
-            )
+        row = first_differing_row(got, want, rows)
+        if row is not None:
+            return row_violation(invariant_id, record, f"{PREFIX}.{name}", row, got, want, by_row(row))
     return None
 
 

@@ -7,20 +7,13 @@ from collections.abc import Iterable
 import numpy as np
 
 from shardspec.conformance.judge.checks.base import StepRecord, Violation, rank_check
-from shardspec.conformance.judge.checks.common import (
-    check_tensor,
-    fmt,
-    lookup,
-    plan_of,
-    shards,
-    unexpected_error,
-)
+from shardspec.conformance.judge.checks.common import fmt, plan_of, shards
+from shardspec.conformance.judge.checks.fields import TENSOR, Field, by_owner_sorted_row, field_check
 
 
 @rank_check("INV-OWNER")
 def check_owner(record: StepRecord) -> Iterable[Violation]:
     """The local batch holds exactly the requests the profile's owner rule gives this rank."""
-    yield from unexpected_error(record, "INV-OWNER")
     pair = shards(record)
     if pair is None:
         return
@@ -51,22 +44,4 @@ def check_owner(record: StepRecord) -> Iterable[Violation]:
         )
 
 
-@rank_check("INV-SORTED-LOGITS-INDICES")
-def check_sorted_logits_indices(record: StepRecord) -> Iterable[Violation]:
-    pair = shards(record)
-    if pair is None:
-        return
-    plan = plan_of(record)
-    sorted_reqs = plan.owner_sorted_reqs
-    # Owner-sorted row k belongs to the k-th entry of this expansion.
-    row_owner = np.repeat(sorted_reqs, plan.num_logits_per_req[sorted_reqs])
-    violation = check_tensor(
-        "INV-SORTED-LOGITS-INDICES",
-        record,
-        "sorted_logits_indices",
-        pair[0].sorted_logits_indices,
-        pair[1].sorted_logits_indices,
-        lookup(row_owner),
-    )
-    if violation:
-        yield violation
+field_check("INV-SORTED-LOGITS-INDICES", Field("sorted_logits_indices", TENSOR, by_owner_sorted_row))

@@ -7,8 +7,8 @@ from typing import Any
 
 import torch
 
-from shardspec.conformance.judge.checks.base import StepRecord, Violation, group_check, rank_check
-from shardspec.conformance.judge.checks.common import first_bad_row, fmt, judgeable, values_equal
+from shardspec.conformance.judge.checks.base import StepRecord, Violation, group_check, outputs_expected, rank_check
+from shardspec.conformance.judge.checks.common import first_bad_row, fmt, values_equal
 from shardspec.reference.profile_rules import device_cu_num_logits
 from shardspec.spec.case import Case
 
@@ -65,7 +65,7 @@ def _lookup(part: dict[str, Any], path: str) -> Any:
 @rank_check("INV-E2E-TRANSPARENCY")
 def check_e2e_transparency(record: StepRecord) -> Iterable[Violation]:
     replicated, actual = record.replicated, record.actual.gathered
-    if not judgeable(record) or replicated is None or actual is None:
+    if not outputs_expected(record) or replicated is None or actual is None:
         return
     violation = _compare_counts(record, actual, replicated) or _compare_logprobs(record, actual, replicated)
     if violation:
@@ -129,7 +129,7 @@ def _compare_logprobs(record: StepRecord, actual, replicated) -> Violation | Non
 
 def _row_request(record: StepRecord) -> list[int]:
     """The request of each logits row of the batch, as the device fields lay them out."""
-    cu = device_cu_num_logits(record.inputs.batch, record.case.profile)
+    cu = device_cu_num_logits(record.inputs.batch, record.rules)
     return [i for i in range(len(cu) - 1) for _ in range(int(cu[i + 1] - cu[i]))]
 
 

@@ -11,6 +11,7 @@ import torch
 
 from shardspec.conformance.judge.checks.base import StepRecord, Violation, rank_check
 from shardspec.conformance.judge.checks.common import shards
+from shardspec.spec.loader import load_spec
 from shardspec.spec.model import InputBatch
 
 INVARIANT = "INV-LOCAL-UNLISTED-FIELDS"
@@ -19,8 +20,6 @@ INVARIANT = "INV-LOCAL-UNLISTED-FIELDS"
 @functools.cache
 def listed(profile: str) -> frozenset[str]:
     """The InputBatch fields the profile lists (vLLM 0.33's own are an engine's fields in vllm-seed)."""
-    from shardspec.spec.loader import load_spec
-
     names = {f.name for f in load_spec(profile=profile).data_model.type("InputBatch").fields}
     return frozenset(f.name for f in dataclasses.fields(InputBatch) if f.name in names)
 
