@@ -191,6 +191,11 @@ def holds_for(entry, rules: Rules | None) -> bool:
     return rules is None or rules.holds(entry.requires)
 
 
+def requires_of(requires: dict) -> Requires:
+    """A document's ``requires`` mapping (rule: a value, or a list of values) as :data:`Requires`."""
+    return tuple(sorted((rule, tuple(v) if isinstance(v, list) else (v,)) for rule, v in requires.items()))
+
+
 def requires_text(requires: Requires) -> str:
     """``rule: value`` (or ``rule: a | b``) for each rule an entry requires, joined by ``, ``."""
     return ", ".join(f"{rule}: {' | '.join(values)}" for rule, values in requires)
