@@ -175,8 +175,8 @@ class Document:
 
 @dataclass(frozen=True)
 class Profile:
-    """One upstream contract the spec describes (spec/index.yaml lists them; profiles/<name>.yaml
-    holds each one's rules)."""
+    """One upstream contract the spec describes: a file of spec/profiles, profiles/<name>.yaml, which holds
+    its rules."""
 
     name: str
     upstream: str
