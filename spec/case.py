@@ -22,6 +22,7 @@ from shardspec.spec.case_edits import (
     edit_owner_table,
     edit_token_logits,
 )
+from shardspec.spec.documents import Requires
 from shardspec.spec.layouts import (
     check_case_layout,
     lay_out_array,
@@ -126,9 +127,9 @@ class Case:
     continues: str | None = None
     # The profile the step is judged under (spec/index.yaml); the fields below are vllm-0.33's.
     profile: str = DEFAULT_PROFILE
-    # The profiles the case holds for (a fixture file's `profiles`); empty: every profile, or vllm-0.33
-    # alone where the case sets one of its fields (fixtures.catalogue.case_profiles).
-    profiles: tuple[str, ...] = ()
+    # The rule values the case holds for (a fixture file's `requires`, matched as a spec entry's); empty:
+    # every profile whose rules allow the fields it sets (fixtures.catalogue.case_profiles).
+    requires: Requires = ()
     # The sharder's adaptive_verification_enabled (CL-ADMITTED-DRAFTS).
     adaptive_verification: bool = False
     # Draft tokens admitted per request (at most n_i - 1 scheduled ones): the budget binds. None: no

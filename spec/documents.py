@@ -175,8 +175,8 @@ class Document:
 
 @dataclass(frozen=True)
 class Profile:
-    """One upstream contract the spec describes (spec/index.yaml lists them; profiles/<name>.yaml
-    holds each one's rules)."""
+    """One upstream contract the spec describes: a file of spec/profiles, profiles/<name>.yaml, which holds
+    its rules."""
 
     name: str
     upstream: str
@@ -189,6 +189,11 @@ class Profile:
 def holds_for(entry, rules: Rules | None) -> bool:
     """Whether a spec entry (or field) with ``requires`` holds under ``rules`` (None: any profile)."""
     return rules is None or rules.holds(entry.requires)
+
+
+def requires_of(requires: dict) -> Requires:
+    """A document's ``requires`` mapping (rule: a value, or a list of values) as :data:`Requires`."""
+    return tuple(sorted((rule, tuple(v) if isinstance(v, list) else (v,)) for rule, v in requires.items()))
 
 
 def requires_text(requires: Requires) -> str:

@@ -37,6 +37,7 @@ from shardspec.spec.documents import (  # noqa: F401  (re-exported)
     Symbol,
     TypeSpec,
     holds_for,
+    requires_of,
 )
 from shardspec.spec.errors import SpecFileError
 from shardspec.spec.profiles import is_profile
@@ -44,7 +45,7 @@ from shardspec.spec.selection import (  # noqa: F401  (UnknownProfileError and s
     UnknownProfileError,
     _check_profile_names,
     select_profile,
-    spec_profile,
+    spec_profiles,
     with_profile_names,
 )
 
@@ -169,7 +170,7 @@ def document_schema(document: str) -> dict:
 def load_spec(root: PathLike | None = None, profile: str | None = None) -> Spec:
     """Load the specification from ``root`` (default: the installed package's spec/).
 
-    ``profile``: keep only the entries and fields that hold for that profile (spec/index.yaml lists
+    ``profile``: keep only the entries and fields that hold for that profile (spec/profiles/ holds
     them); None keeps every entry of every profile. Raises :class:`UnknownProfileError` for a name
     the spec does not define.
     """
@@ -280,7 +281,7 @@ def _build_spec(index: dict, raw: dict[str, Any], base=None) -> Spec:
         invariants=tuple(Invariant(**_tupled(e)) for e in raw["invariants"]["invariants"]),
         preconditions=tuple(_precondition(e) for e in raw["preconditions"]["preconditions"]),
         clarifications=tuple(Clarification(**_tupled(e)) for e in raw["clarifications"]["clarifications"]),
-        profiles=tuple(spec_profile(entry, base) for entry in index["profiles"]),
+        profiles=spec_profiles(base),
     )
 
 
@@ -296,11 +297,7 @@ def _precondition(entry: dict) -> Precondition:
 
 
 def _tupled(entry: dict) -> dict:
-    return {k: _requires(v) if k == "requires" else tuple(v) if isinstance(v, list) else v for k, v in entry.items()}
-
-
-def _requires(requires: dict) -> tuple:
-    return tuple(sorted((rule, tuple(v) if isinstance(v, list) else (v,)) for rule, v in requires.items()))
+    return {k: requires_of(v) if k == "requires" else tuple(v) if isinstance(v, list) else v for k, v in entry.items()}
 
 
 def _fields(entries: list[dict]) -> tuple[FieldSpec, ...]:

@@ -1,5 +1,5 @@
 """Selecting one profile's entries from the specification, and checking the profile names it uses
-(``spec/index.yaml``'s ``profiles``; see :func:`shardspec.spec.loader.load_spec`)."""
+(the files of ``spec/profiles``; see :func:`shardspec.spec.loader.load_spec`)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,14 @@ from dataclasses import replace
 
 from shardspec.spec.documents import DataModel, FieldSpec, Profile, Spec, holds_for
 from shardspec.spec.errors import SpecFileError
-from shardspec.spec.profiles import ProfileError, bundled_dir, profile_file, read_profile
+from shardspec.spec.profiles import (
+    DEFAULT_PROFILE,
+    ProfileError,
+    bundled_dir,
+    profile_file,
+    profile_order,
+    read_profile,
+)
 from shardspec.spec.rules import RULES_BY_NAME, Rules
 
 
@@ -76,33 +83,41 @@ def with_profile_names(spec: Spec) -> Spec:
     )
 
 
-def spec_profile(entry: dict, base) -> Profile:
-    """A profile of index.yaml, its rules read from ``base``/profiles/<name>.yaml."""
-    name = entry["name"]
+def spec_profiles(base) -> tuple[Profile, ...]:
+    """The spec's profiles: the files of ``base``/profiles, in :func:`profile_order`."""
+    folder = bundled_dir(base)
+    try:
+        names = profile_order(folder)
+    except ProfileError as exc:
+        raise SpecFileError(str(folder), "profiles", str(exc)) from None
+    return tuple(spec_profile(name, base) for name in names)
+
+
+def spec_profile(name: str, base) -> Profile:
+    """A profile of the spec, its rules read from ``base``/profiles/<name>.yaml."""
     path = bundled_dir(base).joinpath(f"{name}.yaml")
     try:
-        loaded = read_profile(path, name, parents=lambda parent: spec_profile({"name": parent}, base))
+        loaded = read_profile(path, name, parents=lambda parent: spec_profile(parent, base))
     except ProfileError as exc:
         raise SpecFileError(str(path), "file", str(exc).removeprefix(f"{path}: ")) from None
-    return Profile(name, loaded.upstream, loaded.meaning, loaded.rules, bool(entry.get("default")), loaded.extends)
+    return Profile(name, loaded.upstream, loaded.meaning, loaded.rules, name == DEFAULT_PROFILE, loaded.extends)
 
 
 def _check_profile_names(spec: Spec, paths: dict[str, str]) -> None:
-    """Exactly one default profile, and every ``requires`` names known rules and values."""
-    if sum(p.default for p in spec.profiles) != 1:
-        raise SpecFileError(paths["index"], "profiles", "field 'profiles': exactly one profile must be the default")
+    """Every ``requires`` names known rules and values."""
     for document, entries in (
         ("invariants", spec.invariants),
         ("preconditions", spec.preconditions),
         ("clarifications", spec.clarifications),
     ):
         for position, entry in enumerate(entries):
-            _check_requires(entry.requires, paths[document], f"{document}[{position}].requires")
+            check_requires(entry.requires, paths[document], f"{document}[{position}].requires")
     for place, field in _all_fields(spec.data_model):
-        _check_requires(field.requires, paths["data_model"], f"{place}.requires")
+        check_requires(field.requires, paths["data_model"], f"{place}.requires")
 
 
-def _check_requires(requires, path: str, place: str) -> None:
+def check_requires(requires, path: str, place: str) -> None:
+    """:class:`SpecFileError` at ``place`` for a rule of ``requires`` that does not exist, or a value it lacks."""
     for rule, values in requires:
         known = RULES_BY_NAME.get(rule)
         if known is None:

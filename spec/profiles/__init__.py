@@ -1,10 +1,11 @@
 """Profiles: one upstream contract each, as data (``spec/profiles/<name>.yaml``).
 
 A profile file names the profile it ``extends`` and the rules (``shardspec.spec.rules``) it sets or
-changes; the root profile sets every rule. The bundled ones are listed here and in spec/index.yaml (a
-test keeps the two in step); a user's own file (``--profile-file engine.yaml``) extends a bundled one
-and is read once, as untrusted input (:mod:`shardspec.spec.profile_input`), by :func:`load_profile_file`
-at the edge (the command line, the pytest plugin), which registers it for the rest of the process.
+changes; the root profile sets every rule. The bundled ones are the files of this folder
+(:data:`PROFILES`, :func:`profile_order`): bundling one is adding its file. A user's own file
+(``--profile-file engine.yaml``) extends a bundled one and is read once, as untrusted input
+(:mod:`shardspec.spec.profile_input`), by :func:`load_profile_file` at the edge (the command line, the
+pytest plugin), which registers it for the rest of the process.
 Nothing reads it again: the processes a run starts receive the resolved profiles as data with their
 jobs (:func:`profile_data`, :func:`install_profiles`), never through the environment.
 
@@ -33,7 +34,6 @@ from shardspec.spec.rules import GUARANTEE_RULES, RULES, Rules, contradiction, r
 
 __all__ = ["ProfileError"]  # raised here, defined with the reading of a file (profile_input)
 
-PROFILES = ("vllm-0.34", "vllm-0.34-sharded-draft-cache", "vllm-0.34-strict", "vllm-0.33", "vllm-seed")
 DEFAULT_PROFILE = "vllm-0.34"
 # The variable the options table reads a user's profile file from (at the edge, like --profile-file).
 PROFILE_FILE_ENV = "SHARDSPEC_PROFILE_FILE"
@@ -66,6 +66,36 @@ _REGISTERED: dict[str, ProfileFile] = {}
 
 def bundled_dir(root: Path | None = None):
     return resources.files("shardspec.spec").joinpath("profiles") if root is None else Path(root) / "profiles"
+
+
+def profile_order(folder) -> tuple[str, ...]:
+    """The profiles of the files in ``folder`` (``<name>.yaml``): the default first, then the nearest to it in
+    the extends tree: its descendants, then its parent with the parent's other descendants, and so on up
+    (siblings by name); profiles of another tree last."""
+    parents = {}
+    for path in sorted(folder.iterdir(), key=lambda path: path.name):
+        if path.name.endswith(".yaml"):
+            parents[path.name.removesuffix(".yaml")] = parse_profile(read_bounded(path), path).get("extends")
+    if DEFAULT_PROFILE not in parents:
+        raise ProfileError(f"{folder}: no file of the default profile, {DEFAULT_PROFILE}.yaml")
+    order: list[str] = []
+
+    def add_tree(name: str) -> None:
+        if name not in order:
+            order.append(name)
+            for child in (n for n, parent in parents.items() if parent == name):
+                add_tree(child)
+
+    name = DEFAULT_PROFILE
+    while name in parents:
+        add_tree(name)
+        name = parents[name]
+    for name in parents:
+        add_tree(name)
+    return tuple(order)
+
+
+PROFILES = profile_order(bundled_dir())
 
 
 @functools.cache

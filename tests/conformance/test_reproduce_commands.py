@@ -78,7 +78,7 @@ def test_a_case_on_the_initial_owner_table_is_written_so_that_its_command_loads_
 
     profile = "vllm-0.34-sharded-draft-cache"
     case = replace(load_case("tp2-owner-table-initial", profile), case_id="gen-tp2-s0-000", owner_table=None)
-    case = replace(case, profiles=(), then=[replace(case, owner_table=None)])
+    case = replace(case, requires=(), then=[replace(case, owner_table=None)])
     written = load_case_file(write_case_file(case, tmp_path))
     assert written.owner_table == {} and written.then[0].owner_table == {}
     assert profile in case_profiles(written, (profile,))

@@ -87,8 +87,8 @@ CASES_033 = [
 ]
 # The same batches without vllm-0.33's inputs, under both profiles.
 CASES_BOTH = [
-    _case("spec", profiles=PROFILES),
-    _case("grammar-rows", grammar_positions=[3, 0, 5], profiles=PROFILES),
+    _case("spec"),
+    _case("grammar-rows", grammar_positions=[3, 0, 5]),
     _case("dtypes-int64-both", batch_dtypes=ALL_INT64),
 ]
 
@@ -190,7 +190,7 @@ def test_adaptive_tensor_is_int32_and_a_copy_of_the_batch_prefix_sums(cu_dtype):
 
 
 def test_seed_ignores_adaptive_verification_and_takes_no_033_field():
-    case = _under(_case("seed", profiles=PROFILES), VLLM_SEED)
+    case = _under(_case("seed"), VLLM_SEED)
     inputs, results = _shard_all(case)
     sharder = ProductionSharder(
         16, 4, comm=LoopbackComm(0, 2), device=DEVICE, profile=VLLM_SEED, adaptive_verification_enabled=True
@@ -207,7 +207,7 @@ def test_seed_ignores_adaptive_verification_and_takes_no_033_field():
 
 @pytest.mark.parametrize("profile", PROFILES)
 def test_local_dtypes_follow_the_batch_only_where_the_rule_says_so(profile):
-    case = _under(_case("dtypes", batch_dtypes=ALL_INT64, profiles=PROFILES), profile)
+    case = _under(_case("dtypes", batch_dtypes=ALL_INT64), profile)
     _, results = _shard_all(case)
     local = results[1].local_batch
     expected = torch.int64 if rules_of(profile).local_dtypes == "batch" else torch.int32
