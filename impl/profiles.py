@@ -62,6 +62,12 @@ def range_owners(num_reqs: int, tp: int) -> np.ndarray:
     return np.repeat(np.arange(tp, dtype=np.intp), lengths)
 
 
+def padded_reqs_per_rank(reqs_per_rank: list[int], num_reqs: int) -> int:
+    """max_num_reqs_per_rank: the largest rank's requests, 1 for an empty batch (CL-EMPTY-BATCH: the
+    largest choice of every empty_batch_padding value, as the reference pads)."""
+    return max(reqs_per_rank) if num_reqs else 1
+
+
 def admitted_rows(batch: InputBatch, scheduled: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(prefix sums [N + 1], rows per request [N]) of the admitted rows, int64: the scheduled rows
     ``scheduled`` less the drafts not admitted (CL-ADMITTED-DRAFTS). The device fields lay these out."""

@@ -217,7 +217,7 @@ class ProductionSharder(WireLaunches):
         rows_per_rank = (
             reqs_per_rank if width == 1 else np.bincount(owners, weights=counts, minlength=tp).astype(np.int64).tolist()
         )
-        max_reqs_per_rank = max(reqs_per_rank) if num_reqs else 1
+        max_reqs_per_rank = profiles.padded_reqs_per_rank(reqs_per_rank, num_reqs)
         num_local = local_reqs.shape[0]
         num_local_logits = rows_per_rank[rank]
 

@@ -134,7 +134,16 @@ class ReferenceSharder:
     def plan(self, batch: InputBatch, owner_table: np.ndarray | None = None) -> ShardPlan:
         """This rank's plan: a pure function of the replicated host copies (and the owner table)."""
         cu_num_logits = profile_rules.device_cu_num_logits(batch, self.profile)
-        return build_plan(batch.idx_mapping_np, cu_num_logits, self.tp_size, self.rank, self.rules.owner, owner_table)
+        rules = self.rules
+        return build_plan(
+            batch.idx_mapping_np,
+            cu_num_logits,
+            self.tp_size,
+            self.rank,
+            rules.owner,
+            owner_table,
+            rules.empty_batch_padding,
+        )
 
     def _local_batch(self, batch, plan, local_reqs, cu_num_logits, logits_indices) -> InputBatch:
         device = self.device

@@ -25,6 +25,7 @@ from shardspec.reference.plan import ShardPlan, build_plan
 from shardspec.reference.profile_rules import device_cu_num_logits
 from shardspec.spec.errors import declines_extensions
 from shardspec.spec.profiles import rules_of
+from shardspec.spec.rule_meanings import reqs_per_rank_choices
 
 # The invariant whose checker reports an unexpected exception of each step:
 # the first invariant of that step in spec/invariants.yaml. "construct" is
@@ -84,10 +85,8 @@ def plan_of(record: StepRecord) -> ShardPlan:
 def empty_batch_padding(record: StepRecord) -> tuple[int, ...]:
     """The max_num_reqs_per_rank values the profile allows for the record's batch: the plan's, or for an
     empty batch under empty_batch_padding zero_or_one (0, 1) (CL-EMPTY-BATCH)."""
-    zero_or_one = rules_of(record.case.profile).empty_batch_padding == "zero_or_one"
-    if zero_or_one and record.inputs.batch.num_reqs == 0:
-        return (0, 1)
-    return (plan_of(record).max_num_reqs_per_rank,)
+    padding = rules_of(record.case.profile).empty_batch_padding
+    return reqs_per_rank_choices(padding, plan_of(record).num_reqs_per_rank.tolist())
 
 
 def wire_metadata(record: StepRecord):
