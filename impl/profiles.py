@@ -17,7 +17,6 @@ import numpy as np
 import torch
 
 from shardspec.spec.model import InputBatch
-from shardspec.spec.profiles import ProfileError, rules_of
 from shardspec.spec.rules import Rules
 
 _NUMPY_INTS = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)
@@ -29,18 +28,12 @@ HOST_OWNER_RULES = ("owner_table", "contiguous_ranges")
 POSITION_OWNER_RULES = ("position_mod_tp", "contiguous_ranges")
 
 
-def production_rules(profile: str | Rules) -> Rules:
-    """The rules of ``profile``; a ValueError naming it when it is no profile, NotImplementedError for an
-    owner rule production does not implement yet."""
-    try:
-        rules = rules_of(profile)
-    except ProfileError as exc:
-        raise ValueError(str(exc)) from None
+def check_owner_rule(rules: Rules) -> None:
+    """NotImplementedError for an owner rule production does not implement yet."""
     if rules.owner not in OWNER_RULES:
         raise NotImplementedError(
             f"owner rule {rules.owner}: not supported yet (production has {', '.join(OWNER_RULES)})"
         )
-    return rules
 
 
 def owners(slots: np.ndarray, tp: int, owner: str) -> np.ndarray:

@@ -89,7 +89,7 @@ def logprob_rows(case, batch) -> int | None:
 
     if case.expect_error is not None:
         return None
-    return int(device_cu_num_logits(batch, case.profile)[-1])
+    return int(device_cu_num_logits(batch, case.rules)[-1])
 
 
 def _gathered(out: StepOutputs, logprob_rows: int | None) -> dict[str, Any] | None:

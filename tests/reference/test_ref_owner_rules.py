@@ -90,7 +90,7 @@ def test_a_rank_may_own_nothing_because_of_the_table():
 
 def _shard(table, tp=3, rank=0, **kwargs):
     batch = build_input_batch(SLOTS.tolist(), np.diff(CU).tolist(), seq_lens_upper_bound=True)
-    sharder = ReferenceSharder(16, 4, comm=LoopbackComm(rank, tp), profile=TABLE_PROFILE, **kwargs)
+    sharder = ReferenceSharder(16, 4, comm=LoopbackComm(rank, tp), rules=rules_of(TABLE_PROFILE), **kwargs)
     return sharder.shard_sampler_inputs(batch, None, owner_table=table)
 
 
@@ -120,6 +120,6 @@ def test_the_table_preconditions_are_rejected(table, pid):
 
 def test_a_table_under_another_owner_rule_is_refused():
     batch = build_input_batch(SLOTS.tolist(), np.diff(CU).tolist(), seq_lens_upper_bound=True)
-    sharder = ReferenceSharder(16, 4, comm=LoopbackComm(0, 3), profile="vllm-0.34")
+    sharder = ReferenceSharder(16, 4, comm=LoopbackComm(0, 3), rules=rules_of("vllm-0.34"))
     with pytest.raises(TypeError, match="owner_table: an argument of owner rule owner_table"):
         sharder.shard_sampler_inputs(batch, None, owner_table=TABLE)

@@ -79,7 +79,7 @@ def check_gather_extensions(record: StepRecord) -> Iterable[Violation]:
     device = record.expected.gathered.sampled_token_ids.device
     # A per-row field has the rows the device fields lay out: the admitted ones in vllm-0.33, where the
     # global cu_num_logits_np keeps the scheduled counts (CL-ADMITTED-DRAFTS).
-    rows = device_cu_num_logits(batch, record.case.profile)
+    rows = device_cu_num_logits(batch, record.case.rules)
     for name, spec in fields.items():
         expected = batch_extension_values(name, spec, batch, device, rows)
         violation = _compare_field(record, name, gathered[name], expected, spec.per)

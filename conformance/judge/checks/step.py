@@ -129,7 +129,7 @@ def _compare_logprobs(record: StepRecord, actual, replicated) -> Violation | Non
 
 def _row_request(record: StepRecord) -> list[int]:
     """The request of each logits row of the batch, as the device fields lay them out."""
-    cu = device_cu_num_logits(record.inputs.batch, record.case.profile)
+    cu = device_cu_num_logits(record.inputs.batch, record.case.rules)
     return [i for i in range(len(cu) - 1) for _ in range(int(cu[i + 1] - cu[i]))]
 
 
