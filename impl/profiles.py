@@ -39,7 +39,9 @@ def check_owner_rule(rules: Rules) -> None:
 def owners(slots: np.ndarray, tp: int, owner: str) -> np.ndarray:
     """[N] owner rank of each batch position (INV-OWNER): its slot mod tp (slot_mod_tp) or its position
     mod tp (position_mod_tp), or its range's rank (contiguous_ranges); owner_table's owners come from
-    ``profile_checks.table_owners``. tp is usually a power of two, and a mask is cheaper than a division."""
+    ``profile_checks.table_owners``. Vectorised forms of spec/rule_meanings.py's definitions, held equal to
+    them by tests/impl/test_impl_rule_meanings.py. tp is usually a power of two, and a mask is cheaper than
+    a division."""
     if owner == "contiguous_ranges":
         return range_owners(slots.shape[0], tp)
     keys = np.arange(slots.shape[0], dtype=np.intp) if owner == "position_mod_tp" else slots

@@ -79,6 +79,7 @@ from shardspec.impl import checks, output_checks
 from shardspec.impl.kernels import next_power_of_2
 from shardspec.impl.local_batch import local_input_batch
 from shardspec.impl.profiles import local_dtypes
+from shardspec.impl.profiles import owners as owners_of
 from shardspec.impl.sharder import ProductionSharder
 from shardspec.impl.workspace import LOCAL_FIELDS
 from shardspec.spec.model import (
@@ -356,8 +357,7 @@ class CapturedSteps:
         tp = self.tp_size
         slots = batch.idx_mapping_np.astype(np.intp, copy=False)
         # Vectorised INV-OWNER (a Python loop over 1024 requests would cost more than the replay).
-        by = slots if rules.owner == "slot_mod_tp" else np.arange(slots.shape[0], dtype=np.intp)
-        owners = np.bitwise_and(by, tp - 1) if tp & (tp - 1) == 0 else np.remainder(by, tp)
+        owners = owners_of(slots, tp, rules.owner)
         reqs_per_rank = np.bincount(owners, minlength=tp).tolist()
         rows_per_rank = (
             reqs_per_rank if width == 1 else np.bincount(owners, weights=counts, minlength=tp).astype(np.int64).tolist()
