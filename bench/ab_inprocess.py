@@ -12,7 +12,8 @@ ratios new / old with its interquartile range.
 
 Either side may instead be ``upstream:FILE``: vLLM's own ``batch_shard.py``
 through ``examples/upstream_vllm``, for a precise ratio to upstream. ``SITE@PROFILE`` builds that
-side's sharder under a profile (its ``profile=`` argument; a build without one follows its own rules).
+side's sharder under a profile (its ``rules=`` argument, ``profile=`` in a build from before it; a build
+without either follows its own rules).
 
     python bench/ab_inprocess.py OLD_SITE NEW_SITE [--tp 8] [--num-reqs 1024] [--logits-per-req 1]
     python bench/ab_inprocess.py OLD_SITE NEW_SITE@vllm-seed
@@ -24,6 +25,7 @@ from __future__ import annotations
 import argparse
 import functools
 import importlib
+import inspect
 import os
 import statistics
 import sys
@@ -32,6 +34,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_step import OPS, Bench, add_upstream, bench_device, burst_us, parse_args  # noqa: E402
 
 from shardspec.comm import LoopbackComm  # noqa: E402
+from shardspec.spec.profiles import rules_of  # noqa: E402
 
 
 def sharder_class(site: str):
@@ -58,7 +61,12 @@ def sharder_factory(side: str):
     if side.startswith("upstream:"):
         return add_upstream(side[len("upstream:") :])
     site, _, profile = side.partition("@")
-    return functools.partial(sharder_class(site), profile=profile) if profile else sharder_class(site)
+    if not profile:
+        return sharder_class(site)
+    sharder = sharder_class(site)
+    # A build from before the sharders took a profile's rules takes its name.
+    by_name = "rules" not in inspect.signature(sharder).parameters
+    return functools.partial(sharder, **({"profile": profile} if by_name else {"rules": rules_of(profile)}))
 
 
 def quartiles(values: list[float]) -> tuple[float, float, float]:

@@ -107,7 +107,7 @@ class Bench:
 
     def sharder(self, impl: str, **options):
         if impl != UPSTREAM:  # the adapter of vLLM's file follows the file's own rules
-            options = {"profile": self.profile, **options}
+            options = {"rules": rules_of(self.profile), **options}
         return IMPLS[impl](*self.capacity, comm=LoopbackComm(0, self.tp), device=self.device, **options)
 
     def local_output(self, local_batch) -> SamplerOutput:

@@ -34,7 +34,7 @@ from floors import floor_us, measure_floors, step_bytes  # noqa: E402
 from scale_shapes import DTYPES, ScaleShape, implementations  # noqa: E402
 
 from shardspec import comm as comm_module  # noqa: E402
-from shardspec.impl import sharder as sharder_module  # noqa: E402
+from shardspec.impl import exchange as exchange_module
 
 # (tp, requests, rows per request, vocab)
 SHAPES = [(8, 4096, 4, 151936), (2, 1024, 4, 151936), (8, 4096, 8, 262144)]
@@ -119,7 +119,7 @@ def time_copies(variants: dict, device: torch.device, rounds: int, reps: int) ->
 
 def _with_thresholds(fn, impl_from: int, standin_from: int):
     def call():
-        sharder_module._WIDEN_FROM_BYTES = impl_from
+        exchange_module._WIDEN_FROM_BYTES = impl_from
         comm_module._WIDEN_FROM_BYTES = standin_from
         return fn()
 
@@ -128,7 +128,7 @@ def _with_thresholds(fn, impl_from: int, standin_from: int):
 
 def time_steps(shape: ScaleShape, device: torch.device, rounds: int, calls: int) -> dict:
     """Wall us per step: production with neither, one or both widened copies; vLLM's file with either stand-in."""
-    default_impl, default_standin = sharder_module._WIDEN_FROM_BYTES, comm_module._WIDEN_FROM_BYTES
+    default_impl, default_standin = exchange_module._WIDEN_FROM_BYTES, comm_module._WIDEN_FROM_BYTES
     variants = {
         "production, no widened copy": _with_thresholds(shape.step_call("production"), NEVER, NEVER),
         "production, widened stand-in": _with_thresholds(shape.step_call("production"), NEVER, default_standin),
@@ -151,7 +151,7 @@ def time_steps(shape: ScaleShape, device: torch.device, rounds: int, calls: int)
             for name in names if round_ % 2 == 0 else names[::-1]:
                 times[name].append(burst_us(variants[name], device, calls))
     finally:
-        sharder_module._WIDEN_FROM_BYTES, comm_module._WIDEN_FROM_BYTES = default_impl, default_standin
+        exchange_module._WIDEN_FROM_BYTES, comm_module._WIDEN_FROM_BYTES = default_impl, default_standin
     base = times["production, no widened copy"]
     return {
         name: {

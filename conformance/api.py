@@ -45,6 +45,7 @@ from typing import Any
 
 from shardspec.conformance.options import option
 from shardspec.spec.profiles import rules_of
+from shardspec.spec.rules import Rules
 
 IMPL_ENV = option("impl").env  # declared once, in the options' table
 BUILTIN = {
@@ -99,12 +100,22 @@ def load_implementation(name: str) -> Implementation:
     return Implementation(name=name.strip(), target=target, factory=factory)
 
 
-def construction_kwargs(factory: SharderFactory, profile: str, adaptive_verification: bool) -> dict[str, Any]:
-    """The keyword arguments a profile adds to the factory's call, those it accepts."""
-    wanted: dict[str, Any] = {"profile": profile}
-    if rules_of(profile).adaptive:
+def construction_kwargs(factory: SharderFactory, rules: Rules, adaptive_verification: bool) -> dict[str, Any]:
+    """The keyword arguments a profile adds to the factory's call, those it accepts: its name as
+    ``profile`` to a factory that names that keyword and not ``rules``, else its rules as ``rules`` (the
+    bundled sharders' keyword; a factory that takes keywords it does not name may forward them to one)."""
+    by_name = _names(factory, "profile") and not _names(factory, "rules")
+    wanted: dict[str, Any] = {"profile": rules.profile} if by_name else {"rules": rules}
+    if rules.adaptive:
         wanted["adaptive_verification_enabled"] = adaptive_verification
     return {name: value for name, value in wanted.items() if _accepts(factory, name)}
+
+
+def _names(factory: SharderFactory, name: str) -> bool:
+    try:
+        return name in inspect.signature(factory).parameters
+    except (TypeError, ValueError):
+        return False
 
 
 def _accepts(factory: SharderFactory, name: str) -> bool:

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field, replace
 
 from shardspec.conformance.upstream_verdicts import report
 from shardspec.spec.case import Case
-from shardspec.spec.profiles import PROFILES, behaviour_profiles
+from shardspec.spec.profiles import PROFILES, behaviour_profiles, rules_of
 
 EXAMPLES = pathlib.Path(__file__).resolve().parents[1] / "examples"
 TP_SIZES = (2, 3)
@@ -142,10 +142,12 @@ def drift_cases(profiles: list[str], tp_sizes=TP_SIZES, per_tp: int = CASES_PER_
         for tp in tp_sizes:
             plain = [p for p in map(_plain, generate_cases(tp, per_tp * 2, 0, profile, fill_gaps=False)) if p]
             cases += [replace(c, case_id=f"{profile}-{c.case_id}") for c in plain[:per_tp]]
-        empty = Case(f"{profile}-empty-tp2", 2, slots=[], num_logits_per_req=[], profile=profile, logprobs_dims=None)
+        empty = Case(
+            f"{profile}-empty-tp2", 2, slots=[], num_logits_per_req=[], rules=rules_of(profile), logprobs_dims=None
+        )
         # Every request's slot and batch position name different owners: the owner rules are told apart.
         crossed = Case(
-            f"{profile}-crossed-tp2", 2, slots=[1, 0, 3, 2], num_logits_per_req=[1, 2, 1, 1], profile=profile
+            f"{profile}-crossed-tp2", 2, slots=[1, 0, 3, 2], num_logits_per_req=[1, 2, 1, 1], rules=rules_of(profile)
         )
         cases += [empty, crossed]
     return cases

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from shardspec.spec import rule_meanings
 from shardspec.spec.case import Case
 from shardspec.spec.profiles import behaviour_profiles, rules_of
 from shardspec.spec.rules import GUARANTEE_RULES, RULES, RULES_BY_NAME
@@ -53,7 +54,7 @@ def _supported(rule: str) -> tuple[str, ...]:
 
 
 def _owners(case: Case, value: str) -> list[int]:
-    return dataclasses.replace(rules_of(case.profile), owner=value).owners(case.slots, case.tp_size)
+    return rule_meanings.owners(value, case.slots, case.tp_size)
 
 
 def _readable_owners() -> tuple[str, ...]:
@@ -83,7 +84,10 @@ def read_padding(cases: dict[str, Case], seen: dict[str, dict]) -> Verdict | Non
     padded = {int(s["metadata"].max_num_reqs_per_rank) for cid, s in seen.items() if not cases[cid].slots}
     if not padded:
         return None
-    values = ("one", "zero_or_one") if padded == {1} else ("zero_or_one",) if padded <= {0, 1} else ()
+    empty = [0]  # no rank owns a request
+    values = tuple(
+        v for v in rule_meanings.EMPTY_BATCH_PADDING if padded <= set(rule_meanings.reqs_per_rank_choices(v, empty))
+    )
     return Verdict("empty_batch_padding", values, f"an empty batch pads to {sorted(padded)} request(s) per rank")
 
 

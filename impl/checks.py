@@ -12,8 +12,8 @@ so unchecked device values can make a result wrong but never an access out of
 bounds.
 PRE-REQ-IDS-UNIQUE is checked where the ids are indexed anyway (with a grammar
 output). The order of the checks follows the reference's, so a batch that
-breaks several preconditions names the same one. ``profile`` (a name or its rules)
-picks the profile's rules (``profile_checks.py`` holds the checks its rules add).
+breaks several preconditions names the same one. ``rules`` (a profile's; None: the
+default profile's) pick the checks its rules add (``profile_checks.py`` holds them).
 
 :func:`check_guards` is the part kept with the checks switched off: capacity,
 slot range (INV-REJECT-INVALID) and the shapes of what the kernels read.
@@ -27,8 +27,8 @@ import torch
 from shardspec.impl import profile_checks
 from shardspec.impl.profiles import admitted_rows
 from shardspec.spec.errors import PreconditionError
-from shardspec.spec.model import DEFAULT_PROFILE, GrammarOutput, InputBatch
-from shardspec.spec.profiles import rules_of
+from shardspec.spec.model import GrammarOutput, InputBatch
+from shardspec.spec.profiles import default_rules
 from shardspec.spec.rules import Rules
 
 _INT_DTYPES = (torch.int32, torch.int64)
@@ -114,7 +114,7 @@ def check_guards(
     max_num_reqs: int,
     max_num_logits_per_req: int,
     rank=None,
-    profile: str | Rules = DEFAULT_PROFILE,
+    rules: Rules | None = None,
 ) -> tuple[np.ndarray, np.ndarray, int]:
     """The checks that stay on without the others; returns :func:`cu_counts` and the width W, of the
     admitted rows where vllm-0.33's admitted counts are given (which are then checked, PRE-DRAFTS).
@@ -128,7 +128,7 @@ def check_guards(
     cu, counts = cu_counts(batch, rank)
     width = int(np.maximum.reduce(counts)) if batch.num_reqs else 1
     check_capacity_logits(width, counts, max_num_logits_per_req, rank)
-    if rules_of(profile).admits_drafts and batch.num_admitted_draft_tokens is not None:
+    if (rules or default_rules()).admits_drafts and batch.num_admitted_draft_tokens is not None:
         profile_checks.check_admitted_drafts(batch, rank)
         cu, counts = admitted_rows(batch, counts)
         width = int(np.maximum.reduce(counts)) if batch.num_reqs else 1
@@ -165,7 +165,7 @@ def check_input_batch(
     max_num_logits_per_req: int,
     rank=None,
     compare_device_copies: bool | None = None,
-    profile: str | Rules = DEFAULT_PROFILE,
+    rules: Rules | None = None,
 ) -> tuple[np.ndarray, np.ndarray, int]:
     """Every check of the batch; returns :func:`cu_counts` and the width W of the rows the device
     fields lay out: in vllm-0.33 with admitted counts, the admitted rows (CL-ADMITTED-DRAFTS).
@@ -198,7 +198,7 @@ def check_input_batch(
     width = largest_count(counts, num_logits)
     check_capacity_logits(width, counts, max_num_logits_per_req, rank)
     scheduled, scheduled_width, admitted = counts, width, None
-    rules = rules_of(profile)
+    rules = rules or default_rules()
     if rules.admits_drafts:
         profile_checks.check_admitted_drafts(batch, rank)
         admitted = batch.num_admitted_draft_tokens
@@ -355,7 +355,7 @@ def check_grammar_output(
     position: dict,
     counts: np.ndarray,
     rank,
-    profile: str | Rules = DEFAULT_PROFILE,
+    rules: Rules | None = None,
 ) -> None:
     """``position`` maps request id to batch position (built by the caller); ``counts`` are the
     scheduled rows per request (vllm-seed's bitmask has a row for each)."""
@@ -385,7 +385,7 @@ def check_grammar_output(
             request=position[ids[dup]],
             rank=rank,
         )
-    if rules_of(profile).grammar_blocks:
+    if (rules or default_rules()).grammar_blocks:
         profile_checks.check_grammar_blocks(grammar, batch, position, rank)
         return
     rows = int(counts[[position[r] for r in ids]].sum())  # no ids: an empty pick, which sums to 0

@@ -17,7 +17,6 @@ import numpy as np
 import torch
 
 from shardspec.spec.model import InputBatch
-from shardspec.spec.profiles import ProfileError, rules_of
 from shardspec.spec.rules import Rules
 
 _NUMPY_INTS = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)
@@ -29,24 +28,20 @@ HOST_OWNER_RULES = ("owner_table", "contiguous_ranges")
 POSITION_OWNER_RULES = ("position_mod_tp", "contiguous_ranges")
 
 
-def production_rules(profile: str | Rules) -> Rules:
-    """The rules of ``profile``; a ValueError naming it when it is no profile, NotImplementedError for an
-    owner rule production does not implement yet."""
-    try:
-        rules = rules_of(profile)
-    except ProfileError as exc:
-        raise ValueError(str(exc)) from None
+def check_owner_rule(rules: Rules) -> None:
+    """NotImplementedError for an owner rule production does not implement yet."""
     if rules.owner not in OWNER_RULES:
         raise NotImplementedError(
             f"owner rule {rules.owner}: not supported yet (production has {', '.join(OWNER_RULES)})"
         )
-    return rules
 
 
 def owners(slots: np.ndarray, tp: int, owner: str) -> np.ndarray:
     """[N] owner rank of each batch position (INV-OWNER): its slot mod tp (slot_mod_tp) or its position
     mod tp (position_mod_tp), or its range's rank (contiguous_ranges); owner_table's owners come from
-    ``profile_checks.table_owners``. tp is usually a power of two, and a mask is cheaper than a division."""
+    ``profile_checks.table_owners``. Vectorised forms of spec/rule_meanings.py's definitions, held equal to
+    them by tests/impl/test_impl_rule_meanings.py. tp is usually a power of two, and a mask is cheaper than
+    a division."""
     if owner == "contiguous_ranges":
         return range_owners(slots.shape[0], tp)
     keys = np.arange(slots.shape[0], dtype=np.intp) if owner == "position_mod_tp" else slots
@@ -60,6 +55,12 @@ def range_owners(num_reqs: int, tp: int) -> np.ndarray:
     lengths = np.full(tp, size, dtype=np.intp)
     lengths[:extra] += 1
     return np.repeat(np.arange(tp, dtype=np.intp), lengths)
+
+
+def padded_reqs_per_rank(reqs_per_rank: list[int], num_reqs: int) -> int:
+    """max_num_reqs_per_rank: the largest rank's requests, 1 for an empty batch (CL-EMPTY-BATCH: the
+    largest choice of every empty_batch_padding value, as the reference pads)."""
+    return max(reqs_per_rank) if num_reqs else 1
 
 
 def admitted_rows(batch: InputBatch, scheduled: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

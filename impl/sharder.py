@@ -31,16 +31,16 @@ import torch
 
 from shardspec.comm import Communicator
 from shardspec.impl import checks, extensions, output_checks, profile_checks, profiles
+from shardspec.impl.exchange import exchange_logits
 from shardspec.impl.gather import WireLaunches
 from shardspec.impl.grammar import local_grammar_output
 from shardspec.impl.kernels import next_power_of_2
 from shardspec.impl.launch import Launcher
 from shardspec.impl.local_batch import SEED_DTYPES, convert_views, local_input_batch, local_regions
-from shardspec.impl.profiles import production_rules
+from shardspec.impl.profiles import check_owner_rule
 from shardspec.impl.shard_kernel import shard_plan_kernel
 from shardspec.impl.workspace import REGION_DTYPES, carve, local_region, plan_layout
 from shardspec.spec.model import (
-    DEFAULT_PROFILE,
     BatchShardMetadata,
     ExtensionSpec,
     GrammarOutput,
@@ -49,6 +49,8 @@ from shardspec.spec.model import (
     ShardResult,
     num_logprob_columns,
 )
+from shardspec.spec.profiles import default_rules
+from shardspec.spec.rules import Rules
 
 # The interpreter pays per program, not per element: give it few, large blocks.
 _INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
@@ -68,33 +70,6 @@ _PLAN_OUTPUTS = (
     "local_seq_lens",
 )
 _launch_plan = Launcher(shard_plan_kernel)
-
-
-# Received logits from this many bytes on are reordered as the widest words their rows divide into: 16-byte
-# words (complex128, copied bit for bit like any other dtype), else 8 or 4 bytes.
-_WIDEN_FROM_BYTES = 1 << 26
-_WIDE_DTYPES = ((16, torch.complex128), (8, torch.int64), (4, torch.int32))
-
-
-def _reorder(received: torch.Tensor, num_local: int, tp: int, width: int) -> torch.Tensor:
-    """The all-to-all's chunks ``[tp * L_local, Vs]`` as rows ``[L_local, tp * Vs]``: one strided copy.
-
-    torch's strided copy computes an index per element, so narrow elements move at a fraction of the copy rate
-    (on an H200: bfloat16 1.6, float32 2.7, 16-byte words 4.0 TB/s, a contiguous copy 4.1; bench/NOTES.md); large
-    buffers are therefore copied as the widest words their rows divide into, bit for bit the same values.
-    """
-    if width == 1:  # vocab == tp: reshaping the strided view would return a view, not contiguous rows
-        return received.view(tp, num_local).t().contiguous()
-    itemsize = received.element_size()
-    row_bytes = width * itemsize
-    if row_bytes * received.shape[0] >= _WIDEN_FROM_BYTES:
-        for size, wide in _WIDE_DTYPES:
-            if size > itemsize and row_bytes % size == 0 and row_bytes > size:
-                words = row_bytes // size
-                chunks = received.view(wide).as_strided((num_local, tp, words), (words, num_local * words, 1))
-                return chunks.reshape(num_local, tp * words).view(received.dtype)
-    chunks = received.as_strided((num_local, tp, width), (width, num_local * width, 1))
-    return chunks.reshape(num_local, tp * width)
 
 
 def _block(per_request_elements: int, cap: int) -> int:
@@ -119,17 +94,18 @@ class ProductionSharder(WireLaunches):
         device: torch.device | str = "cpu",
         check_preconditions: bool = True,
         check_device_copies: bool | None = None,
-        profile: str = DEFAULT_PROFILE,
+        rules: Rules | None = None,
         adaptive_verification_enabled: bool = False,
     ):
         """``check_device_copies``: with ``check_preconditions``, compare the values of idx_mapping and
         cu_num_logits with their host copies before launching (PRE-HOST-DEVICE-MATCH). None (default):
         where that needs no wait, the device copies being in host memory; True: on a GPU too, at the
         cost of a device-to-host copy and a wait every step; False: never. Unchecked, a mismatch gives
-        a wrong plan but no access out of bounds. ``profile``: a profile's name (bundled or registered,
-        spec/profiles) or its rules; ``adaptive_verification_enabled``: the argument of profiles with
+        a wrong plan but no access out of bounds. ``rules``: the profile's rules the sharder follows
+        (None: the default profile's); ``adaptive_verification_enabled``: the argument of profiles with
         adaptive verification (CL-ADMITTED-DRAFTS), ignored elsewhere, as the reference ignores it."""
-        rules = production_rules(profile)
+        rules = rules or default_rules()
+        check_owner_rule(rules)
         checks.check_construction(rules, comm.world_size, max_num_reqs, comm.rank)  # before the workspace
         self.max_num_reqs = max_num_reqs
         self.max_num_logits_per_req = max_num_logits_per_req
@@ -139,7 +115,6 @@ class ProductionSharder(WireLaunches):
         self.device = _indexed(torch.device(device))
         self.check_preconditions = check_preconditions
         self.check_device_copies = check_device_copies
-        self.profile = profile
         self.rules = rules
         self.adaptive_verification_enabled = bool(adaptive_verification_enabled) and rules.adaptive
         self._ws = carve(plan_layout(max_num_reqs, max_num_logits_per_req, self.tp_size), self.device)
@@ -188,7 +163,7 @@ class ProductionSharder(WireLaunches):
                 max_num_logits_per_req=self.max_num_logits_per_req,
                 rank=rank,
                 compare_device_copies=self.check_device_copies,
-                profile=rules,
+                rules=rules,
             )
         else:
             # Capacity, slot range and the shapes the kernels read are checked even so.
@@ -197,7 +172,7 @@ class ProductionSharder(WireLaunches):
                 max_num_reqs=self.max_num_reqs,
                 max_num_logits_per_req=self.max_num_logits_per_req,
                 rank=rank,
-                profile=rules,
+                rules=rules,
             )
         table_owners = None
         if rules.owner_by_table:
@@ -217,7 +192,7 @@ class ProductionSharder(WireLaunches):
         rows_per_rank = (
             reqs_per_rank if width == 1 else np.bincount(owners, weights=counts, minlength=tp).astype(np.int64).tolist()
         )
-        max_reqs_per_rank = max(reqs_per_rank) if num_reqs else 1
+        max_reqs_per_rank = profiles.padded_reqs_per_rank(reqs_per_rank, num_reqs)
         num_local = local_reqs.shape[0]
         num_local_logits = rows_per_rank[rank]
 
@@ -340,23 +315,10 @@ class ProductionSharder(WireLaunches):
 
     # -- step 2 ------------------------------------------------------------
     def all_to_all_logits(self, logits_shard: torch.Tensor, metadata: BatchShardMetadata) -> torch.Tensor:
-        """[L, V/tp] owner-sorted rows of this rank's vocab shard -> [L_local, V].
-
-        The receive buffer is allocated per call (from the device's caching allocator, so a step of the
-        same shape gets last step's block back) and released once the reorder copy has read it: nothing
-        the size of the logits outlives the call except the result, which is the caller's.
-        """
+        """[L, V/tp] owner-sorted rows of this rank's vocab shard -> [L_local, V] (:mod:`.exchange`)."""
         if self.check_preconditions:
             output_checks.check_logits_shard(logits_shard, metadata, self.rank)
-        tp, num_local, width = metadata.tp_size, metadata.num_local_logits, logits_shard.shape[-1]
-        received = torch.empty((tp * num_local, width), dtype=logits_shard.dtype, device=self.device)
-        self.comm.all_to_all_single(received, logits_shard.contiguous(), [num_local] * tp, metadata.num_logits_per_rank)
-        if num_local > 1 and tp > 1:
-            # Chunk r came from rank r, which holds vocab columns [r*Vs, (r+1)*Vs): the strided view reads the
-            # chunks row-major, and reshaping it is the one copy that lays each row's shards side by side.
-            return _reorder(received, num_local, tp, width)
-        # One row (or one rank) is laid out as [L_local, V] already, and the buffer is no one else's.
-        return received.view(num_local, tp * width)
+        return exchange_logits(self.comm, logits_shard, metadata, self.device)
 
     # -- step 3 ------------------------------------------------------------
     def gather_sampler_output(

@@ -23,7 +23,7 @@ def local_sampler_output(case: Case, rank: int, full_vocab_logits, shard, device
     if case.local_outputs == "toy":
         num_logprobs = None if case.logprobs_dims is None else case.logprobs_dims[0]
         logits = full_vocab_logits[:, : case.vocab_size]
-        out = toy_sample(logits, shard.local_batch, shard.local_grammar_output, num_logprobs, case.profile)
+        out = toy_sample(logits, shard.local_batch, shard.local_grammar_output, num_logprobs, case.rules)
     else:
         explicit = case.local_outputs.get(rank)
         out = None if explicit is None else explicit.to_sampler_output(device)

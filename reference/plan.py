@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from shardspec.spec import rule_meanings
+
 
 @dataclass(frozen=True)
 class ShardPlan:
@@ -49,29 +51,8 @@ class ShardPlan:
         return np.concatenate(rows).astype(np.int64) if rows else np.zeros(0, np.int64)
 
 
-# The owner rules (spec/rules.py) the plan implements.
-OWNER_RULES = ("slot_mod_tp", "position_mod_tp", "owner_table", "contiguous_ranges")
-
-
-def owners_of(
-    idx_mapping: np.ndarray, tp_size: int, owner: str = "slot_mod_tp", owner_table: np.ndarray | None = None
-) -> np.ndarray:
-    """[N] owner rank of each batch position (INV-OWNER): its slot mod tp (owner rule slot_mod_tp), its
-    position mod tp (position_mod_tp), its slot's entry of ``owner_table`` (owner_table; only the
-    batch's entries are read) or the rank of its range of positions (contiguous_ranges)."""
-    if owner == "slot_mod_tp":
-        return idx_mapping % tp_size
-    if owner == "position_mod_tp":
-        return np.arange(idx_mapping.shape[0], dtype=np.int64) % tp_size
-    if owner == "owner_table":
-        if owner_table is None:
-            raise ValueError("owner rule owner_table: the owner table is needed")
-        return np.asarray(owner_table)[idx_mapping].astype(np.int64)
-    if owner == "contiguous_ranges":
-        # tp balanced ranges of positions, the longer ones first (numpy's array_split).
-        ranges = np.array_split(np.arange(idx_mapping.shape[0]), tp_size)
-        return np.concatenate([np.full(r.shape[0], rank, dtype=np.int64) for rank, r in enumerate(ranges)])
-    raise NotImplementedError(f"owner rule {owner}: not supported yet")
+# The owner rules (spec/rules.py) the plan implements: every one the spec defines.
+OWNER_RULES = tuple(rule_meanings.OWNER)
 
 
 def build_plan(
@@ -81,11 +62,14 @@ def build_plan(
     rank: int,
     owner: str = "slot_mod_tp",
     owner_table: np.ndarray | None = None,
+    padding: str = "one",
 ) -> ShardPlan:
+    """Rank ``rank``'s plan under owner rule ``owner`` (``owner_table``: the step's table, read under
+    owner_table only) and empty_batch_padding ``padding``, whose largest choice it takes (CL-EMPTY-BATCH)."""
     idx_mapping = np.asarray(idx_mapping, dtype=np.int64)
     cu_num_logits = np.asarray(cu_num_logits, dtype=np.int64)
     num_reqs = idx_mapping.shape[0]
-    owners = owners_of(idx_mapping, tp_size, owner, owner_table)
+    owners = np.asarray(rule_meanings.owners(owner, idx_mapping.tolist(), tp_size, owner_table), dtype=np.int64)
     num_logits_per_req = np.diff(cu_num_logits)
     # A stable sort keeps batch order among requests of one owner.
     owner_sorted_reqs = np.argsort(owners, kind="stable")
@@ -97,7 +81,7 @@ def build_plan(
         index_within_owner[mine] = np.arange(mine.shape[0])
     # An empty batch still all-gathers one (unread) row per rank, one column
     # wide, so every rank agrees on non-empty collective shapes (CL-EMPTY-BATCH).
-    max_num_reqs_per_rank = int(num_reqs_per_rank.max()) if num_reqs else 1
+    max_num_reqs_per_rank = rule_meanings.reqs_per_rank_choices(padding, num_reqs_per_rank.tolist())[-1]
     max_num_logits_per_req = int(num_logits_per_req.max()) if num_reqs else 1
     return ShardPlan(
         tp_size=tp_size,

@@ -15,8 +15,9 @@ import numpy as np
 from shardspec.reference import profile_rules
 from shardspec.reference.violations import INT_DTYPES, check_shape, duplicate_position, first_bad, require
 from shardspec.spec.errors import PreconditionError
-from shardspec.spec.model import DEFAULT_PROFILE, GrammarOutput, InputBatch
-from shardspec.spec.profiles import rules_of
+from shardspec.spec.model import GrammarOutput, InputBatch
+from shardspec.spec.profiles import default_rules
+from shardspec.spec.rules import Rules
 
 
 def check_construction(rules, tp_size: int, max_num_reqs: int, rank=None) -> None:
@@ -41,8 +42,14 @@ def check_construction(rules, tp_size: int, max_num_reqs: int, rank=None) -> Non
 
 
 def check_input_batch(
-    batch: InputBatch, *, max_num_reqs: int, max_num_logits_per_req: int, rank=None, profile: str = DEFAULT_PROFILE
+    batch: InputBatch,
+    *,
+    max_num_reqs: int,
+    max_num_logits_per_req: int,
+    rank=None,
+    rules: Rules | None = None,
 ) -> None:
+    """The batch's preconditions under ``rules`` (None: the default profile's)."""
     num_reqs = batch.num_reqs
     require(
         len(batch.req_ids) == num_reqs and batch.idx_mapping_np.shape == (num_reqs,),
@@ -61,14 +68,14 @@ def check_input_batch(
     )
     _check_slots(batch, max_num_reqs, rank)
     counts = _check_cu_num_logits(batch, max_num_logits_per_req, rank)
-    rules = rules_of(profile)
+    rules = rules or default_rules()
     if rules.admits_drafts:
         profile_rules.check_admitted_drafts(batch, rank)
     if rules.has_upper_bound:
         profile_rules.check_seq_lens_upper_bound(batch, rank, required=rules.upper_bound_required)
-    _check_drafts(batch, counts, rank, profile)
+    _check_drafts(batch, counts, rank, rules)
     # The device fields lay out the admitted rows where admitted counts are given (CL-ADMITTED-DRAFTS).
-    device_cu = profile_rules.device_cu_num_logits(batch, profile)
+    device_cu = profile_rules.device_cu_num_logits(batch, rules)
     _check_device_cu(batch, device_cu, rank)
     _check_token_layout(batch, device_cu, rank)
     # Last: its outcome is undefined, so a batch that also breaks a must-reject precondition
@@ -232,12 +239,12 @@ def _check_token_layout(batch: InputBatch, cu: np.ndarray, rank) -> None:
         )
 
 
-def _counted(batch: InputBatch, profile: str) -> str:
-    admitted = rules_of(profile).admits_drafts and batch.num_admitted_draft_tokens is not None
+def _counted(batch: InputBatch, rules: Rules) -> str:
+    admitted = rules.admits_drafts and batch.num_admitted_draft_tokens is not None
     return "num_admitted_draft_tokens" if admitted else "num_draft_tokens_per_req"
 
 
-def _check_drafts(batch: InputBatch, counts: np.ndarray, rank, profile: str) -> None:
+def _check_drafts(batch: InputBatch, counts: np.ndarray, rank, rules: Rules) -> None:
     drafts = batch.num_draft_tokens_per_req
     if drafts is None:
         bad = first_bad(counts != 1)
@@ -281,19 +288,20 @@ def _check_drafts(batch: InputBatch, counts: np.ndarray, rank, profile: str) -> 
         request=bad,
         rank=rank,
     )
-    expected = profile_rules.expected_num_draft_tokens(batch) if rules_of(profile).admits_drafts else int(drafts.sum())
+    expected = profile_rules.expected_num_draft_tokens(batch) if rules.admits_drafts else int(drafts.sum())
     require(
         batch.num_draft_tokens == expected,
         "PRE-DRAFTS",
         "num_draft_tokens",
-        f"is {batch.num_draft_tokens}, but {_counted(batch, profile)} sums to {expected}",
+        f"is {batch.num_draft_tokens}, but {_counted(batch, rules)} sums to {expected}",
         rank=rank,
     )
 
 
 def check_grammar_output(
-    grammar: GrammarOutput | None, batch: InputBatch, rank=None, profile: str = DEFAULT_PROFILE
+    grammar: GrammarOutput | None, batch: InputBatch, rank=None, rules: Rules | None = None
 ) -> None:
+    """The grammar output's preconditions under ``rules`` (None: the default profile's)."""
     if grammar is None:
         return
     ids = grammar.structured_output_request_ids
@@ -315,7 +323,7 @@ def check_grammar_output(
         request=position.get(ids[dup]) if dup is not None else None,
         rank=rank,
     )
-    if rules_of(profile).grammar_blocks:
+    if (rules or default_rules()).grammar_blocks:
         profile_rules.check_grammar_blocks(grammar, batch, rank)
         return
     cu = np.asarray(batch.cu_num_logits_np)

@@ -1,9 +1,9 @@
 """Where the profiles differ (spec/rules.py): each rule the reference follows, in one place.
 
-Each function takes a profile (its name or its :class:`~shardspec.spec.rules.Rules`) and reads the one
-rule it follows: admitted draft counts (CL-ADMITTED-DRAFTS), grammar rows or fixed-width blocks
-(CL-GRAMMAR-BLOCKS), seq_lens_cpu_upper_bound (CL-SEQ-LENS-UPPER-BOUND), the local dtypes
-(CL-LOCAL-DTYPES), adaptive verification (INV-CU-NUM-GENERATED).
+Each function takes a profile's :class:`~shardspec.spec.rules.Rules` and reads the one rule it follows:
+admitted draft counts (CL-ADMITTED-DRAFTS), grammar rows or fixed-width blocks (CL-GRAMMAR-BLOCKS),
+seq_lens_cpu_upper_bound (CL-SEQ-LENS-UPPER-BOUND), the local dtypes (CL-LOCAL-DTYPES), adaptive
+verification (INV-CU-NUM-GENERATED).
 """
 
 from __future__ import annotations
@@ -13,50 +13,38 @@ import torch
 
 from shardspec.spec.errors import PreconditionError
 from shardspec.spec.model import GrammarOutput, InputBatch, admitted_cu_num_logits
-from shardspec.spec.profiles import ProfileError, rules_of
 from shardspec.spec.rules import Rules
 
-Profile = str | Rules
 
-
-def reference_rules(profile: Profile) -> Rules:
-    """The rules of ``profile``; a ValueError naming it when it is no profile."""
-    try:
-        return rules_of(profile)
-    except ProfileError as exc:
-        raise ValueError(str(exc)) from None
-
-
-def device_cu_num_logits(batch: InputBatch, profile: Profile) -> np.ndarray:
+def device_cu_num_logits(batch: InputBatch, rules: Rules) -> np.ndarray:
     """[N + 1] int64 prefix sums of the rows as the device fields lay them out: the admitted rows where
     the profile admits drafts (admitted_drafts: admitted), else cu_num_logits_np."""
-    if rules_of(profile).admits_drafts:
+    if rules.admits_drafts:
         return admitted_cu_num_logits(batch)
     return np.asarray(batch.cu_num_logits_np, dtype=np.int64)
 
 
-def local_dtype(batch_field: torch.Tensor, seed_dtype: torch.dtype, profile: Profile) -> torch.dtype:
+def local_dtype(batch_field: torch.Tensor, seed_dtype: torch.dtype, rules: Rules) -> torch.dtype:
     """CL-LOCAL-DTYPES: the batch field's own dtype (local_dtypes: batch), or the fixed one (fixed)."""
-    return batch_field.dtype if rules_of(profile).batch_dtypes else seed_dtype
+    return batch_field.dtype if rules.batch_dtypes else seed_dtype
 
 
-def local_num_draft_tokens(batch: InputBatch, local_reqs: np.ndarray, profile: Profile) -> int:
+def local_num_draft_tokens(batch: InputBatch, local_reqs: np.ndarray, rules: Rules) -> int:
     """CL-LOCAL-DRAFT-COUNT for the owned requests ``local_reqs``."""
     drafts = batch.num_draft_tokens_per_req
     if drafts is None:
         return 0
-    if not rules_of(profile).admits_drafts:
+    if not rules.admits_drafts:
         return int(np.asarray(drafts)[local_reqs].sum())
     if batch.num_admitted_draft_tokens is not None:
         return int(np.asarray(batch.num_admitted_draft_tokens)[local_reqs].sum())
     return int(np.asarray(drafts)[local_reqs].sum()) if batch.num_draft_tokens > 0 else 0
 
 
-def local_profile_fields(batch: InputBatch, local_reqs: np.ndarray, profile: Profile) -> dict:
+def local_profile_fields(batch: InputBatch, local_reqs: np.ndarray, rules: Rules) -> dict:
     """The local batch's seq_lens_cpu_upper_bound (CL-SEQ-LENS-UPPER-BOUND) and num_admitted_draft_tokens
     (INV-LOCAL-ADMITTED-DRAFTS) where the profile's rules make them the spec's; elsewhere they stay as
     the batch has them (INV-LOCAL-UNLISTED-FIELDS)."""
-    rules = rules_of(profile)
     fields = {}
     if rules.has_upper_bound:
         bound = batch.seq_lens_cpu_upper_bound
@@ -67,7 +55,7 @@ def local_profile_fields(batch: InputBatch, local_reqs: np.ndarray, profile: Pro
     return fields
 
 
-def local_grammar_output(grammar: GrammarOutput | None, batch: InputBatch, local_reqs, profile: Profile):
+def local_grammar_output(grammar: GrammarOutput | None, batch: InputBatch, local_reqs, rules: Rules):
     """INV-LOCAL-GRAMMAR: the owned requests' ids in the grammar's order, with their rows (grammar_slicing:
     rows) or whole blocks (blocks) and, where the profile slices them, acceptable-draft counts; None
     when none is owned."""
@@ -79,7 +67,6 @@ def local_grammar_output(grammar: GrammarOutput | None, batch: InputBatch, local
     keep = [k for k, req_id in enumerate(ids) if position[req_id] in owned]
     if not keep:
         return None
-    rules = rules_of(profile)
     if rules.grammar_blocks:
         block = grammar.grammar_bitmask.shape[0] // len(ids)
         rows = [k * block + p for k in keep for p in range(block)]
@@ -97,13 +84,13 @@ def local_grammar_output(grammar: GrammarOutput | None, batch: InputBatch, local
     )
 
 
-def gathered_cu_num_generated(global_batch: InputBatch, adaptive: bool, profile: Profile) -> dict:
+def gathered_cu_num_generated(global_batch: InputBatch, adaptive: bool, rules: Rules) -> dict:
     """INV-CU-NUM-GENERATED: the host list (without adaptive verification, when L != N) and, where the
     profile has adaptive verification, the device copy of cu_num_logits under it."""
     cu = np.asarray(global_batch.cu_num_logits_np)
     num_logits, num_reqs = int(cu[-1]), int(cu.shape[0] - 1)
     listed = [int(c) for c in cu] if num_logits != num_reqs else None
-    if not rules_of(profile).adaptive:
+    if not rules.adaptive:
         return {"cu_num_generated_tokens": listed}
     if not adaptive:
         return {"cu_num_generated_tokens": listed, "cu_num_generated_tokens_tensor": None}

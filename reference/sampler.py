@@ -15,7 +15,6 @@ import numpy as np
 import torch
 
 from shardspec.spec.model import (
-    DEFAULT_PROFILE,
     GrammarOutput,
     InputBatch,
     LogprobsTensors,
@@ -23,13 +22,14 @@ from shardspec.spec.model import (
     admitted_cu_num_logits,
     num_logprob_columns,
 )
-from shardspec.spec.profiles import rules_of
+from shardspec.spec.profiles import default_rules
+from shardspec.spec.rules import Rules
 
 PLACEHOLDER_TOKEN_ID = -1  # rejected positions of the toy rejection sampler
 
 
 def apply_grammar_bitmask(
-    logits: torch.Tensor, batch: InputBatch, grammar: GrammarOutput | None, profile: str = DEFAULT_PROFILE
+    logits: torch.Tensor, batch: InputBatch, grammar: GrammarOutput | None, rules: Rules | None = None
 ) -> torch.Tensor:
     """Mask to -inf every token whose bit is clear, for the listed requests' rows.
 
@@ -42,7 +42,7 @@ def apply_grammar_bitmask(
     cu = np.asarray(batch.cu_num_logits_np)
     ids = grammar.structured_output_request_ids
     block = grammar.grammar_bitmask.shape[0] // len(ids)
-    blocks = rules_of(profile).grammar_blocks
+    blocks = (rules or default_rules()).grammar_blocks
     rows, mask_rows = [], []
     for k, req_id in enumerate(ids):
         start, end = cu[position[req_id]], cu[position[req_id] + 1]
@@ -65,7 +65,7 @@ def toy_sample(
     batch: InputBatch,
     grammar: GrammarOutput | None,
     num_logprobs: int | None,
-    profile: str = DEFAULT_PROFILE,
+    rules: Rules | None = None,
 ) -> SamplerOutput | None:
     """Sample ``batch`` from its full-vocab ``logits`` rows [L, V]. None if empty.
 
@@ -75,7 +75,7 @@ def toy_sample(
         return None
     device = logits.device
     num_nans = torch.isnan(logits).sum(dim=1).to(torch.int32)
-    processed = apply_grammar_bitmask(logits.float().nan_to_num(nan=-torch.inf), batch, grammar, profile)
+    processed = apply_grammar_bitmask(logits.float().nan_to_num(nan=-torch.inf), batch, grammar, rules)
     greedy = processed.argmax(dim=1)
     cu = np.asarray(batch.cu_num_logits_np, dtype=np.int64)
     counts = np.diff(cu)
@@ -128,7 +128,7 @@ def replicated_output(
     *,
     gather_num_nans: bool,
     logprobs_dims: tuple[int, int] | None,
-    profile: str = DEFAULT_PROFILE,
+    rules: Rules | None = None,
     adaptive_verification_enabled: bool = False,
 ) -> SamplerOutput | None:
     """What the unsharded path yields, in the gathered output's conventions.
@@ -139,9 +139,10 @@ def replicated_output(
     """
     num_logprobs = None if logprobs_dims is None else logprobs_dims[0]
     scheduled_cu = np.asarray(batch.cu_num_logits_np)
-    if rules_of(profile).admits_drafts and batch.num_admitted_draft_tokens is not None:
+    rules = rules or default_rules()
+    if rules.admits_drafts and batch.num_admitted_draft_tokens is not None:
         batch = replace(batch, cu_num_logits_np=admitted_cu_num_logits(batch))
-    out = toy_sample(logits, batch, grammar, num_logprobs, profile)
+    out = toy_sample(logits, batch, grammar, num_logprobs, rules)
     if out is None:
         return None
     cu = np.asarray(batch.cu_num_logits_np)

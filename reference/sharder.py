@@ -31,9 +31,7 @@ import torch
 from shardspec.comm import Communicator
 from shardspec.reference import output_preconditions, preconditions, profile_rules
 from shardspec.reference.plan import OWNER_RULES, ShardPlan, build_plan
-from shardspec.reference.profile_rules import reference_rules
 from shardspec.spec.model import (
-    DEFAULT_PROFILE,
     BatchShardMetadata,
     ExtensionSpec,
     GrammarOutput,
@@ -43,6 +41,8 @@ from shardspec.spec.model import (
     ShardResult,
     num_logprob_columns,
 )
+from shardspec.spec.profiles import default_rules
+from shardspec.spec.rules import Rules
 
 # Values that fill what a rank's sampler did not produce (INV-GATHER-SAMPLED-IDS,
 # INV-LOGPROBS-VALUES, INV-LOGPROBS-MISSING).
@@ -55,7 +55,7 @@ class ReferenceSharder:
     # The version of the specification this implementation targets (docs/validate-your-implementation.md).
     SPEC_VERSION = "0.5.0"
     # It follows the rules of any profile (spec/rules.py) but these owner rules; the suite passes the run's
-    # profile as ``profile``.
+    # profile's rules as ``rules``.
     SPEC_RULES = {"owner": OWNER_RULES}
 
     def __init__(
@@ -66,10 +66,11 @@ class ReferenceSharder:
         comm: Communicator,
         device: torch.device | str = "cpu",
         check_preconditions: bool = True,
-        profile: str = DEFAULT_PROFILE,
+        rules: Rules | None = None,
         adaptive_verification_enabled: bool = False,
     ):
-        rules = reference_rules(profile)
+        """``rules``: the profile's rules the sharder follows (None: the default profile's)."""
+        rules = rules or default_rules()
         # Refused before anything is allocated, whatever check_preconditions says: one comparison per sharder.
         self.check_construction(rules, comm, max_num_reqs)
         self.max_num_reqs = max_num_reqs
@@ -79,7 +80,6 @@ class ReferenceSharder:
         self.tp_size = comm.world_size
         self.device = torch.device(device)
         self.check_preconditions = check_preconditions
-        self.profile = profile
         self.rules = rules
         # A construction argument where the profile has adaptive verification (CL-ADMITTED-DRAFTS).
         self.adaptive_verification_enabled = adaptive_verification_enabled and rules.adaptive
@@ -102,15 +102,15 @@ class ReferenceSharder:
                 max_num_reqs=self.max_num_reqs,
                 max_num_logits_per_req=self.max_num_logits_per_req,
                 rank=self.rank,
-                profile=self.profile,
+                rules=self.rules,
             )
             if self.rules.owner_by_table:
                 preconditions.check_owner_table(
                     owner_table, batch, max_num_reqs=self.max_num_reqs, tp_size=self.tp_size, rank=self.rank
                 )
-            preconditions.check_grammar_output(grammar, batch, rank=self.rank, profile=self.profile)
+            preconditions.check_grammar_output(grammar, batch, rank=self.rank, rules=self.rules)
         # Rows as the device fields lay them out: the admitted ones in vllm-0.33 (CL-ADMITTED-DRAFTS).
-        cu_num_logits = profile_rules.device_cu_num_logits(batch, self.profile)
+        cu_num_logits = profile_rules.device_cu_num_logits(batch, self.rules)
         plan = self.plan(batch, owner_table)
         local_reqs = plan.local_reqs
         # Owner-sorted logits rows, mapped to the token each one reads.
@@ -128,13 +128,22 @@ class ReferenceSharder:
             max_num_logits_per_req=plan.max_num_logits_per_req,
             adaptive_verification_enabled=self.adaptive_verification_enabled,
         )
-        local_grammar = profile_rules.local_grammar_output(grammar, batch, local_reqs, self.profile)
+        local_grammar = profile_rules.local_grammar_output(grammar, batch, local_reqs, self.rules)
         return ShardResult(local_batch, sorted_logits_indices, local_grammar, metadata)
 
     def plan(self, batch: InputBatch, owner_table: np.ndarray | None = None) -> ShardPlan:
         """This rank's plan: a pure function of the replicated host copies (and the owner table)."""
-        cu_num_logits = profile_rules.device_cu_num_logits(batch, self.profile)
-        return build_plan(batch.idx_mapping_np, cu_num_logits, self.tp_size, self.rank, self.rules.owner, owner_table)
+        cu_num_logits = profile_rules.device_cu_num_logits(batch, self.rules)
+        rules = self.rules
+        return build_plan(
+            batch.idx_mapping_np,
+            cu_num_logits,
+            self.tp_size,
+            self.rank,
+            rules.owner,
+            owner_table,
+            rules.empty_batch_padding,
+        )
 
     def _local_batch(self, batch, plan, local_reqs, cu_num_logits, logits_indices) -> InputBatch:
         device = self.device
@@ -147,10 +156,10 @@ class ReferenceSharder:
         drafts = batch.num_draft_tokens_per_req
         local_drafts = None if drafts is None else np.asarray(drafts)[local_reqs].astype(np.int32)
         index = torch.from_numpy(local_reqs).to(device)
-        profile = self.profile
+        rules = self.rules
 
         def dtype_of(name: str, seed_dtype: torch.dtype) -> torch.dtype:
-            return profile_rules.local_dtype(getattr(batch, name), seed_dtype, profile)
+            return profile_rules.local_dtype(getattr(batch, name), seed_dtype, rules)
 
         return replace(
             batch,
@@ -168,9 +177,9 @@ class ReferenceSharder:
             logits_indices=logits_indices[local_rows],
             cu_num_logits=torch.from_numpy(local_cu).to(device, dtype_of("cu_num_logits", torch.int32)),
             cu_num_logits_np=local_cu,
-            num_draft_tokens=profile_rules.local_num_draft_tokens(batch, local_reqs, profile),
+            num_draft_tokens=profile_rules.local_num_draft_tokens(batch, local_reqs, rules),
             num_draft_tokens_per_req=local_drafts,
-            **profile_rules.local_profile_fields(batch, local_reqs, profile),
+            **profile_rules.local_profile_fields(batch, local_reqs, rules),
         )
 
     # -- step 2 ------------------------------------------------------------
@@ -269,7 +278,7 @@ class ReferenceSharder:
             send_logprobs[wire_rows, :copied] = lp.logprobs[:, :copied].to(torch.float32)
         gathered_ids = self._all_gather(send_ids)
         gathered_logprobs = self._all_gather(send_logprobs)
-        cu = profile_rules.device_cu_num_logits(global_batch, self.profile)
+        cu = profile_rules.device_cu_num_logits(global_batch, self.rules)
         src_rows = _gathered_row_sources(cu, metadata, self.device)
         # Ls rows: the admitted rows first, the rest (only with admitted counts) padding (INV-LOGPROBS-SHAPES).
         num_rows = profile_rules.num_gathered_logprob_rows(global_batch)
@@ -283,7 +292,7 @@ class ReferenceSharder:
             logprob_token_ids=ids[:, :num_cols].clone(),
             logprobs=values,
             selected_token_ranks=ids[:, num_cols].clone(),
-            **profile_rules.gathered_cu_num_generated(global_batch, self.adaptive_verification_enabled, self.profile),
+            **profile_rules.gathered_cu_num_generated(global_batch, self.adaptive_verification_enabled, self.rules),
         )
 
     def _gather_extensions(
@@ -297,7 +306,7 @@ class ReferenceSharder:
         width, num_local = metadata.max_num_logits_per_req, metadata.num_local_reqs
         local = (local_output.extensions if local_output is not None else None) or {}
         wire_rows = _local_wire_rows(local_batch.cu_num_logits_np, width, self.device)
-        cu = profile_rules.device_cu_num_logits(global_batch, self.profile)
+        cu = profile_rules.device_cu_num_logits(global_batch, self.rules)
         gathered_fields = {}
         for name, spec in extension_fields.items():
             per_request = spec.per == "request"

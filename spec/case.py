@@ -32,13 +32,12 @@ from shardspec.spec.layouts import (
     logits_dtype_of,
 )
 from shardspec.spec.model import (
-    DEFAULT_PROFILE,
     GrammarOutput,
     InputBatch,
     LogprobsTensors,
     SamplerOutput,
 )
-from shardspec.spec.profiles import ProfileError, rules_of
+from shardspec.spec.profiles import default_rules
 from shardspec.spec.rules import Rules
 
 
@@ -125,8 +124,9 @@ class Case:
     # On a step of an expanded multi-step case (see expand_steps): the id of the step before it,
     # whose sharder this step uses.
     continues: str | None = None
-    # The profile the step is judged under (spec/index.yaml); the fields below are vllm-0.33's.
-    profile: str = DEFAULT_PROFILE
+    # The rules of the profile the step is judged under (spec/profiles), resolved from its name where the
+    # case is made (a case file under a profile, the command line); the fields below are vllm-0.33's.
+    rules: Rules = field(default_factory=default_rules)
     # The rule values the case holds for (a fixture file's `requires`, matched as a spec entry's); empty:
     # every profile whose rules allow the fields it sets (fixtures.catalogue.case_profiles).
     requires: Requires = ()
@@ -153,6 +153,11 @@ class Case:
     # past the capacity are left out of the table. An entry of a slot outside the batch is not read and
     # may hold anything (a stale owner, even one outside [0, tp)).
     owner_table: dict[int, int] | None = None
+
+    @property
+    def profile(self) -> str:
+        """The name of the profile the step is judged under."""
+        return self.rules.profile
 
     @property
     def padded_vocab_size(self) -> int:
@@ -208,7 +213,7 @@ class CaseInputs:
 def owner_table_of(case: Case) -> list[int] | None:
     """The step's owner table under owner rule owner_table (None under the other rules): the engine's
     initial table, slot mod tp, with the case's entries over it (CL-OWNER-TABLE)."""
-    if not rules_of(case.profile).owner_by_table:
+    if not case.rules.owner_by_table:
         return None
     entries = case.owner_table or {}
     return [int(entries.get(slot, slot % case.tp_size)) for slot in range(case.max_num_reqs)]
@@ -228,7 +233,7 @@ class _CaseTable(dict):
 
 def case_owners(case: Case) -> list[int]:
     """The owner of every batch position of ``case`` under its profile's owner rule (INV-OWNER)."""
-    rules = rules_of(case.profile)
+    rules = case.rules
     table = _CaseTable(case.owner_table, case.tp_size) if rules.owner_by_table else None
     return rules.owners(case.slots, case.tp_size, table)
 
@@ -236,7 +241,7 @@ def case_owners(case: Case) -> list[int]:
 def build_case_inputs(case: Case, device: torch.device | str = "cpu") -> CaseInputs:
     check_case_layout(case.layouts, case.logits_dtype)
     check_case_profile(case)
-    rules = rules_of(case.profile)
+    rules = case.rules
     batch = build_input_batch(
         case.slots,
         case.num_logits_per_req,
@@ -310,7 +315,7 @@ def fields_outside(case: Case, rules: Rules) -> list[tuple[str, str, tuple[str, 
 def construction_refusal(case: Case) -> str | None:
     """The precondition the case's sharder breaks when it is built (PRE-TP-SIZE, PRE-CAPACITY-TP: the
     profile's ``construction`` rule), or None. A case breaks one only on purpose, as its expect_error."""
-    rules = rules_of(case.profile)
+    rules = case.rules
     if not rules.sharded_groups_only:
         return None
     if case.tp_size < rules.min_tp:
@@ -322,15 +327,12 @@ def construction_refusal(case: Case) -> str | None:
 
 def least_capacity(case: Case) -> int:
     """The smallest max_num_reqs the case's profile builds a sharder of its group with (PRE-CAPACITY-TP)."""
-    return rules_of(case.profile).min_capacity(case.tp_size)
+    return case.rules.min_capacity(case.tp_size)
 
 
 def check_case_profile(case: Case) -> None:
-    """Raise ValueError naming the case's unknown profile, or a field its profile's rules do not allow."""
-    try:
-        rules = rules_of(case.profile)
-    except ProfileError as exc:
-        raise ValueError(f"profile: {exc}") from None
+    """Raise ValueError naming a field the case's profile's rules do not allow."""
+    rules = case.rules
     outside = fields_outside(case, rules)
     if outside:
         name, rule, allowed = outside[0]

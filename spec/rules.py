@@ -14,6 +14,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from shardspec.spec import rule_meanings
+
 
 @dataclass(frozen=True)
 class Rule:
@@ -286,37 +288,10 @@ class Rules:
         """Whether the step takes an owner table (owner rule owner_table, PRE-OWNER-TABLE)."""
         return self.owner == "owner_table"
 
-    def owner_of(self, position: int, slot: int, tp: int, table=None, num_reqs: int | None = None) -> int:
-        """The rank that owns the request at batch ``position`` with ``slot`` (INV-OWNER); ``table``: the
-        step's owner table (any sequence indexed by slot), read under owner rule owner_table only;
-        ``num_reqs``: the batch's size, which contiguous_ranges' ranges depend on."""
-        if self.owner == "slot_mod_tp":
-            return int(slot) % tp
-        if self.owner == "position_mod_tp":
-            return position % tp
-        if self.owner == "owner_table":
-            if table is None:
-                raise ValueError("owner rule owner_table: the owner table is needed")
-            return int(table[int(slot)])
-        if self.owner == "contiguous_ranges":
-            if num_reqs is None:
-                raise ValueError("owner rule contiguous_ranges: the batch's size is needed")
-            return range_owner(position, num_reqs, tp)
-        raise NotImplementedError(f"owner rule {self.owner}: not supported yet")
-
     def owners(self, slots, tp: int, table=None) -> list[int]:
         """The owner of every batch position, for the batch's slots (INV-OWNER) and, under owner rule
-        owner_table, the step's owner table."""
-        return [self.owner_of(i, s, tp, table, len(slots)) for i, s in enumerate(slots)]
-
-
-def range_owner(position: int, num_reqs: int, tp: int) -> int:
-    """Owner rule contiguous_ranges (CL-OWNER-CONTIGUOUS-RANGES): rank r owns the r-th of tp contiguous
-    ranges of batch positions, balanced: each holds num_reqs // tp positions and the first num_reqs % tp
-    one more (numpy.array_split's split)."""
-    size, extra = divmod(num_reqs, tp)
-    longer = extra * (size + 1)  # positions in the longer ranges, which come first
-    return position // (size + 1) if position < longer else extra + (position - longer) // size
+        owner_table, the step's owner table (:func:`shardspec.spec.rule_meanings.owners`)."""
+        return rule_meanings.owners(self.owner, slots, tp, table)
 
 
 def rule_problem(name: str, value: object) -> str | None:

@@ -13,10 +13,14 @@ from shardspec.conformance.cases.owner_tables import carried
 from shardspec.spec.case import Case, ExplicitLocalOutput
 from shardspec.spec.layouts import BATCH_ARRAYS, BATCH_TENSORS, LOCAL_OUTPUT, OFFSET, STRIDED
 from shardspec.spec.profiles import PROFILES, rules_of
+from shardspec.spec.rules import Rules
 
 
-def _case(case_id: str, **fields) -> Case:
+def _case(case_id: str, profile: str | Rules | None = None, **fields) -> Case:
+    """A corpus case under ``profile`` (a bundled profile's name, or rules; None: the default profile's)."""
     fields.setdefault("tp_size", 2)
+    if profile is not None:
+        fields["rules"] = rules_of(profile)
     return Case(case_id=case_id, description=f"corpus case {case_id}", **fields)
 
 
@@ -376,8 +380,11 @@ BY_ID = {case.case_id: case for case in ALL}
 # (not bundled: whoever runs this case registers that file first). Four requests at tp 3: the balanced
 # ranges give rank 0 two and ranks 1 and 2 one each; ceil-sized ones would give ranks 0 and 1 two each.
 RANGES_PROFILE = "vllm-ascend-contiguous-ranges"
+# The file's rules (it extends vllm-0.34 and sets the owner rule; tests/meta/test_contiguous_ranges.py holds
+# them equal): the case is made before anyone registers the file.
+RANGES_RULES = Rules.of(RANGES_PROFILE, {**rules_of("vllm-0.34").as_dict(), "owner": "contiguous_ranges"})
 CONTIGUOUS_RANGES = _case(
-    "contiguous-ranges", profile=RANGES_PROFILE, tp_size=3, slots=[7, 2, 5, 0], num_logits_per_req=[2, 1, 3, 1]
+    "contiguous-ranges", profile=RANGES_RULES, tp_size=3, slots=[7, 2, 5, 0], num_logits_per_req=[2, 1, 3, 1]
 )
 BY_ID[CONTIGUOUS_RANGES.case_id] = CONTIGUOUS_RANGES  # not in ALL: its profile is not bundled
 

@@ -19,7 +19,7 @@ class OwnerByPositionIgnoringTable(ReferenceSharder):
     """INV-OWNER: owns by batch position mod tp (vllm-0.34 without a sharded cache) and ignores the step's table."""
 
     def plan(self, batch, owner_table=None):
-        cu = device_cu_num_logits(batch, self.profile)
+        cu = device_cu_num_logits(batch, self.rules)
         return build_plan(batch.idx_mapping_np, cu, self.tp_size, self.rank, "position_mod_tp")
 
 

@@ -62,8 +62,8 @@ class AcceptsAbsentUpperBound(ReferenceSharder):
     out (seq_lens_upper_bound: optional), under a profile whose engine always passes it."""
 
     def shard_sampler_inputs(self, batch, grammar):
-        profile, self.profile = self.profile, replace(self.rules, seq_lens_upper_bound="optional")
+        rules, self.rules = self.rules, replace(self.rules, seq_lens_upper_bound="optional")
         try:
             return super().shard_sampler_inputs(batch, grammar)
         finally:
-            self.profile = profile
+            self.rules = rules

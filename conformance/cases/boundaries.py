@@ -105,7 +105,7 @@ def _base(pre: str, tp: int, rng: np.random.Generator, every_rank_owns: bool, pr
         max_num_logits_per_req=4,
         logprobs_dims=None,
         seed=int(rng.integers(0, 2**16)),
-        profile=profile,
+        rules=rules_of(profile),
         expect_error=pre,
     )
 

@@ -431,6 +431,6 @@ def coverage(cases: Iterable, profile: str = DEFAULT_PROFILE) -> Coverage:
     for step, previous in steps_of(cases):
         if step.expect_error is not None:
             continue
-        for variation in exercised(replace(step, profile=profile), previous):
+        for variation in exercised(replace(step, rules=rules_of(profile)), previous):
             counts[variation] = counts.get(variation, 0) + 1
     return Coverage(profile, input_space(profile), counts)

@@ -67,7 +67,7 @@ def _many_requests(tp: int, profile: str, seed: int, rng: np.random.Generator, n
         seed=int(rng.integers(0, 2**16)),
         nan_tokens=sorted(int(t) for t in rng.choice(n, size=3, replace=False)),
         logprobs_dims=(4, 2),
-        profile=profile,
+        rules=rules_of(profile),
     )
     return _at_least_capacity(case)
 
@@ -91,7 +91,7 @@ def _wide_vocabulary(tp: int, profile: str, seed: int, rng: np.random.Generator,
         seed=int(rng.integers(0, 2**16)),
         logprobs_dims=(4, 2),
         logits_dtype="bfloat16",
-        profile=profile,
+        rules=rules_of(profile),
     )
     return _at_least_capacity(case)
 

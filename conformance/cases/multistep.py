@@ -49,7 +49,7 @@ def multi_step_cases(tp_size: int, count: int, seed: int, profile: str = DEFAULT
     rules = rules_of(profile)
     for number, base in enumerate(bases):
         rng = np.random.default_rng([seed, tp_size, number, 17])
-        case = with_steps(replace(base, profile=profile), rng, adaptive=rules.adaptive and number % 2 == 0)
+        case = with_steps(replace(base, rules=rules), rng, adaptive=rules.adaptive and number % 2 == 0)
         case.case_id = f"multi-tp{tp_size}-s{seed}-{number:03d}"
         if rules.owner_by_table:
             case = with_tables(case, np.random.default_rng([seed, tp_size, number, 29]))

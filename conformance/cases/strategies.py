@@ -101,7 +101,7 @@ def base_cases(
     num_tokens = realizers.num_tokens(slots, counts)
     case = Case(
         case_id="generated",
-        profile=profile,
+        rules=rules_of(profile),
         tp_size=tp_size,
         slots=slots,
         num_logits_per_req=counts,
@@ -334,8 +334,8 @@ def generate_cases(
     unique = list(drawn.values())
     for number, case in enumerate(unique):
         case.case_id = f"gen-tp{tp_size}-s{seed}-{number:03d}"
-    unique = [replace(case, profile=profile) for case in unique]
     rules = rules_of(profile)
+    unique = [replace(case, rules=rules) for case in unique]
     unique = [
         with_profile_inputs(case, rules, np.random.default_rng([seed, tp_size, number, 33]))
         for number, case in enumerate(unique)

@@ -22,9 +22,9 @@ from shardspec.spec.case import Case, build_case_inputs
 from shardspec.spec.model import SamplerOutput
 
 
-def reference_factory(max_num_reqs, max_num_logits_per_req, *, comm, device, profile, **profile_kwargs):
+def reference_factory(max_num_reqs, max_num_logits_per_req, *, comm, device, rules, **profile_kwargs):
     return ReferenceSharder(
-        max_num_reqs, max_num_logits_per_req, comm=comm, device=device, profile=profile, **profile_kwargs
+        max_num_reqs, max_num_logits_per_req, comm=comm, device=device, rules=rules, **profile_kwargs
     )
 
 
@@ -158,6 +158,6 @@ def replicated_of(case: Case, inputs) -> SamplerOutput | None:
         inputs.grammar,
         gather_num_nans=case.gather_num_nans,
         logprobs_dims=case.logprobs_dims,
-        profile=case.profile,
+        rules=case.rules,
         adaptive_verification_enabled=case.adaptive_verification,
     )

@@ -181,7 +181,7 @@ def _steps(make_sharder, case, inputs, recorder: RecordingComm, device, run: Ran
             case.max_num_logits_per_req,
             comm=recorder,
             device=device,
-            **construction_kwargs(make_sharder, case.profile, case.adaptive_verification),
+            **construction_kwargs(make_sharder, case.rules, case.adaptive_verification),
         )
         run.kept = KeptSharder(sharder, recorder)
     if run.counter is not None:  # the engine's start-up in the constructor may issue collectives unrecorded

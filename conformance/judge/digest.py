@@ -88,7 +88,7 @@ def logprob_rows(case, batch) -> int | None:
     on purpose (its L may not be computable): the digest then covers every row."""
     if case.expect_error is not None:
         return None
-    return int(device_cu_num_logits(batch, case.profile)[-1])
+    return int(device_cu_num_logits(batch, case.rules)[-1])
 
 
 def _gathered(out: StepOutputs, logprob_rows: int | None) -> dict[str, Any] | None:

@@ -79,6 +79,7 @@ from shardspec.impl import checks, output_checks
 from shardspec.impl.kernels import next_power_of_2
 from shardspec.impl.local_batch import local_input_batch
 from shardspec.impl.profiles import local_dtypes
+from shardspec.impl.profiles import owners as owners_of
 from shardspec.impl.sharder import ProductionSharder
 from shardspec.impl.workspace import LOCAL_FIELDS
 from shardspec.spec.model import (
@@ -160,7 +161,7 @@ class _Entry:
         self.positions = torch.arange(R, dtype=torch.int64, device=device)
         # Each capture request's owner, read in the shard graph: by slot, the slots the step copies in; by
         # batch position, fixed (the batch's requests come first, at their own positions).
-        self.by_position = rules_of(owner.profile).owner == "position_mod_tp"
+        self.by_position = owner.rules.owner == "position_mod_tp"
         self.position_owners = torch.arange(num_reqs, dtype=torch.int64, device=device) % tp
         self.logits_input = torch.zeros((num_logits, owner.vocab // tp), dtype=owner.logits_dtype, device=device)
         dims = owner.logprobs_dims
@@ -303,9 +304,10 @@ class CapturedSteps:
             comm=comm,
             device=device,
             check_preconditions=False,
-            profile=profile,
+            rules=rules_of(profile),
         )
         self.profile = profile
+        self.rules = self._sharder.rules
         self._pool = torch.cuda.graph_pool_handle() if self.graphs else None
         self._entries: dict[Bucket, _Entry] = {}
 
@@ -330,7 +332,7 @@ class CapturedSteps:
         return entry
 
     def _counts(self, batch: InputBatch):
-        rules = rules_of(self.profile)
+        rules = self.rules
         if rules.owner not in ("slot_mod_tp", "position_mod_tp"):
             raise NotImplementedError(f"profile {self.profile}: the captured step owns requests by slot or position")
         if rules.admits_drafts or rules.batch_dtypes:
@@ -342,7 +344,7 @@ class CapturedSteps:
                 max_num_logits_per_req=self.max_num_logits_per_req,
                 rank=self.rank,
                 compare_device_copies=self.check_device_copies,
-                profile=self.profile,
+                rules=self.rules,
             )
         else:
             cu, counts, width = checks.check_guards(
@@ -350,13 +352,12 @@ class CapturedSteps:
                 max_num_reqs=self.max_num_reqs,
                 max_num_logits_per_req=self.max_num_logits_per_req,
                 rank=self.rank,
-                profile=self.profile,
+                rules=self.rules,
             )
         tp = self.tp_size
         slots = batch.idx_mapping_np.astype(np.intp, copy=False)
         # Vectorised INV-OWNER (a Python loop over 1024 requests would cost more than the replay).
-        by = slots if rules.owner == "slot_mod_tp" else np.arange(slots.shape[0], dtype=np.intp)
-        owners = np.bitwise_and(by, tp - 1) if tp & (tp - 1) == 0 else np.remainder(by, tp)
+        owners = owners_of(slots, tp, rules.owner)
         reqs_per_rank = np.bincount(owners, minlength=tp).tolist()
         rows_per_rank = (
             reqs_per_rank if width == 1 else np.bincount(owners, weights=counts, minlength=tp).astype(np.int64).tolist()
@@ -408,7 +409,7 @@ class CapturedSteps:
         local_reqs = owned.nonzero()[0]
         num_local, num_local_logits = local_reqs.shape[0], rows_per_rank[rank]
         views = self._local_views(entry, result, num_local, num_local_logits)
-        rules = rules_of(self.profile)
+        rules = self.rules
         local_batch = local_input_batch(batch, slots, counts, local_reqs, width, views, prefix="", rules=rules)
         return CapturedPlan(
             bucket=bucket,

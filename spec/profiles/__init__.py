@@ -9,7 +9,9 @@ pytest plugin), which registers it for the rest of the process.
 Nothing reads it again: the processes a run starts receive the resolved profiles as data with their
 jobs (:func:`profile_data`, :func:`install_profiles`), never through the environment.
 
-Code asks :func:`rules_of` for a profile's rules and branches on those, never on a name. No torch here:
+The edges (the command line, a case made under a profile, ``fixtures.catalogue.with_profile``) ask
+:func:`rules_of` for a profile's rules once; below them code takes those :class:`Rules` (a
+:class:`~shardspec.spec.case.Case` carries them) and branches on them, never on a name. No torch here:
 the command line reads profiles before a run starts.
 """
 
@@ -228,6 +230,11 @@ def install_profiles(data: list[dict]) -> None:
             raise ProfileError(f"profile {item['name']!r} handed to this process: {problem or 'not every rule set'}")
         rules = Rules.of(item["name"], item["rules"])
         _REGISTERED[item["name"]] = ProfileFile(**{**item, "rules": rules, "own": tuple(item["own"])})
+
+
+def default_rules() -> Rules:
+    """The default profile's rules: what a case or a sharder given no rules follows."""
+    return bundled_profile(DEFAULT_PROFILE).rules
 
 
 def rules_of(profile: str | Rules) -> Rules:

@@ -5,6 +5,7 @@ import pathlib
 from bundled import profile_for_tp
 
 from shardspec.spec.case import Case
+from shardspec.spec.profiles import rules_of
 
 PLUGINS = pathlib.Path(__file__).resolve().parent / "plugins"
 EXAMPLE = pathlib.Path(__file__).resolve().parents[2] / "examples" / "out_of_tree_adapter"
@@ -17,7 +18,7 @@ def small_cases(tp: int) -> list[Case]:
         Case(
             f"small-tp{tp}-{n}",
             tp,
-            profile=profile_for_tp(tp),
+            rules=rules_of(profile_for_tp(tp)),
             description=f"{n} requests",
             slots=[5, 2, 9, 0][:n],
             num_logits_per_req=[1, 2, 1, 3][:n],

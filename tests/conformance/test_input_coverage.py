@@ -16,7 +16,7 @@ from shardspec.conformance.report.input_coverage import input_coverage, left_out
 from shardspec.conformance.report.matrix import build_matrix
 from shardspec.conformance.report.model import ReportError, load_report, parse_report
 from shardspec.spec.loader import load_spec
-from shardspec.spec.profiles import DEFAULT_PROFILE
+from shardspec.spec.profiles import DEFAULT_PROFILE, rules_of
 
 
 @pytest.fixture(scope="module")
@@ -111,7 +111,7 @@ def test_nan_counts_as_drawn_only_in_a_row_that_is_sampled(admitted):
 
     base = Case(case_id="nan-rows", tp_size=2, slots=[4, 1, 3], num_logits_per_req=[3, 3, 3], vocab_size=128)
     if admitted is not None:  # the device rows are 1 + admitted, not the scheduled 3 (CL-ADMITTED-DRAFTS)
-        base = replace(base, profile=DEFAULT_PROFILE, admitted_drafts=admitted)
+        base = replace(base, rules=rules_of(DEFAULT_PROFILE), admitted_drafts=admitted)
     indices = build_case_inputs(base).batch.logits_indices.tolist()
     assert [t for tokens in base.sampled_tokens() for t in tokens] == indices
     unsampled = sorted(set(range(max(indices) + 1)) - set(indices))

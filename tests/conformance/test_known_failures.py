@@ -13,6 +13,7 @@ from shardspec.conformance.report.summary import (
 )
 from shardspec.conformance.report.xfails import load_xfails
 from shardspec.spec.case import Case, ExplicitLocalOutput
+from shardspec.spec.profiles import rules_of
 
 
 def _result(case: Case, status="fail", violations=(), generated=False):
@@ -34,7 +35,9 @@ def _xfails(tmp_path, text):
     return load_xfails(str(path))
 
 
-def _case(case_id, tp=2, slots=(0, 1, 2, 3), **fields):
+def _case(case_id, tp=2, slots=(0, 1, 2, 3), profile=None, **fields):
+    if profile is not None:
+        fields["rules"] = rules_of(profile)
     return Case(case_id=case_id, tp_size=tp, slots=list(slots), num_logits_per_req=[1] * len(slots), **fields)
 
 

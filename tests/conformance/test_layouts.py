@@ -125,7 +125,7 @@ def test_implementations_read_views_by_their_strides(impl, layout):
 def test_local_sampler_output_as_views(layout):
     case = Case(
         "explicit",
-        profile=VLLM_033,  # a sharder of one rank (vllm-0.34 refuses it: PRE-TP-SIZE)
+        rules=rules_of(VLLM_033),  # a sharder of one rank (vllm-0.34 refuses it: PRE-TP-SIZE)
         tp_size=1,
         slots=[0, 1],
         num_logits_per_req=[2, 1],

@@ -16,6 +16,7 @@ from harness_cases import PLUGINS, small_cases
 from shardspec.conformance.api import ImplChoice
 from shardspec.conformance.record import PASS
 from shardspec.conformance.replay import run_case_in_process
+from shardspec.spec.profiles import rules_of
 
 ADAPTER = pathlib.Path(__file__).resolve().parents[2] / "examples" / "upstream_vllm"
 STAND_IN = PLUGINS / "vllm_style_batch_shard.py"
@@ -106,7 +107,7 @@ def test_the_adapter_runs_vllm_034s_file_through_its_pynccl_branch(monkeypatch, 
     try:
         for case in small_cases(tp):
             result = run_case_in_process(
-                replace(case, profile="vllm-0.34"), ImplChoice("shardspec_upstream:make_sharder")
+                replace(case, rules=rules_of("vllm-0.34")), ImplChoice("shardspec_upstream:make_sharder")
             )
             assert result.status == PASS, result.errors or result.violations
     finally:

@@ -79,7 +79,7 @@ def _profile(tp: int) -> str:
 
 def _eager_steps(comm, batches, vocab_shard, plain=False):
     """The eager step per batch; ``plain``: without logprobs and NaN counts, and without the padded order."""
-    sharder = ProductionSharder(*CAPACITY, comm=comm, device=DEVICE, profile=_profile(comm.world_size))
+    sharder = ProductionSharder(*CAPACITY, comm=comm, device=DEVICE, rules=rules_of(_profile(comm.world_size)))
     make_output = _plain_output if plain else _local_output
     options = {} if plain else {"gather_num_nans": True, "logprobs_dims": DIMS}
     results = []
@@ -331,7 +331,9 @@ def test_with_the_checks_off_logprob_ids_and_values_of_different_widths_are_read
     comm, batch = LoopbackComm(0, 1), _batch([3], [2], 0)
     unchecked = dict(comm=comm, device=DEVICE, check_preconditions=False, profile=_profile(1))
     steps = CapturedSteps(*CAPACITY, vocab=VOCAB, logprobs_dims=DIMS, **unchecked)
-    sharder = ProductionSharder(*CAPACITY, **unchecked)
+    sharder = ProductionSharder(
+        *CAPACITY, comm=comm, device=DEVICE, check_preconditions=False, rules=rules_of(_profile(1))
+    )
     for ids_cols, vals_cols in [(3, 3), (2, 3), (3, 2)]:
         where, cols = f"ids {ids_cols} wide, values {vals_cols}", min(ids_cols, vals_cols)
         plan = steps.shard(batch)

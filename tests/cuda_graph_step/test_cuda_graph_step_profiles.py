@@ -34,7 +34,7 @@ def test_captured_step_refuses_admitted_counts_and_other_local_dtypes_in_vllm_03
 
 
 def _eager_and_captured(comm, batch, profile):
-    sharder = ProductionSharder(16, 4, comm=comm, device=DEVICE, profile=profile)
+    sharder = ProductionSharder(16, 4, comm=comm, device=DEVICE, rules=rules_of(profile))
     eager = sharder.shard_sampler_inputs(batch, None).local_batch
     plan = CapturedSteps(16, 4, comm=comm, vocab=8, device=DEVICE, graphs=False, profile=profile).shard(batch)
     return eager, plan.local_batch

@@ -108,7 +108,7 @@ def _compare_steps(make_comm, batches, tp):
     comm = make_comm()
     # One rank: vllm-0.33, since the default profile may build no one-rank sharder (PRE-TP-SIZE).
     profile = DEFAULT_PROFILE if tp > 1 or rules_of(DEFAULT_PROFILE).construction == "any_group" else VLLM_033
-    eager = ProductionSharder(*CAPACITY, comm=comm, device="cuda", profile=profile)
+    eager = ProductionSharder(*CAPACITY, comm=comm, device="cuda", rules=rules_of(profile))
     steps = CapturedSteps(
         *CAPACITY, comm=comm, vocab=VOCAB, device="cuda", gather_num_nans=True, logprobs_dims=DIMS, profile=profile
     )

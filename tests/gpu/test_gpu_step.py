@@ -92,7 +92,7 @@ def _assert_gathered_equal(expected, actual):
 @pytest.mark.parametrize("profile", PROFILES)
 def test_whole_step_has_no_device_to_host_sync(profile):
     """vllm-0.33 with everything vLLM 0.33 passes, adaptive verification included."""
-    options = dict(profile=profile, adaptive_verification_enabled=rules_of(profile).adaptive)
+    options = dict(rules=rules_of(profile), adaptive_verification_enabled=rules_of(profile).adaptive)
     sharder = ProductionSharder(256, 4, comm=LoopbackComm(RANK, TP), device="cuda", **options)
     warm = _inputs(40, seed=1, profile=profile)
     _step(sharder, *warm, **_owner_options(profile, warm[0], 1))  # compiles the kernels outside the check

@@ -20,6 +20,7 @@ from shardspec.impl import ProductionSharder
 from shardspec.reference import ReferenceSharder
 from shardspec.spec.case import Case, CaseInputs, build_case_inputs
 from shardspec.spec.case_edits import extension_fields
+from shardspec.spec.profiles import rules_of
 
 IMPLS = {"reference": ReferenceSharder, "production": ProductionSharder}
 # Compiled kernels on a GPU; the interpreter on CPU tensors elsewhere (tests/conftest.py).
@@ -162,7 +163,7 @@ def random_case(seed: int, tp: int, *, max_reqs: int = 24, max_logits: int = 4, 
     )
     if profile is None:
         return case
-    case = dataclasses.replace(case, profile=profile)
+    case = dataclasses.replace(case, rules=rules_of(profile))
     return _with_033_inputs(case, rng) if profile == VLLM_033 else case
 
 

@@ -19,7 +19,7 @@ from shardspec.impl.workspace import LOCAL_FIELDS, local_region, logprobs_layout
 from shardspec.spec.builders import build_input_batch
 from shardspec.spec.errors import PreconditionError
 from shardspec.spec.model import GrammarOutput
-from shardspec.spec.profiles import PROFILES
+from shardspec.spec.profiles import PROFILES, ProfileError, rules_of
 
 I32, I64 = torch.int32, torch.int64
 
@@ -72,8 +72,9 @@ def _sharder(**options) -> ProductionSharder:
 
 
 def test_an_unknown_profile_names_the_ones_implemented():
-    with pytest.raises(ValueError) as caught:
-        _sharder(profile="vllm-0.1")
+    """The sharder takes a profile's rules; the name is resolved where it is given, which names the bundled ones."""
+    with pytest.raises(ProfileError) as caught:
+        _sharder(rules=rules_of("vllm-0.1"))
     assert str(caught.value) == f"unknown profile 'vllm-0.1' (bundled: {', '.join(PROFILES)})"
 
 
@@ -133,7 +134,7 @@ def test_vllm_seed_with_the_checks_off_does_not_read_admitted_counts():
     # The step launches Triton kernels: the batch and the sharder on the device they run on (a GPU where there is one).
     batch = build_input_batch([4, 1, 6, 3, 0], [3, 2, 4, 1, 3], device=DEVICE)
     ignored = replace(batch, num_admitted_draft_tokens=np.full(5, 9, np.int32))
-    sharder = _sharder(profile=VLLM_SEED, check_preconditions=False, device=DEVICE)
+    sharder = _sharder(rules=rules_of(VLLM_SEED), check_preconditions=False, device=DEVICE)
     plain = sharder.shard_sampler_inputs(batch, None).metadata
     got = sharder.shard_sampler_inputs(ignored, None).metadata
     assert got.num_logits_per_rank == plain.num_logits_per_rank == [10, 3]

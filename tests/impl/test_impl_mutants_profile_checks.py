@@ -16,6 +16,7 @@ from shardspec.impl import checks, profile_checks
 from shardspec.reference import profile_rules
 from shardspec.spec.builders import build_grammar_output, build_input_batch
 from shardspec.spec.errors import PreconditionError
+from shardspec.spec.profiles import rules_of
 
 SLOTS = [4, 1, 6, 3, 0]
 SCHEDULED = [3, 2, 4, 1, 3]
@@ -176,7 +177,7 @@ def test_scheduled_rows_past_float_precision_are_counted_exactly():
     )
 
 
-LIMITS = dict(max_num_reqs=8, max_num_logits_per_req=4, profile=VLLM_033)
+LIMITS = dict(max_num_reqs=8, max_num_logits_per_req=4, rules=rules_of(VLLM_033))
 
 
 def _empty_admitted():
@@ -218,9 +219,9 @@ def test_vllm_seed_with_no_listed_requests_expects_no_bitmask_rows():
     batch = build_input_batch(SLOTS, SCHEDULED)
     position, counts = _position(batch), np.array(SCHEDULED)
     empty = SimpleNamespace(structured_output_request_ids=[], grammar_bitmask=torch.zeros(0, 4, dtype=torch.int32))
-    assert checks.check_grammar_output(empty, batch, position, counts, 1, VLLM_SEED) is None
+    assert checks.check_grammar_output(empty, batch, position, counts, 1, rules_of(VLLM_SEED)) is None
     one_row = SimpleNamespace(structured_output_request_ids=[], grammar_bitmask=torch.zeros(1, 4, dtype=torch.int32))
-    error = _raised(checks.check_grammar_output, one_row, batch, position, counts, 1, VLLM_SEED)
+    error = _raised(checks.check_grammar_output, one_row, batch, position, counts, 1, rules_of(VLLM_SEED))
     assert str(error) == (
         "[PRE-GRAMMAR-BITMASK] shape (1, 4); expected 0 rows (one per logits row of the listed requests) "
         "(field grammar_bitmask, rank 1)"

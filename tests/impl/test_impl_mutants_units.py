@@ -19,6 +19,7 @@ from test_impl_launch import Chain, _fake_run
 
 from shardspec.comm import LoopbackComm
 from shardspec.impl import ProductionSharder, launch
+from shardspec.impl import exchange as exchange_module
 from shardspec.impl import sharder as sharder_module
 from shardspec.impl.grammar import _to_device, local_grammar_output
 from shardspec.impl.kernels import next_power_of_2
@@ -26,6 +27,7 @@ from shardspec.impl.workspace import carve, plan_layout
 from shardspec.reference import ReferenceSharder
 from shardspec.spec.builders import build_input_batch
 from shardspec.spec.model import GrammarOutput, LogprobsTensors, SamplerOutput
+from shardspec.spec.profiles import rules_of
 
 # -- launches ---------------------------------------------------------------------------------
 
@@ -335,10 +337,10 @@ class WordSizes:
 def test_the_reorder_copies_words_from_a_buffer_size_on(monkeypatch, rows, widened):
     """The word copy is chosen by the size of the whole receive buffer (here 256-byte rows, from 1024 bytes on)."""
     words = WordSizes(((16, torch.complex128), (8, torch.int64), (4, torch.int32)))
-    monkeypatch.setattr(sharder_module, "_WIDEN_FROM_BYTES", 1024)
-    monkeypatch.setattr(sharder_module, "_WIDE_DTYPES", words)
+    monkeypatch.setattr(exchange_module, "_WIDEN_FROM_BYTES", 1024)
+    monkeypatch.setattr(exchange_module, "_WIDE_DTYPES", words)
     received = torch.arange(rows * 64, dtype=torch.float32).view(rows, 64)
-    local = sharder_module._reorder(received, rows, 1, 64)  # one rank: the rows as they came
+    local = exchange_module._reorder(received, rows, 1, 64)  # one rank: the rows as they came
     assert words.tried == ([16] if widened else [])
     assert torch.equal(local, received)
 
@@ -438,7 +440,7 @@ def test_a_full_batch_on_one_rank_equals_the_reference():
     """tp 1 at capacity (4 requests, up to 3 rows each): every region of the plan is used to its end (vllm-0.33,
     which builds a sharder of one rank)."""
     batch = build_input_batch([2, 0, 3, 1], [3, 1, 3, 2], device=DEVICE)
-    one = {"comm": LoopbackComm(0, 1), "device": DEVICE, "profile": VLLM_033}
+    one = {"comm": LoopbackComm(0, 1), "device": DEVICE, "rules": rules_of(VLLM_033)}
     expected = ReferenceSharder(4, 3, **one).shard_sampler_inputs(batch, None)
     got = ProductionSharder(4, 3, **one).shard_sampler_inputs(batch, None)
     assert_same(expected, got, "full batch")

@@ -16,6 +16,7 @@ from shardspec.reference import ReferenceSharder
 from shardspec.spec.builders import build_input_batch
 from shardspec.spec.case import Case, build_case_inputs, case_owners
 from shardspec.spec.errors import PreconditionError
+from shardspec.spec.profiles import rules_of
 
 SLOTS = [9, 3, 0, 6, 12, 15, 1]
 COUNTS = [1, 2, 1, 3, 1, 1, 2]
@@ -24,7 +25,7 @@ COUNTS = [1, 2, 1, 3, 1, 1, 2]
 def _case(case_id: str, tp: int, table: dict | None, **fields) -> Case:
     base = dict(
         case_id=case_id,
-        profile=VLLM_034_SHARDED_CACHE,
+        rules=rules_of(VLLM_034_SHARDED_CACHE),
         tp_size=tp,
         slots=SLOTS,
         num_logits_per_req=COUNTS,
@@ -67,7 +68,8 @@ def test_tables_changed_between_steps_of_one_sharder_match_the_reference():
     tables = [{}, {s: i % 3 for i, s in enumerate(SLOTS)}, {s: (i + 1) % 3 for i, s in enumerate(reversed(SLOTS))}]
     sharders = {
         impl: [
-            impl(16, 4, comm=LoopbackComm(rank, 3), device=DEVICE, profile=VLLM_034_SHARDED_CACHE) for rank in range(3)
+            impl(16, 4, comm=LoopbackComm(rank, 3), device=DEVICE, rules=rules_of(VLLM_034_SHARDED_CACHE))
+            for rank in range(3)
         ]
         for impl in (ReferenceSharder, ProductionSharder)
     }
@@ -106,7 +108,7 @@ def _table(**changes) -> np.ndarray:
 def test_table_preconditions_are_rejected_with_the_checks_on_or_off(table, pid, check):
     batch = build_input_batch(SLOTS, COUNTS, device=DEVICE, seq_lens_upper_bound=True)
     sharder = ProductionSharder(
-        16, 4, comm=LoopbackComm(1, 3), device=DEVICE, profile=VLLM_034_SHARDED_CACHE, check_preconditions=check
+        16, 4, comm=LoopbackComm(1, 3), device=DEVICE, rules=rules_of(VLLM_034_SHARDED_CACHE), check_preconditions=check
     )
     with pytest.raises(PreconditionError, match=rf"\[{pid}\].*field owner_table.*rank 1"):
         sharder.shard_sampler_inputs(batch, None, owner_table=table)
@@ -117,7 +119,9 @@ def test_unread_entries_are_neither_checked_nor_written():
     kept = table.copy()
     batch = build_input_batch(SLOTS, COUNTS, device=DEVICE, seq_lens_upper_bound=True)
     for rank in range(3):
-        sharder = ProductionSharder(16, 4, comm=LoopbackComm(rank, 3), device=DEVICE, profile=VLLM_034_SHARDED_CACHE)
+        sharder = ProductionSharder(
+            16, 4, comm=LoopbackComm(rank, 3), device=DEVICE, rules=rules_of(VLLM_034_SHARDED_CACHE)
+        )
         local = sharder.shard_sampler_inputs(batch, None, owner_table=table).local_batch
         assert local.req_ids == [f"req-{s}" for s in SLOTS if s % 3 == rank]
     assert np.array_equal(table, kept)
@@ -125,7 +129,7 @@ def test_unread_entries_are_neither_checked_nor_written():
 
 def test_a_table_under_another_owner_rule_is_refused():
     batch = build_input_batch(SLOTS, COUNTS, device=DEVICE, seq_lens_upper_bound=True)
-    sharder = ProductionSharder(16, 4, comm=LoopbackComm(0, 3), device=DEVICE, profile="vllm-0.34")
+    sharder = ProductionSharder(16, 4, comm=LoopbackComm(0, 3), device=DEVICE, rules=rules_of("vllm-0.34"))
     with pytest.raises(TypeError, match="owner_table: an argument of owner rule owner_table"):
         sharder.shard_sampler_inputs(batch, None, owner_table=_table())
 
@@ -136,7 +140,12 @@ def test_checks_off_give_the_same_plan():
     for rank in range(4):
         results = [
             ProductionSharder(
-                16, 4, comm=LoopbackComm(rank, 4), device=DEVICE, profile=VLLM_034_SHARDED_CACHE, check_preconditions=c
+                16,
+                4,
+                comm=LoopbackComm(rank, 4),
+                device=DEVICE,
+                rules=rules_of(VLLM_034_SHARDED_CACHE),
+                check_preconditions=c,
             ).shard_sampler_inputs(inputs.batch, inputs.grammar, **inputs.shard_kwargs)
             for c in (True, False)
         ]

@@ -25,11 +25,13 @@ SIZES = [5, 8, 5, 3, 8, 1, 5]
 def test_steps_of_repeated_sizes_shard_as_fresh_reference_sharders(rules, tp, rank):
     rng = np.random.default_rng(tp * 10 + rank)
     comm = LoopbackComm(rank, tp)
-    production = ProductionSharder(16, 2, comm=comm, device=DEVICE, profile=rules)
+    production = ProductionSharder(16, 2, comm=comm, device=DEVICE, rules=rules_of(rules))
     for step, size in enumerate(SIZES):
         slots = rng.permutation(16)[:size].tolist()
         batch = build_input_batch(slots, rng.integers(1, 3, size).tolist(), device=DEVICE)
-        expected = ReferenceSharder(16, 2, comm=comm, device=DEVICE, profile=rules).shard_sampler_inputs(batch, None)
+        expected = ReferenceSharder(16, 2, comm=comm, device=DEVICE, rules=rules_of(rules)).shard_sampler_inputs(
+            batch, None
+        )
         got = production.shard_sampler_inputs(batch, None)
         where = f"step {step}, {size} requests"
         assert got.metadata.num_logits_per_rank == expected.metadata.num_logits_per_rank, where

@@ -42,7 +42,7 @@ def _sharder(rank=0, max_num_reqs=8, max_num_logits_per_req=4, check_preconditio
         comm=LoopbackComm(rank, TP),
         device=DEVICE,
         check_preconditions=check_preconditions,
-        profile=profile,
+        rules=rules_of(profile),
     )
 
 

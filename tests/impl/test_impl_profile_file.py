@@ -32,7 +32,7 @@ def _case(case_id: str, **fields) -> Case:
         max_num_logits_per_req=4,
         logprobs_dims=(2, 1),
         nan_tokens=[2],
-        profile=PROFILE,
+        rules=rules_of(PROFILE),
     )
     return Case(**{**base, **fields})
 
@@ -68,7 +68,7 @@ def test_both_own_requests_by_batch_position(impl):
     inputs = build_case_inputs(case, DEVICE)
     positions = np.arange(len(case.slots))
     for rank in range(case.tp_size):
-        sharder = impl(16, 4, comm=LoopbackComm(rank, 3), device=DEVICE, profile=PROFILE)
+        sharder = impl(16, 4, comm=LoopbackComm(rank, 3), device=DEVICE, rules=rules_of(PROFILE))
         shard = sharder.shard_sampler_inputs(inputs.batch, inputs.grammar)
         owned = positions[positions % 3 == rank]
         assert shard.local_batch.req_ids == [inputs.batch.req_ids[i] for i in owned]

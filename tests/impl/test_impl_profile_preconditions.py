@@ -18,6 +18,7 @@ from shardspec.impl import ProductionSharder
 from shardspec.reference import ReferenceSharder
 from shardspec.spec.builders import build_grammar_output, build_input_batch
 from shardspec.spec.errors import PreconditionError
+from shardspec.spec.profiles import rules_of
 
 SLOTS = [4, 1, 6, 3, 0]
 SCHEDULED = [3, 2, 4, 1, 3]
@@ -95,7 +96,7 @@ def _shard(impl, inputs, rank=0, profile=VLLM_033, **options):
     batch, grammar = inputs
     if impl is ProductionSharder:
         options.setdefault("check_device_copies", True)  # as the reference does, also on a GPU
-    sharder = impl(8, 4, comm=LoopbackComm(rank, 2), device=DEVICE, profile=profile, **options)
+    sharder = impl(8, 4, comm=LoopbackComm(rank, 2), device=DEVICE, rules=rules_of(profile), **options)
     return sharder.shard_sampler_inputs(batch, grammar)
 
 

@@ -38,7 +38,7 @@ def _case(case_id: str, **fields) -> Case:
         logprobs_dims=(2, 0),
         nan_tokens=[1, 7],
         # vLLM 0.33's rules, which these tests spell out by hand (owners by slot, acceptable-draft counts)
-        profile=VLLM_033,
+        rules=rules_of(VLLM_033),
     )
     return Case(**{**base, **fields})
 
@@ -94,7 +94,7 @@ CASES_BOTH = [
 
 
 def _under(case: Case, profile: str) -> Case:
-    return replace(case, case_id=f"{case.case_id}@{profile}", profile=profile)
+    return replace(case, case_id=f"{case.case_id}@{profile}", rules=rules_of(profile))
 
 
 # None sets adaptive verification with an int64 cu_num_logits: there the reference's tensor is int64
@@ -120,7 +120,7 @@ def _shard_all(case: Case, impl=ProductionSharder, **options):
             case.max_num_logits_per_req,
             comm=LoopbackComm(rank, case.tp_size),
             device=DEVICE,
-            profile=case.profile,
+            rules=case.rules,
             adaptive_verification_enabled=case.adaptive_verification,
             **options,
         )
@@ -193,7 +193,7 @@ def test_seed_ignores_adaptive_verification_and_takes_no_033_field():
     case = _under(_case("seed"), VLLM_SEED)
     inputs, results = _shard_all(case)
     sharder = ProductionSharder(
-        16, 4, comm=LoopbackComm(0, 2), device=DEVICE, profile=VLLM_SEED, adaptive_verification_enabled=True
+        16, 4, comm=LoopbackComm(0, 2), device=DEVICE, rules=rules_of(VLLM_SEED), adaptive_verification_enabled=True
     )
     assert sharder.adaptive_verification_enabled is False
     # vllm-seed does not list them: an engine's fields, carried over unchanged (INV-LOCAL-UNLISTED-FIELDS).
@@ -253,7 +253,7 @@ def test_checks_off_give_the_same_admitted_plan():
 
 def test_an_unknown_profile_is_refused():
     with pytest.raises(ValueError, match="unknown profile 'vllm-9'"):
-        ProductionSharder(4, 2, comm=LoopbackComm(0, 1), profile="vllm-9")
+        ProductionSharder(4, 2, comm=LoopbackComm(0, 1), rules=rules_of("vllm-9"))
 
 
 def test_production_declares_the_spec_and_its_profiles():

@@ -14,7 +14,7 @@ from impl_steps import DEVICE
 
 from shardspec.comm import LoopbackComm
 from shardspec.impl import ProductionSharder
-from shardspec.impl import sharder as sharder_module
+from shardspec.impl import exchange as exchange_module
 from shardspec.spec.builders import build_input_batch
 
 TP = 4
@@ -100,7 +100,7 @@ def _expected(logits: torch.Tensor, num_local: int, rows_per_rank: list[int]) ->
     ],
 )
 def test_reorder_widened_or_not_is_the_plain_layout(monkeypatch, widen_from, vocab, dtype):
-    monkeypatch.setattr(sharder_module, "_WIDEN_FROM_BYTES", widen_from)
+    monkeypatch.setattr(exchange_module, "_WIDEN_FROM_BYTES", widen_from)
     sharder = ProductionSharder(MAX_REQS, MAX_ROWS, comm=LoopbackComm(0, TP), device=DEVICE)
     rng = np.random.default_rng(vocab)
     batch = build_input_batch(rng.permutation(MAX_REQS)[:24], [2] * 24, device=DEVICE)
@@ -119,13 +119,13 @@ def test_widened_reorder_keeps_every_bit(width):
     received[0, 0] = float("nan")
     received[1, 1] = -0.0
     received.view(torch.int16)[2, 2] = 0x7F81  # a signalling NaN's bits
-    plain = sharder_module._reorder(received, 3, 2, width)
-    old = sharder_module._WIDEN_FROM_BYTES
+    plain = exchange_module._reorder(received, 3, 2, width)
+    old = exchange_module._WIDEN_FROM_BYTES
     try:
-        sharder_module._WIDEN_FROM_BYTES = 0
-        wide = sharder_module._reorder(received, 3, 2, width)
+        exchange_module._WIDEN_FROM_BYTES = 0
+        wide = exchange_module._reorder(received, 3, 2, width)
     finally:
-        sharder_module._WIDEN_FROM_BYTES = old
+        exchange_module._WIDEN_FROM_BYTES = old
     expected = received.view(2, 3, width).transpose(0, 1).reshape(3, 2 * width).view(torch.int16)
     assert torch.equal(plain.view(torch.int16), expected)
     assert torch.equal(wide.view(torch.int16), expected)

@@ -14,9 +14,10 @@ from shardspec.conformance.judge.rank import rank_checks
 from shardspec.conformance.replay import run_case_in_process, step_records
 from shardspec.reference import ReferenceSharder
 from shardspec.spec.case import Case
+from shardspec.spec.profiles import rules_of
 
 # A group of one under vllm-0.33, which builds its sharder (vllm-0.34 refuses it: PRE-TP-SIZE).
-TP1 = Case(case_id="tp1", tp_size=1, slots=[0, 1, 2], num_logits_per_req=[1, 2, 1], profile=VLLM_033)
+TP1 = Case(case_id="tp1", tp_size=1, slots=[0, 1, 2], num_logits_per_req=[1, 2, 1], rules=rules_of(VLLM_033))
 
 
 def _raising_in(method: str):

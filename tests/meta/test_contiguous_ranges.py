@@ -25,6 +25,7 @@ def _violated(result) -> set[str]:
 
 def test_the_file_is_the_targeted_case_s_profile():
     assert PROFILE == cases.RANGES_PROFILE and rules_of(PROFILE).owner == "contiguous_ranges"
+    assert cases.CONTIGUOUS_RANGES.rules == rules_of(PROFILE)
     assert case_owners(cases.CONTIGUOUS_RANGES) == [0, 0, 1, 2]
 
 

@@ -12,6 +12,7 @@ from shardspec.impl import ProductionSharder
 from shardspec.reference import ReferenceSharder
 from shardspec.spec.builders import build_input_batch
 from shardspec.spec.errors import PreconditionError
+from shardspec.spec.profiles import rules_of
 
 SHARDERS = [ReferenceSharder, ProductionSharder]
 
@@ -23,7 +24,7 @@ SHARDERS = [ReferenceSharder, ProductionSharder]
 )
 def test_vllm_034_refuses_small_groups_when_built(sharder, tp, capacity, expected):
     with pytest.raises(PreconditionError) as caught:
-        sharder(capacity, 4, comm=LoopbackComm(0, tp), profile="vllm-0.34")
+        sharder(capacity, 4, comm=LoopbackComm(0, tp), rules=rules_of("vllm-0.34"))
     assert caught.value.precondition_id == expected and f"[{expected}]" in str(caught.value)
     assert caught.value.rank == 0
 
@@ -31,20 +32,20 @@ def test_vllm_034_refuses_small_groups_when_built(sharder, tp, capacity, expecte
 @pytest.mark.parametrize("sharder", SHARDERS)
 @pytest.mark.parametrize("profile", ["vllm-0.33", "vllm-seed"])
 def test_other_profiles_build_a_group_of_one_and_one_slot_for_two_ranks(sharder, profile):
-    assert sharder(64, 4, comm=LoopbackComm(0, 1), profile=profile).tp_size == 1
-    assert sharder(1, 4, comm=LoopbackComm(1, 2), profile=profile).max_num_reqs == 1
+    assert sharder(64, 4, comm=LoopbackComm(0, 1), rules=rules_of(profile)).tp_size == 1
+    assert sharder(1, 4, comm=LoopbackComm(1, 2), rules=rules_of(profile)).max_num_reqs == 1
 
 
 @pytest.mark.parametrize("sharder", SHARDERS)
 def test_vllm_034_builds_as_many_slots_as_ranks(sharder):
-    assert sharder(2, 4, comm=LoopbackComm(1, 2), profile="vllm-0.34").tp_size == 2
+    assert sharder(2, 4, comm=LoopbackComm(1, 2), rules=rules_of("vllm-0.34")).tp_size == 2
 
 
 @pytest.mark.parametrize("sharder", SHARDERS)
 @pytest.mark.parametrize("profile", ["vllm-0.33", "vllm-0.34"])
 def test_a_batch_without_the_bound_is_refused_where_it_is_always_passed(sharder, profile):
     batch = build_input_batch([0, 1, 2], [1, 1, 1], seq_lens_upper_bound=True)
-    shard = sharder(64, 4, comm=LoopbackComm(0, 2), profile=profile)
+    shard = sharder(64, 4, comm=LoopbackComm(0, 2), rules=rules_of(profile))
     shard.shard_sampler_inputs(batch, None)  # with the bound: accepted
     with pytest.raises(PreconditionError, match=r"\[PRE-SEQ-LENS-UPPER-BOUND\]") as caught:
         shard.shard_sampler_inputs(replace(batch, seq_lens_cpu_upper_bound=None), None)

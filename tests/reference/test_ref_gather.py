@@ -194,7 +194,9 @@ TRANSPARENCY_BATCHES = {
 @pytest.mark.parametrize("tp", [1, 2, 3, 4, 8], ids=lambda tp: f"tp{tp}")
 @pytest.mark.parametrize("batch", sorted(TRANSPARENCY_BATCHES))
 def test_end_to_end_equals_the_replicated_path(tp, batch):
-    case = Case(case_id=f"e2e-{batch}", tp_size=tp, seed=tp, profile=profile_for_tp(tp), **TRANSPARENCY_BATCHES[batch])
+    case = Case(
+        case_id=f"e2e-{batch}", tp_size=tp, seed=tp, rules=rules_of(profile_for_tp(tp)), **TRANSPARENCY_BATCHES[batch]
+    )
     inputs = build_case_inputs(case)
     gathered = [trace.gathered for trace in run_reference_case(case, inputs)]
     expected = replicated_of(case, inputs)

@@ -15,11 +15,12 @@ from bundled import VLLM_033, VLLM_SEED
 from shardspec.reference.preconditions import check_input_batch
 from shardspec.spec.builders import build_input_batch
 from shardspec.spec.errors import PreconditionError
+from shardspec.spec.profiles import rules_of
 
 
 def _rejected(batch, profile, rank=None) -> PreconditionError:
     with pytest.raises(PreconditionError) as caught:
-        check_input_batch(batch, max_num_reqs=8, max_num_logits_per_req=8, rank=rank, profile=profile)
+        check_input_batch(batch, max_num_reqs=8, max_num_logits_per_req=8, rank=rank, rules=rules_of(profile))
     return caught.value
 
 
@@ -29,7 +30,7 @@ def _admitted_batch():
 
 
 def test_admitted_batch_is_accepted_in_vllm_033():
-    check_input_batch(_admitted_batch(), max_num_reqs=8, max_num_logits_per_req=8, rank=0, profile=VLLM_033)
+    check_input_batch(_admitted_batch(), max_num_reqs=8, max_num_logits_per_req=8, rank=0, rules=rules_of(VLLM_033))
 
 
 def test_seed_profile_sums_the_scheduled_drafts_even_with_admitted_counts():
@@ -99,7 +100,7 @@ def test_drafts_of_no_integer_dtype_are_named(dtype):
 def test_drafts_of_any_integer_dtype_are_accepted(dtype):
     batch = build_input_batch([0, 1], [2, 3])
     batch = replace(batch, num_draft_tokens_per_req=batch.num_draft_tokens_per_req.astype(dtype))
-    check_input_batch(batch, max_num_reqs=8, max_num_logits_per_req=8, profile=VLLM_SEED)
+    check_input_batch(batch, max_num_reqs=8, max_num_logits_per_req=8, rules=rules_of(VLLM_SEED))
 
 
 @pytest.mark.parametrize(("slot", "position"), [(-1, 0), (8, 1)])

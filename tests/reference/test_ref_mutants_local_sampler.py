@@ -18,6 +18,7 @@ from shardspec.reference.sampler import toy_sample
 from shardspec.spec.builders import build_input_batch
 from shardspec.spec.case import Case, ExplicitLocalOutput
 from shardspec.spec.model import GrammarOutput
+from shardspec.spec.profiles import rules_of
 
 VOCAB = 64
 EXPLICIT = ExplicitLocalOutput(sampled_token_ids=[[5, 6], [7, 0]], num_sampled=[2, 1], num_rejected=[0, 0])
@@ -70,11 +71,11 @@ def _grammar() -> GrammarOutput:
 @pytest.mark.parametrize(("profile", "req_1_token"), [(VLLM_SEED, 9), (VLLM_033, 7)])
 def test_toy_output_masks_under_the_case_profile(profile, req_1_token):
     batch = build_input_batch([0, 1], [2, 1])
-    case = Case("toy", tp_size=1, slots=[0, 1], num_logits_per_req=[2, 1], vocab_size=VOCAB, profile=profile)
+    case = Case("toy", tp_size=1, slots=[0, 1], num_logits_per_req=[2, 1], vocab_size=VOCAB, rules=rules_of(profile))
     # Padding columns past the vocab would win every argmax: the local sampler must cut them off first.
     logits = torch.cat([torch.arange(VOCAB, dtype=torch.float32).expand(3, VOCAB), torch.full((3, 64), 99.0)], 1)
     shard = SimpleNamespace(local_batch=batch, local_grammar_output=_grammar())
     out = local_sampler_output(case, 0, logits, shard)
     assert out.sampled_token_ids.tolist() == [[4, 7], [req_1_token, -1]]
-    expected = toy_sample(logits[:, :VOCAB], batch, _grammar(), 2, profile)
+    expected = toy_sample(logits[:, :VOCAB], batch, _grammar(), 2, rules_of(profile))
     assert torch.equal(out.logprobs_tensors.logprob_token_ids, expected.logprobs_tensors.logprob_token_ids)

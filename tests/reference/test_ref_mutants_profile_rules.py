@@ -17,6 +17,7 @@ from shardspec.reference import profile_rules
 from shardspec.spec.builders import build_grammar_output, build_input_batch
 from shardspec.spec.errors import PreconditionError
 from shardspec.spec.model import GrammarOutput
+from shardspec.spec.profiles import rules_of
 
 
 def _rejected(check, *args, **kwargs) -> PreconditionError:
@@ -225,34 +226,34 @@ def test_block_narrower_than_a_request_names_it():
 def test_device_cu_num_logits_is_int64_in_both_profiles():
     batch = build_input_batch([0, 1], [2, 3], admitted_drafts=[0, 2])
     assert batch.cu_num_logits_np.dtype == np.int32
-    seed = profile_rules.device_cu_num_logits(batch, VLLM_SEED)
+    seed = profile_rules.device_cu_num_logits(batch, rules_of(VLLM_SEED))
     assert seed.dtype == np.int64 and seed.tolist() == [0, 2, 5]
-    admitted = profile_rules.device_cu_num_logits(batch, VLLM_033)
+    admitted = profile_rules.device_cu_num_logits(batch, rules_of(VLLM_033))
     assert admitted.dtype == np.int64 and admitted.tolist() == [0, 1, 4]
 
 
 def test_local_draft_count_without_admitted_follows_num_draft_tokens():
     batch = build_input_batch([0, 1, 2], [2, 3, 1])
     local = np.array([0, 1])
-    assert profile_rules.local_num_draft_tokens(batch, local, VLLM_033) == 3
-    assert profile_rules.local_num_draft_tokens(batch, local, VLLM_SEED) == 3
+    assert profile_rules.local_num_draft_tokens(batch, local, rules_of(VLLM_033)) == 3
+    assert profile_rules.local_num_draft_tokens(batch, local, rules_of(VLLM_SEED)) == 3
     # vllm-0.33 counts the owned drafts only while the batch's num_draft_tokens is above 0 (CL-LOCAL-DRAFT-COUNT);
     # vllm-seed sums them regardless.
     none_counted = replace(batch, num_draft_tokens=0)
-    assert profile_rules.local_num_draft_tokens(none_counted, local, VLLM_033) == 0
-    assert profile_rules.local_num_draft_tokens(none_counted, local, VLLM_SEED) == 3
+    assert profile_rules.local_num_draft_tokens(none_counted, local, rules_of(VLLM_033)) == 0
+    assert profile_rules.local_num_draft_tokens(none_counted, local, rules_of(VLLM_SEED)) == 3
 
 
 def test_local_draft_count_of_all_zero_drafts_is_zero():
     batch = build_input_batch([0, 1], [1, 1], spec_decode=True)
     assert batch.num_draft_tokens == 0 and batch.num_draft_tokens_per_req.tolist() == [0, 0]
-    assert profile_rules.local_num_draft_tokens(batch, np.array([0, 1]), VLLM_033) == 0
+    assert profile_rules.local_num_draft_tokens(batch, np.array([0, 1]), rules_of(VLLM_033)) == 0
 
 
 def test_local_draft_count_with_admitted_counts_sums_the_owned_admitted():
     batch = build_input_batch([0, 1, 2], [3, 4, 2], admitted_drafts=[0, 2, 1])
-    assert profile_rules.local_num_draft_tokens(batch, np.array([1, 2]), VLLM_033) == 3
-    assert profile_rules.local_num_draft_tokens(batch, np.array([1, 2]), VLLM_SEED) == 4
+    assert profile_rules.local_num_draft_tokens(batch, np.array([1, 2]), rules_of(VLLM_033)) == 3
+    assert profile_rules.local_num_draft_tokens(batch, np.array([1, 2]), rules_of(VLLM_SEED)) == 4
 
 
 def test_expected_num_draft_tokens_sums_admitted_else_scheduled():
@@ -264,7 +265,7 @@ def test_expected_num_draft_tokens_sums_admitted_else_scheduled():
 @pytest.mark.parametrize("profile", [VLLM_SEED, VLLM_033])
 def test_gathered_cu_num_generated_lists_the_prefix_sums(profile):
     batch = build_input_batch([0, 1], [2, 3])
-    out = profile_rules.gathered_cu_num_generated(batch, False, profile)
+    out = profile_rules.gathered_cu_num_generated(batch, False, rules_of(profile))
     assert out["cu_num_generated_tokens"] == [0, 2, 5]
     assert all(type(c) is int for c in out["cu_num_generated_tokens"])
     assert set(out) == ({"cu_num_generated_tokens"} if profile == VLLM_SEED else set(LOGPROB_CU_KEYS))
@@ -276,7 +277,7 @@ LOGPROB_CU_KEYS = ("cu_num_generated_tokens", "cu_num_generated_tokens_tensor")
 @pytest.mark.parametrize("dtype", ["int32", "int64"])
 def test_adaptive_device_cu_is_an_int32_copy(dtype):
     batch = build_input_batch([0, 1], [2, 3], admitted_drafts=[0, 2], dtypes={"cu_num_logits": dtype})
-    out = profile_rules.gathered_cu_num_generated(batch, True, VLLM_033)
+    out = profile_rules.gathered_cu_num_generated(batch, True, rules_of(VLLM_033))
     assert out["cu_num_generated_tokens"] is None
     device_cu = out["cu_num_generated_tokens_tensor"]
     assert device_cu.dtype == torch.int32 and device_cu.tolist() == [0, 1, 4]

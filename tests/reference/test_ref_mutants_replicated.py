@@ -14,6 +14,7 @@ from bundled import VLLM_033, VLLM_SEED
 from shardspec.reference.sampler import replicated_output, toy_sample
 from shardspec.spec.builders import build_input_batch
 from shardspec.spec.model import GrammarOutput
+from shardspec.spec.profiles import rules_of
 
 VOCAB = 64
 
@@ -42,7 +43,7 @@ def _two_then_one():
 def test_seed_grammar_masks_row_by_row():
     # Rows 0-1 belong to req-0 and row 2 to req-1; token 4 is even, so req-0's draft is accepted.
     batch, logits = _two_then_one()
-    out = toy_sample(logits, batch, _grammar([4, 7, 9]), None, VLLM_SEED)
+    out = toy_sample(logits, batch, _grammar([4, 7, 9]), None, rules_of(VLLM_SEED))
     assert out.sampled_token_ids.tolist() == [[4, 7], [9, -1]]
     assert out.num_sampled.tolist() == [2, 1]
     assert out.num_rejected.tolist() == [0, 0]
@@ -51,18 +52,18 @@ def test_seed_grammar_masks_row_by_row():
 def test_vllm_033_grammar_masks_block_by_block():
     # Three rows for two requests make blocks of 1 row: req-1's row takes block 1 (token 7), not row 2.
     batch, logits = _two_then_one()
-    out = toy_sample(logits, batch, _grammar([4, 7, 9]), None, VLLM_033)
+    out = toy_sample(logits, batch, _grammar([4, 7, 9]), None, rules_of(VLLM_033))
     assert out.sampled_token_ids.tolist() == [[4, 7], [7, -1]]
 
 
 def test_replicated_output_masks_in_the_given_profile():
     batch, logits = _two_then_one()
     seed = replicated_output(
-        logits, batch, _grammar([4, 7, 9]), gather_num_nans=False, logprobs_dims=None, profile=VLLM_SEED
+        logits, batch, _grammar([4, 7, 9]), gather_num_nans=False, logprobs_dims=None, rules=rules_of(VLLM_SEED)
     )
     assert seed.sampled_token_ids.tolist() == [[4, 7], [9, -1]]
     blocks = replicated_output(
-        logits, batch, _grammar([4, 7, 9]), gather_num_nans=False, logprobs_dims=None, profile=VLLM_033
+        logits, batch, _grammar([4, 7, 9]), gather_num_nans=False, logprobs_dims=None, rules=rules_of(VLLM_033)
     )
     assert blocks.sampled_token_ids.tolist() == [[4, 7], [7, -1]]
 
@@ -77,7 +78,7 @@ def test_seed_profile_samples_the_scheduled_rows_despite_admitted_counts():
     batch = _admitted_batch()
     logits = torch.zeros(5, VOCAB)
     logits[[0, 1, 2, 3, 4], [2, 4, 5, 6, 8]] = 1.0
-    out = replicated_output(logits, batch, None, gather_num_nans=True, logprobs_dims=None, profile=VLLM_SEED)
+    out = replicated_output(logits, batch, None, gather_num_nans=True, logprobs_dims=None, rules=rules_of(VLLM_SEED))
     assert out.sampled_token_ids.tolist() == [[2, 4, 5], [6, 8, -1]]
     assert out.num_sampled.tolist() == [3, 2]
     assert out.num_rejected.tolist() == [0, 0]
@@ -88,7 +89,7 @@ def test_vllm_033_samples_the_admitted_rows():
     batch = _admitted_batch()
     logits = torch.zeros(3, VOCAB)
     logits[[0, 1, 2], [3, 6, 8]] = 1.0
-    out = replicated_output(logits, batch, None, gather_num_nans=True, logprobs_dims=None, profile=VLLM_033)
+    out = replicated_output(logits, batch, None, gather_num_nans=True, logprobs_dims=None, rules=rules_of(VLLM_033))
     assert out.sampled_token_ids.tolist() == [[3, -1], [6, 8]]
     assert out.num_sampled.tolist() == [1, 2]
 

@@ -14,12 +14,12 @@ from shardspec.spec.builders import build_input_batch
 from shardspec.spec.case import Case, build_case_inputs
 from shardspec.spec.case_edits import batch_extension_values, extension_fields
 from shardspec.spec.model import admitted_cu_num_logits
-from shardspec.spec.profiles import PROFILES
+from shardspec.spec.profiles import PROFILES, rules_of
 
 
 def test_unknown_profile_is_refused_naming_the_known_ones():
     with pytest.raises(ValueError) as caught:
-        ReferenceSharder(4, 4, comm=LoopbackComm(0, 1), profile="vllm-0.1")
+        ReferenceSharder(4, 4, comm=LoopbackComm(0, 1), rules=rules_of("vllm-0.1"))
     assert str(caught.value) == f"unknown profile 'vllm-0.1' (bundled: {', '.join(PROFILES)})"
 
 
@@ -28,7 +28,7 @@ WIDE = {name: "int64" for name in ("seq_lens", "expanded_idx_mapping", "expanded
 
 def _local_batch(profile):
     batch = build_input_batch([3, 0, 2], [2, 1, 3], dtypes=WIDE)
-    sharder = ReferenceSharder(4, 4, comm=LoopbackComm(0, 1), profile=profile)
+    sharder = ReferenceSharder(4, 4, comm=LoopbackComm(0, 1), rules=rules_of(profile))
     return sharder.shard_sampler_inputs(batch, None).local_batch
 
 
@@ -59,7 +59,7 @@ def test_per_row_extension_follows_the_admitted_rows():
         num_logits_per_req=[3, 2, 3],
         admitted_drafts=[0, 1, 2],
         extensions=PER_ROW,
-        profile=VLLM_033,
+        rules=rules_of(VLLM_033),
     )
     batch = build_case_inputs(case).batch
     cu = admitted_cu_num_logits(batch)

@@ -7,10 +7,11 @@ import torch
 
 from shardspec.comm import LoopbackComm
 from shardspec.reference import ReferenceSharder
-from shardspec.reference.plan import OWNER_RULES, build_plan, owners_of
+from shardspec.reference.plan import OWNER_RULES, build_plan
 from shardspec.spec.builders import build_input_batch
 from shardspec.spec.errors import PreconditionError
 from shardspec.spec.profiles import rules_of
+from shardspec.spec.rule_meanings import owners
 from shardspec.spec.rules import RULES_BY_NAME, Rules
 
 SLOTS = np.array([9, 3, 0, 6, 12, 15, 1])
@@ -18,9 +19,9 @@ CU = np.array([0, 1, 3, 4, 7, 8, 9, 11])
 
 
 def test_owners_by_slot_and_by_position():
-    assert owners_of(SLOTS, 3, "slot_mod_tp").tolist() == [0, 0, 0, 0, 0, 0, 1]
-    assert owners_of(SLOTS, 3, "position_mod_tp").tolist() == [0, 1, 2, 0, 1, 2, 0]
-    assert owners_of(SLOTS, 3).tolist() == (SLOTS % 3).tolist()  # the default is the slot
+    assert owners("slot_mod_tp", SLOTS, 3) == [0, 0, 0, 0, 0, 0, 1]
+    assert owners("position_mod_tp", SLOTS, 3) == [0, 1, 2, 0, 1, 2, 0]
+    assert build_plan(SLOTS, CU, 3, 0).owners.tolist() == (SLOTS % 3).tolist()  # the default is the slot
 
 
 def test_the_position_plan_balances_and_keeps_batch_order():
@@ -35,22 +36,23 @@ def test_the_position_plan_balances_and_keeps_batch_order():
 def test_the_plan_implements_every_declared_owner_rule_and_refuses_others():
     assert set(OWNER_RULES) == set(RULES_BY_NAME["owner"].values)
     with pytest.raises(NotImplementedError, match="owner rule slot_div_tp: not supported yet"):
-        owners_of(SLOTS, 3, "slot_div_tp")
+        owners("slot_div_tp", SLOTS, 3)
     rules = Rules.of("engine", {**rules_of("vllm-0.33").as_dict(), "owner": "slot_div_tp"})
     with pytest.raises(NotImplementedError, match="owner rule slot_div_tp: not supported yet"):
-        rules.owner_of(0, 9, 3)
+        rules.owners([9], 3)
 
 
 @pytest.mark.parametrize("num_reqs", range(0, 12))
 @pytest.mark.parametrize("tp", [1, 2, 3, 4, 8])
 def test_contiguous_ranges_are_balanced_and_in_rank_order(num_reqs, tp):
     slots = np.arange(num_reqs)[::-1].copy()
-    owners = owners_of(slots, tp, "contiguous_ranges")
-    counts = np.bincount(owners, minlength=tp)
-    assert owners.tolist() == sorted(owners.tolist())  # contiguous, in rank order
+    ranged = np.asarray(owners("contiguous_ranges", slots, tp), dtype=np.int64)
+    counts = np.bincount(ranged, minlength=tp)
+    assert ranged.tolist() == sorted(ranged.tolist())  # contiguous, in rank order
     assert counts.tolist() == [num_reqs // tp + (r < num_reqs % tp) for r in range(tp)]
     rules = Rules.of("engine", {**rules_of("vllm-0.34").as_dict(), "owner": "contiguous_ranges"})
-    assert rules.owners(slots, tp) == owners.tolist()
+    assert rules.owners(slots, tp) == ranged.tolist()
+    assert build_plan(slots, np.arange(num_reqs + 1), tp, 0, "contiguous_ranges").owners.tolist() == ranged.tolist()
 
 
 def test_the_contiguous_plan_keeps_batch_order():
@@ -67,16 +69,16 @@ TABLE_PROFILE = "vllm-0.34-sharded-draft-cache"
 
 
 def test_owners_by_the_table_read_the_batch_entries_only():
-    owners = owners_of(SLOTS, 3, "owner_table", TABLE)
-    assert owners.tolist() == [2, 0, 2, 1, 0, 2, 1]
-    assert rules_of(TABLE_PROFILE).owners(SLOTS, 3, TABLE) == owners.tolist()
+    by_table = owners("owner_table", SLOTS, 3, TABLE)
+    assert by_table == [2, 0, 2, 1, 0, 2, 1]
+    assert rules_of(TABLE_PROFILE).owners(SLOTS, 3, TABLE) == by_table
     plan = build_plan(SLOTS, CU, 3, 0, "owner_table", TABLE)
     # Batch order kept within an owner; rank 0 owns positions 1 and 4.
     assert plan.local_reqs.tolist() == [1, 4]
     assert plan.owner_sorted_reqs.tolist() == [1, 4, 3, 6, 0, 2, 5]
     assert plan.gathered_src_indices.tolist() == [6, 0, 7, 3, 1, 8, 4]
     with pytest.raises(ValueError, match="the owner table is needed"):
-        owners_of(SLOTS, 3, "owner_table")
+        owners("owner_table", SLOTS, 3)
 
 
 def test_a_rank_may_own_nothing_because_of_the_table():
@@ -88,7 +90,7 @@ def test_a_rank_may_own_nothing_because_of_the_table():
 
 def _shard(table, tp=3, rank=0, **kwargs):
     batch = build_input_batch(SLOTS.tolist(), np.diff(CU).tolist(), seq_lens_upper_bound=True)
-    sharder = ReferenceSharder(16, 4, comm=LoopbackComm(rank, tp), profile=TABLE_PROFILE, **kwargs)
+    sharder = ReferenceSharder(16, 4, comm=LoopbackComm(rank, tp), rules=rules_of(TABLE_PROFILE), **kwargs)
     return sharder.shard_sampler_inputs(batch, None, owner_table=table)
 
 
@@ -118,6 +120,6 @@ def test_the_table_preconditions_are_rejected(table, pid):
 
 def test_a_table_under_another_owner_rule_is_refused():
     batch = build_input_batch(SLOTS.tolist(), np.diff(CU).tolist(), seq_lens_upper_bound=True)
-    sharder = ReferenceSharder(16, 4, comm=LoopbackComm(0, 3), profile="vllm-0.34")
+    sharder = ReferenceSharder(16, 4, comm=LoopbackComm(0, 3), rules=rules_of("vllm-0.34"))
     with pytest.raises(TypeError, match="owner_table: an argument of owner rule owner_table"):
         sharder.shard_sampler_inputs(batch, None, owner_table=TABLE)

@@ -13,6 +13,7 @@ from bundled import VLLM_SEED
 from shardspec.comm import LockstepGroup, LoopbackComm
 from shardspec.reference import ReferenceSharder
 from shardspec.spec.builders import build_grammar_output, build_input_batch, build_token_logits
+from shardspec.spec.profiles import rules_of
 
 MAX_REQS, MAX_LOGITS = 64, 4
 
@@ -27,9 +28,9 @@ def _batch_23(seed: int):
 
 def _shards(batch, tp, grammar=None):
     return [
-        ReferenceSharder(MAX_REQS, MAX_LOGITS, comm=LoopbackComm(rank, tp), profile=VLLM_SEED).shard_sampler_inputs(
-            batch, grammar
-        )
+        ReferenceSharder(
+            MAX_REQS, MAX_LOGITS, comm=LoopbackComm(rank, tp), rules=rules_of(VLLM_SEED)
+        ).shard_sampler_inputs(batch, grammar)
         for rank in range(tp)
     ]
 
@@ -91,7 +92,7 @@ def test_all_to_all_rebuilds_the_token_logits(tp):
     token_logits = build_token_logits(int(batch.query_start_loc[-1]), tp * shard_width, seed=tp)
 
     def step(comm):
-        sharder = ReferenceSharder(MAX_REQS, MAX_LOGITS, comm=comm, profile=VLLM_SEED)
+        sharder = ReferenceSharder(MAX_REQS, MAX_LOGITS, comm=comm, rules=rules_of(VLLM_SEED))
         local, sorted_idx, _, meta = sharder.shard_sampler_inputs(batch, None)
         columns = slice(comm.rank * shard_width, (comm.rank + 1) * shard_width)
         full = sharder.all_to_all_logits(token_logits[sorted_idx][:, columns], meta)

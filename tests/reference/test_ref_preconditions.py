@@ -20,7 +20,7 @@ from shardspec.reference import ReferenceSharder
 from shardspec.spec.builders import build_grammar_output, build_input_batch
 from shardspec.spec.errors import PreconditionError
 from shardspec.spec.model import ExtensionSpec, LogprobsTensors, SamplerOutput
-from shardspec.spec.profiles import DEFAULT_PROFILE
+from shardspec.spec.profiles import DEFAULT_PROFILE, rules_of
 
 TP = 2
 SLOTS = [4, 1, 6, 3, 0]
@@ -32,7 +32,7 @@ def _batch(**overrides):
 
 
 def _sharder(rank=0, max_num_reqs=8, max_num_logits_per_req=4, profile=DEFAULT_PROFILE):
-    return ReferenceSharder(max_num_reqs, max_num_logits_per_req, comm=LoopbackComm(rank, TP), profile=profile)
+    return ReferenceSharder(max_num_reqs, max_num_logits_per_req, comm=LoopbackComm(rank, TP), rules=rules_of(profile))
 
 
 def _shard(batch, grammar=None, **capacity):
@@ -133,9 +133,13 @@ def _table_with(slot, owner):
 
 VIOLATIONS = {
     # vllm-0.34 builds no sharder for one rank, or for fewer request slots than ranks (construction rule).
-    "PRE-TP-SIZE": (lambda: ReferenceSharder(64, 4, comm=LoopbackComm(0, 1), profile="vllm-0.34"), "tp_size", None),
+    "PRE-TP-SIZE": (
+        lambda: ReferenceSharder(64, 4, comm=LoopbackComm(0, 1), rules=rules_of("vllm-0.34")),
+        "tp_size",
+        None,
+    ),
     "PRE-CAPACITY-TP": (
-        lambda: ReferenceSharder(1, 4, comm=LoopbackComm(0, 2), profile="vllm-0.34"),
+        lambda: ReferenceSharder(1, 4, comm=LoopbackComm(0, 2), rules=rules_of("vllm-0.34")),
         "max_num_reqs",
         None,
     ),

@@ -38,7 +38,7 @@ def cases_for(tp: int) -> list[Case]:
             nan_tokens=[k, 2 * k + 1],
             logprobs_dims=(k % 3, 4 * (k % 2)),
             max_num_reqs=40,
-            profile=profile,
+            rules=rules_of(profile),
         )
         for k in range(4)
     ]

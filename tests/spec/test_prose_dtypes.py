@@ -67,7 +67,9 @@ def test_every_dtype_the_data_model_lists_is_accepted(profile):
     for path, dtypes in listed.items():
         for dtype in dtypes:
             batch = _batch_in(path, dtype)
-            check_input_batch(batch, max_num_reqs=4, max_num_logits_per_req=2, profile=profile)  # raises if refused
+            check_input_batch(
+                batch, max_num_reqs=4, max_num_logits_per_req=2, rules=rules_of(profile)
+            )  # raises if refused
 
 
 @pytest.mark.parametrize("profile", PROFILES)

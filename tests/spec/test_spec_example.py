@@ -45,7 +45,7 @@ def test_example_sorted_indices_and_wire_rows_match_the_reference(example, batch
     tp = example["tp"]
     # The example owns requests by slot: a profile whose owner rule is that one.
     profile = next(name for name in PROFILES if rules_of(name).owner == "slot_mod_tp")
-    sharder = ReferenceSharder(64, 4, comm=LoopbackComm(rank, tp), profile=profile)
+    sharder = ReferenceSharder(64, 4, comm=LoopbackComm(rank, tp), rules=rules_of(profile))
     result = sharder.shard_sampler_inputs(batch, None)
     assert result.sorted_logits_indices.tolist() == example["sorted_logits_indices"]
     owned = np.flatnonzero(np.asarray(example["owners"]) == rank).tolist()

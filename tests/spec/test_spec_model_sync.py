@@ -67,7 +67,7 @@ def test_profile_names_in_code_equal_the_index(spec):
 
 
 def _step(comm, batch, grammar, token_logits, profile):
-    sharder = ReferenceSharder(64, 4, comm=comm, profile=profile)
+    sharder = ReferenceSharder(64, 4, comm=comm, rules=rules_of(profile))
     # Under an owner table (owner rule owner_table), one that is neither slot nor position mod tp.
     table = (np.arange(64, dtype=np.int32) + 1) % comm.world_size if rules_of(profile).owner_by_table else None
     shard = sharder.shard_sampler_inputs(batch, grammar, **({} if table is None else {"owner_table": table}))
@@ -75,7 +75,7 @@ def _step(comm, batch, grammar, token_logits, profile):
     logits_shard = token_logits[shard.sorted_logits_indices][:, comm.rank * width : (comm.rank + 1) * width]
     full = sharder.all_to_all_logits(logits_shard, shard.metadata)
     local = toy_sample(
-        full[:, :VOCAB].float(), shard.local_batch, shard.local_grammar_output, LOGPROBS_DIMS[0], profile
+        full[:, :VOCAB].float(), shard.local_batch, shard.local_grammar_output, LOGPROBS_DIMS[0], rules_of(profile)
     )
     gathered = sharder.gather_sampler_output(
         local, shard.metadata, batch, shard.local_batch, gather_num_nans=True, logprobs_dims=LOGPROBS_DIMS

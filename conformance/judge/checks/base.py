@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from shardspec.conformance.record import StepOutputs
@@ -25,7 +25,6 @@ from shardspec.spec.case import Case, CaseInputs
 from shardspec.spec.errors import declines_extensions
 from shardspec.spec.loader import load_spec
 from shardspec.spec.model import SamplerOutput
-from shardspec.spec.profiles import rules_of
 from shardspec.spec.rules import Rules
 
 
@@ -38,12 +37,11 @@ class StepRecord:
     expected: StepOutputs
     # The replicated (unsharded) path's output, for INV-E2E-TRANSPARENCY.
     replicated: SamplerOutput | None = None
-    # The rules of the case's profile: what the checkers read where the profiles differ.
-    rules: Rules = field(init=False)
 
-    def __post_init__(self) -> None:
-        # Read once, where every record is built; the checkers take them from the record.
-        self.rules = rules_of(self.case.profile)
+    @property
+    def rules(self) -> Rules:
+        """The rules of the case's profile: what the checkers read where the profiles differ."""
+        return self.case.rules
 
 
 @dataclass

@@ -22,6 +22,7 @@ import torch
 from shardspec.conformance.judge.checks.base import StepRecord, Violation, outputs_expected
 from shardspec.reference.plan import ShardPlan, build_plan
 from shardspec.reference.profile_rules import device_cu_num_logits
+from shardspec.spec.rule_meanings import reqs_per_rank_choices
 
 RowToRequest = Callable[[int], int | None]
 
@@ -46,10 +47,8 @@ def plan_of(record: StepRecord) -> ShardPlan:
 def empty_batch_padding(record: StepRecord) -> tuple[int, ...]:
     """The max_num_reqs_per_rank values the profile allows for the record's batch: the plan's, or for an
     empty batch under empty_batch_padding zero_or_one (0, 1) (CL-EMPTY-BATCH)."""
-    zero_or_one = record.rules.empty_batch_padding == "zero_or_one"
-    if zero_or_one and record.inputs.batch.num_reqs == 0:
-        return (0, 1)
-    return (plan_of(record).max_num_reqs_per_rank,)
+    padding = record.rules.empty_batch_padding
+    return reqs_per_rank_choices(padding, plan_of(record).num_reqs_per_rank.tolist())
 
 
 def chosen_padding(record: StepRecord) -> int:

@@ -63,7 +63,7 @@ def _reference(device) -> ReferenceSharder:
         capacity.max_num_logits_per_req,
         comm=_CollectivesOfTheFile(),
         device=device,
-        profile=_RULES,
+        rules=rules_of(_RULES),
     )
 
 
