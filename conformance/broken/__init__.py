@@ -11,7 +11,7 @@ through the command line::
 
 from __future__ import annotations
 
-from shardspec.conformance.broken import rule_entries
+from shardspec.conformance.broken import cases, input_space, pairs, rule_entries, sizes, variations
 from shardspec.conformance.broken.registry import TORCH_GROUPS, Entry, entry, within_contract
 
 CORPUS: list[Entry] = [
@@ -169,8 +169,6 @@ def _register_input_space_cases() -> None:
     """The cases of broken/input_space.py, sizes.py, pairs.py and variations.py, and the deployed sizes', join the
     targeted cases by id (not cases.ALL: the checks that run every entry on every targeted case stay the size they
     were; tests/meta/test_input_space.py runs the reference on the first three)."""
-    from shardspec.conformance.broken import cases, input_space, pairs, sizes, variations
-
     made = input_space.CASES + sizes.CASES + pairs.CASES + variations.CASES
     cases.BY_ID.update({case.case_id: case for case in made})
     cases.BY_ID.update({case.case_id: case for case in cases.DEPLOYED})
@@ -180,8 +178,6 @@ _register_input_space_cases()
 
 
 def _within_contract() -> list[Entry]:
-    from shardspec.conformance.broken import cases
-
     return [within_contract(entry, cases.BY_ID) for entry in CORPUS]
 
 

@@ -11,43 +11,57 @@ from dataclasses import replace
 from shardspec.conformance.cases.deployment import deployment_cases
 from shardspec.conformance.cases.owner_tables import carried
 from shardspec.spec.case import Case, ExplicitLocalOutput
+from shardspec.spec.case_edits import UPPER_BOUND_ABSENT
 from shardspec.spec.layouts import BATCH_ARRAYS, BATCH_TENSORS, LOCAL_OUTPUT, OFFSET, STRIDED
 from shardspec.spec.profiles import PROFILES, rules_of
 from shardspec.spec.rules import Rules
 
 
-def _case(case_id: str, profile: str | Rules | None = None, **fields) -> Case:
-    """A corpus case under ``profile`` (a bundled profile's name, or rules; None: the default profile's)."""
+def corpus_case(case_id: str, profile: str | Rules | None = None, **fields) -> Case:
+    """A targeted case of the corpus (tp 2 unless ``fields`` say otherwise), under ``profile`` (a bundled
+    profile's name, or rules; None: the default profile's)."""
     fields.setdefault("tp_size", 2)
     if profile is not None:
         fields["rules"] = rules_of(profile)
     return Case(case_id=case_id, description=f"corpus case {case_id}", **fields)
 
 
+def _rejected(name: str, precondition: str, slots: list[int], counts: list[int], **fields) -> Case:
+    """A case that breaks ``precondition``, with ``counts`` logits rows of the requests in ``slots``."""
+    return corpus_case(f"error-{name}", slots=slots, num_logits_per_req=counts, expect_error=precondition, **fields)
+
+
+def _requests_of(base: Case, case_id: str, **fields) -> Case:
+    """A case of ``base``'s requests (its slots and logits rows), with ``fields`` and nothing else of ``base``."""
+    return corpus_case(case_id, slots=base.slots, num_logits_per_req=base.num_logits_per_req, **fields)
+
+
 # Ranks own 2 and 3 requests; token 2 holds NaNs.
-DECODE = _case("decode", slots=[0, 1, 2, 3, 5], num_logits_per_req=[1] * 5, nan_tokens=[2])
+DECODE = corpus_case("decode", slots=[0, 1, 2, 3, 5], num_logits_per_req=[1] * 5, nan_tokens=[2])
 
 # W = 3. Rank 0 owns positions 0, 2, 4 (n = 2, 3, 2); rank 1 owns 1, 3 (n = 1, 1), so
 # its toy sampler is the regular one (width 1). Tokens 1 and 7 are non-last rows
 # of requests 0 and 2; token 4 is request 1's only row.
-SPEC = _case("spec", slots=[4, 1, 2, 3, 6], num_logits_per_req=[2, 1, 3, 1, 2], nan_tokens=[1, 4, 7])
+SPEC = corpus_case("spec", slots=[4, 1, 2, 3, 6], num_logits_per_req=[2, 1, 3, 1, 2], nan_tokens=[1, 4, 7])
 
 # The grammar lists rank 0's requests in an order other than batch order.
-GRAMMAR = _case("grammar", slots=[0, 1, 2, 3, 4], num_logits_per_req=[1, 2, 1, 1, 1], grammar_positions=[4, 1, 0, 2])
+GRAMMAR = corpus_case(
+    "grammar", slots=[0, 1, 2, 3, 4], num_logits_per_req=[1, 2, 1, 1, 1], grammar_positions=[4, 1, 0, 2]
+)
 
 # Only rank 0's requests have a grammar.
-GRAMMAR_ONE_RANK = _case(
+GRAMMAR_ONE_RANK = corpus_case(
     "grammar-one-rank", slots=[0, 1, 2, 3], num_logits_per_req=[1, 1, 1, 1], grammar_positions=[2, 0]
 )
 
 # Rank 2 owns nothing under either owner rule (by slot rank 0 owns both requests; by position ranks 0
 # and 1 own one each), and the two rules disagree on request 1's owner.
-IDLE_RANK = _case("idle-rank", tp_size=3, slots=[0, 3], num_logits_per_req=[1, 2])
+IDLE_RANK = corpus_case("idle-rank", tp_size=3, slots=[0, 3], num_logits_per_req=[1, 2])
 
-EMPTY = _case("empty", slots=[], num_logits_per_req=[])
+EMPTY = corpus_case("empty", slots=[], num_logits_per_req=[])
 
 # Agreed logprob width 1 + max(1, 3) = 4.
-TOKEN_IDS_WIDER = _case("token-ids-wider", slots=[0, 1, 2], num_logits_per_req=[1, 1, 1], logprobs_dims=(1, 3))
+TOKEN_IDS_WIDER = corpus_case("token-ids-wider", slots=[0, 1, 2], num_logits_per_req=[1, 1, 1], logprobs_dims=(1, 3))
 
 # Explicit local outputs. Rank 0 owns positions 0, 2 (n = 2, 3: 5 rows), rank 1
 # owns 1, 3 (n = 1, 1: 2 rows); W = 3.
@@ -74,7 +88,7 @@ def _explicit(ids: list[list[int]], rows: int, logprob_cols: int | None, first_i
 
 
 # Rank 0's sampler is 1 wide (narrower than W), rank 1's 4 wide (wider).
-WIDTHS = _case(
+WIDTHS = corpus_case(
     "explicit-widths",
     slots=_SLOTS,
     num_logits_per_req=_COUNTS,
@@ -85,7 +99,7 @@ WIDTHS = _case(
 )
 
 # Agreed logprob width 4: rank 0 supplies 2 columns, rank 1 supplies 5.
-NARROW_LOGPROBS = _case(
+NARROW_LOGPROBS = corpus_case(
     "explicit-narrow-logprobs",
     slots=_SLOTS,
     num_logits_per_req=_COUNTS,
@@ -94,7 +108,7 @@ NARROW_LOGPROBS = _case(
 )
 
 # Rank 1's sampler returns no logprobs.
-MISSING_LOGPROBS = _case(
+MISSING_LOGPROBS = corpus_case(
     "explicit-missing-logprobs",
     slots=_SLOTS,
     num_logits_per_req=_COUNTS,
@@ -102,45 +116,20 @@ MISSING_LOGPROBS = _case(
 )
 
 # Invalid inputs.
-CAPACITY_REQS = _case(
-    "error-capacity-reqs",
-    slots=[0, 1, 2, 3, 4],
-    num_logits_per_req=[1] * 5,
-    max_num_reqs=4,
-    expect_error="PRE-CAPACITY-REQS",
-)
-CAPACITY_LOGITS = _case(
-    "error-capacity-logits", slots=[0, 1], num_logits_per_req=[1, 5], expect_error="PRE-CAPACITY-LOGITS"
-)
-SLOT_RANGE = _case("error-slot-range", slots=[3, 64], num_logits_per_req=[1, 1], expect_error="PRE-SLOT-RANGE")
-ZERO_LOGITS = _case(
-    "error-zero-logits", slots=[0, 1, 2], num_logits_per_req=[1, 0, 2], expect_error="PRE-LOGITS-PER-REQ"
-)
+CAPACITY_REQS = _rejected("capacity-reqs", "PRE-CAPACITY-REQS", [0, 1, 2, 3, 4], [1] * 5, max_num_reqs=4)
+CAPACITY_LOGITS = _rejected("capacity-logits", "PRE-CAPACITY-LOGITS", [0, 1], [1, 5])
+SLOT_RANGE = _rejected("slot-range", "PRE-SLOT-RANGE", [3, 64], [1, 1])
+ZERO_LOGITS = _rejected("zero-logits", "PRE-LOGITS-PER-REQ", [0, 1, 2], [1, 0, 2])
 # Construction refused under vllm-0.34 (construction: sharded_groups): a group of one, one slot for two ranks.
-TP_SIZE = _case("error-tp-size", tp_size=1, slots=[0, 1], num_logits_per_req=[1, 1], expect_error="PRE-TP-SIZE")
-CAPACITY_TP = _case(
-    "error-capacity-tp", slots=[0], num_logits_per_req=[1], max_num_reqs=1, expect_error="PRE-CAPACITY-TP"
-)
+TP_SIZE = _rejected("tp-size", "PRE-TP-SIZE", [0, 1], [1, 1], tp_size=1)
+CAPACITY_TP = _rejected("capacity-tp", "PRE-CAPACITY-TP", [0], [1], max_num_reqs=1)
 # No seq_lens_cpu_upper_bound where the engine always passes it (seq_lens_upper_bound: always).
-BOUND_ABSENT = _case(
-    "error-bound-absent",
-    slots=[0, 1, 2],
-    num_logits_per_req=[1, 1, 1],
-    edits=["seq-lens-upper-bound-absent"],
-    expect_error="PRE-SEQ-LENS-UPPER-BOUND",
-)
-
+BOUND_ABSENT = _rejected("bound-absent", "PRE-SEQ-LENS-UPPER-BOUND", [0, 1, 2], [1] * 3, edits=[UPPER_BOUND_ABSENT])
 # A precondition whose outcome is undefined, which the reference rejects anyway.
-LOGITS_TAIL = _case(
-    "error-logits-tail",
-    slots=[0, 1, 2],
-    num_logits_per_req=[1, 1, 1],
-    edits=["logits-indices-reversed"],
-    expect_error="PRE-LOGITS-TAIL",
-)
+LOGITS_TAIL = _rejected("logits-tail", "PRE-LOGITS-TAIL", [0, 1, 2], [1] * 3, edits=["logits-indices-reversed"])
 
 # Extension fields of three dtypes and both kinds; rank 2 owns nothing (spec decode rows on rank 0).
-EXTENSIONS = _case(
+EXTENSIONS = corpus_case(
     "extensions",
     tp_size=3,
     slots=[0, 3, 1, 4],
@@ -153,7 +142,7 @@ EXTENSIONS = _case(
 )
 
 # Eight requests whose owners interleave, with a per-row and a per-request extension field.
-EXTENSIONS_MANY = _case(
+EXTENSIONS_MANY = corpus_case(
     "extensions-many-requests",
     tp_size=2,
     slots=[5, 0, 3, 6, 1, 2, 7, 4],
@@ -165,7 +154,7 @@ EXTENSIONS_MANY = _case(
 )
 
 # An engine's batch type with a field the spec does not list.
-ENGINE_BATCH = _case("engine-batch", slots=[0, 1, 2], num_logits_per_req=[1, 1, 1], edits=["engine-batch-field"])
+ENGINE_BATCH = corpus_case("engine-batch", slots=[0, 1, 2], num_logits_per_req=[1, 1, 1], edits=["engine-batch-field"])
 
 ALL = [
     DECODE,
@@ -193,35 +182,14 @@ ALL = [
 # SPEC's batch with every batch field and the logits shard passed as views (spec/layouts.py):
 # every other element of an interleaved buffer, or a slice three elements into its storage.
 _VIEWED = BATCH_TENSORS + BATCH_ARRAYS + ("logits_shard",)
-STRIDED_INPUTS = _case(
-    "strided-inputs",
-    slots=SPEC.slots,
-    num_logits_per_req=SPEC.num_logits_per_req,
-    layouts={name: STRIDED for name in _VIEWED},
-)
-OFFSET_INPUTS = _case(
-    "offset-inputs",
-    slots=SPEC.slots,
-    num_logits_per_req=SPEC.num_logits_per_req,
-    layouts={name: OFFSET for name in _VIEWED},
-)
+STRIDED_INPUTS = _requests_of(SPEC, "strided-inputs", layouts={name: STRIDED for name in _VIEWED})
+OFFSET_INPUTS = _requests_of(SPEC, "offset-inputs", layouts={name: OFFSET for name in _VIEWED})
 # SPEC's local sampler outputs as every-other-element views (rank 0's num_sampled is [2, 1, 2]).
-STRIDED_LOCAL_OUTPUT = _case(
-    "strided-local-output",
-    slots=SPEC.slots,
-    num_logits_per_req=SPEC.num_logits_per_req,
-    layouts={LOCAL_OUTPUT: STRIDED},
-)
+STRIDED_LOCAL_OUTPUT = _requests_of(SPEC, "strided-local-output", layouts={LOCAL_OUTPUT: STRIDED})
 # DECODE with bfloat16 logits: the exchange must return bfloat16 rows.
-DECODE_BF16 = _case(
-    "decode-bf16",
-    slots=DECODE.slots,
-    num_logits_per_req=DECODE.num_logits_per_req,
-    nan_tokens=DECODE.nan_tokens,
-    logits_dtype="bfloat16",
-)
+DECODE_BF16 = _requests_of(DECODE, "decode-bf16", nan_tokens=DECODE.nan_tokens, logits_dtype="bfloat16")
 # 150 requests: each rank owns 75, more than a 64-entry block.
-LARGE_BATCH = _case(
+LARGE_BATCH = corpus_case(
     "large-batch",
     slots=list(range(150)),
     num_logits_per_req=[1 + s % 2 for s in range(150)],
@@ -229,63 +197,68 @@ LARGE_BATCH = _case(
     vocab_size=8,
 )
 # Up to 7 draft tokens: W = 8; rank 0's toy sampler is 6 wide, rank 1's 8.
-MANY_DRAFTS = _case("many-drafts", slots=[0, 1, 2, 3], num_logits_per_req=[6, 8, 2, 5], max_num_logits_per_req=8)
+MANY_DRAFTS = corpus_case("many-drafts", slots=[0, 1, 2, 3], num_logits_per_req=[6, 8, 2, 5], max_num_logits_per_req=8)
 ALL += [STRIDED_INPUTS, OFFSET_INPUTS, STRIDED_LOCAL_OUTPUT, DECODE_BF16, LARGE_BATCH, MANY_DRAFTS]
 # Three steps on one sharder: four requests, four requests in slots owned the other way round, then two.
-MULTI_STEP = _case(
+MULTI_STEP = corpus_case(
     "multi-step",
     slots=[0, 1, 2, 3],
     num_logits_per_req=[1, 2, 1, 1],
     then=[
-        _case("multi-step", slots=[5, 6, 7, 8], num_logits_per_req=[1, 1, 2, 1]),
-        _case("multi-step", slots=[6, 1], num_logits_per_req=[2, 1]),
+        corpus_case("multi-step", slots=[5, 6, 7, 8], num_logits_per_req=[1, 1, 2, 1]),
+        corpus_case("multi-step", slots=[6, 1], num_logits_per_req=[2, 1]),
     ],
 )
 ALL += [MULTI_STEP]
 # The same four requests three steps running, as a decode loop has them: each seq_len one token longer,
 # then the rows per request changed by the drafts.
-DECODE_LOOP = _case(
+DECODE_LOOP = corpus_case(
     "decode-loop",
     slots=[0, 1, 2, 3],
     num_logits_per_req=[1, 2, 1, 1],
     then=[
-        _case("decode-loop", slots=[0, 1, 2, 3], num_logits_per_req=[1, 2, 1, 1], seq_lens_growth=1),
-        _case("decode-loop", slots=[0, 1, 2, 3], num_logits_per_req=[2, 1, 3, 1], seq_lens_growth=2),
+        corpus_case("decode-loop", slots=[0, 1, 2, 3], num_logits_per_req=[1, 2, 1, 1], seq_lens_growth=1),
+        corpus_case("decode-loop", slots=[0, 1, 2, 3], num_logits_per_req=[2, 1, 3, 1], seq_lens_growth=2),
     ],
 )
 ALL += [DECODE_LOOP]
 # One rank: the gather could hand the local output back unchanged.
-DECODE_TP1 = _case("decode-tp1", tp_size=1, slots=[0, 1, 2, 3], num_logits_per_req=[1, 2, 1, 1])
+DECODE_TP1 = corpus_case("decode-tp1", tp_size=1, slots=[0, 1, 2, 3], num_logits_per_req=[1, 2, 1, 1])
 ALL += [DECODE_TP1]
 BY_ID = {case.case_id: case for case in ALL}
+
+
 # vLLM 0.33's inputs (profile vllm-0.33). Adaptive verification with the budget binding: rank 0 owns
 # positions 0, 2 (scheduled 3 and 1 rows, admitted 2 and 1), rank 1 owns 1, 3 (scheduled 2 and 3,
 # admitted 1 and 3); the grammar lists 3 and 0 in blocks of 5 rows (padding rows past every request's),
 # with acceptable-draft counts; expanded_idx_mapping int64 (vLLM's own dtype there), which the local batch follows.
-ADMITTED = _case(
+def _adaptive(case_id: str, counts: list[int], admitted: list[int], **fields) -> Case:
+    """Four requests in slots 0 to 3 with ``counts`` scheduled rows, ``admitted`` of their drafts admitted."""
+    return corpus_case(
+        case_id,
+        slots=[0, 1, 2, 3],
+        num_logits_per_req=counts,
+        adaptive_verification=True,
+        admitted_drafts=admitted,
+        **fields,
+    )
+
+
+ADMITTED = _adaptive(
     "adaptive-admitted",
-    slots=[0, 1, 2, 3],
-    num_logits_per_req=[3, 2, 1, 3],
-    adaptive_verification=True,
-    admitted_drafts=[1, 0, 0, 2],
+    [3, 2, 1, 3],
+    [1, 0, 0, 2],
     grammar_positions=[3, 0],
     grammar_block_rows=5,
     num_acceptable_drafts=[2, 1],
     batch_dtypes={"expanded_idx_mapping": "int64"},
 )
 # A budget of 0: every request keeps one row, so every rank samples with the regular sampler.
-BUDGET_ZERO = _case(
-    "adaptive-budget-zero",
-    slots=[0, 1, 2, 3],
-    num_logits_per_req=[2, 3, 1, 2],
-    adaptive_verification=True,
-    admitted_drafts=[0, 0, 0, 0],
-)
+BUDGET_ZERO = _adaptive("adaptive-budget-zero", [2, 3, 1, 2], [0, 0, 0, 0])
 # ADMITTED's batch with a per-row and a per-request extension field: 6 admitted rows of 9 scheduled.
-ADMITTED_EXTENSIONS = _case(
+ADMITTED_EXTENSIONS = _requests_of(
+    ADMITTED,
     "adaptive-admitted-extensions",
-    slots=ADMITTED.slots,
-    num_logits_per_req=ADMITTED.num_logits_per_req,
     adaptive_verification=True,
     admitted_drafts=ADMITTED.admitted_drafts,
     extensions={
@@ -294,10 +267,9 @@ ADMITTED_EXTENSIONS = _case(
     },
 )
 # ADMITTED's batch and grammar blocks without acceptable-draft counts: it holds for vllm-0.34 too.
-ADMITTED_NO_COUNTS = _case(
+ADMITTED_NO_COUNTS = _requests_of(
+    ADMITTED,
     "adaptive-admitted-no-counts",
-    slots=ADMITTED.slots,
-    num_logits_per_req=ADMITTED.num_logits_per_req,
     adaptive_verification=True,
     admitted_drafts=ADMITTED.admitted_drafts,
     grammar_positions=ADMITTED.grammar_positions,
@@ -306,7 +278,7 @@ ADMITTED_NO_COUNTS = _case(
 )
 # One request (rank 1 owns nothing under either owner rule) in an int64 batch: the idle rank's local
 # cu_num_logits follows the batch's dtype (CL-EMPTY-RANK, CL-LOCAL-DTYPES).
-IDLE_RANK_INT64 = _case(
+IDLE_RANK_INT64 = corpus_case(
     "idle-rank-int64-prefix-sums", slots=[4], num_logits_per_req=[2], batch_dtypes={"cu_num_logits": "int64"}
 )
 ALL += [ADMITTED, BUDGET_ZERO, ADMITTED_EXTENSIONS, ADMITTED_NO_COUNTS, IDLE_RANK_INT64]
@@ -317,13 +289,7 @@ ALL += [ADMITTED, BUDGET_ZERO, ADMITTED_EXTENSIONS, ADMITTED_NO_COUNTS, IDLE_RAN
 # shows on the later ones.
 def _admitted_step(**fields) -> Case:
     """A step of ADMITTED's requests with their scheduled rows, under adaptive verification."""
-    return _case(
-        "decode-loop-admitted",
-        slots=ADMITTED.slots,
-        num_logits_per_req=ADMITTED.num_logits_per_req,
-        adaptive_verification=True,
-        **fields,
-    )
+    return _requests_of(ADMITTED, "decode-loop-admitted", adaptive_verification=True, **fields)
 
 
 DECODE_LOOP_ADMITTED = _admitted_step(
@@ -340,7 +306,7 @@ BY_ID = {case.case_id: case for case in ALL}
 # positions (0 would be rank 0's) give these owners. Slots 4 and 7 are not in the batch and hold stale
 # owners outside [0, 3): never read.
 TABLE_PROFILE = next(name for name in PROFILES if rules_of(name).owner_by_table)
-OWNER_TABLE = _case(
+OWNER_TABLE = corpus_case(
     "owner-table",
     profile=TABLE_PROFILE,
     tp_size=3,
@@ -356,7 +322,7 @@ OWNER_TABLE = _case(
 # position mod 2); step 1, the same requests one position later, [1, 0, 1, 0] (the first table would
 # give [0, 1, 1, 0]); step 2 [0, 1, 1] (the first table: [1, 1, 0]).
 def _table_step(slots: list[int], num_logits_per_req: list[int], **fields) -> Case:
-    return _case(
+    return corpus_case(
         "owner-table-steps",
         profile=TABLE_PROFILE,
         slots=slots,
@@ -383,7 +349,7 @@ RANGES_PROFILE = "vllm-ascend-contiguous-ranges"
 # The file's rules (it extends vllm-0.34 and sets the owner rule; tests/meta/test_contiguous_ranges.py holds
 # them equal): the case is made before anyone registers the file.
 RANGES_RULES = Rules.of(RANGES_PROFILE, {**rules_of("vllm-0.34").as_dict(), "owner": "contiguous_ranges"})
-CONTIGUOUS_RANGES = _case(
+CONTIGUOUS_RANGES = corpus_case(
     "contiguous-ranges", profile=RANGES_RULES, tp_size=3, slots=[7, 2, 5, 0], num_logits_per_req=[2, 1, 3, 1]
 )
 BY_ID[CONTIGUOUS_RANGES.case_id] = CONTIGUOUS_RANGES  # not in ALL: its profile is not bundled

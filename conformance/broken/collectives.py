@@ -13,7 +13,10 @@ and runs in real multi-process worlds (tests/conformance/test_multigroup.py).
 from __future__ import annotations
 
 import torch
+import torch.distributed as dist
+import torch.distributed._functional_collectives as funcol
 
+from shardspec.comm import TorchDistComm
 from shardspec.reference import ReferenceSharder, output_preconditions
 
 
@@ -21,8 +24,6 @@ class ExtraAllReduce(ReferenceSharder):
     """INV-WIRE-SEQUENCE: agrees on the logits row count with a torch.distributed.all_reduce before the exchange."""
 
     def all_to_all_logits(self, logits_shard, metadata):
-        import torch.distributed as dist
-
         rows = torch.tensor([logits_shard.shape[0]], dtype=torch.int64, device=logits_shard.device)
         dist.all_reduce(rows, op=dist.ReduceOp.MAX, group=self.comm.group)
         return super().all_to_all_logits(logits_shard, metadata)
@@ -32,8 +33,6 @@ class BarrierBeforeGather(ReferenceSharder):
     """INV-WIRE-SEQUENCE: a torch.distributed.barrier before the gather."""
 
     def gather_sampler_output(self, *args, **kwargs):
-        import torch.distributed as dist
-
         dist.barrier(group=self.comm.group)
         return super().gather_sampler_output(*args, **kwargs)
 
@@ -62,8 +61,6 @@ class ExtraFunctionalAllReduce(ReferenceSharder):
     (torch.distributed._functional_collectives) before the exchange."""
 
     def all_to_all_logits(self, logits_shard, metadata):
-        import torch.distributed._functional_collectives as funcol
-
         rows = torch.tensor([logits_shard.shape[0]], dtype=torch.int64, device=logits_shard.device)
         funcol.wait_tensor(funcol.all_reduce(rows, "max", self.comm.group))
         return super().all_to_all_logits(logits_shard, metadata)
@@ -75,14 +72,10 @@ class GatherOnADuplicateGroup(ReferenceSharder):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        import torch.distributed as dist
-
         ranks = dist.get_process_group_ranks(self.comm.group)
         self._own = dist.new_group(ranks, use_local_synchronization=True)
 
     def gather_sampler_output(self, *args, **kwargs):
-        from shardspec.comm import TorchDistComm
-
         tp_comm, self.comm = self.comm, TorchDistComm(self._own)
         try:
             return super().gather_sampler_output(*args, **kwargs)
@@ -95,8 +88,6 @@ class BarrierOnTheDefaultGroup(ReferenceSharder):
     group, the whole world where an engine runs several TP groups."""
 
     def gather_sampler_output(self, *args, **kwargs):
-        import torch.distributed as dist
-
         dist.barrier()
         return super().gather_sampler_output(*args, **kwargs)
 
@@ -108,8 +99,6 @@ class AllToAllOnTheDefaultGroup(ReferenceSharder):
     inside data parallelism)."""
 
     def all_to_all_logits(self, logits_shard, metadata):
-        import torch.distributed as dist
-
         if self.check_preconditions:  # the reference's own check, so that only the group is wrong
             output_preconditions.check_logits_shard(logits_shard, metadata, rank=self.rank)
         tp, num_local, width = metadata.tp_size, metadata.num_local_logits, logits_shard.shape[1]

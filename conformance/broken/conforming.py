@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import numpy as np
 import torch
+import torch.distributed as dist
 
+from shardspec.comm import TorchDistComm
 from shardspec.reference import ReferenceSharder
 
 GARBAGE_ID = 7777
@@ -68,10 +70,6 @@ class EveryCallOnAGroupOfItsOwn(ReferenceSharder):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        import torch.distributed as dist
-
-        from shardspec.comm import TorchDistComm
-
         ranks = dist.get_process_group_ranks(self.comm.group)
         self.comm = TorchDistComm(dist.new_group(ranks, use_local_synchronization=True))
 

@@ -13,7 +13,10 @@ from dataclasses import replace
 import numpy as np
 import torch
 
+from shardspec.conformance.broken.cases import BY_ID
+from shardspec.conformance.broken.support import LogprobsRewritingSharder, preconditions_unchecked
 from shardspec.conformance.cases.boundaries import boundary_cases
+from shardspec.conformance.cases.multistep import multi_step_cases
 from shardspec.reference import ReferenceSharder
 from shardspec.spec.case import Case, ExplicitLocalOutput
 from shardspec.spec.case_edits import LOGITS_LIMITS_EDIT, UPPER_BOUND_ABSENT
@@ -27,11 +30,8 @@ class NegativeSlotsAccepted(ReferenceSharder):
         negative = slots.size > 0 and int(slots.min()) < 0 and int(slots.max()) < self.max_num_reqs
         if not negative:
             return super().shard_sampler_inputs(batch, grammar, **kwargs)
-        self.check_preconditions = False
-        try:
+        with preconditions_unchecked(self):
             return super().shard_sampler_inputs(batch, grammar, **kwargs)
-        finally:
-            self.check_preconditions = True
 
 
 class IdleRanksCheckNothing(ReferenceSharder):
@@ -43,36 +43,25 @@ class IdleRanksCheckNothing(ReferenceSharder):
         valid_slots = in_range and len(set(slots.tolist())) == slots.size
         if not valid_slots or (slots % self.tp_size == self.rank).any():
             return super().shard_sampler_inputs(batch, grammar, **kwargs)
-        self.check_preconditions = False
-        try:
+        with preconditions_unchecked(self):
             return super().shard_sampler_inputs(batch, grammar, **kwargs)
-        finally:
-            self.check_preconditions = True
 
 
-class LogprobsClampedAtZero(ReferenceSharder):
+class LogprobsClampedAtZero(LogprobsRewritingSharder):
     """INV-LOGPROBS-VALUES: clamps gathered logprobs to at most 0 (a log-probability never exceeds 0).
 
     +inf and the largest float32 come back as 0."""
 
-    def gather_sampler_output(self, local_output, metadata, global_batch, local_batch, **kwargs):
-        out = super().gather_sampler_output(local_output, metadata, global_batch, local_batch, **kwargs)
-        lp = out.logprobs_tensors
-        if lp is None:
-            return out
-        return replace(out, logprobs_tensors=lp._replace(logprobs=lp.logprobs.clamp(max=0.0)))
+    def rewrite_logprobs(self, lp, global_batch):
+        return lp._replace(logprobs=lp.logprobs.clamp(max=0.0))
 
 
-class LogprobNansAsMinusInf(ReferenceSharder):
+class LogprobNansAsMinusInf(LogprobsRewritingSharder):
     """INV-LOGPROBS-VALUES: gathered NaN logprobs come back as -inf (torch.nan_to_num)."""
 
-    def gather_sampler_output(self, local_output, metadata, global_batch, local_batch, **kwargs):
-        out = super().gather_sampler_output(local_output, metadata, global_batch, local_batch, **kwargs)
-        lp = out.logprobs_tensors
-        if lp is None:
-            return out
+    def rewrite_logprobs(self, lp, global_batch):
         values = torch.nan_to_num(lp.logprobs, nan=float("-inf"), posinf=float("inf"), neginf=float("-inf"))
-        return replace(out, logprobs_tensors=lp._replace(logprobs=values))
+        return lp._replace(logprobs=values)
 
 
 class LogprobsDimsOfFirstStep(ReferenceSharder):
@@ -119,8 +108,6 @@ def _explicit_logprobs(case_id: str, value: float) -> Case:
 
 
 def _multi_step() -> Case:
-    from shardspec.conformance.cases.multistep import multi_step_cases
-
     return next(c for c in multi_step_cases(2, 4, 0) if c.logprobs_dims is not None)
 
 
@@ -150,8 +137,6 @@ def _profile_field_views() -> list[Case]:
 def _two_dimensional_views() -> list[Case]:
     """The logits shard, grammar bitmask and local sampler output of the targeted spec and grammar cases
     as the rows of a padded buffer and as a column slice of a wider one."""
-    from shardspec.conformance.broken.cases import BY_ID
-
     out = []
     for field, base in (("logits_shard", "spec"), ("grammar_bitmask", "grammar"), ("local_output", "spec")):
         for layout in ("row-padded", "column-slice"):
@@ -162,8 +147,6 @@ def _two_dimensional_views() -> list[Case]:
 
 def _logits_at_their_limits() -> list[Case]:
     """The targeted decode and spec cases with float32's limits in their logits, and decode in bfloat16."""
-    from shardspec.conformance.broken.cases import BY_ID
-
     out = [replace(BY_ID[i], case_id=f"{i}-logits-limits", edits=[LOGITS_LIMITS_EDIT]) for i in ("decode", "spec")]
     return [*out, replace(out[0], case_id="decode-bf16-logits-limits", logits_dtype="bfloat16")]
 

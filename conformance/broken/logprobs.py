@@ -7,6 +7,7 @@ from dataclasses import replace
 import numpy as np
 import torch
 
+from shardspec.conformance.broken.support import LogprobsRewritingSharder
 from shardspec.reference import ReferenceSharder
 from shardspec.spec.model import LogprobsTensors, num_logprob_columns
 
@@ -24,20 +25,12 @@ def _widened(lp: LogprobsTensors, num_cols: int, pad_logprob: float) -> Logprobs
 class LogprobPadZero(ReferenceSharder):
     """INV-LOGPROBS-VALUES: columns beyond a narrow local logprob width hold 0.0 instead of -inf."""
 
-    def gather_sampler_output(
-        self, local_output, metadata, global_batch, local_batch, *, gather_num_nans=False, logprobs_dims=None
-    ):
-        if logprobs_dims is not None and local_output is not None and local_output.logprobs_tensors is not None:
-            widened = _widened(local_output.logprobs_tensors, num_logprob_columns(logprobs_dims), 0.0)
+    def gather_sampler_output(self, local_output, metadata, global_batch, local_batch, **kwargs):
+        dims = kwargs.get("logprobs_dims")
+        if dims is not None and local_output is not None and local_output.logprobs_tensors is not None:
+            widened = _widened(local_output.logprobs_tensors, num_logprob_columns(dims), 0.0)
             local_output = replace(local_output, logprobs_tensors=widened)
-        return super().gather_sampler_output(
-            local_output,
-            metadata,
-            global_batch,
-            local_batch,
-            gather_num_nans=gather_num_nans,
-            logprobs_dims=logprobs_dims,
-        )
+        return super().gather_sampler_output(local_output, metadata, global_batch, local_batch, **kwargs)
 
 
 class LogprobWidthIgnoresTokenIds(ReferenceSharder):
@@ -55,11 +48,10 @@ class LogprobWidthIgnoresTokenIds(ReferenceSharder):
 class MissingLogprobsAsZeros(ReferenceSharder):
     """INV-LOGPROBS-MISSING: a rank without logprobs sends logprob 0.0 rows instead of -inf."""
 
-    def gather_sampler_output(
-        self, local_output, metadata, global_batch, local_batch, *, gather_num_nans=False, logprobs_dims=None
-    ):
-        if logprobs_dims is not None and local_output is not None and local_output.logprobs_tensors is None:
-            rows, cols = local_batch.num_logits, num_logprob_columns(logprobs_dims)
+    def gather_sampler_output(self, local_output, metadata, global_batch, local_batch, **kwargs):
+        dims = kwargs.get("logprobs_dims")
+        if dims is not None and local_output is not None and local_output.logprobs_tensors is None:
+            rows, cols = local_batch.num_logits, num_logprob_columns(dims)
             zeros = LogprobsTensors(
                 torch.zeros(rows, cols, dtype=torch.int64, device=self.device),
                 torch.zeros(rows, cols, dtype=torch.float32, device=self.device),
@@ -67,39 +59,21 @@ class MissingLogprobsAsZeros(ReferenceSharder):
                 None,
             )
             local_output = replace(local_output, logprobs_tensors=zeros)
-        return super().gather_sampler_output(
-            local_output,
-            metadata,
-            global_batch,
-            local_batch,
-            gather_num_nans=gather_num_nans,
-            logprobs_dims=logprobs_dims,
-        )
+        return super().gather_sampler_output(local_output, metadata, global_batch, local_batch, **kwargs)
 
 
-class SelectedRanksDropped(ReferenceSharder):
+class SelectedRanksDropped(LogprobsRewritingSharder):
     """INV-LOGPROBS-VALUES: selected_token_ranks are not gathered; every entry is 0."""
 
-    def gather_sampler_output(self, *args, **kwargs):
-        out = super().gather_sampler_output(*args, **kwargs)
-        lp = out.logprobs_tensors
-        if lp is None:
-            return out
-        return replace(
-            out, logprobs_tensors=lp._replace(selected_token_ranks=torch.zeros_like(lp.selected_token_ranks))
-        )
+    def rewrite_logprobs(self, lp, global_batch):
+        return lp._replace(selected_token_ranks=torch.zeros_like(lp.selected_token_ranks))
 
 
-class CuNumGeneratedAlwaysList(ReferenceSharder):
+class CuNumGeneratedAlwaysList(LogprobsRewritingSharder):
     """INV-CU-NUM-GENERATED: cu_num_generated_tokens is a list even with one row per request (L == N)."""
 
-    def gather_sampler_output(self, local_output, metadata, global_batch, local_batch, **kwargs):
-        out = super().gather_sampler_output(local_output, metadata, global_batch, local_batch, **kwargs)
-        lp = out.logprobs_tensors
-        if lp is None:
-            return out
-        cu = [int(c) for c in np.asarray(global_batch.cu_num_logits_np)]
-        return replace(out, logprobs_tensors=lp._replace(cu_num_generated_tokens=cu))
+    def rewrite_logprobs(self, lp, global_batch):
+        return lp._replace(cu_num_generated_tokens=[int(c) for c in np.asarray(global_batch.cu_num_logits_np)])
 
 
 class LogprobValuesAsFloat64(ReferenceSharder):

@@ -5,8 +5,8 @@ never.
 
 from __future__ import annotations
 
+from shardspec.conformance.broken.cases import corpus_case
 from shardspec.reference import ReferenceSharder
-from shardspec.spec.case import Case
 from shardspec.spec.case_edits import UPPER_BOUND_ABSENT
 
 
@@ -23,13 +23,11 @@ class GrammarDroppedWithoutUpperBound(ReferenceSharder):
 
 CASES = [
     # The bound left out, a grammar output listing two of three requests (rank 0 owns positions 0 and 2).
-    Case(
-        case_id="grammar-without-upper-bound",
-        tp_size=2,
+    corpus_case(
+        "grammar-without-upper-bound",
         slots=[0, 1, 2],
         num_logits_per_req=[1, 2, 1],
         grammar_positions=[2, 1],
         edits=[UPPER_BOUND_ABSENT],
-        description="corpus case grammar-without-upper-bound",
     ),
 ]

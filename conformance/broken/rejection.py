@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from shardspec.conformance.broken.support import preconditions_unchecked
 from shardspec.reference import ReferenceSharder, preconditions
 from shardspec.spec.errors import PreconditionError
 
@@ -17,11 +18,8 @@ class AcceptsBeyondCapacity(ReferenceSharder):
     def shard_sampler_inputs(self, batch, grammar, **kwargs):
         preconditions.check_input_batch(batch, max_num_reqs=UNBOUNDED, max_num_logits_per_req=UNBOUNDED, rank=self.rank)
         preconditions.check_grammar_output(grammar, batch, rank=self.rank)
-        self.check_preconditions = False
-        try:
+        with preconditions_unchecked(self):
             return super().shard_sampler_inputs(batch, grammar, **kwargs)
-        finally:
-            self.check_preconditions = True
 
 
 class AnonymousErrors(ReferenceSharder):

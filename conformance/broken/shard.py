@@ -7,7 +7,7 @@ from dataclasses import replace
 import numpy as np
 import torch
 
-from shardspec.conformance.broken.support import MisreportingSharder
+from shardspec.conformance.broken.support import EmptyBatchPaddedTo, MisreportingSharder
 from shardspec.reference import ReferenceSharder
 from shardspec.reference.plan import build_plan
 from shardspec.spec.model import GrammarOutput
@@ -82,12 +82,10 @@ class SplitsCountRequests(MisreportingSharder):
         )
 
 
-class EmptyBatchZeroReqsPerRank(ReferenceSharder):
+class EmptyBatchZeroReqsPerRank(EmptyBatchPaddedTo):
     """INV-META-SCALARS: an empty batch gets max_num_reqs_per_rank 0 instead of 1."""
 
-    def plan(self, batch, owner_table=None):
-        plan = super().plan(batch, owner_table)
-        return replace(plan, max_num_reqs_per_rank=0) if batch.num_reqs == 0 else plan
+    reqs_per_rank = 0
 
 
 # -- the local batch ------------------------------------------------------------

@@ -17,8 +17,8 @@ from dataclasses import replace
 
 import torch
 
+from shardspec.conformance.cases.batches import local_requests
 from shardspec.conformance.cases.sizes import EVERY_EXTENSION, WIDE_LOCAL_WIDTH, vocabulary_wide_entry
-from shardspec.conformance.cases.strategies import local_requests
 from shardspec.reference import ReferenceSharder
 from shardspec.spec.case import Case, ExplicitLocalOutput
 from shardspec.spec.case_edits import EXTENSIONS_DECLARED_EMPTY

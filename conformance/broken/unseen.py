@@ -14,12 +14,16 @@ of one process. The two that only write run in both in-process groups too (the c
 
 from __future__ import annotations
 
+import _thread
 import itertools
 import threading
 import time
 
 import torch
+import torch.distributed as dist
+import torch.distributed.distributed_c10d as c10d
 
+from shardspec.comm import observed
 from shardspec.reference import ReferenceSharder
 
 # How long after returning the late writers write: well within the window the suite keeps watching.
@@ -46,9 +50,6 @@ _PRIVATE_GROUPS = itertools.count()
 def private_gloo_group(comm):
     """A gloo process group over the TP group's ranks, built on the default group's store (under a prefix of
     its own), as an engine's own communicator is: torch.distributed does not know it."""
-    import torch.distributed as dist
-    import torch.distributed.distributed_c10d as c10d
-
     store = dist.PrefixStore(f"shardspec-private-{next(_PRIVATE_GROUPS)}/", c10d._get_default_store())
     return dist.ProcessGroupGloo(store, comm.rank, comm.world_size)
 
@@ -71,8 +72,6 @@ class AllReduceInAHelperThread(ReferenceSharder):
     thread of its own, joined before the exchange."""
 
     def all_to_all_logits(self, logits_shard, metadata):
-        import torch.distributed as dist
-
         rows = _rows(logits_shard)
         helper = threading.Thread(target=lambda: dist.all_reduce(rows, group=self.comm.group))
         helper.start()
@@ -85,10 +84,6 @@ class AllReduceInARawThread(ReferenceSharder):
     thread started below threading (_thread.start_new_thread), waited for before the exchange."""
 
     def all_to_all_logits(self, logits_shard, metadata):
-        import _thread
-
-        import torch.distributed as dist
-
         rows, done = _rows(logits_shard), threading.Event()
 
         def helper() -> None:
@@ -107,8 +102,6 @@ class AllReduceAfterReturning(ReferenceSharder):
     after the gather returned (every rank does, so the run does not hang; beside the reference it would)."""
 
     def gather_sampler_output(self, *args, **kwargs):
-        import torch.distributed as dist
-
         gathered = super().gather_sampler_output(*args, **kwargs)
         group = self.comm.group
         _later(lambda: dist.all_reduce(torch.ones(1), group=group))
@@ -193,8 +186,6 @@ class ExchangesThroughItsOwnCommunicator(ReferenceSharder):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        from shardspec.comm import observed
-
         self.comm = _ExchangeThroughTheEngine(self.comm, observed(self.comm, StandInPyNccl(self.comm), "PyNccl"))
 
 

@@ -14,7 +14,7 @@ from dataclasses import replace
 import numpy as np
 import torch
 
-from shardspec.conformance.broken.cases import TABLE_PROFILE
+from shardspec.conformance.broken.cases import TABLE_PROFILE, corpus_case
 from shardspec.conformance.broken.support import MisreportingSharder
 from shardspec.conformance.cases.owner_tables import carried
 from shardspec.reference import ReferenceSharder
@@ -120,25 +120,17 @@ class ReversedSlotsGatheredInSlotOrder(ReferenceSharder):
 
 CASES = [
     # An int64 bound; rank 0 owns positions 0 and 2, rank 1 position 1 (by position and by slot alike).
-    Case(
-        case_id="upper-bound-int64",
-        tp_size=2,
+    corpus_case(
+        "upper-bound-int64",
         slots=[0, 3, 2],
         num_logits_per_req=[1, 2, 1],
         batch_dtypes={"seq_lens_cpu_upper_bound": "int64"},
-        description="corpus case upper-bound-int64",
     ),
 ]
 # The slots against the batch positions at tp 2 (rank 0 owns positions 0, 2, 4, rank 1 positions 1, 3 under
 # either owner rule by position or by slot where they agree): each relation of conformance/cases/relations.py.
 CASES += [
-    Case(
-        case_id=f"slots-{name}",
-        tp_size=2,
-        slots=slots,
-        num_logits_per_req=counts,
-        description=f"corpus case slots-{name}",
-    )
+    corpus_case(f"slots-{name}", slots=slots, num_logits_per_req=counts)
     for name, slots, counts in (
         ("identical", [0, 1, 2, 3, 4], [1, 2, 1, 1, 2]),
         ("reversed", [4, 3, 2, 1, 0], [1, 2, 1, 1, 2]),

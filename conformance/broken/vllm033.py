@@ -9,7 +9,7 @@ from dataclasses import replace
 import numpy as np
 import torch
 
-from shardspec.conformance.broken.support import MisreportingSharder
+from shardspec.conformance.broken.support import EmptyBatchPaddedTo, LogprobsRewritingSharder, MisreportingSharder
 from shardspec.reference import ReferenceSharder
 from shardspec.reference.plan import build_plan
 from shardspec.spec.model import GrammarOutput
@@ -112,29 +112,22 @@ class LocalIdxMappingFixedInt32(MisreportingSharder):
         return self.corrupt_local_batch(result, idx_mapping=result.local_batch.idx_mapping.to(torch.int32))
 
 
-class EmptyBatchPadsToTwo(ReferenceSharder):
+class EmptyBatchPadsToTwo(EmptyBatchPaddedTo):
     """INV-META-SCALARS: an empty batch pads to 2 rows per rank (0 or 1 are allowed)."""
 
-    def plan(self, batch, owner_table=None):
-        plan = super().plan(batch, owner_table)
-        return replace(plan, max_num_reqs_per_rank=2) if batch.num_reqs == 0 else plan
+    reqs_per_rank = 2
 
 
-class LogprobRowsAdmittedOnly(ReferenceSharder):
+class LogprobRowsAdmittedOnly(LogprobsRewritingSharder):
     """INV-LOGPROBS-SHAPES: the gathered logprobs have the L admitted rows, not cu_num_logits_np[N] rows."""
 
-    def gather_sampler_output(self, local_output, metadata, global_batch, local_batch, **kwargs):
-        out = super().gather_sampler_output(local_output, metadata, global_batch, local_batch, **kwargs)
-        lp = out.logprobs_tensors
-        if lp is None:
-            return out
+    def rewrite_logprobs(self, lp, global_batch):
         rows = int(global_batch.cu_num_logits[-1]) if global_batch.num_reqs else 0
-        trimmed = lp._replace(
+        return lp._replace(
             logprob_token_ids=lp.logprob_token_ids[:rows].clone(),
             logprobs=lp.logprobs[:rows].clone(),
             selected_token_ranks=lp.selected_token_ranks[:rows].clone(),
         )
-        return replace(out, logprobs_tensors=trimmed)
 
 
 class ExtensionRowsScheduled(ReferenceSharder):

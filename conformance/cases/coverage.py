@@ -9,6 +9,12 @@ from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from functools import cache
 
+from shardspec.conformance.cases.field_paths import (
+    EXPLICIT_OUTPUTS,
+    LOCAL_TENSORS,
+    local_tensors,
+    path_of_layout_name,
+)
 from shardspec.conformance.cases.input_space import (
     DIMS,
     DTYPE,
@@ -22,7 +28,6 @@ from shardspec.conformance.cases.input_space import (
     LAYOUTS_2D,
     PAIR,
     PRESENCE,
-    STEP,
     VALUE,
     Variation,
     input_fields,
@@ -31,41 +36,16 @@ from shardspec.conformance.cases.input_space import (
     pairs_left_out,
     raw_data_model,
 )
-from shardspec.conformance.cases.owner_tables import carried_forms as owner_table_forms
 from shardspec.conformance.cases.owner_tables import variants as owner_table_variants
 from shardspec.conformance.cases.relations import relations as slot_relations
 from shardspec.conformance.cases.sizes import sizes_drawn
+from shardspec.conformance.cases.step_changes import step_variations
 from shardspec.spec.case import case_owners, least_capacity, owner_table_of
 from shardspec.spec.case_edits import LOGITS_LIMITS_EDIT, UPPER_BOUND_ABSENT
 from shardspec.spec.layouts import BATCH_ARRAYS, BATCH_TENSORS
 from shardspec.spec.model import DEFAULT_PROFILE
 from shardspec.spec.profiles import rules_of
 
-# Case.layouts names -> argument paths (local_output: every tensor of the local sampler output).
-_LAYOUT_PATHS = {
-    "grammar_bitmask": "grammar.grammar_bitmask",
-    "logits_shard": "logits_shard",
-    "owner_table": "owner_table",
-}
-LOCAL_TENSORS = (
-    "local_output.sampled_token_ids",
-    "local_output.num_nans",
-    "local_output.num_sampled",
-    "local_output.num_rejected",
-    "local_output.logprobs_tensors.logprob_token_ids",
-    "local_output.logprobs_tensors.logprobs",
-    "local_output.logprobs_tensors.selected_token_ranks",
-)
-CU_GENERATED_TENSOR = "local_output.logprobs_tensors.cu_num_generated_tokens_tensor"
-EXPLICIT_OUTPUTS = {
-    "sampled_token_ids": "local_output.sampled_token_ids",
-    "num_sampled": "local_output.num_sampled",
-    "num_rejected": "local_output.num_rejected",
-    "num_nans": "local_output.num_nans",
-    "logprob_token_ids": "local_output.logprobs_tensors.logprob_token_ids",
-    "logprobs": "local_output.logprobs_tensors.logprobs",
-    "selected_token_ranks": "local_output.logprobs_tensors.selected_token_ranks",
-}
 _DTYPE_EDITS = {
     "idx-mapping-np-int32": ("batch.idx_mapping_np", "int32"),
     "draft-counts-int64": (
@@ -73,23 +53,6 @@ _DTYPE_EDITS = {
         "int64",
     ),
 }
-
-
-def _local_tensors(case) -> list[str]:
-    """The local output tensors some rank of ``case`` passes (the toy sampler's, or the explicit ones)."""
-    if case.local_outputs == "toy":
-        return [p for p in LOCAL_TENSORS if case.logprobs_dims is not None or ".logprobs_tensors." not in p]
-    outputs = list(case.local_outputs.values())
-    present = {path for name, path in EXPLICIT_OUTPUTS.items() if any(getattr(o, name) is not None for o in outputs)}
-    if any(o.cu_num_generated_tokens_tensor is not None for o in outputs):
-        present.add(CU_GENERATED_TENSOR)
-    return [p for p in (*LOCAL_TENSORS, CU_GENERATED_TENSOR) if p in present]
-
-
-def path_of_layout_name(name: str) -> list[str]:
-    if name == "local_output":
-        return [*LOCAL_TENSORS, CU_GENERATED_TENSOR]
-    return [_LAYOUT_PATHS.get(name, f"batch.{name}")]
 
 
 def float_limit(value: float) -> str | None:
@@ -267,7 +230,7 @@ def exercised(case, previous=None) -> set[Variation]:
     ]
     if case.grammar_positions:
         tensors.append("grammar.grammar_bitmask")
-    tensors += _local_tensors(case)
+    tensors += local_tensors(case)
     if upper_bound:
         tensors.append("batch.seq_lens_cpu_upper_bound")
     if case.admitted_drafts is not None:
@@ -320,69 +283,12 @@ def exercised(case, previous=None) -> set[Variation]:
                     presence = "absent" if getattr(out, name) is None else "present"
                     add(f"local_output.logprobs_tensors.{name}", PRESENCE, presence)
             add("local_output.num_nans", PRESENCE, "absent" if out.num_nans is None else "present")
-    # step: what changed since the step before, on the same sharder
     if previous is not None:
-        changed = {
-            "batch": (previous.slots, previous.num_logits_per_req, previous.seq_lens_growth)
-            != (slots, counts, case.seq_lens_growth),
-            "grammar": previous.grammar_positions != case.grammar_positions,
-            "logits_shard": (previous.logits_dtype, previous.layouts.get("logits_shard"), previous.slots)
-            != (case.logits_dtype, case.layouts.get("logits_shard"), slots),
-            "local_output": previous.local_outputs != case.local_outputs or previous.slots != slots,
-            "gather_num_nans": previous.gather_num_nans != case.gather_num_nans,
-            "logprobs_dims": previous.logprobs_dims != case.logprobs_dims,
-            "extension_fields": previous.extensions != case.extensions,
-            "owner_table": owner_table_of(previous) != owner_table_of(case),
-        }
-        for path, differs in {**changed, **_loop_changes(previous, case)}.items():
-            if differs:
-                add(path, STEP, "changed")
-        if _same_step(previous, case):
-            add("batch", STEP, "repeated")
-        for form in owner_table_forms(previous, case):
-            add("owner_table", STEP, form)
+        got |= step_variations(previous, case)
     got |= sizes_drawn(case)
     space = set(input_space(case.profile))
     drawn = {Variation(*v) for v in got} & space
     return drawn | {v for v in space if v.axis == PAIR and set(pair_parts(v)) <= drawn}
-
-
-def _loop_changes(previous, case) -> dict[str, bool]:
-    """Which of LOOP_FIELDS moved between two steps of the same requests (none for other requests)."""
-    if sorted(previous.slots) != sorted(case.slots):
-        return {}
-
-    def listed(step) -> list[int]:
-        return [step.slots[p] for p in step.grammar_positions or []]
-
-    def rows(step) -> dict[int, int]:
-        return dict(zip(step.slots, step.num_logits_per_req, strict=True))
-
-    def admitted(step) -> dict[int, int] | None:
-        return None if step.admitted_drafts is None else dict(zip(step.slots, step.admitted_drafts, strict=True))
-
-    reordered = previous.slots != case.slots
-    # seq_lens follow the query lengths (the rows) and the tokens decoded (spec/builders.py), the bound seq_lens
-    seq_lens = reordered or rows(previous) != rows(case) or previous.seq_lens_growth != case.seq_lens_growth
-    bound = UPPER_BOUND_ABSENT not in previous.edits + case.edits
-    came_or_went = (UPPER_BOUND_ABSENT in previous.edits) != (UPPER_BOUND_ABSENT in case.edits)
-    return {
-        "batch.seq_lens": seq_lens,
-        "batch.seq_lens_cpu_upper_bound": (seq_lens and bound) or came_or_went,
-        "batch.cu_num_logits": previous.num_logits_per_req != case.num_logits_per_req,
-        "batch.num_admitted_draft_tokens": admitted(previous) != admitted(case),
-        "batch.idx_mapping": reordered,
-        "grammar.structured_output_request_ids": listed(previous) != listed(case),
-    }
-
-
-def _same_step(previous, case) -> bool:
-    """The step before again: the same inputs but the logits (a step's seed draws its logits)."""
-
-    def inputs(step):
-        return replace(step, case_id="", description="", seed=0, continues=None, then=[])
-
-    return inputs(previous) == inputs(case)
 
 
 def steps_of(cases: Iterable) -> list[tuple[object, object | None]]:

@@ -54,22 +54,11 @@ def _many_requests(tp: int, profile: str, seed: int, rng: np.random.Generator, n
     """Every one of ``n`` slots in use, in a random order (owners interleave), one row each, half of them listed by
     the grammar output, with logprobs and NaN rows."""
     size = "" if n == DEPLOYED_REQUESTS else f"-{n}"
-    case = Case(
-        case_id=f"deployed-requests{size}-tp{tp}-s{seed}",
-        tp_size=tp,
-        slots=[int(s) for s in rng.permutation(n)],
-        num_logits_per_req=[1] * n,
-        description=f"{n} requests at a capacity of {n}, one logits row each",
-        max_num_reqs=n,
-        max_num_logits_per_req=1,
-        grammar_positions=[int(p) for p in rng.permutation(n)[: n // 2]],
-        vocab_size=SMALL_VOCAB,
-        seed=int(rng.integers(0, 2**16)),
-        nan_tokens=sorted(int(t) for t in rng.choice(n, size=3, replace=False)),
-        logprobs_dims=(4, 2),
-        rules=rules_of(profile),
-    )
-    return _at_least_capacity(case)
+    slots = [int(s) for s in rng.permutation(n)]
+    description = f"{n} requests at a capacity of {n}, one logits row each"
+    case = _deployed(f"requests{size}", tp, profile, seed, rng, slots, [1] * n, n, 1, SMALL_VOCAB, description)
+    case.nan_tokens = sorted(int(t) for t in rng.choice(n, size=3, replace=False))
+    return case
 
 
 def _wide_vocabulary(tp: int, profile: str, seed: int, rng: np.random.Generator, vocab: int = DEPLOYED_VOCAB) -> Case:
@@ -78,19 +67,42 @@ def _wide_vocabulary(tp: int, profile: str, seed: int, rng: np.random.Generator,
     n = WIDE_VOCAB_REQS_PER_RANK * tp
     capacity = max(WIDE_VOCAB_CAPACITY, n)
     size = "" if vocab == DEPLOYED_VOCAB else f"-{vocab}"
+    slots = [int(s) for s in rng.choice(capacity, size=n, replace=False)]
+    counts = [int(c) for c in rng.integers(1, 3, size=n)]
+    description = f"a vocabulary of {vocab} columns split over {tp} rank(s)"
+    case = _deployed(f"vocabulary{size}", tp, profile, seed, rng, slots, counts, capacity, 2, vocab, description)
+    case.logits_dtype = "bfloat16"
+    return case
+
+
+def _deployed(
+    kind: str,
+    tp: int,
+    profile: str,
+    seed: int,
+    rng,
+    slots: list[int],
+    counts: list[int],
+    capacity: int,
+    max_logits: int,
+    vocab: int,
+    description: str,
+) -> Case:
+    """A deployed-size case of ``slots`` with ``counts`` rows each, half of them listed by the grammar output,
+    asking for logprobs (the grammar positions, then the case's seed, drawn from ``rng`` in that order)."""
+    grammar = [int(p) for p in rng.permutation(len(slots))[: len(slots) // 2]]
     case = Case(
-        case_id=f"deployed-vocabulary{size}-tp{tp}-s{seed}",
+        case_id=f"deployed-{kind}-tp{tp}-s{seed}",
         tp_size=tp,
-        slots=[int(s) for s in rng.choice(capacity, size=n, replace=False)],
-        num_logits_per_req=[int(c) for c in rng.integers(1, 3, size=n)],
-        description=f"a vocabulary of {vocab} columns split over {tp} rank(s)",
+        slots=slots,
+        num_logits_per_req=counts,
+        description=description,
         max_num_reqs=capacity,
-        max_num_logits_per_req=2,
-        grammar_positions=[int(p) for p in rng.permutation(n)[: n // 2]],
+        max_num_logits_per_req=max_logits,
+        grammar_positions=grammar,
         vocab_size=vocab,
         seed=int(rng.integers(0, 2**16)),
         logprobs_dims=(4, 2),
-        logits_dtype="bfloat16",
         rules=rules_of(profile),
     )
     return _at_least_capacity(case)

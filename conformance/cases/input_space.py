@@ -51,6 +51,7 @@ from functools import cache
 from shardspec.conformance.cases.owner_tables import CARRIED
 from shardspec.conformance.cases.sizes import SIZE, size_variations
 from shardspec.spec.guarantees import sends_layout
+from shardspec.spec.loader import _package_root, document_schema, load_yaml_document
 from shardspec.spec.model import DEFAULT_PROFILE
 from shardspec.spec.profiles import rules_of
 
@@ -339,8 +340,6 @@ def derive(data_model: dict, profile: str | None = DEFAULT_PROFILE) -> tuple[Var
 
 def raw_data_model() -> dict:
     """spec/data_model.yaml as the loader reads and validates it, structured keys included."""
-    from shardspec.spec.loader import _package_root, document_schema, load_yaml_document
-
     return load_yaml_document(_package_root().joinpath("data_model.yaml"), document_schema("data_model"))
 
 

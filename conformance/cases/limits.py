@@ -12,6 +12,7 @@ import re
 import stat
 
 from shardspec.conformance.usage import MAX_TP, UsageError
+from shardspec.spec.loader import load_spec
 
 MAX_FILE_BYTES = 1 << 20
 MAX_REQS = 1 << 16  # requests in a batch, and the sharder's capacity
@@ -90,6 +91,4 @@ def _problems(case) -> list[str]:
 
 
 def precondition_ids() -> set[str]:
-    from shardspec.spec.loader import load_spec
-
     return {pre.id for pre in load_spec().preconditions}

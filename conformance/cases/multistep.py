@@ -27,6 +27,7 @@ import numpy as np
 from shardspec.conformance.cases import owner_tables
 from shardspec.conformance.cases.profile_inputs import flipped_dtypes, with_profile_inputs, without_profile_inputs
 from shardspec.conformance.cases.realizers import EXTENSION
+from shardspec.conformance.cases.strategies import generate_cases
 from shardspec.spec.case import Case
 from shardspec.spec.case_edits import UPPER_BOUND_ABSENT
 from shardspec.spec.guarantees import CONTIGUOUS_LAYOUTS
@@ -39,8 +40,6 @@ STEP_KINDS = ("other-slots", "shrink", "grow", "repeat")
 def multi_step_cases(tp_size: int, count: int, seed: int, profile: str = DEFAULT_PROFILE) -> list[Case]:
     """``count`` multi-step cases for ``tp_size`` under ``profile``; the same for the same seed. Under owner
     rule owner_table they carry the owner tables the engine carries from step to step (:func:`with_tables`)."""
-    from shardspec.conformance.cases.strategies import generate_cases
-
     # Bases drawn under ``profile`` itself, as its callers send them; every step then draws the profile's
     # per-step inputs afresh (with_steps).
     bases = [c for c in generate_cases(tp_size, count * 2 + 8, seed + 7919, profile, fill_gaps=False) if _usable(c)]

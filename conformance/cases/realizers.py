@@ -13,25 +13,16 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import replace
 
-import numpy as np
-
 from shardspec.conformance.cases import owner_tables
 from shardspec.conformance.cases import relations as slot_relations
-from shardspec.conformance.cases.coverage import (
-    CU_GENERATED_TENSOR,
-    EXPLICIT_OUTPUTS,
+from shardspec.conformance.cases.batches import capacity_one
+from shardspec.conformance.cases.coverage import declared_dtypes, exercised
+from shardspec.conformance.cases.field_paths import (
     LOCAL_TENSORS,
-    declared_dtypes,
-    exercised,
-    float_limit,
     path_of_layout_name,
 )
 from shardspec.conformance.cases.input_space import (
     DTYPE,
-    FLOAT32_MAX,
-    FLOAT32_SUBNORMAL,
-    INT32,
-    INT64,
     LARGE_BATCH,
     LAYOUT,
     LAYOUTS_1D,
@@ -42,17 +33,16 @@ from shardspec.conformance.cases.input_space import (
     input_space,
     pair_parts,
 )
-from shardspec.conformance.cases.sizes import SIZE_REALIZERS, largest_batch, with_logprobs
-from shardspec.spec.case import least_capacity
+from shardspec.conformance.cases.output_realizers import OUTPUT_REALIZERS
+from shardspec.conformance.cases.sizes import SIZE_REALIZERS, largest_batch
 from shardspec.spec.case_edits import LOGITS_LIMITS_EDIT, UPPER_BOUND_ABSENT
+from shardspec.spec.layouts import BATCH_ARRAYS, BATCH_TENSORS, FIELDS_2D, LAYOUTS, OWNER_TABLE, PROFILE_BATCH_FIELDS
 from shardspec.spec.model import DEFAULT_PROFILE
 from shardspec.spec.profiles import rules_of
 
 
 def _with_layout(layout: str, names: list[str]) -> Callable:
     def realize(case, rng):
-        from shardspec.spec.layouts import LAYOUTS
-
         if layout not in LAYOUTS:
             return None  # a view the case format cannot make yet (spec/layouts.py)
         return replace(case, layouts={**case.layouts, **{name: layout for name in names}})
@@ -85,48 +75,6 @@ def _slot(value: str) -> Callable:
     return realize
 
 
-_LOGPROB_NAMES = ("logprob_token_ids", "logprobs", "selected_token_ranks")
-
-
-def _explicit_value(name: str, value) -> Callable:
-    def realize(case, rng):
-        if not isinstance(case.local_outputs, dict) or not case.local_outputs:
-            return None
-        if name in _LOGPROB_NAMES and case.logprobs_dims is None:
-            case = replace(case, logprobs_dims=(1, 0))
-        outputs = {}
-        for rank, out in case.local_outputs.items():
-            if name in _LOGPROB_NAMES:
-                out = with_logprobs(case, rank, out)
-            values = getattr(out, name)
-            if values is None or not values:
-                outputs[rank] = out
-                continue
-            copied = [list(row) for row in values] if isinstance(values[0], list) else list(values)
-            # An entry no earlier change put at a limit, so that the variations drawn before stay drawn.
-            if isinstance(copied[0], list):
-                free = [(r, c) for r, row in enumerate(copied) for c, v in enumerate(row) if _plain(v)]
-            else:
-                free = [(r, None) for r, v in enumerate(copied) if _plain(v)]
-            if free:
-                row, col = free[int(rng.integers(len(free)))]
-                if col is None:
-                    copied[row] = value
-                else:
-                    copied[row][col] = value
-            outputs[rank] = replace(out, **{name: copied})
-        return replace(case, local_outputs=outputs)
-
-    return realize
-
-
-def _plain(value) -> bool:
-    """Not at a limit a realizer puts a value at (a float's limits, an integer's dtype ends)."""
-    if isinstance(value, float):
-        return float_limit(value) is None
-    return INT64[0] < value < INT32[1] and value != INT32[0]
-
-
 # One extension field of each kind (CL-EXTENSION-FIELDS), as the sampling-mask example declares them.
 EXTENSION = {"num_kept": {"per": "logits_row", "dtype": "int32", "shape": []}}
 
@@ -139,62 +87,6 @@ def _large_with_extension(case, rng):
     """The extension fields in a case of at least LARGE_BATCH requests (None for a smaller one: making it
     large would lose what it draws, and the generated cases hold large ones)."""
     return _with_extension(case, rng) if len(case.slots) >= LARGE_BATCH else None
-
-
-# Capacities of a large batch: hundreds of requests, over a few 64-entry blocks.
-LARGE_CAPACITIES = (128, 256, 512)
-
-
-def as_large_batch(case, rng: np.random.Generator):
-    """Hundreds of requests (half of the time exactly the capacity) over a small vocabulary, toy-sampled."""
-    max_num_reqs = int(rng.choice(LARGE_CAPACITIES))
-    num_reqs = int(rng.choice([LARGE_BATCH, max_num_reqs // 2 + 1, max_num_reqs, max_num_reqs]))
-    max_logits = int(rng.integers(1, 5))
-    slots = [int(s) for s in rng.choice(max_num_reqs, size=num_reqs, replace=False)]
-    counts = [int(c) for c in rng.integers(1, max_logits + 1, size=num_reqs)]
-    vocab_size = int(rng.choice([8, 33]))
-    grammar = None
-    if rng.random() < 0.5:
-        grammar = [int(p) for p in rng.permutation(num_reqs)[: int(rng.integers(1, num_reqs + 1))]]
-    return replace(
-        case,
-        slots=slots,
-        num_logits_per_req=counts,
-        max_num_reqs=max_num_reqs,
-        max_num_logits_per_req=max_logits,
-        spec_decode=None if max(counts) > 1 else case.spec_decode,
-        grammar_positions=grammar,
-        vocab_size=vocab_size,
-        nan_tokens=sorted(int(t) for t in rng.choice(num_tokens(slots, counts), size=3, replace=False)),
-        local_outputs="toy",
-        # A drawn owner table is drawn again for the new slots (a table of the same kind would be kept
-        # for slots the batch no longer has).
-        owner_table=None
-        if case.owner_table is None
-        else owner_tables.draw_entries("mixed", slots, case.tp_size, max_num_reqs, rng),
-    )
-
-
-def num_tokens(slots: list[int], counts: list[int]) -> int:
-    """The batch's scheduled tokens: build_input_batch's query lengths."""
-    return sum(c + s % 3 for c, s in zip(counts, slots, strict=True))
-
-
-def _capacity_one(case, rng):
-    """A sharder of the smallest capacity (1, or tp where the profile needs a slot per rank,
-    PRE-CAPACITY-TP): the batch is slot 0 or empty."""
-    slots = [0] if case.slots else []
-    return replace(
-        case,
-        max_num_reqs=least_capacity(case),
-        slots=slots,
-        num_logits_per_req=case.num_logits_per_req[:1],
-        grammar_positions=[0] if case.grammar_positions and slots else None,
-        num_acceptable_drafts=None,
-        admitted_drafts=None if case.admitted_drafts is None else case.admitted_drafts[:1],
-        nan_tokens=[],
-        local_outputs="toy",
-    )
 
 
 def _logits_limits(case, rng):
@@ -214,44 +106,6 @@ def _nan_in_a_logits_row(case, rng):
     if not ends:
         return None
     return replace(case, nan_tokens=sorted({*case.nan_tokens, ends[int(rng.integers(len(ends)))]}))
-
-
-def _without_nan_counts(case, rng):
-    if not isinstance(case.local_outputs, dict) or not case.local_outputs:
-        return None
-    outputs = {rank: replace(out, num_nans=None) for rank, out in case.local_outputs.items()}
-    return replace(case, gather_num_nans=False, local_outputs=outputs)
-
-
-def _with_sampler_cu(name: str, layout: str | None = None) -> Callable:
-    """The explicit outputs that carry logprobs also carry the sampler's own ``name`` (its local rows'
-    prefix sums, which the gather does not read), the local output laid out as ``layout``."""
-
-    def realize(case, rng):
-        from shardspec.conformance.cases.strategies import local_requests  # strategies imports this module
-
-        if not isinstance(case.local_outputs, dict) or (
-            name.endswith("_tensor") and not rules_of(case.profile).adaptive
-        ):
-            return None
-        outputs = dict(case.local_outputs)
-        for rank, out in outputs.items():
-            if out.logprob_token_ids is not None:
-                rows = [case.num_logits_per_req[i] for i in local_requests(case, rank)]
-                outputs[rank] = replace(out, **{name: [0, *np.cumsum(rows).tolist()]})
-        if outputs == case.local_outputs:
-            return None
-        layouts = case.layouts if layout is None else {**case.layouts, "local_output": layout}
-        return replace(case, local_outputs=outputs, layouts=layouts)
-
-    return realize
-
-
-def _no_local_output(case, rng):
-    """An empty batch's rank passes no local output (tp 1: the one way its only rank owns nothing)."""
-    if case.slots or case.local_outputs == {}:
-        return None
-    return replace(case, local_outputs={})
 
 
 def _with_grammar(case, rng):
@@ -286,15 +140,6 @@ def _with_upper_bound(case, rng):
 
 
 def _realizers() -> dict[str, Callable]:
-    from shardspec.spec.layouts import (
-        BATCH_ARRAYS,
-        BATCH_TENSORS,
-        FIELDS_2D,
-        LAYOUTS,
-        OWNER_TABLE,
-        PROFILE_BATCH_FIELDS,
-    )
-
     out: dict[str, Callable] = {}
     viewed = BATCH_TENSORS + BATCH_ARRAYS + PROFILE_BATCH_FIELDS + ("grammar_bitmask", "logits_shard", OWNER_TABLE)
     for name in viewed:
@@ -350,38 +195,12 @@ def _realizers() -> dict[str, Callable]:
     out["local_output.extensions:presence=present"] = _with_extension
     out["extension_fields:dims=large"] = _large_with_extension
     out["local_output.extensions:dims=large"] = _large_with_extension
-    out["sharder.max_num_reqs:value=min"] = _capacity_one
-    out["local_output.num_nans:presence=absent"] = _without_nan_counts
-    out["local_output:presence=absent"] = _no_local_output
-    for name in ("cu_num_generated_tokens", "cu_num_generated_tokens_tensor"):
-        out[f"local_output.logprobs_tensors.{name}:presence=present"] = _with_sampler_cu(name)
-    for layout in LAYOUTS_1D:
-        out[f"{CU_GENERATED_TENSOR}:{LAYOUT}={layout}"] = _with_sampler_cu(
-            "cu_num_generated_tokens_tensor", None if layout == "contiguous" else layout
-        )
-    limits = {
-        "+inf": float("inf"),
-        "-inf": float("-inf"),
-        "nan": float("nan"),
-        "largest": FLOAT32_MAX,
-        "lowest": -FLOAT32_MAX,
-        "subnormal": FLOAT32_SUBNORMAL,
-    }
-    for limit, value in limits.items():
-        out[f"local_output.logprobs_tensors.logprobs:{VALUE}={limit}"] = _explicit_value("logprobs", value)
+    out["sharder.max_num_reqs:value=min"] = capacity_one
+    out.update(OUTPUT_REALIZERS)
     for relation in slot_relations.RELATIONS:
         out[f"batch.idx_mapping:{VALUE}={relation}"] = slot_relations.realizer(relation)
     for variant in ("initial", "by-position", "mixed", "stale", "idle-rank"):
         out[f"{OWNER_TABLE}:{VALUE}={variant}"] = owner_tables.realizer(variant)
-    for name, path in EXPLICIT_OUTPUTS.items():
-        if name == "logprobs":
-            continue
-        bounds = INT64 if name in ("sampled_token_ids", "logprob_token_ids", "selected_token_ranks") else INT32
-        out[f"{path}:{VALUE}=dtype-max"] = _explicit_value(name, bounds[1])
-        if name in ("sampled_token_ids", "logprob_token_ids"):
-            out[f"{path}:{VALUE}=dtype-min"] = _explicit_value(name, bounds[0])
-        if name in ("num_sampled", "num_rejected", "selected_token_ranks"):
-            out[f"{path}:{VALUE}=min"] = _explicit_value(name, 0)
     return out
 
 

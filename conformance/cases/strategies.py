@@ -38,10 +38,16 @@ from hypothesis import HealthCheck, Phase, Verbosity, given, settings
 from hypothesis import seed as hypothesis_seed
 from hypothesis import strategies as st
 
+try:  # a private module of hypothesis (see _without_local_constants); a version without it has no such hook
+    from hypothesis.internal.conjecture import providers
+except ImportError:
+    providers = None
+
 from shardspec.conformance.cases import input_space as space
 from shardspec.conformance.cases import owner_tables, realizers
+from shardspec.conformance.cases.batches import as_large_batch, local_requests, num_tokens
 from shardspec.conformance.cases.profile_inputs import with_profile_inputs
-from shardspec.spec.case import Case, ExplicitLocalOutput, case_owners
+from shardspec.spec.case import Case, ExplicitLocalOutput
 from shardspec.spec.layouts import BATCH_ARRAYS, BATCH_TENSORS, LAYOUTS, LOCAL_OUTPUT
 from shardspec.spec.model import DEFAULT_PROFILE
 from shardspec.spec.profiles import rules_of
@@ -98,7 +104,7 @@ def base_cases(
     max_num_reqs, max_logits, slots, counts = draw(_small_batch(tp_size))
     vocab_size = draw(st.sampled_from([8, 33, 100, 130, 257]))
     spec_decode = None if any(c > 1 for c in counts) else draw(st.sampled_from([None, True]))
-    num_tokens = realizers.num_tokens(slots, counts)
+    tokens = num_tokens(slots, counts)
     case = Case(
         case_id="generated",
         rules=rules_of(profile),
@@ -112,9 +118,7 @@ def base_cases(
         grammar_positions=draw(_grammar_positions(len(slots))),
         vocab_size=vocab_size,
         seed=draw(st.integers(0, 2**16)),
-        nan_tokens=draw(st.lists(st.integers(0, max(num_tokens - 1, 0)), unique=True, max_size=3))
-        if num_tokens
-        else [],
+        nan_tokens=draw(st.lists(st.integers(0, max(tokens - 1, 0)), unique=True, max_size=3)) if tokens else [],
         gather_num_nans=draw(st.booleans()),
         # The explicit outputs below are drawn for these dims; the kind may choose others (ranks' widths vary).
         logprobs_dims=draw(st.one_of(st.none(), st.tuples(st.integers(0, min(4, vocab_size)), st.integers(0, 6)))),
@@ -136,7 +140,7 @@ def cases(draw, tp_size: int, case_id: str = "generated") -> Case:
 def with_kind(case: Case, candidate, kind: np.random.Generator) -> Case:
     """``case`` as a large batch or with explicit outputs, in a logits dtype, with its views and logprobs dims."""
     if kind.random() < LARGE_BATCH_SHARE:
-        case = realizers.as_large_batch(case, kind)
+        case = as_large_batch(case, kind)
     elif candidate is not None and kind.random() < EXPLICIT_OUTPUT_SHARE:
         extreme = kind.random() < EXTREME_SHARE
         case = replace(
@@ -205,11 +209,6 @@ def _grammar_positions(num_reqs: int):
     return st.one_of(st.none(), subset)
 
 
-def local_requests(case: Case, rank: int) -> list[int]:
-    owners = case_owners(case)
-    return [i for i, owner in enumerate(owners) if owner == rank]
-
-
 @st.composite
 def explicit_outputs(draw, case: Case) -> dict[int, ExplicitLocalOutput]:
     """Per-rank outputs; ranks that own nothing are left out (they pass None)."""
@@ -271,9 +270,7 @@ def _without_local_constants():
     """Hypothesis (6.131 on) also draws constants it finds in the loaded modules of the code under test, so
     what it draws would depend on what the process imported before (a CLI run, a pytest worker after other
     tests): "same seed, same cases" needs them off. A private hook; where it is absent, there is none."""
-    try:
-        from hypothesis.internal.conjecture import providers
-    except ImportError:
+    if providers is None:
         yield
         return
     hook = getattr(providers, "_get_local_constants", None)

@@ -156,7 +156,7 @@ def test_local_sampler_output_as_views(layout):
 
 @pytest.mark.parametrize("profile", PROFILES)
 def test_two_dimensional_views_are_offered_for_the_fields_the_data_model_makes_two_dimensional(profile):
-    from shardspec.conformance.cases.coverage import path_of_layout_name
+    from shardspec.conformance.cases.field_paths import path_of_layout_name
     from shardspec.conformance.cases.input_space import LAYOUT, input_space
 
     two_d = {v.field for v in input_space(profile) if v.axis == LAYOUT and v.value in LAYOUTS_2D}
