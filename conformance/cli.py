@@ -2,7 +2,7 @@
 
 A thin wrapper over pytest with the suite's plugin (:mod:`shardspec.conformance.plugin`): the
 options (those of the plugin without its ``--shardspec-`` prefix, both made from the table of
-:mod:`shardspec.conformance.options`) are checked here, once, and the run they describe is handed to
+:mod:`shardspec.conformance.run.options`) are checked here, once, and the run they describe is handed to
 the plugin; arguments after ``--`` go to pytest (e.g. ``-- -k INV-OWNER --junitxml=j.xml``), but those
 that change what pytest collects, loads or does with a warning, refused there and in $PYTEST_ADDOPTS.
 Exit code 0 when every MUST invariant holds, every case ran and no rank
@@ -20,13 +20,10 @@ import sys
 import textwrap
 from collections.abc import Mapping
 
-from shardspec.conformance.options import OPTIONS, Resolved, resolve_run
 from shardspec.conformance.output_paths import ReportPathError, check_report_path, is_junit_report
+from shardspec.conformance.run.options import OPTIONS, add_arguments
+from shardspec.conformance.run.resolve import Resolved, resolve_run
 from shardspec.conformance.usage import UsageError
-
-# Light imports only: the pytest plugin imports this module in every pytest session of an environment
-# where shardspec is installed; torch and the suite load when a run starts.
-
 
 # What --help says, in plain text (the module's docstring is reStructuredText).
 _DESCRIPTION = """Check implementations against the spec, in real multi-rank runs, through pytest.
@@ -47,8 +44,6 @@ Other commands:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from shardspec.conformance.options import add_arguments
-
     variables = ", ".join(f"{o.env} ({o.flag})" for o in OPTIONS if o.env)
     epilog = (
         f"Options may also come from the environment: {variables}; a command-line option wins, and a "
@@ -204,9 +199,10 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:  # nothing was started: no report to write
         print(f"{parser.prog}: interrupted while the options were checked; nothing ran", file=sys.stderr)
         return 130
+    # pytest (the test extra) runs the suite: --help and a usage error need none
     import pytest
 
-    from shardspec.conformance.plugin import Handover
+    from shardspec.conformance.plugin import Handover  # the plugin imports pytest too
 
     previous = os.environ.get("PYTEST_DISABLE_PLUGIN_AUTOLOAD")
     os.environ["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"  # the suite's plugin alone, whatever else is installed

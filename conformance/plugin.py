@@ -3,7 +3,7 @@
     pytest --pyargs shardspec.conformance --shardspec-impl reference,production --shardspec-tp 2,4
 
 Options are those of ``python -m shardspec.conformance`` with a ``--shardspec-``
-prefix (both made from the table of :mod:`shardspec.conformance.options`); the
+prefix (both made from the table of :mod:`shardspec.conformance.run.options`); the
 ``SHARDSPEC_*`` variables are read where an option is not given.
 Nothing happens unless the suite's test module is collected: the run is
 created on first use and kept on the pytest config (no module state), and
@@ -17,11 +17,18 @@ import pathlib
 import signal
 import threading
 import warnings
+from typing import TYPE_CHECKING
 
 import pytest
 
-from shardspec.conformance.options import OPTIONS, Resolved, add_plugin_options, given_any
+from shardspec.conformance.run.options import OPTIONS, add_plugin_options, given_any
 from shardspec.conformance.usage import UsageError
+
+if TYPE_CHECKING:
+    from shardspec.conformance.run.resolve import Resolved
+
+# pytest loads this plugin in every session of an environment where shardspec is installed: the run (torch,
+# the harness) loads only when a run is asked for, in the few functions that import it.
 
 _SUITE_MODULE = pathlib.Path(__file__).resolve().with_name("test_conformance.py")
 _RESOLVED = pytest.StashKey()  # the run's options, checked, and its named cases, loaded: once per session
@@ -72,7 +79,7 @@ def _given(config) -> dict:
 def _resolved(config) -> Resolved:
     """The run's options and named cases, resolved on first use and kept on the config."""
     if _RESOLVED not in config.stash:
-        from shardspec.conformance.options import resolve_run
+        from shardspec.conformance.run.resolve import resolve_run  # a run is asked for (see the imports)
 
         try:
             config.stash[_RESOLVED] = resolve_run(_given(config))
@@ -92,19 +99,13 @@ def pytest_collectstart(collector):
 def conformance_run(config):
     """The run of this pytest session, created on first use."""
     if _RUN not in config.stash:
-        import os
-
-        import torch
-
-        from shardspec.conformance.session import ConformanceSession
+        from shardspec.conformance.run import session  # a run is asked for (see the imports)
 
         resolved = _resolved(config)
         if config.getoption("verbose", 0) > 1:
             resolved = resolved.with_verbose()
-        if not torch.cuda.is_available():
-            os.environ.setdefault("TRITON_INTERPRET", "1")
         _end_on_signals(config)  # before the cases are made: a signal then still leaves a report
-        run = ConformanceSession(resolved.config, log=print, case_set=resolved.cases)
+        run = session.ConformanceSession(resolved.config, log=print, case_set=resolved.cases)
         print(run.header())
         config.stash[_RUN] = run
     return config.stash[_RUN]
@@ -213,7 +214,7 @@ def _signal_of(config) -> int:
 
 def _interrupted_before_any_case(session) -> None:
     """A signal while the run was being made (its cases drawn): nothing was judged, and the report says so."""
-    from shardspec.conformance.session import report_unstarted
+    from shardspec.conformance.run.session import report_unstarted  # a run was asked for (see the imports)
 
     signum = _signal_of(session.config)
     report_unstarted(session.config.stash[_RESOLVED].config, signal.Signals(signum).name, log=print)
