@@ -13,6 +13,7 @@ the per-invariant table is printed at the end. ``-k INV-OWNER``, ``-x``,
 
 from __future__ import annotations
 
+import os
 import pathlib
 import signal
 import threading
@@ -49,6 +50,21 @@ class Handover:
         if report.failed:
             lines = [line.strip() for line in report.longreprtext.splitlines() if line.strip()]
             print(f"error: pytest could not collect the suite: {(lines or ['no reason given'])[-1][:500]}")
+
+
+def run_handed_over(resolved: Resolved, arguments: list[str]) -> int:
+    """pytest run with ``arguments`` and this plugin alone (whatever else is installed), handed ``resolved``:
+    the command line's exit status (pytest's usage error is 2)."""
+    previous = os.environ.get("PYTEST_DISABLE_PLUGIN_AUTOLOAD")
+    os.environ["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
+    try:
+        code = int(pytest.main(arguments, plugins=[Handover(resolved)]))
+    finally:
+        if previous is None:
+            os.environ.pop("PYTEST_DISABLE_PLUGIN_AUTOLOAD", None)
+        else:
+            os.environ["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = previous
+    return 2 if code == int(pytest.ExitCode.USAGE_ERROR) else code
 
 
 def pytest_addoption(parser):
