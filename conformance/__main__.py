@@ -15,7 +15,7 @@ if sys.argv[1:2] == ["report"]:  # the HTML report: python -m shardspec.conforma
 
     sys.exit(main(sys.argv[2:]))
 if sys.argv[1:2] == ["upstream"]:  # the drift check of a vLLM tree, wheel or batch_shard.py (needs no torch)
-    from shardspec.conformance.upstream import main
+    from shardspec.conformance.upstream.command import main
 
     sys.exit(main(sys.argv[2:]))
 from shardspec.conformance.cli import main  # noqa: E402  (the report needs no torch: import it only here)

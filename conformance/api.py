@@ -43,11 +43,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from shardspec.conformance.options import option
 from shardspec.spec.profiles import rules_of
 from shardspec.spec.rules import Rules
 
-IMPL_ENV = option("impl").env  # declared once, in the options' table
+IMPL_ENV = "SHARDSPEC_IMPL"  # --impl's variable (the options' table, run/options.py, names it from here)
 BUILTIN = {
     "reference": "shardspec.reference:ReferenceSharder",
     "production": "shardspec.impl:ProductionSharder",
@@ -147,7 +146,7 @@ def profile_refusal(impl: Implementation, profile: str) -> str | None:
 def implementation_names(cli_value: str | None, impl_odd: str | None = None) -> list[str]:
     """The run's entries: ``--impl`` (comma-separated) or ``$SHARDSPEC_IMPL``; ``reference`` when
     neither is set. ``impl_odd`` turns every single-name entry ``A`` into ``A/impl_odd``. (A run's
-    options are resolved by :func:`shardspec.conformance.options.resolve`, which reads the variable
+    options are resolved by :func:`shardspec.conformance.run.resolve.resolve`, which reads the variable
     itself and always passes ``cli_value``.)"""
     raw = cli_value or os.environ.get(IMPL_ENV) or "reference"
     names = [part.strip() for part in raw.split(",") if part.strip()]

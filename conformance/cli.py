@@ -2,7 +2,7 @@
 
 A thin wrapper over pytest with the suite's plugin (:mod:`shardspec.conformance.plugin`): the
 options (those of the plugin without its ``--shardspec-`` prefix, both made from the table of
-:mod:`shardspec.conformance.options`) are checked here, once, and the run they describe is handed to
+:mod:`shardspec.conformance.run.options`) are checked here, once, and the run they describe is handed to
 the plugin; arguments after ``--`` go to pytest (e.g. ``-- -k INV-OWNER --junitxml=j.xml``), but those
 that change what pytest collects, loads or does with a warning, refused there and in $PYTEST_ADDOPTS.
 Exit code 0 when every MUST invariant holds, every case ran and no rank
@@ -19,14 +19,14 @@ import shlex
 import sys
 import textwrap
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
-from shardspec.conformance.options import OPTIONS, Resolved, resolve_run
 from shardspec.conformance.output_paths import ReportPathError, check_report_path, is_junit_report
+from shardspec.conformance.run.options import OPTIONS, add_arguments
 from shardspec.conformance.usage import UsageError
 
-# Light imports only: the pytest plugin imports this module in every pytest session of an environment
-# where shardspec is installed; torch and the suite load when a run starts.
-
+if TYPE_CHECKING:
+    from shardspec.conformance.run.resolve import Resolved
 
 # What --help says, in plain text (the module's docstring is reStructuredText).
 _DESCRIPTION = """Check implementations against the spec, in real multi-rank runs, through pytest.
@@ -47,8 +47,6 @@ Other commands:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from shardspec.conformance.options import add_arguments
-
     variables = ", ".join(f"{o.env} ({o.flag})" for o in OPTIONS if o.env)
     epilog = (
         f"Options may also come from the environment: {variables}; a command-line option wins, and a "
@@ -66,6 +64,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def resolved_run(args: argparse.Namespace, environ: dict | None = None) -> Resolved:
     """The run's configuration and named cases; raises UsageError (naming the option, variable or case file)."""
+    from shardspec.conformance.run.resolve import resolve_run  # torch and the run's modules: --help needs none
+
     return resolve_run(vars(args), os.environ if environ is None else environ)
 
 
@@ -163,7 +163,7 @@ def _check_pytest_environment(environ: Mapping[str, str]) -> None:
 
 def pytest_command(extra: list[str]) -> list[str]:
     """pytest's arguments for a run of the suite's own test module with the plugin (the run itself is
-    handed to the plugin, see :class:`shardspec.conformance.plugin.Handover`).
+    handed to the plugin, see :func:`shardspec.conformance.plugin.run_handed_over`).
 
     The run does not depend on the folder it starts in: no configuration file is read (``-c``), no
     folder is put on ``sys.path`` (``--import-mode=importlib``), and no plugin is loaded but the
@@ -204,20 +204,10 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:  # nothing was started: no report to write
         print(f"{parser.prog}: interrupted while the options were checked; nothing ran", file=sys.stderr)
         return 130
-    import pytest
+    # pytest (the test extra) runs the suite, with the plugin: --help and a usage error need neither
+    from shardspec.conformance.plugin import run_handed_over
 
-    from shardspec.conformance.plugin import Handover
-
-    previous = os.environ.get("PYTEST_DISABLE_PLUGIN_AUTOLOAD")
-    os.environ["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"  # the suite's plugin alone, whatever else is installed
-    try:
-        code = int(pytest.main(pytest_command(extra), plugins=[Handover(resolved)]))
-    finally:
-        if previous is None:
-            os.environ.pop("PYTEST_DISABLE_PLUGIN_AUTOLOAD", None)
-        else:
-            os.environ["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = previous
-    return 2 if code == int(pytest.ExitCode.USAGE_ERROR) else code
+    return run_handed_over(resolved, pytest_command(extra))
 
 
 if __name__ == "__main__":

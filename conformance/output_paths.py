@@ -6,7 +6,7 @@ suite (CI runs as root; a mistyped path must not replace a system file). A repor
 first key, ``"report": "shardspec.conformance"`` (reports written before it had none: those are recognised
 by their shape, a ``metadata`` object naming the ``spec_version`` and a list of ``sections``).
 
-Light imports only: the options' readers (option_values.py) check both paths before anything starts, and
+Light imports only: the options' readers (run/option_values.py) check both paths before anything starts, and
 the session checks the report's path again when it writes it.
 """
 

@@ -3,7 +3,7 @@
     pytest --pyargs shardspec.conformance --shardspec-impl reference,production --shardspec-tp 2,4
 
 Options are those of ``python -m shardspec.conformance`` with a ``--shardspec-``
-prefix (both made from the table of :mod:`shardspec.conformance.options`); the
+prefix (both made from the table of :mod:`shardspec.conformance.run.options`); the
 ``SHARDSPEC_*`` variables are read where an option is not given.
 Nothing happens unless the suite's test module is collected: the run is
 created on first use and kept on the pytest config (no module state), and
@@ -13,15 +13,23 @@ the per-invariant table is printed at the end. ``-k INV-OWNER``, ``-x``,
 
 from __future__ import annotations
 
+import os
 import pathlib
 import signal
 import threading
 import warnings
+from typing import TYPE_CHECKING
 
 import pytest
 
-from shardspec.conformance.options import OPTIONS, Resolved, add_plugin_options, given_any
+from shardspec.conformance.run.options import OPTIONS, add_plugin_options, given_any
 from shardspec.conformance.usage import UsageError
+
+if TYPE_CHECKING:
+    from shardspec.conformance.run.resolve import Resolved
+
+# pytest loads this plugin in every session of an environment where shardspec is installed: the run (torch,
+# the harness) loads only when a run is asked for, in the few functions that import it.
 
 _SUITE_MODULE = pathlib.Path(__file__).resolve().with_name("test_conformance.py")
 _RESOLVED = pytest.StashKey()  # the run's options, checked, and its named cases, loaded: once per session
@@ -42,6 +50,21 @@ class Handover:
         if report.failed:
             lines = [line.strip() for line in report.longreprtext.splitlines() if line.strip()]
             print(f"error: pytest could not collect the suite: {(lines or ['no reason given'])[-1][:500]}")
+
+
+def run_handed_over(resolved: Resolved, arguments: list[str]) -> int:
+    """pytest run with ``arguments`` and this plugin alone (whatever else is installed), handed ``resolved``:
+    the command line's exit status (pytest's usage error is 2)."""
+    previous = os.environ.get("PYTEST_DISABLE_PLUGIN_AUTOLOAD")
+    os.environ["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
+    try:
+        code = int(pytest.main(arguments, plugins=[Handover(resolved)]))
+    finally:
+        if previous is None:
+            os.environ.pop("PYTEST_DISABLE_PLUGIN_AUTOLOAD", None)
+        else:
+            os.environ["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = previous
+    return 2 if code == int(pytest.ExitCode.USAGE_ERROR) else code
 
 
 def pytest_addoption(parser):
@@ -72,7 +95,7 @@ def _given(config) -> dict:
 def _resolved(config) -> Resolved:
     """The run's options and named cases, resolved on first use and kept on the config."""
     if _RESOLVED not in config.stash:
-        from shardspec.conformance.options import resolve_run
+        from shardspec.conformance.run.resolve import resolve_run  # a run is asked for (see the imports)
 
         try:
             config.stash[_RESOLVED] = resolve_run(_given(config))
@@ -92,19 +115,13 @@ def pytest_collectstart(collector):
 def conformance_run(config):
     """The run of this pytest session, created on first use."""
     if _RUN not in config.stash:
-        import os
-
-        import torch
-
-        from shardspec.conformance.session import ConformanceSession
+        from shardspec.conformance.run import session  # a run is asked for (see the imports)
 
         resolved = _resolved(config)
         if config.getoption("verbose", 0) > 1:
             resolved = resolved.with_verbose()
-        if not torch.cuda.is_available():
-            os.environ.setdefault("TRITON_INTERPRET", "1")
         _end_on_signals(config)  # before the cases are made: a signal then still leaves a report
-        run = ConformanceSession(resolved.config, log=print, case_set=resolved.cases)
+        run = session.ConformanceSession(resolved.config, log=print, case_set=resolved.cases)
         print(run.header())
         config.stash[_RUN] = run
     return config.stash[_RUN]
@@ -213,7 +230,7 @@ def _signal_of(config) -> int:
 
 def _interrupted_before_any_case(session) -> None:
     """A signal while the run was being made (its cases drawn): nothing was judged, and the report says so."""
-    from shardspec.conformance.session import report_unstarted
+    from shardspec.conformance.run.session import report_unstarted  # a run was asked for (see the imports)
 
     signum = _signal_of(session.config)
     report_unstarted(session.config.stash[_RESOLVED].config, signal.Signals(signum).name, log=print)

@@ -19,11 +19,18 @@ from shardspec.comm import LockstepGroup
 from shardspec.conformance.api import ImplChoice
 from shardspec.conformance.cases.shrink import Shrunk, shrink_keeping
 from shardspec.conformance.harness import inprocess
-from shardspec.conformance.harness.expectations import compute_expectation, expectation_device
+from shardspec.conformance.harness.expectations import (
+    compute_expectation,
+    contradiction,
+    expectation_device,
+    interpret_triton_without_gpu,
+)
 from shardspec.conformance.harness.rank_step import run_step
+from shardspec.conformance.harness.spawn import describe_exit
 from shardspec.conformance.judge.checks.base import StepRecord
 from shardspec.conformance.judge.verdicts import Judge
 from shardspec.conformance.record import ERROR, CaseResult
+from shardspec.fixtures import case_to_yaml, load_case_file
 from shardspec.spec.case import Case, build_case_inputs
 from shardspec.spec.profiles import install_profiles, profile_data
 
@@ -66,8 +73,6 @@ def shrink_in_child(
     case: Case, target: set[str], entry: str, group: str, device: str, folder: pathlib.Path, budget_s: float = 30.0
 ) -> Shrunk:
     """:func:`shrink_keeping` in a child process running ``entry`` in-process; raises RuntimeError when it fails."""
-    from shardspec.fixtures import case_to_yaml, load_case_file
-
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "in").mkdir(parents=True, exist_ok=True)  # case files are named by their case id
     source, result = folder / "in" / f"{case.case_id}.yaml", folder / f"{case.case_id}-min.yaml"
@@ -93,8 +98,6 @@ def shrink_in_child(
     finally:
         source.unlink(missing_ok=True)
     if proc.returncode != 0 or not result.exists():
-        from shardspec.conformance.harness.spawn import describe_exit
-
         tail = "\n".join(proc.stderr.strip().splitlines()[-3:])
         raise RuntimeError(f"the shrinking process {describe_exit(proc.returncode)}: {tail}")
     found = json.loads(_facts(result).read_text())
@@ -110,7 +113,6 @@ def agreeing(run, device: str = "auto"):
     """``run`` for the shrinker, but for a variant the reference contradicts (harness/expectations.py,
     contradiction): its result fails nothing of a target, so no such variant is kept, and a reproduce
     command never names a case file that ``--case-file`` refuses."""
-    from shardspec.conformance.harness.expectations import contradiction
 
     def run_agreeing(case):
         problem = contradiction(case, 10.0, expectation_device(device))
@@ -129,14 +131,7 @@ def _facts(case_file: pathlib.Path) -> pathlib.Path:
 def main(argv: list[str]) -> int:
     """``python -m shardspec.conformance.replay CASE_FILE ENTRY GROUP DEVICE TARGET_JSON OUT_FILE BUDGET_S
     PROFILES_JSON``."""
-    import os
-
-    import torch
-
-    if not torch.cuda.is_available():
-        os.environ.setdefault("TRITON_INTERPRET", "1")  # before any Triton kernel is defined
-    from shardspec.fixtures import case_to_yaml, load_case_file
-
+    interpret_triton_without_gpu()  # before the implementation is imported
     source, entry, group, device, target, out, budget, profiles = argv
     install_profiles(json.loads(profiles))
     choice = ImplChoice.parse(entry)

@@ -32,16 +32,14 @@ import os
 import sys
 
 import torch
+import triton
 
 _DIRECT = os.environ.get("TRITON_INTERPRET") != "1" and os.environ.get("SHARDSPEC_DIRECT_LAUNCH") != "0"
 
 
 def _runtime_knobs():
     """Triton's launch-hook settings (``triton.knobs.runtime``), or None where this Triton has none."""
-    try:
-        from triton import knobs
-    except ImportError:
-        return None
+    knobs = getattr(triton, "knobs", None)  # Triton >= 3.4
     runtime = getattr(knobs, "runtime", None)
     return runtime if hasattr(runtime, "launch_enter_hook") else None
 
@@ -135,8 +133,6 @@ _BARE_VERSION, _BARE_FORMAT = "3.6.", "iiiKKppOOOOOO"
 
 def _bare_launch(run):
     """``run``'s C launch function where calling it directly is known to equal ``run(...)``, else None."""
-    import triton
-
     driver = sys.modules.get(type(run).__module__)
     if (
         not triton.__version__.startswith(_BARE_VERSION)

@@ -6,7 +6,7 @@ import zipfile
 import pytest
 import vllm_files
 
-from shardspec.conformance.upstream import SHARD_FILE
+from shardspec.conformance.upstream.source import SHARD_FILE
 
 FIND = vllm_files.batch_shard_file.__wrapped__  # uncached
 

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from shardspec.conformance.upstream import SHARD_FILE
+from shardspec.conformance.upstream.source import SHARD_FILE
 
 ROOT = Path(__file__).resolve().parents[1]
 REQUIRE = "SHARDSPEC_REQUIRE_VLLM_FILES"

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import os
 
 import torch
 
@@ -19,6 +20,7 @@ from shardspec.conformance.record import Expectation
 from shardspec.reference import ReferenceSharder
 from shardspec.reference.sampler import replicated_output
 from shardspec.spec.case import Case, build_case_inputs
+from shardspec.spec.errors import names_precondition
 from shardspec.spec.model import SamplerOutput
 
 
@@ -67,6 +69,13 @@ def expectation_device(choice: str = "auto") -> str:
     return choice
 
 
+def interpret_triton_without_gpu() -> None:
+    """Without a GPU, Triton kernels run in Triton's interpreter: called before any kernel is defined (before an
+    implementation is imported)."""
+    if not torch.cuda.is_available():
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
 class BoundedCache:
     """The most recently used values, at most ``size`` of them: a run of thousands of cases keeps the few the
     entries of one group size share, not every case's tensors."""
@@ -100,8 +109,6 @@ def contradiction(case: Case, timeout_s: float = 60.0, device: str | None = None
     precondition the reference raises on no rank, or it expects no error where the reference raises one.
     Such a case would be judged by no checker: a case named on the command line is refused, and the
     shrinker keeps no such variant."""
-    from shardspec.spec.errors import names_precondition
-
     try:
         expected = compute_expectation(case, timeout_s, device).expected
     except Exception as exc:  # the reference's own group failed: the case cannot be judged

@@ -4,6 +4,15 @@ from __future__ import annotations
 
 import inspect
 
+import torch
+import torch.distributed as dist
+import torch.distributed.distributed_c10d as c10d
+
+try:
+    from torch._C._distributed_c10d import Backend
+except ImportError:  # a torch built without distributed support
+    Backend = None
+
 UNNAMED = object()  # a call whose group the recorder cannot tell
 _SIGNATURES: dict = {}
 
@@ -40,8 +49,6 @@ def placement(group, tp_group) -> tuple[str | None, str | None]:
     a group torch.distributed knows is that group; any other backend cannot be attributed."""
     if tp_group is None:
         return None, None  # no torch.distributed group to compare with (a Communicator of its own)
-    import torch.distributed.distributed_c10d as c10d
-
     if group is UNNAMED:
         return "a group the recorder cannot name", None
     if isinstance(group, str):
@@ -82,19 +89,12 @@ def _same_group(group, other) -> bool:
 
 
 def _is_backend(group) -> bool:
-    try:
-        from torch._C._distributed_c10d import Backend
-    except ImportError:
-        return False
-    return isinstance(group, Backend)
+    return Backend is not None and isinstance(group, Backend)
 
 
 def _owning_group(backend, tp_group):
     """The process group torch.distributed knows (the TP group first) whose backend ``backend`` is; None if
     none is. A backend held by the caller keeps its Python object, so identity tells."""
-    import torch
-    import torch.distributed.distributed_c10d as c10d
-
     known = [tp_group] + [group for group in list(getattr(c10d._world, "pg_map", {})) if group is not tp_group]
     for group in known:
         for device_type in getattr(group, "_device_types", ()) or ():
@@ -114,8 +114,6 @@ def _group_name(group) -> str | None:
 
 
 def _world_ranks(group) -> list[int] | None:
-    import torch.distributed as dist
-
     try:
         return [int(r) for r in dist.get_process_group_ranks(group)]
     except Exception:

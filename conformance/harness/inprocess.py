@@ -14,11 +14,13 @@ from __future__ import annotations
 
 import traceback
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 
 from shardspec.comm import LockstepGroup
 from shardspec.conformance.api import ImplChoice, load_implementation
 from shardspec.conformance.harness.crashes import CrashBudget, invalid_input
 from shardspec.conformance.harness.expectations import expectation_device, single_thread
+from shardspec.conformance.harness.group import Job, OnResult
 from shardspec.conformance.harness.rank_plan import plan_of
 from shardspec.conformance.harness.rank_step import run_case_on_rank
 from shardspec.conformance.harness.threaded import run_torch_threads
@@ -131,3 +133,29 @@ def _chains(jobs: list) -> list[list]:
         else:
             chains.append([job])
     return chains
+
+
+@dataclass
+class ThreadGroup:
+    kind: str = "lockstep"  # one of run/options.py's THREAD_GROUPS
+    device: str = "auto"  # auto | cpu | cuda
+    pg_timeout_s: float = 60.0
+    max_crashes: int = 3  # see harness/crashes.py (here: constructors that fail alike)
+
+    def describe(self) -> str:
+        return f"in-process ({self.kind} group, ranks as threads on {expectation_device(self.device)})"
+
+    def run(self, jobs: list[Job], tp: int, judge, on_result: OnResult) -> list[CaseResult]:
+        return run_jobs_in_process(
+            jobs,
+            judge,
+            self.pg_timeout_s,
+            on_result,
+            group=self.kind,
+            device=self.device,
+            max_crashes=self.max_crashes,
+            tp=tp,
+        )
+
+    def close(self) -> None:
+        pass

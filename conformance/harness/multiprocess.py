@@ -19,7 +19,7 @@ import json
 import pathlib
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -27,7 +27,7 @@ from shardspec.conformance.harness.crashes import CrashBudget, invalid_input, su
 from shardspec.conformance.harness.expectations import rank_placement
 from shardspec.conformance.harness.external import JOIN_S
 from shardspec.conformance.harness.follower import Follower
-from shardspec.conformance.harness.group import Job
+from shardspec.conformance.harness.group import Job, OnResult
 from shardspec.conformance.harness.launch import GroupStarter, first_error, kill_group, let_finish, torchrun_culprit
 from shardspec.conformance.harness.rank_plan import blinded, plan_of, real_names, save_plans
 from shardspec.conformance.harness.settle import Settler
@@ -323,3 +323,43 @@ def _out_of_reach(stopped: list[int]) -> str:
     if stopped:
         return f"rank(s) {', '.join(map(str, stopped))} stopped by a signal (state T)"
     return "a rank hung where its own watchdog could not run (e.g. holding the GIL)"
+
+
+@dataclass
+class ProcessGroup:
+    run_dir: pathlib.Path
+    case_timeout_s: float
+    pg_timeout_s: float
+    launcher: str = "auto"  # fork | torchrun | external | auto (fork on the CPU, torchrun on GPUs)
+    log: Callable[[str], None] = print
+    max_crashes: int = 3  # see harness/crashes.py
+    tp_groups: int = 1  # TP groups of one launched world
+    share_gpus: bool = False  # more ranks than GPUs: ranks share GPUs, collectives on gloo
+    servers: dict = field(default_factory=dict)  # the preloaded rank server, kept while its environment holds
+    # Each launch whose group never started: {"tp", "launch", "reason", "log", "error"} (the first lines of
+    # its ranks' error), for the report.
+    launch_failures: list[dict] = field(default_factory=list)
+
+    def describe(self) -> str:
+        groups = f", {self.tp_groups} TP groups per world" if self.tp_groups > 1 else ""
+        where = "on shared GPUs, gloo" if self.share_gpus else "gloo or NCCL"
+        return f"one process per rank ({where}){groups}"
+
+    def run(self, jobs: list[Job], tp: int, judge, on_result: OnResult) -> list[CaseResult]:
+        options = LaunchOptions(
+            self.run_dir / f"tp{tp}",
+            self.case_timeout_s,
+            self.pg_timeout_s,
+            launcher=self.launcher,
+            max_crashes=self.max_crashes,
+            tp_groups=self.tp_groups,
+            share_gpus=self.share_gpus,
+        )
+        return run_jobs_multiprocess(
+            jobs, tp, options, judge, on_result, self.log, self.servers, failures=self.launch_failures
+        )
+
+    def close(self) -> None:
+        for server in self.servers.values():
+            server.close()
+        self.servers.clear()

@@ -13,6 +13,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from shardspec.spec.case import Case
+from shardspec.spec.errors import names_precondition
+from shardspec.spec.loader import must_reject_ids
 
 
 class NotRejected(BaseException):
@@ -66,9 +68,6 @@ class RejectionPoint:
 def rejection_point(case: Case, expected) -> RejectionPoint:
     """Where the reference rejects ``case`` on the rank whose outputs are ``expected``; one that never stops
     the rank where the reference does not reject there or the precondition's violation is undefined."""
-    from shardspec.spec.errors import names_precondition
-    from shardspec.spec.loader import must_reject_ids
-
     precondition = case.expect_error
     if precondition is None:
         return RejectionPoint(None)

@@ -8,6 +8,10 @@ import contextlib
 import threading
 from typing import TYPE_CHECKING, Any
 
+import torch.distributed as dist
+import torch.distributed.distributed_c10d as c10d
+from torch.utils._python_dispatch import TorchDispatchMode
+
 from shardspec.conformance.harness.wire_calls import (
     BACKEND_METHODS,
     DIRECT_FUNCTIONS,
@@ -16,6 +20,11 @@ from shardspec.conformance.harness.wire_calls import (
     OPERATOR_NAMESPACES,
     operator_name,
 )
+
+try:
+    from torch._C._distributed_c10d import Backend
+except ImportError:  # a torch built without distributed support
+    Backend = None
 
 if TYPE_CHECKING:
     from shardspec.conformance.harness.recording import RecordingComm
@@ -74,9 +83,6 @@ class DirectCalls:
 
     @staticmethod
     def _namespaces() -> list:
-        import torch.distributed as dist
-        import torch.distributed.distributed_c10d as c10d
-
         return [dist, c10d]
 
     @staticmethod
@@ -84,8 +90,6 @@ class DirectCalls:
         """(owner, attribute, recorded name) of every function and process-group method to record: the
         methods of ProcessGroup and of the run's group class and its bases that override them (torch's
         threaded backend does)."""
-        import torch.distributed as dist
-
         targets = [(module, name, name) for module in DirectCalls._namespaces() for name in DIRECT_FUNCTIONS]
         base = getattr(dist, "ProcessGroup", None)
         classes = [base] if base is not None else []
@@ -132,9 +136,7 @@ class DirectCalls:
 def _backend_classes() -> list:
     """torch's C++ backend class and its subclasses (ProcessGroupGloo, ProcessGroupNCCL, ...): their methods
     are what a caller holding a backend object calls."""
-    try:
-        from torch._C._distributed_c10d import Backend
-    except ImportError:
+    if Backend is None:
         return []
     classes, todo = [], [Backend]
     while todo:
@@ -240,7 +242,6 @@ def operator_calls(recorder: RecordingComm):
     operator issued inside a recorded call (a torch.distributed function's own c10d operator) is not
     recorded again.
     """
-    from torch.utils._python_dispatch import TorchDispatchMode
 
     class OperatorCalls(TorchDispatchMode):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):

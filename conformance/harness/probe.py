@@ -18,6 +18,9 @@ import os
 import subprocess
 import sys
 
+from shardspec.conformance.api import ImplementationError, load_implementation, profile_refusal
+from shardspec.conformance.harness.spawn import describe_exit
+from shardspec.spec.loader import target_version_warning
 from shardspec.spec.profiles import install_profiles, profile_data
 
 
@@ -72,16 +75,11 @@ def _probe_once(names: list[str], profile: str, timeout_s: float) -> tuple[dict[
 
 
 def _describe(returncode: int, stderr: str) -> str:
-    from shardspec.conformance.harness.spawn import describe_exit
-
     tail = stderr.strip().splitlines()[-1:] if stderr else []
     return describe_exit(returncode) + (f": {tail[0]}" if tail else "")
 
 
 def main(argv: list[str]) -> int:
-    from shardspec.conformance.api import ImplementationError, load_implementation, profile_refusal
-    from shardspec.spec.loader import target_version_warning
-
     profile, names = argv[0], argv[2:]
     install_profiles(json.loads(argv[1]))
     for name in names:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import traceback
 
 from shardspec.conformance.harness.frames import decode_frames
 from shardspec.conformance.harness.group import Job
@@ -103,8 +104,6 @@ def across_groups(results: list[CaseResult], tp: int) -> CaseResult:
 
 
 def judge_failed(job: Job, exc: Exception) -> CaseResult:
-    import traceback
-
     message = f"the judge failed on this case's transcripts: {type(exc).__name__}: {exc}"
     error = {"rank": None, "kind": "harness", "message": message, "traceback": traceback.format_exc()}
     return CaseResult(job.case, job.choice.label, ERROR, errors=[error])

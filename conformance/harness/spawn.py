@@ -26,6 +26,8 @@ import sys
 import time
 import traceback
 
+from shardspec.conformance.harness.reaper import end_descendants, end_orphans, end_when_asked
+
 
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
@@ -147,11 +149,7 @@ def describe_exit(code: int) -> str:
 def serve(module_name: str, args: list[str]) -> int:
     """Fork one group per request line ``{"world_size", "args", "log", "exit"}``; the group's exit
     status goes to the file ``exit`` (written whole, by a rename)."""
-    from shardspec.conformance.harness.reaper import end_when_asked
-
     end_when_asked()  # a rank's orphans become this process's children, ended with their group or this process
-    from shardspec.conformance.harness.reaper import end_descendants, end_orphans
-
     module = preloaded(module_name, args)
     for line in sys.stdin:
         request = json.loads(line)

@@ -36,7 +36,7 @@ GRACE_S = 5.0  # after a timeout, how long woken ranks get to record their error
 
 def _threaded_pg():
     try:
-        from torch.testing._internal.distributed import multi_threaded_pg
+        from torch.testing._internal.distributed import multi_threaded_pg  # private; some torch builds lack it
     except ImportError as exc:  # pragma: no cover - depends on the torch build
         raise RuntimeError(
             "the torch-threads group needs torch.testing._internal.distributed."

@@ -21,9 +21,11 @@ value it lies. A frame the judge's unpickler refuses is read as
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import io
 import pickle
 import struct
+from collections import namedtuple
 from dataclasses import dataclass
 from typing import Any, BinaryIO
 
@@ -31,6 +33,7 @@ import numpy as np
 import torch
 
 from shardspec.conformance.record import NUMPY_CARRIER
+from shardspec.spec.errors import PreconditionError
 
 # Dtypes numpy cannot hold: sent as same-size integers, rebuilt by a view.
 _DTYPES = {
@@ -234,8 +237,6 @@ def _decode_object(data: ObjectData, device: str | None) -> Any:
 
 
 def _decode_error(data: ErrorData) -> BaseException:
-    from shardspec.spec.errors import PreconditionError
-
     own = _own_class(data.module, data.qualname)
     base = own if isinstance(own, type) and issubclass(own, BaseException) else None
     cls = base or type(data.qualname.rsplit(".", 1)[-1], (ReportedError,), {"__module__": data.module})
@@ -263,8 +264,6 @@ def _stand_in(qualname: str, kind: str, field_names: tuple) -> type:
     if key not in _STAND_INS:
         name = qualname.rsplit(".", 1)[-1]
         if kind == "namedtuple":
-            from collections import namedtuple
-
             _STAND_INS[key] = namedtuple(name, field_names)
         else:
             _STAND_INS[key] = type(name, (), {"__repr__": lambda self: f"{name}({vars(self)})"})
@@ -274,8 +273,6 @@ def _stand_in(qualname: str, kind: str, field_names: tuple) -> type:
 def _own_class(module: str, qualname: str):
     if not module.startswith(_OWN_PACKAGES):
         return None
-    import importlib
-
     return getattr(importlib.import_module(module), qualname, None)
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from shardspec.conformance.harness.group_names import UNNAMED
 from shardspec.conformance.record import WireCall
@@ -245,8 +246,6 @@ def operator_call(func, args: tuple, kwargs: dict) -> tuple[WireCall, Any]:
 
 def _unboxed(process_group):
     """The ProcessGroup of a c10d operator's argument (a TorchScript object there)."""
-    import torch.distributed as dist
-
     if isinstance(process_group, dist.ProcessGroup):
         return process_group
     try:

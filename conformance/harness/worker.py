@@ -37,8 +37,22 @@ if not torch.cuda.is_available():
     # Must precede the definition of any @triton.jit function.
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+# The recorder's dispatch mode imports torch._dynamo when first entered: a third of a rank's time in a launch of a
+# few cases at tp 8, paid by every rank unless imported before the rank server forks them (preload).
+import torch._dynamo  # noqa: E402, F401
 import torch.distributed as dist  # noqa: E402
 
+import shardspec.conformance.harness.expectations  # noqa: E402, F401  (before the fork: see preload)
+from shardspec.comm import TorchDistComm  # noqa: E402
+from shardspec.conformance.api import ImplChoice, load_implementation  # noqa: E402
+from shardspec.conformance.harness.external import adopt_slurm_environment  # noqa: E402
+from shardspec.conformance.harness.performed import performed  # noqa: E402  (takes c10d's counter before any implementation)
+from shardspec.conformance.harness.progress import Progress  # noqa: E402
+from shardspec.conformance.harness.rank_plan import load_plans  # noqa: E402
+from shardspec.conformance.harness.rank_step import run_case_on_rank  # noqa: E402
+from shardspec.conformance.harness.spawn import write_whole  # noqa: E402
+from shardspec.conformance.harness.transcript import encode, write_frame  # noqa: E402
+from shardspec.conformance.record import FINAL_FIELDS, STEP_OUTPUT  # noqa: E402
 from shardspec.spec.profiles import install_profiles  # noqa: E402
 
 EXIT_HUNG = 4
@@ -50,8 +64,6 @@ class FrameWriter:
         self._lock = threading.Lock()
 
     def write(self, record: dict) -> None:
-        from shardspec.conformance.harness.transcript import write_frame
-
         with self._lock:
             write_frame(self._file, record)  # flushed: the OS keeps it if this process dies
 
@@ -118,29 +130,19 @@ class Streamer:
         self.writer, self.job, self.rank = writer, job, rank
 
     def on_call(self, call) -> None:
-        from shardspec.conformance.harness.transcript import encode
-
         self.writer.write({"job": self.job, "rank": self.rank, "call": encode(call)})
 
     def on_step(self, step: str, run) -> None:
-        from shardspec.conformance.harness.transcript import encode
-        from shardspec.conformance.record import STEP_OUTPUT
-
         part = getattr(run.outputs, STEP_OUTPUT[step]) if step in STEP_OUTPUT else None
         self.writer.write({"job": self.job, "rank": self.rank, "step": step, "part": encode(part)})
 
     def final(self, outputs) -> dict:
-        from shardspec.conformance.harness.transcript import encode
-        from shardspec.conformance.record import FINAL_FIELDS
-
         return encode({name: getattr(outputs, name) for name in FINAL_FIELDS})
 
 
 def _init_group(pg_timeout_s: float, device_kind: str, tp: int | None, backend: str):
     """(device, the group for status exchanges, the rank's TP group). ``backend``: the collectives', as the
     launch file names it (harness/launch.py's GroupStarter); ranks on fewer GPUs share them round-robin."""
-    from shardspec.conformance.harness.external import adopt_slurm_environment
-
     adopt_slurm_environment()
     torch.set_num_threads(1)  # as the expectations were computed, whoever started this rank
     use_cuda = device_kind == "cuda"
@@ -183,17 +185,9 @@ def _all_aligned(aligned: bool, control) -> bool:
 
 
 def preload(argv: list[str]) -> None:
-    """Import what the ranks need, before :mod:`.spawn` forks them: once instead of once per rank.
-    ``argv``: the implementations of the one entry whose ranks this server forks."""
-    # The recorder's dispatch mode imports torch._dynamo when first entered: a third of a rank's time in a
-    # launch of a few cases at tp 8, paid by every rank unless imported here.
-    import torch._dynamo  # noqa: F401
-
-    import shardspec.conformance.harness.expectations  # noqa: F401
-    import shardspec.conformance.harness.performed  # noqa: F401  (takes c10d's counter before any implementation)
-    import shardspec.conformance.harness.rank_step  # noqa: F401
-    from shardspec.conformance.api import load_implementation
-
+    """Import what the ranks need, before :mod:`.spawn` forks them: once instead of once per rank (the
+    suite's modules and torch._dynamo, at the top of this module). ``argv``: the implementations of the one
+    entry whose ranks this server forks."""
     for name in argv:
         load_implementation(name)
 
@@ -220,13 +214,6 @@ def main(argv: list[str]) -> int:
     )
     world_rank = dist.get_rank()
     writer = FrameWriter(run_dir / f"{launch_file.stem}-rank{world_rank}.frames")
-
-    from shardspec.comm import TorchDistComm
-    from shardspec.conformance.api import ImplChoice, load_implementation
-    from shardspec.conformance.harness.performed import performed
-    from shardspec.conformance.harness.progress import Progress
-    from shardspec.conformance.harness.rank_plan import load_plans
-    from shardspec.conformance.harness.rank_step import run_case_on_rank
 
     jobs = read_jobs(run_dir)
     cases = torch.load(run_dir / "cases.pt", weights_only=False)
@@ -318,8 +305,6 @@ def run_rank(argv: list[str]) -> int:
     try:
         return main(argv)
     except Exception:
-        from shardspec.conformance.harness.spawn import write_whole
-
         write_whole(traceback.format_exc())
         return 1
 

@@ -26,8 +26,10 @@ from typing import Any
 from shardspec.conformance.report.bench import load_bench
 from shardspec.conformance.report.matrix import CHANGE_KINDS, Matrix, build_matrix, diff_runs, report_profile
 from shardspec.conformance.report.model import ReportError, load_report, report_names
+from shardspec.conformance.report.pages import environment, write_page
+from shardspec.conformance.report.releases import main as releases_main
+from shardspec.spec.loader import load_spec
 
-TEMPLATES = pathlib.Path(__file__).parent / "templates"
 RUN_FIELDS = (
     "implementations",
     "spec_version",
@@ -79,8 +81,6 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["releases"]:  # one page of releases x invariants (report/releases.py)
-        from shardspec.conformance.report.releases import main as releases_main
-
         return releases_main(argv[1:])
     args = build_parser().parse_intermixed_args(argv)  # reports may come after --bench PATH
     try:
@@ -107,10 +107,6 @@ def build_site(
     report_paths: list[str], out_dir: pathlib.Path, bench: list[str] | None = None, title: str = "shardspec conformance"
 ) -> list[pathlib.Path]:
     """Write the pages; returns their paths (index.html first)."""
-    import jinja2
-
-    from shardspec.spec.loader import load_spec
-
     names = report_names([str(p) for p in report_paths])
     reports = [load_report(path, name) for path, name in zip(report_paths, names, strict=True)]
     matrix = build_matrix(reports, load_spec(profile=report_profile(reports)))
@@ -124,13 +120,7 @@ def build_site(
         pages["diff.html"] = "diff"
     if bench_files:
         pages["bench.html"] = "benchmarks"
-    env = jinja2.Environment(
-        loader=jinja2.FileSystemLoader(TEMPLATES),
-        autoescape=True,
-        undefined=jinja2.StrictUndefined,
-        trim_blocks=True,
-        lstrip_blocks=True,
-    )
+    env = environment(trim_blocks=True, lstrip_blocks=True)
     common = {"title": title, "pages": pages, "reports": [_run_summary(r) for r in reports]}
     contexts = {
         "index.html": {"matrix": matrix, "header": header_rows(matrix), "legend": LEGEND},
@@ -141,34 +131,9 @@ def build_site(
     for page in pages:
         html = env.get_template(page + ".j2").render(page=page, **common, **contexts[page])
         path = out_dir / page
-        _write_page(path, html)
+        write_page(path, html)
         written.append(path)
     return written
-
-
-def _write_page(path: pathlib.Path, html: str) -> None:
-    """A page of the site: a new file, or the regular file an earlier run wrote, never through a link."""
-    import os
-    import stat
-    import tempfile
-
-    try:
-        found = os.lstat(path)
-    except FileNotFoundError:
-        found = None
-    if found is not None and stat.S_ISLNK(found.st_mode):
-        raise ReportError(f"{path} is a symbolic link; the pages are written only as regular files")
-    if found is not None and not stat.S_ISREG(found.st_mode):
-        raise ReportError(f"{path} exists and is not a regular file")
-    descriptor, partial = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".partial")
-    try:
-        with os.fdopen(descriptor, "w", encoding="utf-8") as stream:
-            stream.write(html)
-        os.chmod(partial, 0o644)
-        os.replace(partial, path)
-    except BaseException:
-        pathlib.Path(partial).unlink(missing_ok=True)
-        raise
 
 
 LEGEND = [

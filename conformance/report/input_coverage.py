@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from shardspec.conformance.cases.coverage import coverage
 from shardspec.conformance.record import NOT_RUN, CaseResult
 
 SHOWN = 8  # variations named on the terminal per line; the JSON lists them all
@@ -18,8 +19,6 @@ SHOWN = 8  # variations named on the terminal per line; the JSON lists them all
 
 def input_coverage(results: Iterable[CaseResult], tp_sizes: Iterable[int], profile: str) -> dict[int, dict]:
     """Per group size, :meth:`Coverage.as_dict` of the cases in ``results`` that ran at that size."""
-    from shardspec.conformance.cases.coverage import coverage
-
     ran = [r for r in results if r.status != NOT_RUN]
     return {tp: coverage([r.case for r in ran if r.tp == tp], profile).as_dict() for tp in tp_sizes}
 

@@ -52,6 +52,7 @@ from typing import Any
 
 from shardspec.conformance.report.model import SPEC_CHOICE
 from shardspec.spec.guarantees import extensions_declared
+from shardspec.spec.profiles import rules_of
 
 # The invariant name an item uses for a case whose run failed (a rank raised, hung or died).
 RUN_ERROR = "run-error"
@@ -76,8 +77,6 @@ _UPPER_BOUND_ABSENT = "seq-lens-upper-bound-absent"  # spec/case_edits.UPPER_BOU
 
 def _owners(case) -> set[int]:
     """The ranks that own some request of ``case`` under its profile's owner rule."""
-    from shardspec.spec.profiles import rules_of
-
     tp, entries = case.tp_size, case.owner_table or {}
     table = {int(s): int(entries.get(int(s), int(s) % tp)) for s in case.slots}  # CL-OWNER-TABLE's initial table
     return set(rules_of(case.profile).owners(case.slots, tp, table))

@@ -23,8 +23,11 @@ import json
 import pathlib
 import re
 import shlex
+import stat
 from dataclasses import dataclass, field
 from typing import Any
+
+from shardspec.conformance.output_paths import MAX_REPORT_BYTES
 
 FAIL, WARN, XFAIL, PASS, NA, NOT_RUN, UNKNOWN = "fail", "warn", "xfail", "pass", "n/a", "not-run", "unknown"
 JUDGED = (PASS, FAIL, WARN, XFAIL)  # verdicts that say something was checked
@@ -126,10 +129,6 @@ def parse_verdict(raw: Any) -> TableCell:
 
 
 def load_report(path: str | pathlib.Path, name: str | None = None) -> Report:
-    import stat
-
-    from shardspec.conformance.output_paths import MAX_REPORT_BYTES
-
     path = pathlib.Path(path)
     try:
         found = path.stat()

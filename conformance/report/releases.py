@@ -21,7 +21,9 @@ torch, no spec files): a page can be built from runs of other machines.
 
 from __future__ import annotations
 
+import argparse
 import pathlib
+import sys
 from dataclasses import dataclass, field
 
 from shardspec.conformance.report.model import (
@@ -33,9 +35,13 @@ from shardspec.conformance.report.model import (
     WARN,
     XFAIL,
     Report,
+    ReportError,
     Section,
     known_why,
+    load_report,
+    report_names,
 )
+from shardspec.conformance.report.pages import environment, write_page
 
 PASSED, KNOWN, UNTRIAGED, NOT_JUDGED = "pass", "known", "untriaged", "not run"
 STATES = (PASSED, KNOWN, UNTRIAGED, NOT_JUDGED)
@@ -198,19 +204,12 @@ def _failing(section: Section, invariant_id: str, tp: int) -> int:
 
 def write_releases(report_paths: list[str], out_path: pathlib.Path, title: str) -> pathlib.Path:
     """Write the page to ``out_path`` (a file); returns its path."""
-    import jinja2
-
-    from shardspec.conformance.report.html import TEMPLATES, _write_page
-    from shardspec.conformance.report.model import ReportError, load_report, report_names
-
     names = report_names([str(p) for p in report_paths])
     page = build_releases([load_report(path, name) for path, name in zip(report_paths, names, strict=True)])
     out_path = pathlib.Path(out_path)
     if out_path.is_dir():
         raise ReportError(f"{out_path}: is a folder; the page of releases is one file (-o releases.html)")
-    env = jinja2.Environment(
-        loader=jinja2.FileSystemLoader(TEMPLATES), autoescape=True, undefined=jinja2.StrictUndefined
-    )
+    env = environment()
     html = env.get_template("releases.html.j2").render(
         title=title,
         page=out_path.name,
@@ -219,16 +218,11 @@ def write_releases(report_paths: list[str], out_path: pathlib.Path, title: str) 
         legend=LEGEND,
     )
     out_path.parent.mkdir(parents=True, exist_ok=True)
-    _write_page(out_path, html)
+    write_page(out_path, html)
     return out_path
 
 
 def main(argv: list[str]) -> int:
-    import argparse
-    import sys
-
-    from shardspec.conformance.report.model import ReportError
-
     parser = argparse.ArgumentParser(
         prog="python -m shardspec.conformance report releases",
         description="One HTML page of releases x invariants from the JSON reports of several runs "

@@ -16,10 +16,17 @@ from __future__ import annotations
 import platform
 import textwrap
 from dataclasses import dataclass, field
+from importlib import metadata
 from typing import Any
 
+import numpy
+import torch
+
+import shardspec
+from shardspec.conformance.output_paths import REPORT_MARKER
 from shardspec.conformance.record import ERROR, NOT_RUN, CaseResult
 from shardspec.conformance.report.xfails import Xfails
+from shardspec.spec.loader import default_profile, load_spec, spec_version
 
 ERRORS_ROW = "(run errors)"
 NOT_RUN_ROW = "(cases not run)"
@@ -35,8 +42,6 @@ class InvariantInfo:
 
 def load_invariants(profile: str | None = None) -> list[InvariantInfo]:
     """The invariants of ``profile`` (default: the default profile), as the report lists them."""
-    from shardspec.spec.loader import default_profile, load_spec
-
     spec = load_spec()
     return [
         InvariantInfo(inv.id, inv.level, inv.step, " ".join(inv.statement.split()))
@@ -255,18 +260,15 @@ def describe_launch_failures(failures: list[dict[str, Any]]) -> list[str]:
 def run_metadata(
     labels: list[str], tp_sizes: list[int], seed: int, wall_s: float, backend: str, device: str, extra: dict[str, Any]
 ) -> dict[str, Any]:
-    import numpy
-    import torch
-
     try:
-        import triton
+        import triton  # the impl extra: a run of the reference needs none
 
         triton_version = triton.__version__
     except ImportError:
         triton_version = None
     return {
         "implementations": labels,
-        "spec_version": _spec_version(),
+        "spec_version": spec_version(),
         "shardspec": package_version(),
         "torch": torch.__version__,
         "triton": triton_version,
@@ -281,21 +283,11 @@ def run_metadata(
     }
 
 
-def _spec_version() -> str:
-    from shardspec.spec.loader import spec_version
-
-    return spec_version()
-
-
 def package_version() -> str:
     """The installed distribution's version; a clone's folder that shadows the package has none."""
-    from importlib import metadata
-
     try:
         return metadata.version("shardspec")
     except metadata.PackageNotFoundError:
-        import shardspec
-
         return getattr(shardspec, "__version__", "unknown")
 
 
@@ -324,8 +316,6 @@ def json_report(
     xfails = xfails or Xfails()
     known = [known_reasons(section, rows, xfails) for section, rows in zip(sections, tables, strict=False)]
     untriaged = [untriaged_counts(section, rows, xfails) for section, rows in zip(sections, tables, strict=False)]
-    from shardspec.conformance.output_paths import REPORT_MARKER
-
     return {
         "report": REPORT_MARKER,  # first: how a later run knows the file it may replace (output_paths.py)
         "metadata": metadata,

@@ -6,6 +6,7 @@ with which reason, and which of its entries went stale in a run.
 from __future__ import annotations
 
 import pathlib
+import stat
 from dataclasses import dataclass, field
 
 import yaml
@@ -118,8 +119,6 @@ def load_xfails(path: str | None) -> Xfails:
 
 
 def _bounded_text(path: pathlib.Path) -> str:
-    import stat
-
     found = path.stat()  # a link to a regular file is read: it is only read
     if not stat.S_ISREG(found.st_mode):
         raise ValueError("is a FIFO, not a regular file" if stat.S_ISFIFO(found.st_mode) else "is not a regular file")

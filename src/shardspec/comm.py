@@ -9,11 +9,13 @@ single-rank benchmarks that stand in for remote peers (:class:`LoopbackComm`).
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Sequence
 from typing import Protocol
 
 import torch
+import torch.distributed as dist
 
 
 class Communicator(Protocol):
@@ -44,8 +46,6 @@ def start_up(comm):
     """A context in which the collectives an engine issues to start up (building its process groups, agreeing
     on its configuration) are not part of the step: under the conformance suite, honoured while a sharder is
     constructed and nowhere else; anywhere else, nothing."""
-    import contextlib
-
     enter = getattr(comm, "start_up", None)
     return contextlib.nullcontext() if enter is None else enter()
 
@@ -54,8 +54,6 @@ class TorchDistComm:
     """Collectives of a torch.distributed process group (gloo, NCCL, ...)."""
 
     def __init__(self, group: torch.distributed.ProcessGroup | None = None):
-        import torch.distributed as dist
-
         self.group = group
         self.rank = dist.get_rank(group)
         self.world_size = dist.get_world_size(group)
@@ -63,8 +61,6 @@ class TorchDistComm:
         self._all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
     def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes):
-        import torch.distributed as dist
-
         dist.all_to_all_single(
             output,
             input,

@@ -7,7 +7,8 @@ import shlex
 from shardspec.conformance.api import ImplChoice
 from shardspec.conformance.cases import boundaries as bounds
 from shardspec.conformance.cli import main
-from shardspec.conformance.runner import RunConfig, cases_of_entry, collect_cases
+from shardspec.conformance.run.collect import cases_of_entry, collect_cases
+from shardspec.conformance.run.config import RunConfig
 
 BROKEN = "shardspec.conformance.broken.input_space:NegativeSlotsAccepted"
 

@@ -133,7 +133,7 @@ def test_upstream_refuses_a_fifo_instead_of_waiting_on_it(tmp_path):
 
 
 def test_upstream_refuses_a_wheel_member_above_its_cap(tmp_path):
-    from shardspec.conformance.upstream import MAX_MEMBER_BYTES, SHARD_FILE
+    from shardspec.conformance.upstream.source import MAX_MEMBER_BYTES, SHARD_FILE
 
     wheel = tmp_path / "vllm-0.33.0-py3-none-any.whl"
     with zipfile.ZipFile(wheel, "w", compression=zipfile.ZIP_DEFLATED) as archive:
@@ -148,7 +148,7 @@ def test_upstream_refuses_a_wheel_member_above_its_cap(tmp_path):
 
 
 def test_upstream_refuses_a_file_above_its_cap(tmp_path):
-    from shardspec.conformance.upstream import MAX_MEMBER_BYTES
+    from shardspec.conformance.upstream.source import MAX_MEMBER_BYTES
 
     path = tmp_path / "batch_shard.py"
     path.write_text("#" * (MAX_MEMBER_BYTES + 1))

@@ -102,7 +102,7 @@ def test_the_shrinker_keeps_no_variant_the_reference_contradicts():
 def test_every_fixture_agrees_with_the_reference():
     """--case checks a fixture as --case-file checks a file: every golden case must pass that check."""
     from shardspec.conformance.harness.expectations import contradiction
-    from shardspec.conformance.runner import _expanded
+    from shardspec.conformance.run.collect import _expanded
     from shardspec.fixtures import load_cases
     from shardspec.spec.profiles import PROFILES
 

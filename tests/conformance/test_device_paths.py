@@ -10,8 +10,8 @@ from shardspec.conformance.harness.expectations import rank_placement
 from shardspec.conformance.harness.frames import FrameLog, decode_frames
 from shardspec.conformance.harness.launch import GroupStarter
 from shardspec.conformance.harness.transcript import ObjectData, TensorData, decode, encode
-from shardspec.conformance.reproduce import mode_args
-from shardspec.conformance.runner import RunConfig
+from shardspec.conformance.run.config import RunConfig
+from shardspec.conformance.run.reproduce import mode_args
 
 DEVICE_NAMES = [pytest.param(torch.device("cpu"), id="torch.device"), pytest.param("cpu", id="text")]
 

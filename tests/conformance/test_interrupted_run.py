@@ -9,8 +9,8 @@ import pytest
 from harness_cases import small_cases, write_cases
 
 from shardspec.conformance.record import FAIL, CaseResult
-from shardspec.conformance.runner import RunConfig
-from shardspec.conformance.session import ConformanceSession
+from shardspec.conformance.run.config import RunConfig
+from shardspec.conformance.run.session import ConformanceSession
 
 
 class InterruptedGroup:
@@ -66,7 +66,7 @@ def test_an_interruption_keeps_every_reproduce_command(tmp_path):
 # first group size runs and twice more while it ends (Ctrl-C pressed three times).
 _SIGNALLED_RUN = """
 import os, signal, sys, time
-import shardspec.conformance.session as session
+import shardspec.conformance.run.session as session
 
 signum = getattr(signal, sys.argv[1])
 where = sys.argv[2]

@@ -144,7 +144,7 @@ def test_each_property(tmp_path, when, case, covered):
 
 
 def test_the_owner_rule_of_the_case_s_profile_decides_who_owns_nothing(tmp_path, monkeypatch):
-    import shardspec.spec.profiles as profiles
+    from shardspec.conformance.report import known_failures
 
     xfails = _xfails(
         tmp_path,
@@ -152,8 +152,8 @@ def test_the_owner_rule_of_the_case_s_profile_decides_who_owns_nothing(tmp_path,
     )
     case = _case("a", slots=[0, 2], profile="vllm-0.33")
     assert xfails.covers("INV-X", _result(case))  # vllm-0.33: slot % tp, both on rank 0
-    by_position = replace(profiles.rules_of("vllm-0.33"), owner="position_mod_tp")
-    monkeypatch.setattr(profiles, "rules_of", lambda profile: by_position)
+    by_position = replace(known_failures.rules_of("vllm-0.33"), owner="position_mod_tp")
+    monkeypatch.setattr(known_failures, "rules_of", lambda profile: by_position)
     assert not xfails.covers("INV-X", _result(case))  # positions 0 and 1: one request per rank
 
 

@@ -1,4 +1,4 @@
-"""One table of options (conformance/options.py): the command line, the pytest plugin, the variables read
+"""One table of options (conformance/run/options.py): the command line, the pytest plugin, the variables read
 and the guide's list are all made from it, and a run resolves its options and loads its named cases once."""
 
 import collections
@@ -10,10 +10,11 @@ import sys
 import pytest
 from harness_cases import small_cases, write_cases
 
-from shardspec.conformance import options
 from shardspec.conformance.cli import build_parser, main
-from shardspec.conformance.options import OPTIONS, markdown_table, resolve
 from shardspec.conformance.plugin import pytest_addoption
+from shardspec.conformance.run import resolve as resolving
+from shardspec.conformance.run.options import OPTIONS, markdown_table
+from shardspec.conformance.run.resolve import resolve
 from shardspec.conformance.usage import UsageError
 
 GUIDE = pathlib.Path(__file__).resolve().parents[2] / "docs" / "validate-your-implementation.md"
@@ -142,7 +143,7 @@ def test_the_guide_lists_the_table():
     text = GUIDE.read_text()
     block = re.search(r"<!-- options: .*?-->\n(.*?)<!-- end options -->", text, re.S)
     assert block, "the guide has no generated options list"
-    assert block.group(1).strip() == markdown_table(), "regenerate it: python -m shardspec.conformance.options"
+    assert block.group(1).strip() == markdown_table(), "regenerate it: python -m shardspec.conformance.run.options"
 
 
 def test_defaults_come_from_the_table():
@@ -173,8 +174,7 @@ def test_a_plugin_option_after_double_dash_is_refused(capsys):
 
 
 def _counting(monkeypatch):
-    import shardspec.fixtures
-    from shardspec.conformance import runner, session
+    from shardspec.conformance.run import collect, session
 
     counts = collections.Counter()
 
@@ -187,10 +187,10 @@ def _counting(monkeypatch):
 
         monkeypatch.setattr(module, name, call)
 
-    counted(options, "resolve", "resolve")
-    counted(runner, "collect_cases", "collect_cases")
+    counted(resolving, "resolve", "resolve")
+    counted(resolving, "collect_cases", "collect_cases")
     counted(session, "collect_cases", "collect_cases")
-    counted(shardspec.fixtures, "load_case_file", "load_case_file")
+    counted(collect, "load_case_file", "load_case_file")
     return counts
 
 

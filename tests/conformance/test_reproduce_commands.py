@@ -10,9 +10,9 @@ import shutil
 
 from shardspec.conformance.api import ImplChoice
 from shardspec.conformance.cli import build_parser, main
-from shardspec.conformance.options import resolve
-from shardspec.conformance.reproduce import mode_args, reproduce_command
-from shardspec.conformance.runner import RunConfig
+from shardspec.conformance.run.config import RunConfig
+from shardspec.conformance.run.reproduce import mode_args, reproduce_command
+from shardspec.conformance.run.resolve import resolve
 from shardspec.conformance.usage import DEPLOY_TIER
 from shardspec.fixtures import load_case
 
@@ -73,7 +73,7 @@ def test_a_case_on_the_initial_owner_table_is_written_so_that_its_command_loads_
     was refused ("the case holds for profile(s) ..., not vllm-0.34-sharded-draft-cache")."""
     from dataclasses import replace
 
-    from shardspec.conformance.reproduce import write_case_file
+    from shardspec.conformance.run.reproduce import write_case_file
     from shardspec.fixtures.catalogue import case_profiles, load_case_file
 
     profile = "vllm-0.34-sharded-draft-cache"

@@ -17,14 +17,15 @@ from pathlib import Path
 
 import pytest
 
-from shardspec.conformance import upstream
-from shardspec.conformance.upstream import main as upstream_main
+from shardspec.conformance.upstream import drift
+from shardspec.conformance.upstream.command import main as upstream_main
+from shardspec.conformance.upstream.source import SHARD_FILE
 from shardspec.spec.profiles import PROFILES
 
 VLLM_TREE = Path(os.environ.get("SHARDSPEC_VLLM_TREE", "/work/shared/upstream/vllm-0.33.0"))
 SEED_FILE = Path(os.environ.get("SHARDSPEC_SEED_FILE", "/work/shared/seed/batch_shard.py"))
 pytestmark = pytest.mark.skipif(
-    not (VLLM_TREE / upstream.SHARD_FILE).is_file() or not SEED_FILE.is_file(),
+    not (VLLM_TREE / SHARD_FILE).is_file() or not SEED_FILE.is_file(),
     reason=f"vLLM 0.33.0's files ({VLLM_TREE}) or the seed file ({SEED_FILE}) are not here",
 )
 # What vLLM 0.33 touches and the seed revision does not (the profile vllm-0.33 alone has them).
@@ -53,7 +54,7 @@ def copy_tree(tmp_path, edit=None):
     """A copy of the 0.33 tree whose batch_shard.py is ``edit(text)``."""
     root = tmp_path / "tree"
     shutil.copytree(VLLM_TREE / "vllm", root / "vllm")
-    file = root / upstream.SHARD_FILE
+    file = root / SHARD_FILE
     file.chmod(0o644)
     if edit:
         file.write_text(edit(file.read_text()))
@@ -80,7 +81,7 @@ def test_the_0_33_tree_is_clean(capsys, profile):
     assert report["profiles"] == ([profile] if profile else list(PROFILES))
     # The spec's extension fields are shardspec's own: listed with the reason, not a finding.
     assert [(s["type"], s["field"]) for s in report["shardspec_only"]] == [("SamplerOutput", "extensions")]
-    assert all(reason for reason in upstream.SHARDSPEC_ONLY.values())
+    assert all(reason for reason in drift.SHARDSPEC_ONLY.values())
 
 
 def test_the_0_33_tree_against_the_seed_profile_touches_its_new_fields(capsys):
@@ -110,7 +111,7 @@ def test_the_seed_file_is_clean_against_its_own_profile(capsys):
 def test_the_list_names_field_type_and_lines(capsys):
     assert upstream_main([str(VLLM_TREE), "--profile", "vllm-seed"]) == 1
     out = capsys.readouterr().out.splitlines()
-    text = (VLLM_TREE / upstream.SHARD_FILE).read_text()
+    text = (VLLM_TREE / SHARD_FILE).read_text()
     read = line_of(text, "= input_batch.seq_lens_cpu_upper_bound[")
     given = line_of(text, "seq_lens_cpu_upper_bound=local_seq_lens_cpu_upper_bound")
     assert f"  seq_lens_cpu_upper_bound  InputBatch  line {read} (read), {given} (replace)" in out
@@ -120,7 +121,7 @@ def test_the_list_names_field_type_and_lines(capsys):
 def test_a_wheel_is_read_from_the_zip_with_its_version(capsys, tmp_path):
     code, report = run(capsys, build_wheel(tmp_path))
     assert (code, report["findings"], report["vllm_version"]) == (0, [], "0.33.0")
-    assert report["source"].endswith(".whl!" + upstream.SHARD_FILE)
+    assert report["source"].endswith(".whl!" + SHARD_FILE)
     assert report["touched"] == run(capsys, VLLM_TREE)[1]["touched"]
 
 
@@ -139,7 +140,7 @@ def test_installed_finds_the_package_without_importing_it(capsys, tmp_path, monk
     monkeypatch.syspath_prepend(str(site))
     code, report = run(capsys, "installed")
     assert (code, report["vllm_version"]) == (0, "0.33.0") and "vllm" not in sys.modules
-    assert report["source"] == str(site / upstream.SHARD_FILE)
+    assert report["source"] == str(site / SHARD_FILE)
 
 
 @pytest.mark.parametrize(
@@ -173,7 +174,7 @@ def test_a_field_the_spec_lacks_is_a_finding(capsys, tmp_path, edit, field, how)
     code, report = run(capsys, root)
     assert code == 1 and found(report, "not_in_spec") == {field} and found(report, "not_touched") == set()
     [(line, seen)] = report["findings"][0]["where"]
-    assert seen == how and "new_field" in (root / upstream.SHARD_FILE).read_text().splitlines()[line - 1]
+    assert seen == how and "new_field" in (root / SHARD_FILE).read_text().splitlines()[line - 1]
 
 
 def test_a_spec_field_the_code_dropped_is_a_finding(capsys, tmp_path):
@@ -187,7 +188,7 @@ def test_types_come_from_annotations_not_variable_names(capsys, tmp_path):
     names = {"input_batch": "ib", "grammar_output": "g", "local_output": "out", "metadata": "plan", "lp": "tensors"}
     pattern = re.compile(r"\b(" + "|".join(names) + r")\b")
     root = copy_tree(tmp_path, lambda t: pattern.sub(lambda m: names[m[1]], t))
-    assert "input_batch" not in (root / upstream.SHARD_FILE).read_text()
+    assert "input_batch" not in (root / SHARD_FILE).read_text()
     code, report = run(capsys, root)
     assert (code, report["findings"], report["touched"]) == (0, [], run(capsys, VLLM_TREE)[1]["touched"])
 

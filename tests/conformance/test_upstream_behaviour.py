@@ -10,9 +10,10 @@ import importlib.util
 import pytest
 import vllm_files
 
-from shardspec.conformance import upstream_run, upstream_verdicts
-from shardspec.conformance.upstream import main as upstream_main
-from shardspec.conformance.upstream import read_source, touched_fields
+from shardspec.conformance.upstream import behaviour, verdicts
+from shardspec.conformance.upstream.command import main as upstream_main
+from shardspec.conformance.upstream.drift import touched_fields
+from shardspec.conformance.upstream.source import read_source
 
 # Read out of the wheel nox -s drift downloads, or a copy beside the checkout (tests/vllm_files.py).
 needs_034 = vllm_files.needs("0.34.0")
@@ -21,7 +22,7 @@ FILE_034 = vllm_files.batch_shard_file("0.34.0") or vllm_files.shared_file("0.34
 
 @pytest.fixture(scope="module")
 def run_034():
-    return upstream_run.run(str(FILE_034), upstream_run.visible_profiles())
+    return behaviour.run(str(FILE_034), behaviour.visible_profiles())
 
 
 @pytest.fixture(scope="module")
@@ -32,14 +33,14 @@ def touched_034():
 @needs_034
 @pytest.mark.slow
 def test_with_its_profile_hidden_the_ownership_change_is_named(run_034, touched_034):
-    report = upstream_verdicts.report(run_034, upstream_run.visible_profiles(("vllm-0.34",)), touched_034)
+    report = verdicts.report(run_034, behaviour.visible_profiles(("vllm-0.34",)), touched_034)
     assert report["exit_code"] == 1 and report["matches"] == []
     assert report["rules"]["owner"]["values"] == ["position_mod_tp"]
     assert not report["rules"]["owner"]["how"].endswith(" 0 telling them apart"), report["rules"]["owner"]
     assert report["rules"]["exchange"]["values"] == ["all_to_all_vocab_shards"]
     # vllm-0.33 differs in the owner rule, the exchange and the grammar's acceptable-draft counts.
     assert set(report["differ"]["vllm-0.33"]) == {"owner", "exchange", "acceptable_drafts"}
-    text = upstream_verdicts.render(report)
+    text = verdicts.render(report)
     owner = next(line for line in text.splitlines() if line.startswith("  owner: "))
     assert "position_mod_tp" in owner and "no bundled profile has it" in owner, text
     # The closest is vLLM 0.34 with a sharded draft-logits cache: it differs in the owner rule alone.
@@ -50,7 +51,7 @@ def test_with_its_profile_hidden_the_ownership_change_is_named(run_034, touched_
 @needs_034
 @pytest.mark.slow
 def test_with_every_profile_vllm_034_is_the_match(run_034, touched_034):
-    report = upstream_verdicts.report(run_034, upstream_run.visible_profiles(), touched_034)
+    report = verdicts.report(run_034, behaviour.visible_profiles(), touched_034)
     assert report["matches"] == ["vllm-0.34"] and report["exit_code"] == 0, report["differ"]
     # Every case ran, and the cases under vllm-0.34 pass but the empty batch (its local cu_num_logits
     # is never written, a known defect of the file).
@@ -70,7 +71,7 @@ def test_bad_input_is_one_line_and_exit_2(capsys, tmp_path, monkeypatch):
     assert "not a vLLM source tree" in error_of(tmp_path)
     assert "not a wheel" in error_of(tmp_path / "vllm-0.34.0-cp38-abi3-manylinux_2_28_x86_64.whl")
     assert "no such bundled profile" in error_of(FILE_034, "--hide-profile", "vllm-9")
-    hide_all = [a for p in upstream_run.PROFILES for a in ("--hide-profile", p)]
+    hide_all = [a for p in behaviour.PROFILES for a in ("--hide-profile", p)]
     assert "hides every bundled profile" in error_of(FILE_034, *hide_all)
     assert "--behaviour runs every bundled profile" in error_of(FILE_034, "--profile", "vllm-0.34")
     not_sharder = tmp_path / "batch_shard.py"
@@ -87,7 +88,7 @@ def test_a_file_that_blocks_at_import_is_one_line_within_the_limit(capsys, tmp_p
 
     blocking = tmp_path / "batch_shard.py"
     blocking.write_text("import time\n\n\nclass BatchShardMetadata:\n    pass\n\n\ntime.sleep(3600)\n")
-    monkeypatch.setattr(upstream_run, "LOAD_LIMIT_S", 5.0)
+    monkeypatch.setattr(behaviour, "LOAD_LIMIT_S", 5.0)
     started = time.monotonic()
     assert upstream_main([str(blocking), "--behaviour"]) == 2
     err = capsys.readouterr().err.strip()
@@ -114,15 +115,11 @@ def test_an_invariant_failure_is_blamed_on_a_rule_only_under_a_profile_that_fits
             judged=["INV-LOCAL-GRAMMAR"],
         )
 
-    position = {"owner": upstream_verdicts.Verdict("owner", ("position_mod_tp",), "read")}
-    blamed = upstream_verdicts.by_invariants(
-        "grammar_slicing", [result("vllm-0.34", ["INV-LOCAL-GRAMMAR"])], position, spec
-    )
+    position = {"owner": verdicts.Verdict("owner", ("position_mod_tp",), "read")}
+    blamed = verdicts.by_invariants("grammar_slicing", [result("vllm-0.34", ["INV-LOCAL-GRAMMAR"])], position, spec)
     assert blamed.values == ("rows",) and list(blamed.broken) == ["blocks"]
-    slot = {"owner": upstream_verdicts.Verdict("owner", ("slot_mod_tp",), "read")}
-    unblamed = upstream_verdicts.by_invariants(
-        "grammar_slicing", [result("vllm-0.34", ["INV-LOCAL-GRAMMAR"])], slot, spec
-    )
+    slot = {"owner": verdicts.Verdict("owner", ("slot_mod_tp",), "read")}
+    unblamed = verdicts.by_invariants("grammar_slicing", [result("vllm-0.34", ["INV-LOCAL-GRAMMAR"])], slot, spec)
     assert unblamed.values == ("rows", "blocks") and not unblamed.broken
-    held = upstream_verdicts.by_invariants("grammar_slicing", [result("vllm-0.34", [])], position, spec)
+    held = verdicts.by_invariants("grammar_slicing", [result("vllm-0.34", [])], position, spec)
     assert held.values == ("rows", "blocks") and "held under blocks" in held.how

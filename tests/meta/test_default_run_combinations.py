@@ -5,11 +5,11 @@ from dataclasses import replace
 
 import pytest
 
-from shardspec.conformance import options
 from shardspec.conformance.api import ImplChoice
 from shardspec.conformance.cases.coverage import exercised
 from shardspec.conformance.replay import run_case_in_process
-from shardspec.conformance.runner import cases_of_entry, collect_cases
+from shardspec.conformance.run import resolve
+from shardspec.conformance.run.collect import cases_of_entry, collect_cases
 from shardspec.spec.case_edits import UPPER_BOUND_ABSENT
 from shardspec.spec.guarantees import broken_guarantee
 from shardspec.spec.profiles import DEFAULT_PROFILE, rules_of
@@ -20,7 +20,7 @@ ROTATES_LARGE = "shardspec.conformance.broken.extensions:ExtensionEntriesRotated
 @pytest.fixture(scope="module")
 def default_run():
     # Under the profile of `nox -s conformance`'s main run (noxfile.py's MAIN_PROFILE): nothing outside the contract.
-    config = options.resolve_run({"impl": "reference", "profile": "vllm-0.34-strict"}, {}).config
+    config = resolve.resolve_run({"impl": "reference", "profile": "vllm-0.34-strict"}, {}).config
     return config, collect_cases(config)
 
 
@@ -114,7 +114,7 @@ def run_under():
 
     def run(profile: str):
         if profile not in made:
-            config = options.resolve_run({"impl": "reference", "profile": profile}, {}).config
+            config = resolve.resolve_run({"impl": "reference", "profile": profile}, {}).config
             made[profile] = config, collect_cases(config)
         return made[profile]
 

@@ -7,10 +7,10 @@ import re
 
 import pytest
 
-from shardspec.conformance import options
 from shardspec.conformance.api import ImplChoice
 from shardspec.conformance.cases.coverage import coverage
-from shardspec.conformance.runner import cases_of_entry, collect_cases
+from shardspec.conformance.run import resolve
+from shardspec.conformance.run.collect import cases_of_entry, collect_cases
 from shardspec.spec.profiles import rules_of
 
 NOXFILE = pathlib.Path(__file__).resolve().parents[2] / "noxfile.py"
@@ -36,7 +36,7 @@ def _nox_profile() -> str:
 
 @pytest.fixture(scope="module")
 def default_run():
-    config = options.resolve_run({"impl": _nox_entries(), "profile": _nox_profile()}, {}).config
+    config = resolve.resolve_run({"impl": _nox_entries(), "profile": _nox_profile()}, {}).config
     return config, collect_cases(config)
 
 

@@ -9,7 +9,6 @@ import pathlib
 
 import pytest
 
-from shardspec.conformance import options
 from shardspec.conformance.api import ImplChoice
 from shardspec.conformance.broken import BY_NAME
 from shardspec.conformance.broken.scale import EXCHANGE_CHUNK_COLUMNS, GATHER_STAGE_ROWS
@@ -17,8 +16,9 @@ from shardspec.conformance.cases.deployment import deploy_tier_cases
 from shardspec.conformance.harness.group import Job
 from shardspec.conformance.harness.multiprocess import LaunchOptions, run_jobs_multiprocess
 from shardspec.conformance.replay import run_case_in_process, suite_judge
-from shardspec.conformance.reproduce import mode_args
-from shardspec.conformance.runner import collect_cases
+from shardspec.conformance.run import options, resolve
+from shardspec.conformance.run.collect import collect_cases
+from shardspec.conformance.run.reproduce import mode_args
 from shardspec.spec.profiles import rules_of
 
 NOXFILE = pathlib.Path(__file__).resolve().parents[2] / "noxfile.py"
@@ -32,7 +32,7 @@ PAST_THRESHOLD = {
 
 @pytest.fixture(scope="module")
 def default_run():
-    config = options.resolve_run({"impl": "reference"}, {}).config
+    config = resolve.resolve_run({"impl": "reference"}, {}).config
     return config, collect_cases(config)
 
 
@@ -73,7 +73,7 @@ def test_the_default_run_s_world_of_two_tp_groups_rejects_the_default_group_entr
     given = {by_flag[flag].name: value for flag, value in zip(flags[::2], flags[1::2], strict=True)}
     entry = BY_NAME["all-to-all-on-the-default-group"]
     given.update(impl=entry.target, case=list(_nox_constant("DP_WORLD_CASES")))
-    resolved = options.resolve_run(given, {})
+    resolved = resolve.resolve_run(given, {})
     assert resolved.config.tp_groups > 1 and resolved.cases is not None
     [tp] = resolved.config.tp_sizes
     valid = [case for case in resolved.cases.cases if case.expect_error is None]
@@ -91,7 +91,7 @@ def test_the_default_run_s_world_of_two_tp_groups_rejects_the_default_group_entr
 
 
 def test_the_deploy_tier_runs_every_deployed_size_at_every_group_size_and_nothing_else():
-    config = options.resolve_run({"impl": "reference", "size_tier": "deploy"}, {}).config
+    config = resolve.resolve_run({"impl": "reference", "size_tier": "deploy"}, {}).config
     case_set = collect_cases(config)
     built = [tp for tp in config.tp_sizes if tp >= rules_of(config.profile).min_tp]
     assert [c.case_id for c in case_set.cases] == [
@@ -105,9 +105,9 @@ def test_the_deploy_tier_runs_every_deployed_size_at_every_group_size_and_nothin
 
 def test_reproduce_commands_name_the_size_tier():
     """Only a run of the deploy tier names it (a case it made is named by its file too)."""
-    deploy = mode_args(options.resolve_run({"impl": "reference", "size_tier": "deploy"}, {}).config)
+    deploy = mode_args(resolve.resolve_run({"impl": "reference", "size_tier": "deploy"}, {}).config)
     assert deploy[deploy.index("--size-tier") + 1] == "deploy", deploy
-    assert "--size-tier" not in mode_args(options.resolve_run({"impl": "reference"}, {}).config)
+    assert "--size-tier" not in mode_args(resolve.resolve_run({"impl": "reference"}, {}).config)
 
 
 def test_ci_runs_the_deploy_tier():

@@ -5,12 +5,12 @@ row's) passes the coverage tests, and would pass the entry too."""
 
 import pytest
 
-from shardspec.conformance import options
 from shardspec.conformance.api import ImplChoice
 from shardspec.conformance.broken import BY_NAME
 from shardspec.conformance.cases.coverage import exercised
 from shardspec.conformance.replay import run_case_in_process
-from shardspec.conformance.runner import collect_cases
+from shardspec.conformance.run import resolve
+from shardspec.conformance.run.collect import collect_cases
 from shardspec.spec.profiles import rules_of
 
 # Each end of a size (a variation key) and the entry whose defect shows only there.
@@ -30,7 +30,7 @@ ENTRIES = {
 @pytest.fixture(scope="module")
 def default_run():
     # The profile of `nox -s conformance`'s main run (noxfile.py's MAIN_PROFILE).
-    config = options.resolve_run({"impl": "reference", "profile": "vllm-0.34-strict"}, {}).config
+    config = resolve.resolve_run({"impl": "reference", "profile": "vllm-0.34-strict"}, {}).config
     return config, collect_cases(config)
 
 

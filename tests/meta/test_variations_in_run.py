@@ -9,13 +9,13 @@ import pathlib
 
 import pytest
 
-from shardspec.conformance import options
 from shardspec.conformance.api import ImplChoice
 from shardspec.conformance.broken import BY_NAME, cases
 from shardspec.conformance.broken.cases import TABLE_PROFILE
 from shardspec.conformance.cases.coverage import coverage, exercised
 from shardspec.conformance.replay import run_case_in_process
-from shardspec.conformance.runner import collect_cases
+from shardspec.conformance.run import resolve
+from shardspec.conformance.run.collect import collect_cases
 from shardspec.fixtures.catalogue import with_profile
 from shardspec.spec.profiles import DEFAULT_PROFILE, rules_of
 
@@ -54,7 +54,7 @@ def default_run():
     def run(entry):
         profile = _profile_of(entry)
         if profile not in made:
-            config = options.resolve_run({"impl": "reference", "profile": profile}, {}).config
+            config = resolve.resolve_run({"impl": "reference", "profile": profile}, {}).config
             made[profile] = config, collect_cases(config)
         return made[profile]
 
@@ -119,7 +119,7 @@ def _nox_budget(profile: str) -> dict[str, str]:
 @pytest.fixture(scope="module")
 def table_run():
     given = {"impl": "reference", "profile": TABLE_PROFILE, **_nox_budget(TABLE_PROFILE)}
-    config = options.resolve_run(given, {}).config
+    config = resolve.resolve_run(given, {}).config
     return config, collect_cases(config)
 
 

@@ -1,7 +1,7 @@
 """A pytest plugin (test data) under which the suite's own run raises for one group size, as a bug of the suite
 (or a crash while it computes the expectations) would: the tests of that size error, no cell fails."""
 
-from shardspec.conformance.session import ConformanceSession
+from shardspec.conformance.run.session import ConformanceSession
 
 _run = ConformanceSession.run
 

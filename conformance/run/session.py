@@ -7,29 +7,27 @@ Shared by the command line (one call runs everything) and the pytest entry
 from __future__ import annotations
 
 import json
+import signal
 import time
 
+import torch
+
+import shardspec.conformance.judge.checks  # noqa: F401  registers every checker
 from shardspec.conformance.api import ImplChoice
-from shardspec.conformance.harness.expectations import expectation_device
-from shardspec.conformance.harness.group import group_for
+from shardspec.conformance.harness.expectations import expectation_device, interpret_triton_without_gpu
+from shardspec.conformance.harness.probe import probe
+from shardspec.conformance.judge.checks import base as checks
 from shardspec.conformance.output_paths import ReportPathError, release_run_dir, write_report
 from shardspec.conformance.record import NOT_RUN, PASS, CaseResult, not_run
 from shardspec.conformance.report import contract
 from shardspec.conformance.report import summary as report
 from shardspec.conformance.report.input_coverage import input_coverage, left_out_lines, summary_lines
 from shardspec.conformance.report.xfails import Xfails, load_xfails
-from shardspec.conformance.reproduce import annotate, prepare_reproduction
-from shardspec.conformance.runner import (
-    CaseSet,
-    Log,
-    RunConfig,
-    cases_of_entry,
-    collect_cases,
-    make_run_dir,
-    remove_run_dir,
-    run_group_size,
-    tp_sizes_of,
-)
+from shardspec.conformance.run.collect import cases_of_entry, collect_cases, tp_sizes_of
+from shardspec.conformance.run.config import CaseSet, Log, RunConfig
+from shardspec.conformance.run.reproduce import annotate, prepare_reproduction
+from shardspec.conformance.run.runner import group_for, make_run_dir, remove_run_dir, run_group_size
+from shardspec.spec.loader import spec_version
 from shardspec.spec.profiles import profile_source
 
 
@@ -37,8 +35,7 @@ class ConformanceSession:
     def __init__(self, config: RunConfig, log: Log = print, case_set: CaseSet | None = None):
         """``case_set``: the cases, where the caller loaded them already (the named ones, when the options
         were checked); else they are collected here."""
-        import shardspec.conformance.judge.checks  # noqa: F401  registers every checker
-
+        interpret_triton_without_gpu()  # before an implementation is imported
         self.config = config
         self.log = log
         self.start = time.perf_counter()
@@ -69,8 +66,6 @@ class ConformanceSession:
         return {tp: "a mixed group needs an odd rank" for tp in self.tp_sizes if not choice.applies_to(tp)}
 
     def header(self) -> str:
-        from shardspec.spec.loader import spec_version
-
         lines = [
             f"shardspec conformance against spec {spec_version()}, profile {self._profile()}: implementation(s): "
             f"{', '.join(self.label(i) for i in self.config.impls)}",
@@ -116,8 +111,6 @@ class ConformanceSession:
     def load_problems(self) -> dict[str, str | None]:
         """Why each implementation cannot be loaded, asked once of a child process (this one judges)."""
         if self._load_problems is None:
-            from shardspec.conformance.harness.probe import probe
-
             names = [name for impl in self.config.impls for name in ImplChoice.parse(impl).names()]
             self._load_problems = probe(
                 names, self.config.profile, warnings=self.version_warnings, releases=self.releases
@@ -180,10 +173,9 @@ class ConformanceSession:
 
     def checked(self) -> set[str]:
         """The invariants a checker judges under the run's profile."""
-        from shardspec.conformance.judge.checks.base import GROUP_CHECKERS, RANK_CHECKERS, checkers_for
-
         profile = self.config.profile
-        return set(checkers_for(RANK_CHECKERS, profile)) | set(checkers_for(GROUP_CHECKERS, profile))
+        registered = (checks.RANK_CHECKERS, checks.GROUP_CHECKERS)  # read now: a test may replace the registries
+        return {invariant for registry in registered for invariant in checks.checkers_for(registry, profile)}
 
     def judged_rows(self) -> list[str]:
         """The rows of the table: every invariant, then the run-errors and not-run rows."""
@@ -273,8 +265,6 @@ class ConformanceSession:
                         self.results[impl].append(annotate(self.config, choice, result, self.case_set, self.run_dir))
 
     def _backend(self) -> tuple[str, str]:
-        import torch
-
         if self.config.in_process:
             device = expectation_device(self.config.in_process_device)
             return (
@@ -331,8 +321,6 @@ def report_unstarted(config: RunConfig, interrupted: str, log: Log = print) -> i
 
 def _exit_status_of(signal_name: str) -> int:
     """The status a process ended by ``signal_name`` reports, 128 + its number (the plugin exits with it)."""
-    import signal
-
     try:
         return 128 + signal.Signals[signal_name].value
     except KeyError:

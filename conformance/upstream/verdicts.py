@@ -1,5 +1,5 @@
 """The verdicts of ``python -m shardspec.conformance upstream PATH --behaviour``: which values of each rule of
-spec/rules.py a run of vLLM's sharder (upstream_run.py) is consistent with, which bundled profiles match,
+spec/rules.py a run of vLLM's sharder (behaviour.py) is consistent with, which bundled profiles match,
 and the report and its text.
 
 Each rule of spec/rules.py gets the values consistent with what was seen:
@@ -8,7 +8,7 @@ Each rule of spec/rules.py gets the values consistent with what was seen:
   max_num_reqs_per_rank is the owner) against every value's owners; ``empty_batch_padding`` from an empty
   batch's ``max_num_reqs_per_rank``; ``local_dtypes`` from the local ``idx_mapping``'s dtype against the
   batch's; ``exchange`` and ``adaptive_verification`` from the module's API; ``acceptable_drafts`` from
-  whether the code touches ``num_acceptable_drafts`` (upstream.py's reading, handed in);
+  whether the code touches ``num_acceptable_drafts`` (drift.py's reading, handed in);
 - otherwise from the invariants that hold only for some values of the rule (their ``requires``): a value
   is broken when such an invariant failed under a profile with that value, counted only under profiles
   whose every rule read directly fits the run (under another owner rule every local field differs,
@@ -28,6 +28,7 @@ import numpy as np
 
 from shardspec.spec import rule_meanings
 from shardspec.spec.case import Case
+from shardspec.spec.loader import load_spec
 from shardspec.spec.profiles import behaviour_profiles, rules_of
 from shardspec.spec.rules import GUARANTEE_RULES, RULES, RULES_BY_NAME
 
@@ -142,7 +143,7 @@ def by_invariants(rule: str, results: list, read: dict[str, Verdict], spec) -> V
 
 def read_touches(touched: set[tuple[str, str]]) -> Verdict:
     """``acceptable_drafts`` from the code: whether it touches GrammarOutput.num_acceptable_drafts (the field
-    check's reading of the source, upstream.py: the stand-ins' GrammarOutput has the field whatever the file
+    check's reading of the source, drift.py: the stand-ins' GrammarOutput has the field whatever the file
     does, so running it cannot tell)."""
     sliced = ("GrammarOutput", "num_acceptable_drafts") in touched
     said = "touches" if sliced else "never touches"
@@ -173,10 +174,8 @@ def matching(found: dict[str, Verdict], profiles: list[str]) -> dict[str, list[s
 
 
 def report(done, profiles: list[str], touched: set[tuple[str, str]], spec=None) -> dict:
-    """The verdicts of ``done``'s cases (an upstream_run.Run) under ``profiles`` (the others' cases are left
-    out, as if hidden); ``touched``: the (class, field) pairs the code touches (upstream.py's reading of it)."""
-    from shardspec.spec.loader import load_spec
-
+    """The verdicts of ``done``'s cases (a behaviour.Run) under ``profiles`` (the others' cases are left
+    out, as if hidden); ``touched``: the (class, field) pairs the code touches (drift.py's reading of it)."""
     spec = load_spec() if spec is None else spec
     cases = [c for c in done.cases if c.profile in profiles]
     results = [r for r in done.results if r.case.profile in profiles]

@@ -2,8 +2,7 @@
 flag, or ``$VARIABLE``) and returns the value, or raises a UsageError naming that place and what is
 wrong.
 
-Light imports only, as for the table (options.py): what a reader needs of the suite (the
-implementations, the xfails file's format) loads when an option that names one is read.
+Light imports only, as for the table (options.py): the pytest plugin loads them in every pytest session.
 """
 
 from __future__ import annotations
@@ -12,6 +11,8 @@ import math
 import os
 import pathlib
 
+from shardspec.conformance.api import ImplChoice, ImplementationError, implementation_names
+from shardspec.conformance.output_paths import ReportPathError, check_report_path, check_run_dir
 from shardspec.conformance.usage import MAX_EXAMPLES, MAX_TIMEOUT_S, MAX_TP, MIN_TIMEOUT_S, UsageError
 from shardspec.spec.profiles import PROFILES, ProfileError, load_profile_file, profile_names
 
@@ -70,8 +71,6 @@ def flag(text: str | None, where: str) -> bool:
 
 def report_file(path: str, where: str) -> str:
     """A file the JSON report may be written to: nothing there yet, or an earlier report (output_paths.py)."""
-    from shardspec.conformance.output_paths import ReportPathError, check_report_path
-
     try:
         check_report_path(path)
     except ReportPathError as exc:
@@ -80,6 +79,8 @@ def report_file(path: str, where: str) -> str:
 
 
 def xfails(path: str, where: str) -> str:
+    # The xfails file's format (report/xfails.py) loads torch through spec/guarantees.py, and this module loads
+    # in every pytest session (the plugin's options): it loads when an xfails file is named.
     from shardspec.conformance.report.xfails import load_xfails
 
     try:
@@ -109,8 +110,6 @@ def profile_file(text: str, where: str) -> str:
 
 
 def impl(text: str, where: str) -> list[str]:
-    from shardspec.conformance.api import ImplementationError, implementation_names
-
     if not str(text).replace(",", "").strip():
         raise UsageError(f"{where}: {text!r} names no implementation")
     try:
@@ -120,8 +119,6 @@ def impl(text: str, where: str) -> list[str]:
 
 
 def impl_odd(text: str, where: str) -> str:
-    from shardspec.conformance.api import ImplChoice, ImplementationError
-
     name = str(text).strip()
     try:
         if not name or ImplChoice.parse(name).mixed:
@@ -134,8 +131,6 @@ def impl_odd(text: str, where: str) -> str:
 def run_dir(text: str, where: str) -> pathlib.Path:
     """A run never reads files an earlier run left: its folder must be new (it is made here) or empty, and
     no link (output_paths.py)."""
-    from shardspec.conformance.output_paths import ReportPathError, check_run_dir
-
     try:
         return check_run_dir(text)
     except ReportPathError as exc:

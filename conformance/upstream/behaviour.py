@@ -1,15 +1,16 @@
 """``python -m shardspec.conformance upstream PATH --behaviour``: which profile's rules does vLLM's sharder follow?
 
-The field check (upstream.py) reads the code; this runs it. The sharder (``installed``: the vllm package,
+The field check (drift.py) reads the code; this runs it. The sharder (``installed``: the vllm package,
 through examples/vllm; a ``batch_shard.py``: that file, through examples/upstream_vllm's stand-ins) runs a
 few valid generated cases, an empty batch and a batch whose slots and positions name different owners,
-under each bundled profile, one process per rank, judged by the suite. upstream_verdicts.py then reads
+under each bundled profile, one process per rank, judged by the suite. verdicts.py then reads
 which values of each rule of spec/rules.py the run is consistent with and which bundled profile matches.
 """
 
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import os
 import pathlib
 import signal
@@ -19,11 +20,18 @@ import tempfile
 import time
 from dataclasses import dataclass, field, replace
 
-from shardspec.conformance.upstream_verdicts import report
+import torch
+
+from shardspec.conformance.api import ImplChoice
+from shardspec.conformance.harness.group import Job
+from shardspec.conformance.harness.multiprocess import LaunchOptions, run_jobs_multiprocess
+from shardspec.conformance.judge.verdicts import Judge
+from shardspec.conformance.replay import suite_judge
+from shardspec.conformance.upstream.verdicts import report
 from shardspec.spec.case import Case
 from shardspec.spec.profiles import PROFILES, behaviour_profiles, rules_of
 
-EXAMPLES = pathlib.Path(__file__).resolve().parents[1] / "examples"
+EXAMPLES = pathlib.Path(__file__).resolve().parents[2] / "examples"
 TP_SIZES = (2, 3)
 CASES_PER_TP = 3
 # Larger generated batches cost seconds each in Triton's interpreter and tell the rules apart no better.
@@ -65,10 +73,10 @@ class Subject:
         self._loads_in_time()
         try:
             if "shardspec_vllm" in self.impl:
-                import shardspec_vllm
+                import shardspec_vllm  # the adapter, importable only within self.environment()
 
                 return shardspec_vllm.batch_shard
-            import shardspec_upstream
+            import shardspec_upstream  # the adapter, importable only within self.environment()
 
             return shardspec_upstream.load_upstream(self.env["SHARDSPEC_UPSTREAM_FILE"])
         except Exception as exc:  # an import of vLLM or a load of the file: its first line
@@ -100,8 +108,6 @@ class Subject:
 
 def subject_of(arg: str) -> Subject:
     if arg == "installed":
-        import importlib.util
-
         if importlib.util.find_spec("vllm") is None:
             raise BehaviourInputError("installed: no vllm package is installed (importlib finds none)")
         return Subject("the installed vllm package", "shardspec_vllm:make_sharder", _adapter("vllm"))
@@ -135,6 +141,7 @@ def _plain(case: Case) -> Case | None:
 
 def drift_cases(profiles: list[str], tp_sizes=TP_SIZES, per_tp: int = CASES_PER_TP) -> list[Case]:
     """``per_tp`` plain generated cases per group size and an empty batch, under each profile."""
+    # hypothesis (the test extra) draws the generated cases: the drift check and --help need none
     from shardspec.conformance.cases.strategies import generate_cases
 
     cases = []
@@ -156,29 +163,29 @@ def drift_cases(profiles: list[str], tp_sizes=TP_SIZES, per_tp: int = CASES_PER_
 # ------------------------------------------------------------------ the run
 
 
-def _probing_judge():
+class ProbingJudge(Judge):
     """The suite's judge, keeping what rank 0's shard step returned for each case (the plan is replicated)."""
-    from shardspec.conformance.judge.verdicts import Judge
-    from shardspec.conformance.replay import suite_judge
 
-    class ProbingJudge(Judge):
-        def __init__(self, expect, device, seen):
-            super().__init__(expect, device)
-            self.seen = seen
+    def __init__(self, expect, device, seen):
+        super().__init__(expect, device)
+        self.seen = seen
 
-        def at(self, device):  # the harness moves the judge to the ranks' device: the plans go on being kept
-            return self if device == self.device else ProbingJudge(self.expect, device, self.seen)
+    def at(self, device):  # the harness moves the judge to the ranks' device: the plans go on being kept
+        return self if device == self.device else ProbingJudge(self.expect, device, self.seen)
 
-        def transcripts(self, case, label, transcripts, ended=None, culprit=None):
-            shard = getattr(getattr(transcripts.get(0), "outputs", None), "shard", None)
-            if shard is not None:
-                self.seen[case.case_id] = {
-                    "metadata": shard.metadata,
-                    "local_idx_dtype": shard.local_batch.idx_mapping.dtype,
-                    "batch_idx_dtype": self.inputs(case).batch.idx_mapping.dtype,
-                }
-            return super().transcripts(case, label, transcripts, ended, culprit)
+    def transcripts(self, case, label, transcripts, ended=None, culprit=None):
+        shard = getattr(getattr(transcripts.get(0), "outputs", None), "shard", None)
+        if shard is not None:
+            self.seen[case.case_id] = {
+                "metadata": shard.metadata,
+                "local_idx_dtype": shard.local_batch.idx_mapping.dtype,
+                "batch_idx_dtype": self.inputs(case).batch.idx_mapping.dtype,
+            }
+        return super().transcripts(case, label, transcripts, ended, culprit)
 
+
+def _probing_judge():
+    """A :class:`ProbingJudge` of the suite's expectations, and what it keeps."""
     base = suite_judge()
     judge = ProbingJudge(base.expect, base.device, {})
     return judge, judge.seen
@@ -186,10 +193,6 @@ def _probing_judge():
 
 def run_cases(subject: Subject, cases: list[Case]) -> tuple[list, dict[str, dict]]:
     """Every case run by ``subject`` one process per rank: the suite's results, and rank 0's plan per case."""
-    from shardspec.conformance.api import ImplChoice
-    from shardspec.conformance.harness.group import Job
-    from shardspec.conformance.harness.multiprocess import LaunchOptions, run_jobs_multiprocess
-
     judge, seen = _probing_judge()
     results, servers = [], {}
     with tempfile.TemporaryDirectory(prefix="shardspec-drift-") as run_dir:
@@ -222,8 +225,6 @@ class Run:
 
 def run(arg: str, profiles: list[str]) -> Run:
     """``arg``'s sharder run on :func:`drift_cases` under ``profiles``; BehaviourInputError for bad input."""
-    import torch
-
     subject = subject_of(arg)
     if not torch.cuda.is_available() and "TRITON_INTERPRET" not in os.environ:
         subject.env["TRITON_INTERPRET"] = "1"  # the kernels run in Triton's interpreter on the CPU

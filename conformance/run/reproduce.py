@@ -15,16 +15,14 @@ from __future__ import annotations
 
 import pathlib
 from dataclasses import replace
-from typing import TYPE_CHECKING
 
 from shardspec.conformance.api import ImplChoice
 from shardspec.conformance.record import CaseResult
+from shardspec.conformance.run.config import CaseSet, RunConfig
 from shardspec.conformance.usage import DEFAULT_TIER
+from shardspec.fixtures import case_to_yaml
 from shardspec.spec.case import Case
 from shardspec.spec.profiles import is_profile, profile_source, rules_of
-
-if TYPE_CHECKING:
-    from shardspec.conformance.runner import CaseSet, RunConfig
 
 
 def prepare_reproduction(case_set: CaseSet, run_dir: pathlib.Path) -> None:
@@ -50,7 +48,9 @@ def prepare_reproduction(case_set: CaseSet, run_dir: pathlib.Path) -> None:
         case_set.selections[case.case_id] = selection
 
 
-def annotate(config, choice: ImplChoice, result: CaseResult, case_set: CaseSet, run_dir: pathlib.Path) -> CaseResult:
+def annotate(
+    config: RunConfig, choice: ImplChoice, result: CaseResult, case_set: CaseSet, run_dir: pathlib.Path
+) -> CaseResult:
     """``result`` with whether its case was generated, the guarantee it breaks (a robustness run's) and, unless
     it has one, its reproduce command."""
     result.generated = result.case_id in case_set.generated
@@ -65,8 +65,6 @@ def annotate(config, choice: ImplChoice, result: CaseResult, case_set: CaseSet, 
 
 
 def write_case_file(case: Case, run_dir: pathlib.Path) -> pathlib.Path:
-    from shardspec.fixtures import case_to_yaml
-
     folder = run_dir / "failing"
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{case.case_id}.yaml"

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from shardspec.conformance import option_values as read
+from shardspec.conformance.run import option_values as read
 from shardspec.conformance.usage import UsageError
 
 PLUGIN_PREFIX = "--shardspec-"

@@ -1,37 +1,16 @@
-"""``python -m shardspec.conformance upstream PATH``: does vLLM's batch_shard.py still match the spec?
-
-PATH: a vLLM source tree, a vLLM wheel (read from the zip), one batch_shard.py, or ``installed`` (found
-with importlib.util.find_spec). The file is read by AST, never imported. Types come from the code:
-annotations (``input_batch: InputBatch``, ``local_output: SamplerOutput | None``), constructors,
-``replace(x, ...)``, and fields whose spec entry is a record (``lp = local_output.logprobs_tensors``).
-A field is touched when read (``x.f``, ``getattr(x, "f")``; ``x.f(...)`` is a method), given by keyword
-to a constructor or to ``replace``/``_replace``, or declared in a class body (BatchShardMetadata).
-Findings: touched fields in no profile of the spec, and spec fields the code no longer touches.
-Exit 0 clean, 1 findings, 2 bad input (one line on stderr). With --behaviour the code is run instead of
-read: which bundled profile's rules it follows, rule by rule (upstream_run.py, upstream_verdicts.py)."""
+"""The drift check: which fields vLLM's batch_shard.py touches, read by AST, that no profile of the spec covers,
+and which spec fields it no longer touches (the rules of reading: command.py's doc)."""
 
 from __future__ import annotations
 
-import argparse
 import ast
-import importlib.metadata
-import importlib.util
-import json
-import os
 import re
-import stat
-import sys
-import zipfile
-from dataclasses import dataclass
-from pathlib import Path
 
+from shardspec.conformance.upstream.source import Source, UpstreamInputError, read_source
 from shardspec.spec.documents import holds_for
-from shardspec.spec.errors import SpecFileError
-from shardspec.spec.loader import UnknownProfileError, check_profile, load_spec, profile_names
+from shardspec.spec.loader import check_profile, load_spec, profile_names
 from shardspec.spec.profiles import rules_of
 
-PROG = "python -m shardspec.conformance upstream"
-SHARD_FILE = "vllm/v1/worker/gpu/sample/batch_shard.py"
 # The upstream classes the sharder passes around; spec types name them in `python:`.
 CLASSES = ("InputBatch", "GrammarOutput", "SamplerOutput", "LogprobsTensors", "BatchShardMetadata")
 # Spec fields that are not upstream's sharder contract, so never reported as "no longer touched".
@@ -43,111 +22,6 @@ SHARDSPEC_ONLY = {
 }
 TITLES = {"not_in_spec": "touched by the code, not in the spec", "not_touched": "in the spec, not touched by the code"}
 _NAMEDTUPLE_API = {"_replace", "_asdict", "_fields", "_make"}
-
-
-class UpstreamInputError(Exception):
-    """Bad input: the one-line message is printed and the exit code is 2."""
-
-
-@dataclass
-class Source:
-    label: str  # how the report names the file
-    text: str
-    version: str | None = None  # vLLM's version, where the tree or wheel states it
-
-
-# ------------------------------------------------------------------ reading the source
-
-
-def read_source(arg: str) -> Source:
-    if arg == "installed":
-        return _installed()
-    path = Path(arg)
-    if not path.exists():
-        raise UpstreamInputError(f"{arg}: no such file or directory")
-    if path.is_dir():
-        return _tree(path)
-    if path.suffix in (".whl", ".py"):
-        return _wheel(path) if path.suffix == ".whl" else Source(str(path), _read_text(path))
-    raise UpstreamInputError(f"{arg}: not a vLLM source tree, a vLLM wheel (.whl) or a batch_shard.py")
-
-
-# The most bytes a file of the check is read to (vLLM 0.33's batch_shard.py has about 40 KB, a wheel's METADATA
-# a few KB): a larger one is refused, never read into memory.
-MAX_MEMBER_BYTES = 4 << 20
-
-
-def _regular(path: Path) -> os.stat_result:
-    """``path``'s status if it is a regular file (a link to one is followed), else an UpstreamInputError: a
-    FIFO or a device would be waited on, or read for ever."""
-    try:
-        found = path.stat()
-    except OSError as exc:
-        raise UpstreamInputError(f"{path}: cannot be read: {exc.strerror}") from None
-    if not stat.S_ISREG(found.st_mode):
-        kinds = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"))
-        kind = next((name for test, name in kinds if test(found.st_mode)), "not a regular file")
-        raise UpstreamInputError(f"{path}: is {kind}, not a regular file")
-    return found
-
-
-def _read_text(path: Path) -> str:
-    size = _regular(path).st_size
-    if size > MAX_MEMBER_BYTES:
-        raise UpstreamInputError(f"{path}: {size} bytes, more than {MAX_MEMBER_BYTES} (not a source file of vLLM)")
-    try:
-        with open(path, "rb") as stream:
-            return stream.read(MAX_MEMBER_BYTES + 1)[:MAX_MEMBER_BYTES].decode("utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise UpstreamInputError(f"{path}: cannot be read: {exc}") from None
-
-
-def _member(wheel: zipfile.ZipFile, name: str, path: Path) -> str:
-    """A member of a wheel, its declared size bounded before a byte is unpacked (zipfile stops there)."""
-    size = wheel.getinfo(name).file_size
-    if size > MAX_MEMBER_BYTES:
-        raise UpstreamInputError(f"{path}: {name} is {size} bytes unpacked, more than {MAX_MEMBER_BYTES}")
-    with wheel.open(name) as stream:
-        return stream.read(MAX_MEMBER_BYTES + 1)[:MAX_MEMBER_BYTES].decode("utf-8")
-
-
-def _installed() -> Source:
-    found = importlib.util.find_spec("vllm")  # a top-level name: located, not imported
-    if found is None or not found.submodule_search_locations:
-        raise UpstreamInputError("installed: no vllm package is installed (importlib finds none)")
-    package = Path(list(found.submodule_search_locations)[0])
-    try:
-        return _tree(package.parent, importlib.metadata.version("vllm"))
-    except importlib.metadata.PackageNotFoundError:
-        return _tree(package.parent)
-
-
-def _tree(root: Path, version: str | None = None) -> Source:
-    root = root.parent if root.name == "vllm" and not (root / "vllm").is_dir() else root
-    if not (root / "vllm").is_dir():
-        raise UpstreamInputError(f"{root}: not a vLLM source tree (no vllm/ folder in it)")
-    if not (root / SHARD_FILE).is_file():
-        raise UpstreamInputError(f"{root}: no {SHARD_FILE} in it")
-    version_file = root / "vllm" / "_version.py"  # setuptools-scm writes it, in a checkout and an install
-    text = _read_text(version_file) if version_file.is_file() else ""
-    stated = re.search(r"^__version__ *=[^'\"\n]*['\"]([^'\"]+)", text, re.M)  # __version__ = version = '0.33.0'
-    return Source(str(root / SHARD_FILE), _read_text(root / SHARD_FILE), version or (stated and stated[1]))
-
-
-def _wheel(path: Path) -> Source:
-    _regular(path)
-    try:
-        with zipfile.ZipFile(path) as wheel:
-            names = wheel.namelist()
-            metadata = [_member(wheel, n, path) for n in names if re.fullmatch(r"[^/]+\.dist-info/METADATA", n)]
-            stated = dict(re.findall(r"^(Name|Version): *(\S+)", metadata[0] if metadata else "", re.M))
-            if not any(n.startswith("vllm/") for n in names) or stated.get("Name", "vllm").lower() != "vllm":
-                raise UpstreamInputError(f"{path}: not a vLLM wheel (no vllm package in it)")
-            if SHARD_FILE not in names:
-                raise UpstreamInputError(f"{path}: no {SHARD_FILE} in this wheel")
-            return Source(f"{path}!{SHARD_FILE}", _member(wheel, SHARD_FILE, path), stated.get("Version"))
-    except (zipfile.BadZipFile, zipfile.LargeZipFile, OSError, UnicodeDecodeError, NotImplementedError) as exc:
-        raise UpstreamInputError(f"{path}: not a readable wheel: {exc}") from None
 
 
 def parse(source: Source) -> ast.Module:
@@ -353,60 +227,7 @@ def _where(finding: dict) -> str:
     return f"data_model.yaml {', '.join(finding['spec_types'])} (profiles: {', '.join(finding['profiles'])})"
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[1])
-    parser.add_argument("path", metavar="PATH", help="a vLLM source tree, a vLLM wheel, a batch_shard.py, or installed")
-    parser.add_argument("--profile", help="compare against this profile's fields (default: every profile's)")
-    parser.add_argument("--json", action="store_true", help="print the report as JSON")
-    parser.add_argument(
-        "--behaviour",
-        action="store_true",
-        help="run the sharder (installed, or a tree's or one batch_shard.py through the stand-ins) on a few "
-        "generated cases under each bundled profile and say which profile's rules it follows "
-        "(conformance/upstream_run.py, upstream_verdicts.py)",
-    )
-    parser.add_argument(
-        "--hide-profile",
-        action="append",
-        default=[],
-        metavar="NAME",
-        help="with --behaviour: leave this bundled profile out, as if it did not exist (repeatable)",
-    )
-    args = parser.parse_args(argv)
-    if args.hide_profile and not args.behaviour:
-        parser.error("--hide-profile needs --behaviour")
-    try:
-        if args.behaviour:
-            return _behaviour(args)
-        report = check(args.path, args.profile)
-    except (UpstreamInputError, UnknownProfileError, SpecFileError) as exc:
-        print(f"{PROG}: error: {exc}", file=sys.stderr)
-        return 2
-    print(json.dumps(report, indent=2) if args.json else render(report))
-    return report["exit_code"]
-
-
 def touched_fields(source: Source, spec=None) -> set[tuple[str, str]]:
     """The (class, field) pairs the code of ``source`` touches."""
     spec = load_spec() if spec is None else spec
     return set(_Visitor(spec_refs(spec), parse(source)).touches)
-
-
-def _behaviour(args) -> int:
-    from shardspec.conformance import upstream_run, upstream_verdicts
-
-    if args.profile:
-        raise UpstreamInputError("--behaviour runs every bundled profile; leave some out with --hide-profile")
-    if args.path.endswith(".whl"):
-        raise UpstreamInputError(
-            f"{args.path}: --behaviour runs installed, a source tree or a batch_shard.py, not a wheel"
-        )
-    try:
-        upstream_run.visible_profiles(tuple(args.hide_profile))  # a bad name before anything is read
-        source = read_source(args.path)
-        target = "installed" if args.path == "installed" else source.label  # the batch_shard.py of a tree
-        report = upstream_run.check(target, touched_fields(source), tuple(args.hide_profile))
-    except upstream_run.BehaviourInputError as exc:
-        raise UpstreamInputError(str(exc)) from None
-    print(json.dumps(report, indent=2, default=str) if args.json else upstream_verdicts.render(report))
-    return report["exit_code"]
