@@ -149,7 +149,7 @@ def boundary_cases(profile: str = DEFAULT_PROFILE, tp_sizes=TP_SIZES, seed: int 
         for tp in tp_sizes:
             case = _case_for(boundary, tp, profile, seed)
             if case is not None:
-                if not rules_of(case.profile).adaptive:
+                if not case.rules.adaptive:
                     case = replace(case, adaptive_verification=False)
                 out.append(case)
     return out
@@ -171,7 +171,7 @@ def boundary_cases_for_run(tp: int, profile: str = DEFAULT_PROFILE, seed: int = 
         if where and where[(i + seed) % len(where)] == tp:
             mine.append(b)
     cases = [c for c in (_case_for(b, tp, profile, seed) for b in mine) if c is not None]
-    return [c if rules_of(c.profile).adaptive else replace(c, adaptive_verification=False) for c in cases]
+    return [c if c.rules.adaptive else replace(c, adaptive_verification=False) for c in cases]
 
 
 # Sizes of the data model a length is stated in (spec/data_model.yaml): a sequence stated to have one of

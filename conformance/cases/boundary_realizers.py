@@ -10,7 +10,6 @@ from dataclasses import replace
 from shardspec.conformance.cases.batches import local_requests
 from shardspec.spec.case import Case, ExplicitLocalOutput, least_capacity
 from shardspec.spec.case_edits import UPPER_BOUND_ABSENT
-from shardspec.spec.profiles import rules_of
 
 
 def _counts(case: Case, counts: list[int]) -> Case:
@@ -54,7 +53,7 @@ def _capacity_at_largest_slot(case, rng):
 
 def _bound_absent(case, rng):
     """No seq_lens_cpu_upper_bound: a violation only where the engine always passes one."""
-    return replace(case, edits=[UPPER_BOUND_ABSENT]) if rules_of(case.profile).upper_bound_required else None
+    return replace(case, edits=[UPPER_BOUND_ABSENT]) if case.rules.upper_bound_required else None
 
 
 def _group_of_one(case, rng):

@@ -204,7 +204,7 @@ def exercised(case, previous=None) -> set[Variation]:
         "batch.cu_num_logits": "int32",
         "batch.num_draft_tokens_per_req": "int32",
     }
-    has_bound = rules_of(case.profile).has_upper_bound
+    has_bound = case.rules.has_upper_bound
     upper_bound = has_bound and UPPER_BOUND_ABSENT not in case.edits
     if upper_bound:
         dtypes["batch.seq_lens_cpu_upper_bound"] = "int32"
@@ -252,7 +252,7 @@ def exercised(case, previous=None) -> set[Variation]:
         add(path, LAYOUT, "contiguous" if layout not in LAYOUTS_1D and path not in two_d else layout)
     # presence
     add("batch.num_draft_tokens_per_req", PRESENCE, "present" if spec_decode else "absent")
-    if has_bound and not rules_of(case.profile).upper_bound_required:  # optional: both presences
+    if has_bound and not case.rules.upper_bound_required:  # optional: both presences
         add("batch.seq_lens_cpu_upper_bound", PRESENCE, "present" if upper_bound else "absent")
     add("batch.num_admitted_draft_tokens", PRESENCE, "absent" if case.admitted_drafts is None else "present")
     add("grammar", PRESENCE, "present" if case.grammar_positions else "absent")

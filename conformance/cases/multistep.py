@@ -79,7 +79,7 @@ def _usable(case: Case) -> bool:
 def with_steps(base: Case, rng: np.random.Generator, adaptive: bool = False) -> Case:
     """``base`` and its later steps, each with a draw of its profile's inputs on a sharder whose adaptive
     verification is ``adaptive`` (where the profile has it)."""
-    rules = rules_of(base.profile)
+    rules = base.rules
     first = replace(
         base,
         local_outputs="toy",
@@ -163,7 +163,7 @@ def _loop_change(kind: str, step: Case, rng: np.random.Generator) -> dict | None
     if kind == "nan-counts":
         return {"gather_num_nans": not step.gather_num_nans}
     if kind == "extensions":  # only where the profile's callers declare extension fields
-        if not rules_of(step.profile).has_extension_fields:
+        if not step.rules.has_extension_fields:
             return None
         return {"extensions": {} if step.extensions else dict(EXTENSION)}
     if kind == "order":
@@ -176,7 +176,7 @@ def _loop_change(kind: str, step: Case, rng: np.random.Generator) -> dict | None
 def _bound_change(step: Case) -> dict | None:
     """The bound of seq_lens left out where it was passed, or passed again, where the profile's engine may leave
     it out (seq_lens_upper_bound: optional); None elsewhere."""
-    rules = rules_of(step.profile)
+    rules = step.rules
     if not rules.has_upper_bound or rules.upper_bound_required:
         return None
     if UPPER_BOUND_ABSENT in step.edits:
@@ -267,7 +267,7 @@ def _options(kind: str, first: Case, previous: Case, slots: list[int]) -> dict:
         return {"gather_num_nans": not previous.gather_num_nans}
     if kind == "grow":
         return {"logprobs_dims": None if previous.logprobs_dims is not None else (1, 2)}
-    return {"extensions": {**first.extensions, **EXTENSION}} if rules_of(first.profile).has_extension_fields else {}
+    return {"extensions": {**first.extensions, **EXTENSION}} if first.rules.has_extension_fields else {}
 
 
 def _step(first: Case, slots: list[int], rng: np.random.Generator, seed: int, description: str) -> Case:

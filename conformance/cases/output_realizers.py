@@ -22,7 +22,6 @@ from shardspec.conformance.cases.input_space import (
     VALUE,
 )
 from shardspec.conformance.cases.sizes import with_logprobs
-from shardspec.spec.profiles import rules_of
 
 _LOGPROB_NAMES = ("logprob_token_ids", "logprobs", "selected_token_ranks")
 
@@ -81,9 +80,7 @@ def with_sampler_cu(name: str, layout: str | None = None) -> Callable:
     prefix sums, which the gather does not read), the local output laid out as ``layout``."""
 
     def realize(case, rng):
-        if not isinstance(case.local_outputs, dict) or (
-            name.endswith("_tensor") and not rules_of(case.profile).adaptive
-        ):
+        if not isinstance(case.local_outputs, dict) or (name.endswith("_tensor") and not case.rules.adaptive):
             return None
         outputs = dict(case.local_outputs)
         for rank, out in outputs.items():

@@ -38,7 +38,6 @@ from shardspec.conformance.cases.sizes import SIZE_REALIZERS, largest_batch
 from shardspec.spec.case_edits import LOGITS_LIMITS_EDIT, UPPER_BOUND_ABSENT
 from shardspec.spec.layouts import BATCH_ARRAYS, BATCH_TENSORS, FIELDS_2D, LAYOUTS, OWNER_TABLE, PROFILE_BATCH_FIELDS
 from shardspec.spec.model import DEFAULT_PROFILE
-from shardspec.spec.profiles import rules_of
 
 
 def _with_layout(layout: str, names: list[str]) -> Callable:
@@ -117,12 +116,12 @@ def _with_grammar(case, rng):
 
 
 def _adaptive(case, rng):
-    return replace(case, adaptive_verification=True) if rules_of(case.profile).adaptive else None
+    return replace(case, adaptive_verification=True) if case.rules.adaptive else None
 
 
 def _with_admitted_drafts(case, rng):
     """Adaptive verification with admitted counts below the scheduled ones (toy-sampled, with drafts)."""
-    rules = rules_of(case.profile)
+    rules = case.rules
     if not (rules.adaptive and rules.admits_drafts) or case.local_outputs != "toy":
         return None
     if case.admitted_drafts is not None:
@@ -134,7 +133,7 @@ def _with_admitted_drafts(case, rng):
 
 
 def _with_upper_bound(case, rng):
-    if not rules_of(case.profile).has_upper_bound:
+    if not case.rules.has_upper_bound:
         return None
     return replace(case, edits=[e for e in case.edits if e != UPPER_BOUND_ABSENT])
 

@@ -27,7 +27,6 @@ from dataclasses import dataclass, field
 
 from shardspec.conformance.record import CaseResult
 from shardspec.spec.guarantees import broken_guarantee
-from shardspec.spec.profiles import rules_of
 
 # Errors that end a launch: the rank's process died, or hung past its watchdog.
 CRASH_KINDS = ("died", "timeout")
@@ -59,7 +58,7 @@ def invalid_input(case) -> bool:
     guarantee its profile's callers keep (a robustness run's case outside the contract: spec/guarantees.py)."""
     if getattr(case, "expect_error", None) is not None:
         return True
-    return hasattr(case, "profile") and broken_guarantee(case, rules_of(case.profile)) is not None
+    return hasattr(case, "profile") and broken_guarantee(case, case.rules) is not None
 
 
 def suspect_crash(result: CaseResult) -> bool:

@@ -52,7 +52,6 @@ from typing import Any
 
 from shardspec.conformance.report.model import SPEC_CHOICE
 from shardspec.spec.guarantees import extensions_declared
-from shardspec.spec.profiles import rules_of
 
 # The invariant name an item uses for a case whose run failed (a rank raised, hung or died).
 RUN_ERROR = "run-error"
@@ -79,7 +78,7 @@ def _owners(case) -> set[int]:
     """The ranks that own some request of ``case`` under its profile's owner rule."""
     tp, entries = case.tp_size, case.owner_table or {}
     table = {int(s): int(entries.get(int(s), int(s) % tp)) for s in case.slots}  # CL-OWNER-TABLE's initial table
-    return set(rules_of(case.profile).owners(case.slots, tp, table))
+    return set(case.rules.owners(case.slots, tp, table))
 
 
 def _present(case, name: str) -> bool:

@@ -22,7 +22,7 @@ from shardspec.conformance.run.config import CaseSet, RunConfig
 from shardspec.conformance.usage import DEFAULT_TIER
 from shardspec.fixtures import case_to_yaml
 from shardspec.spec.case import Case
-from shardspec.spec.profiles import is_profile, profile_source, rules_of
+from shardspec.spec.profiles import is_profile, profile_source
 
 
 def prepare_reproduction(case_set: CaseSet, run_dir: pathlib.Path) -> None:
@@ -76,7 +76,7 @@ def _table_written_out(case: Case) -> Case:
     """Under owner rule owner_table a case file holds only where it writes its table out (CL-OWNER-TABLE): a
     case of this run on the initial table (no entries) gets that table written as no entries, else its
     printed command could not load it under the run's profile."""
-    if not rules_of(case.profile).owner_by_table:
+    if not case.rules.owner_by_table:
         return case
     steps = [replace(step, owner_table={}) if step.owner_table is None else step for step in case.then]
     return replace(case, owner_table={} if case.owner_table is None else case.owner_table, then=steps)

@@ -128,7 +128,7 @@ def by_invariants(rule: str, results: list, read: dict[str, Verdict], spec) -> V
     held: set[str] = set()
     tied = {inv.id for inv in spec.invariants if rule in dict(inv.requires)}
     for result in results:
-        rules = rules_of(result.case.profile)
+        rules = result.case.rules
         if any(getattr(rules, r) not in verdict.values for r, verdict in read.items()):
             continue
         failed = {v["invariant_id"] for v in result.violations} & tied

@@ -143,18 +143,16 @@ def test_each_property(tmp_path, when, case, covered):
     assert xfails.covers("INV-X", _result(case)) is covered
 
 
-def test_the_owner_rule_of_the_case_s_profile_decides_who_owns_nothing(tmp_path, monkeypatch):
-    from shardspec.conformance.report import known_failures
-
+def test_the_owner_rule_of_the_case_s_profile_decides_who_owns_nothing(tmp_path):
     xfails = _xfails(
         tmp_path,
         "known_failures:\n  - {invariant: INV-X, when: {rank_owns_nothing: true}, why: vllm-defect, reason: r}\n",
     )
     case = _case("a", slots=[0, 2], profile="vllm-0.33")
     assert xfails.covers("INV-X", _result(case))  # vllm-0.33: slot % tp, both on rank 0
-    by_position = replace(known_failures.rules_of("vllm-0.33"), owner="position_mod_tp")
-    monkeypatch.setattr(known_failures, "rules_of", lambda profile: by_position)
-    assert not xfails.covers("INV-X", _result(case))  # positions 0 and 1: one request per rank
+    by_position = replace(case.rules, owner="position_mod_tp")
+    # positions 0 and 1: one request per rank
+    assert not xfails.covers("INV-X", _result(replace(case, rules=by_position)))
 
 
 def test_local_logprobs_absent_on_one_rank(tmp_path):

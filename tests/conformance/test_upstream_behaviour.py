@@ -103,11 +103,12 @@ def test_an_invariant_failure_is_blamed_on_a_rule_only_under_a_profile_that_fits
     from types import SimpleNamespace
 
     from shardspec.spec.loader import load_spec
+    from shardspec.spec.profiles import rules_of
 
     spec = load_spec()
 
     def result(profile, failed):
-        case = SimpleNamespace(profile=profile)
+        case = SimpleNamespace(profile=profile, rules=rules_of(profile))
         return SimpleNamespace(
             case=case,
             case_id=f"{profile}-case",
