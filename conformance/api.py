@@ -43,7 +43,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from shardspec.spec.profiles import rules_of
 from shardspec.spec.rules import Rules
 
 IMPL_ENV = "SHARDSPEC_IMPL"  # --impl's variable (the options' table, run/options.py, names it from here)
@@ -127,13 +126,13 @@ def _accepts(factory: SharderFactory, name: str) -> bool:
     return any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
 
 
-def profile_refusal(impl: Implementation, profile: str) -> str | None:
-    """Why ``impl`` cannot run under ``profile`` (it declares SPEC_PROFILES without it, or SPEC_RULES
-    without the value one of the profile's rules has), or None."""
+def profile_refusal(impl: Implementation, rules: Rules) -> str | None:
+    """Why ``impl`` cannot run under the profile of ``rules`` (it declares SPEC_PROFILES without it, or
+    SPEC_RULES without the value one of the profile's rules has), or None."""
+    profile = rules.profile
     declared = getattr(impl.factory, "SPEC_PROFILES", None)
     if declared is not None and profile not in tuple(declared):
         return f"--impl {impl.name!r} implements profiles {', '.join(declared)}, not {profile} (--profile)"
-    rules = rules_of(profile)
     for rule, values in (getattr(impl.factory, "SPEC_RULES", None) or {}).items():
         if getattr(rules, rule) not in tuple(values):
             return (

@@ -128,7 +128,7 @@ class Case:
     # case is made (a case file under a profile, the command line); the fields below are vllm-0.33's.
     rules: Rules = field(default_factory=default_rules)
     # The rule values the case holds for (a fixture file's `requires`, matched as a spec entry's); empty:
-    # every profile whose rules allow the fields it sets (fixtures.catalogue.case_profiles).
+    # every profile whose rules allow the fields it sets (fixtures.catalogue.case_rules).
     requires: Requires = ()
     # The sharder's adaptive_verification_enabled (CL-ADMITTED-DRAFTS).
     adaptive_verification: bool = False

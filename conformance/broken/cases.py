@@ -8,21 +8,20 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from shardspec.conformance.broken.profiles import BUNDLED_RULES
 from shardspec.conformance.cases.deployment import deployment_cases
 from shardspec.conformance.cases.owner_tables import carried
 from shardspec.spec.case import Case, ExplicitLocalOutput
 from shardspec.spec.case_edits import UPPER_BOUND_ABSENT
 from shardspec.spec.layouts import BATCH_ARRAYS, BATCH_TENSORS, LOCAL_OUTPUT, OFFSET, STRIDED
-from shardspec.spec.profiles import PROFILES, rules_of
+from shardspec.spec.model import DEFAULT_PROFILE
 from shardspec.spec.rules import Rules
 
 
-def corpus_case(case_id: str, profile: str | Rules | None = None, **fields) -> Case:
-    """A targeted case of the corpus (tp 2 unless ``fields`` say otherwise), under ``profile`` (a bundled
-    profile's name, or rules; None: the default profile's)."""
+def corpus_case(case_id: str, **fields) -> Case:
+    """A targeted case of the corpus (tp 2 unless ``fields`` say otherwise; the default profile's rules unless
+    they give others)."""
     fields.setdefault("tp_size", 2)
-    if profile is not None:
-        fields["rules"] = rules_of(profile)
     return Case(case_id=case_id, description=f"corpus case {case_id}", **fields)
 
 
@@ -305,10 +304,10 @@ BY_ID = {case.case_id: case for case in ALL}
 # position 3, rank 1 positions 1 and 4, rank 2 positions 0 and 2: neither the slots (all 0 mod 3) nor the
 # positions (0 would be rank 0's) give these owners. Slots 4 and 7 are not in the batch and hold stale
 # owners outside [0, 3): never read.
-TABLE_PROFILE = next(name for name in PROFILES if rules_of(name).owner_by_table)
+TABLE_RULES = next(rules for rules in BUNDLED_RULES.values() if rules.owner_by_table)
 OWNER_TABLE = corpus_case(
     "owner-table",
-    profile=TABLE_PROFILE,
+    rules=TABLE_RULES,
     tp_size=3,
     slots=[9, 3, 0, 6, 12],
     num_logits_per_req=[1, 2, 1, 1, 2],
@@ -324,7 +323,7 @@ OWNER_TABLE = corpus_case(
 def _table_step(slots: list[int], num_logits_per_req: list[int], **fields) -> Case:
     return corpus_case(
         "owner-table-steps",
-        profile=TABLE_PROFILE,
+        rules=TABLE_RULES,
         slots=slots,
         num_logits_per_req=num_logits_per_req,
         max_num_reqs=8,
@@ -348,12 +347,15 @@ BY_ID = {case.case_id: case for case in ALL}
 RANGES_PROFILE = "vllm-ascend-contiguous-ranges"
 # The file's rules (it extends vllm-0.34 and sets the owner rule; tests/meta/test_contiguous_ranges.py holds
 # them equal): the case is made before anyone registers the file.
-RANGES_RULES = Rules.of(RANGES_PROFILE, {**rules_of("vllm-0.34").as_dict(), "owner": "contiguous_ranges"})
+RANGES_RULES = Rules.of(RANGES_PROFILE, {**BUNDLED_RULES["vllm-0.34"].as_dict(), "owner": "contiguous_ranges"})
 CONTIGUOUS_RANGES = corpus_case(
-    "contiguous-ranges", profile=RANGES_RULES, tp_size=3, slots=[7, 2, 5, 0], num_logits_per_req=[2, 1, 3, 1]
+    "contiguous-ranges", rules=RANGES_RULES, tp_size=3, slots=[7, 2, 5, 0], num_logits_per_req=[2, 1, 3, 1]
 )
 BY_ID[CONTIGUOUS_RANGES.case_id] = CONTIGUOUS_RANGES  # not in ALL: its profile is not bundled
 
 # The cases at the sizes engines deploy (conformance/cases/deployment.py) at tp 2, named by their kind: not in ALL
 # (every entry runs on every case of ALL), registered by id as broken/sizes.py's are.
-DEPLOYED = [replace(case, case_id=case.case_id.rsplit("-tp", 1)[0]) for case in deployment_cases(2)]
+DEPLOYED = [
+    replace(case, case_id=case.case_id.rsplit("-tp", 1)[0])
+    for case in deployment_cases(2, BUNDLED_RULES[DEFAULT_PROFILE])
+]

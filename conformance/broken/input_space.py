@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from shardspec.conformance.broken.cases import BY_ID
+from shardspec.conformance.broken.profiles import BUNDLED_RULES
 from shardspec.conformance.broken.support import LogprobsRewritingSharder, preconditions_unchecked
 from shardspec.conformance.cases.boundaries import boundary_cases
 from shardspec.conformance.cases.multistep import multi_step_cases
@@ -75,8 +76,8 @@ class LogprobsDimsOfFirstStep(ReferenceSharder):
         return super().gather_sampler_output(local_output, metadata, global_batch, local_batch, **kwargs)
 
 
-def _boundary(case_id: str, profile: str = "vllm-0.33") -> Case:
-    return next(c for c in boundary_cases(profile) if c.case_id == case_id)
+def _boundary(case_id: str) -> Case:
+    return next(c for c in boundary_cases(BUNDLED_RULES["vllm-0.33"]) if c.case_id == case_id)
 
 
 def _explicit_logprobs(case_id: str, value: float) -> Case:

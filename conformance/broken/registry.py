@@ -6,8 +6,9 @@ from __future__ import annotations
 import importlib
 from dataclasses import dataclass, replace
 
+from shardspec.conformance.broken.profiles import BUNDLED_RULES
 from shardspec.spec.guarantees import broken_guarantee
-from shardspec.spec.profiles import DEFAULT_PROFILE, PROFILES, bundled_profile, rules_of
+from shardspec.spec.profiles import DEFAULT_PROFILE, PROFILES, bundled_profile
 from shardspec.spec.rules import GUARANTEE_RULES
 
 PACKAGE = __name__.rpartition(".")[0]  # the corpus package
@@ -64,8 +65,9 @@ def entry(
 def profiles_requiring(requires: dict[str, str] | None) -> tuple[str, ...]:
     if requires is None:
         return (DEFAULT_PROFILE,)
-    rules = {name: rules_of(name).as_dict() for name in PROFILES}
-    return tuple(name for name in PROFILES if all(rules[name][k] == v for k, v in requires.items()))
+    return tuple(
+        name for name, rules in BUNDLED_RULES.items() if all(rules.as_dict()[k] == v for k, v in requires.items())
+    )
 
 
 def within_contract(entry: Entry, by_id: dict) -> Entry:
@@ -75,7 +77,7 @@ def within_contract(entry: Entry, by_id: dict) -> Entry:
     cases (vllm-0.34-strict: a sharder that accepts a must-reject case is caught there)."""
 
     def admits(profile: str) -> bool:
-        return all(broken_guarantee(by_id[case_id], rules_of(profile)) is None for case_id in entry.cases)
+        return all(broken_guarantee(by_id[case_id], BUNDLED_RULES[profile]) is None for case_id in entry.cases)
 
     kept = tuple(p for p in entry.profiles if admits(p))
     if not kept:

@@ -14,12 +14,11 @@ from dataclasses import replace
 import numpy as np
 import torch
 
-from shardspec.conformance.broken.cases import TABLE_PROFILE, corpus_case
+from shardspec.conformance.broken.cases import TABLE_RULES, corpus_case
 from shardspec.conformance.broken.support import MisreportingSharder
 from shardspec.conformance.cases.owner_tables import carried
 from shardspec.reference import ReferenceSharder
 from shardspec.spec.case import Case
-from shardspec.spec.profiles import rules_of
 
 
 class UpperBoundLocalizedInInt32(MisreportingSharder):
@@ -148,7 +147,7 @@ def _table_steps(name: str, entries: dict, slots: list[list[int]], form: str) ->
     steps = [
         Case(
             case_id=case_id,
-            rules=rules_of(TABLE_PROFILE),
+            rules=TABLE_RULES,
             tp_size=2,
             slots=step,
             num_logits_per_req=[1 + k % 2 for k in range(len(step))],

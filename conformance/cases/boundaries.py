@@ -25,8 +25,7 @@ from shardspec.conformance.cases.boundary_realizers import REALIZERS
 from shardspec.conformance.cases.input_space import holds
 from shardspec.spec.case import Case, case_owners, construction_refusal
 from shardspec.spec.loader import _package_root, document_schema, load_yaml_document
-from shardspec.spec.model import DEFAULT_PROFILE
-from shardspec.spec.profiles import rules_of
+from shardspec.spec.rules import Rules
 
 TP_SIZES = (1, 2, 3, 4, 8)
 
@@ -56,14 +55,14 @@ def _requires(entry: dict) -> tuple:
     return tuple(sorted((rule, tuple(v) if isinstance(v, list) else (v,)) for rule, v in found))
 
 
-def boundaries(profile: str = DEFAULT_PROFILE) -> list[Boundary]:
-    """Every boundary of every must-reject precondition under ``profile``, from the raw YAML."""
+def boundaries(rules: Rules) -> list[Boundary]:
+    """Every boundary of every must-reject precondition under ``rules``, from the raw YAML."""
     raw = load_yaml_document(_package_root().joinpath("preconditions.yaml"), document_schema("preconditions"))
     out = []
     for entry in raw["preconditions"]:
         if entry.get("retired") or entry["on_violation"]["outcome"] != "reject":
             continue
-        if not holds(entry, profile):
+        if not holds(entry, rules):
             continue
         for b in entry.get("boundaries", []):
             out.append(
@@ -82,7 +81,7 @@ def boundaries(profile: str = DEFAULT_PROFILE) -> list[Boundary]:
 # ------------------------------------------------------------------ the valid batch
 
 
-def _base(pre: str, tp: int, rng: np.random.Generator, every_rank_owns: bool, profile: str) -> Case:
+def _base(pre: str, tp: int, rng: np.random.Generator, every_rank_owns: bool, rules: Rules) -> Case:
     """A small valid batch: every rank owns a request, or (tp > 1) some ranks own none."""
     capacity = 64
     if every_rank_owns or tp == 1:
@@ -103,18 +102,18 @@ def _base(pre: str, tp: int, rng: np.random.Generator, every_rank_owns: bool, pr
         max_num_logits_per_req=4,
         logprobs_dims=None,
         seed=int(rng.integers(0, 2**16)),
-        rules=rules_of(profile),
+        rules=rules,
         expect_error=pre,
     )
 
 
-def _case_for(boundary: Boundary, tp: int, profile: str, seed: int) -> Case | None:
+def _case_for(boundary: Boundary, tp: int, rules: Rules, seed: int) -> Case | None:
     realizer = REALIZERS.get(boundary.key)
-    if realizer is None or not applies_at(boundary, tp, profile):
+    if realizer is None or not applies_at(boundary, tp, rules):
         return None
     rng = np.random.default_rng([seed, tp, sum(map(ord, boundary.pre + boundary.key))])
     every_rank_owns = boundary.raised_on != "every rank"
-    base = _base(boundary.pre, tp, rng, every_rank_owns, profile)
+    base = _base(boundary.pre, tp, rng, every_rank_owns, rules)
     case = realizer(base, rng)
     if case is None:
         return None
@@ -132,22 +131,22 @@ def _case_for(boundary: Boundary, tp: int, profile: str, seed: int) -> Case | No
     )
 
 
-def applies_at(boundary: Boundary, tp: int, profile: str) -> bool:
+def applies_at(boundary: Boundary, tp: int, rules: Rules) -> bool:
     """Whether a case can break ``boundary`` at group size ``tp``: under a profile that builds no sharder of
     that size (PRE-TP-SIZE) only that precondition can, and PRE-CAPACITY-TP needs two ranks or more."""
     if boundary.pre == "PRE-TP-SIZE":
         return tp == 1
     if boundary.pre == "PRE-CAPACITY-TP":
         return tp >= 2
-    return tp >= rules_of(profile).min_tp
+    return tp >= rules.min_tp
 
 
-def boundary_cases(profile: str = DEFAULT_PROFILE, tp_sizes=TP_SIZES, seed: int = 0) -> list[Case]:
+def boundary_cases(rules: Rules, tp_sizes=TP_SIZES, seed: int = 0) -> list[Case]:
     """One case per (boundary, tp size) of every must-reject precondition that has a realizer."""
     out = []
-    for boundary in boundaries(profile):
+    for boundary in boundaries(rules):
         for tp in tp_sizes:
-            case = _case_for(boundary, tp, profile, seed)
+            case = _case_for(boundary, tp, rules, seed)
             if case is not None:
                 if not case.rules.adaptive:
                     case = replace(case, adaptive_verification=False)
@@ -155,7 +154,7 @@ def boundary_cases(profile: str = DEFAULT_PROFILE, tp_sizes=TP_SIZES, seed: int 
     return out
 
 
-def boundary_cases_for_run(tp: int, profile: str = DEFAULT_PROFILE, seed: int = 0, run_tp_sizes=TP_SIZES) -> list[Case]:
+def boundary_cases_for_run(tp: int, rules: Rules, seed: int = 0, run_tp_sizes=TP_SIZES) -> list[Case]:
     """The boundary cases a run of one seed over group sizes ``run_tp_sizes`` gives size ``tp``: each
     boundary goes to one of the run's sizes, rotating with the seed (boundary i to
     sizes[(i + seed) % len(sizes)]), so that one run checks every boundary once within its time budget
@@ -164,13 +163,13 @@ def boundary_cases_for_run(tp: int, profile: str = DEFAULT_PROFILE, seed: int = 
     sizes = sorted(set(run_tp_sizes))
     if tp not in sizes:
         return []
-    made = [b for b in boundaries(profile) if b.key in REALIZERS]
+    made = [b for b in boundaries(rules) if b.key in REALIZERS]
     mine = []
     for i, b in enumerate(made):
-        where = [size for size in sizes if applies_at(b, size, profile)]  # the sizes a case of it exists at
+        where = [size for size in sizes if applies_at(b, size, rules)]  # the sizes a case of it exists at
         if where and where[(i + seed) % len(where)] == tp:
             mine.append(b)
-    cases = [c for c in (_case_for(b, tp, profile, seed) for b in mine) if c is not None]
+    cases = [c for c in (_case_for(b, tp, rules, seed) for b in mine) if c is not None]
     return [c if c.rules.adaptive else replace(c, adaptive_verification=False) for c in cases]
 
 
@@ -197,6 +196,6 @@ def one_sided(found: list[Boundary]) -> list[tuple[str, str, str]]:
     return gaps
 
 
-def missing(profile: str = DEFAULT_PROFILE) -> list[Boundary]:
+def missing(rules: Rules) -> list[Boundary]:
     """The boundaries no case can be made for yet."""
-    return [b for b in boundaries(profile) if b.key not in REALIZERS]
+    return [b for b in boundaries(rules) if b.key not in REALIZERS]

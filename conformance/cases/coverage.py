@@ -43,8 +43,7 @@ from shardspec.conformance.cases.step_changes import step_variations
 from shardspec.spec.case import case_owners, least_capacity, owner_table_of
 from shardspec.spec.case_edits import LOGITS_LIMITS_EDIT, UPPER_BOUND_ABSENT
 from shardspec.spec.layouts import BATCH_ARRAYS, BATCH_TENSORS
-from shardspec.spec.model import DEFAULT_PROFILE
-from shardspec.spec.profiles import rules_of
+from shardspec.spec.rules import Rules
 
 _DTYPE_EDITS = {
     "idx-mapping-np-int32": ("batch.idx_mapping_np", "int32"),
@@ -80,19 +79,19 @@ def _owners(case) -> set[int]:
 
 
 @cache
-def declared_dtypes(profile: str) -> dict[str, tuple[str, ...]]:
-    return {f.path: f.dtypes for f in input_fields(raw_data_model(), profile)}
+def declared_dtypes(rules: Rules) -> dict[str, tuple[str, ...]]:
+    return {f.path: f.dtypes for f in input_fields(raw_data_model(), rules)}
 
 
 @cache
-def _two_dimensional(profile: str) -> frozenset[str]:
+def _two_dimensional(rules: Rules) -> frozenset[str]:
     """The fields a two-dimensional view applies to (the space gives them its two-dimensional layouts)."""
-    return frozenset(v.field for v in input_space(profile) if v.axis == LAYOUT and v.value == LAYOUTS_2D[-1])
+    return frozenset(v.field for v in input_space(rules) if v.axis == LAYOUT and v.value == LAYOUTS_2D[-1])
 
 
 @cache
-def _declared_values(profile: str) -> dict[str, dict]:
-    return {f.path: dict(f.values) for f in input_fields(raw_data_model(), profile)}
+def _declared_values(rules: Rules) -> dict[str, dict]:
+    return {f.path: dict(f.values) for f in input_fields(raw_data_model(), rules)}
 
 
 def exercised(case, previous=None) -> set[Variation]:
@@ -174,7 +173,7 @@ def exercised(case, previous=None) -> set[Variation]:
         add("logprobs_dims", VALUE, "min")
     # value: limits of the explicit outputs' values
     if isinstance(case.local_outputs, dict):
-        declared = _declared_values(case.profile)
+        declared = _declared_values(case.rules)
         for out in case.local_outputs.values():
             for name, path in EXPLICIT_OUTPUTS.items():
                 values = getattr(out, name)
@@ -246,7 +245,7 @@ def exercised(case, previous=None) -> set[Variation]:
         for variant in owner_table_variants(case):
             add("owner_table", VALUE, variant)
     viewed = {path: layout for name, layout in case.layouts.items() for path in path_of_layout_name(name)}
-    two_d = _two_dimensional(case.profile)
+    two_d = _two_dimensional(case.rules)
     for path in tensors:
         layout = viewed.get(path, "contiguous")
         add(path, LAYOUT, "contiguous" if layout not in LAYOUTS_1D and path not in two_d else layout)
@@ -286,7 +285,7 @@ def exercised(case, previous=None) -> set[Variation]:
     if previous is not None:
         got |= step_variations(previous, case)
     got |= sizes_drawn(case)
-    space = set(input_space(case.profile))
+    space = set(input_space(case.rules))
     drawn = {Variation(*v) for v in got} & space
     return drawn | {v for v in space if v.axis == PAIR and set(pair_parts(v)) <= drawn}
 
@@ -306,7 +305,7 @@ def steps_of(cases: Iterable) -> list[tuple[object, object | None]]:
 
 @dataclass
 class Coverage:
-    profile: str
+    rules: Rules
     space: tuple[Variation, ...]
     counts: dict[Variation, int]
 
@@ -320,23 +319,23 @@ class Coverage:
 
     def as_dict(self) -> dict:
         return {
-            "profile": self.profile,
+            "profile": self.rules.profile,
             "variations": len(self.space),
             "covered": len(self.covered),
             "not_covered": [v.key for v in self.not_covered],
             # Pairs the space leaves out on purpose, and why (cases/input_space.py).
-            "left_out": dict(pairs_left_out(self.profile)),
+            "left_out": dict(pairs_left_out(self.rules)),
             "counts": {v.key: self.counts.get(v, 0) for v in self.space},
         }
 
 
-def coverage(cases: Iterable, profile: str = DEFAULT_PROFILE) -> Coverage:
+def coverage(cases: Iterable, rules: Rules) -> Coverage:
     """How often the valid steps of ``cases`` drew each variation of the input space (cases that
     violate a precondition on purpose do not count: they draw outside it)."""
     counts: dict[Variation, int] = {}
     for step, previous in steps_of(cases):
         if step.expect_error is not None:
             continue
-        for variation in exercised(replace(step, rules=rules_of(profile)), previous):
+        for variation in exercised(replace(step, rules=rules), previous):
             counts[variation] = counts.get(variation, 0) + 1
-    return Coverage(profile, input_space(profile), counts)
+    return Coverage(rules, input_space(rules), counts)

@@ -17,8 +17,7 @@ import numpy as np
 
 from shardspec.conformance.usage import DEFAULT_TIER, DEPLOY_TIER
 from shardspec.spec.case import Case, least_capacity
-from shardspec.spec.model import DEFAULT_PROFILE
-from shardspec.spec.profiles import rules_of
+from shardspec.spec.rules import Rules
 
 # max_num_seqs of engines serving many short requests, and as many requests in the batch: every slot in use.
 DEPLOYED_REQUESTS = 1024
@@ -33,35 +32,35 @@ DEPLOY_TIER_REQUESTS = 4096
 DEPLOY_TIER_VOCAB = 262144
 
 
-def deployment_cases(tp: int, profile: str = DEFAULT_PROFILE, seed: int = 0) -> list[Case]:
-    """The deployed-size cases of group size ``tp`` under ``profile``, the same for the same seed."""
+def deployment_cases(tp: int, rules: Rules, seed: int = 0) -> list[Case]:
+    """The deployed-size cases of group size ``tp`` under ``rules``, the same for the same seed."""
     rng = np.random.default_rng([seed, tp, 1024])
-    return [_many_requests(tp, profile, seed, rng), _wide_vocabulary(tp, profile, seed, rng)]
+    return [_many_requests(tp, rules, seed, rng), _wide_vocabulary(tp, rules, seed, rng)]
 
 
-def deploy_tier_cases(tp: int, profile: str = DEFAULT_PROFILE, seed: int = 0) -> list[Case]:
+def deploy_tier_cases(tp: int, rules: Rules, seed: int = 0) -> list[Case]:
     """The deploy tier's cases of group size ``tp``: the deployed-size cases, and DEPLOY_TIER_REQUESTS requests and
     a vocabulary of DEPLOY_TIER_VOCAB columns, each in a case of its own."""
     rng = np.random.default_rng([seed, tp, 4096])
     wider = [
-        _many_requests(tp, profile, seed, rng, DEPLOY_TIER_REQUESTS),
-        _wide_vocabulary(tp, profile, seed, rng, DEPLOY_TIER_VOCAB),
+        _many_requests(tp, rules, seed, rng, DEPLOY_TIER_REQUESTS),
+        _wide_vocabulary(tp, rules, seed, rng, DEPLOY_TIER_VOCAB),
     ]
-    return deployment_cases(tp, profile, seed) + wider
+    return deployment_cases(tp, rules, seed) + wider
 
 
-def _many_requests(tp: int, profile: str, seed: int, rng: np.random.Generator, n: int = DEPLOYED_REQUESTS) -> Case:
+def _many_requests(tp: int, rules: Rules, seed: int, rng: np.random.Generator, n: int = DEPLOYED_REQUESTS) -> Case:
     """Every one of ``n`` slots in use, in a random order (owners interleave), one row each, half of them listed by
     the grammar output, with logprobs and NaN rows."""
     size = "" if n == DEPLOYED_REQUESTS else f"-{n}"
     slots = [int(s) for s in rng.permutation(n)]
     description = f"{n} requests at a capacity of {n}, one logits row each"
-    case = _deployed(f"requests{size}", tp, profile, seed, rng, slots, [1] * n, n, 1, SMALL_VOCAB, description)
+    case = _deployed(f"requests{size}", tp, rules, seed, rng, slots, [1] * n, n, 1, SMALL_VOCAB, description)
     case.nan_tokens = sorted(int(t) for t in rng.choice(n, size=3, replace=False))
     return case
 
 
-def _wide_vocabulary(tp: int, profile: str, seed: int, rng: np.random.Generator, vocab: int = DEPLOYED_VOCAB) -> Case:
+def _wide_vocabulary(tp: int, rules: Rules, seed: int, rng: np.random.Generator, vocab: int = DEPLOYED_VOCAB) -> Case:
     """``vocab`` columns in bfloat16, WIDE_VOCAB_REQS_PER_RANK requests per rank of the group (at random slots),
     of one or two rows each."""
     n = WIDE_VOCAB_REQS_PER_RANK * tp
@@ -70,7 +69,7 @@ def _wide_vocabulary(tp: int, profile: str, seed: int, rng: np.random.Generator,
     slots = [int(s) for s in rng.choice(capacity, size=n, replace=False)]
     counts = [int(c) for c in rng.integers(1, 3, size=n)]
     description = f"a vocabulary of {vocab} columns split over {tp} rank(s)"
-    case = _deployed(f"vocabulary{size}", tp, profile, seed, rng, slots, counts, capacity, 2, vocab, description)
+    case = _deployed(f"vocabulary{size}", tp, rules, seed, rng, slots, counts, capacity, 2, vocab, description)
     case.logits_dtype = "bfloat16"
     return case
 
@@ -78,7 +77,7 @@ def _wide_vocabulary(tp: int, profile: str, seed: int, rng: np.random.Generator,
 def _deployed(
     kind: str,
     tp: int,
-    profile: str,
+    rules: Rules,
     seed: int,
     rng,
     slots: list[int],
@@ -103,7 +102,7 @@ def _deployed(
         vocab_size=vocab,
         seed=int(rng.integers(0, 2**16)),
         logprobs_dims=(4, 2),
-        rules=rules_of(profile),
+        rules=rules,
     )
     return _at_least_capacity(case)
 
@@ -114,14 +113,14 @@ def _at_least_capacity(case: Case) -> Case:
     return case
 
 
-def deployment_cases_for_run(tp: int, profile: str, seed: int, run_tp_sizes, tier: str = DEFAULT_TIER) -> list[Case]:
+def deployment_cases_for_run(tp: int, rules: Rules, seed: int, run_tp_sizes, tier: str = DEFAULT_TIER) -> list[Case]:
     """The deployed-size cases a run of one seed over group sizes ``run_tp_sizes`` gives size ``tp``. In the default
     tier each case goes to one of the sizes the profile builds a sharder for, rotating with the seed (case i to
     sizes[(i + seed) % len(sizes)]), as the boundary cases do: each one judged once within the run's budget; in the
     deploy tier every size gets every case of :func:`deploy_tier_cases`."""
-    sizes = sorted(size for size in set(run_tp_sizes) if size >= rules_of(profile).min_tp)
+    sizes = sorted(size for size in set(run_tp_sizes) if size >= rules.min_tp)
     if tp not in sizes:
         return []
     if tier == DEPLOY_TIER:
-        return deploy_tier_cases(tp, profile, seed)
-    return [case for i, case in enumerate(deployment_cases(tp, profile, seed)) if sizes[(i + seed) % len(sizes)] == tp]
+        return deploy_tier_cases(tp, rules, seed)
+    return [case for i, case in enumerate(deployment_cases(tp, rules, seed)) if sizes[(i + seed) % len(sizes)] == tp]

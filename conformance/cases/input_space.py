@@ -52,8 +52,7 @@ from shardspec.conformance.cases.owner_tables import CARRIED
 from shardspec.conformance.cases.sizes import SIZE, size_variations
 from shardspec.spec.guarantees import sends_layout
 from shardspec.spec.loader import _package_root, document_schema, load_yaml_document
-from shardspec.spec.model import DEFAULT_PROFILE
-from shardspec.spec.profiles import rules_of
+from shardspec.spec.rules import Rules
 
 VALUE, DTYPE, LAYOUT, PRESENCE, DIMS, STEP = "value", "dtype", "layout", "presence", "dims", "step"
 PAIR = "pair"
@@ -122,18 +121,17 @@ class InputField:
 # -------------------------------------------------------------------- the model
 
 
-def holds(entry: dict, profile: str | None) -> bool:
-    """Whether a raw entry holds for ``profile``: every rule value its ``requires`` names is the profile's."""
+def holds(entry: dict, rules: Rules | None) -> bool:
+    """Whether a raw entry holds under ``rules``: every rule value its ``requires`` names is theirs."""
     requires = entry.get("requires")
-    if profile is None or not requires:
+    if rules is None or not requires:
         return True
-    rules = rules_of(profile)
     return all(getattr(rules, rule) in (v if isinstance(v, list) else [v]) for rule, v in requires.items())
 
 
-def input_fields(data_model: dict, profile: str | None = DEFAULT_PROFILE) -> list[InputField]:
+def input_fields(data_model: dict, rules: Rules | None) -> list[InputField]:
     """The input fields of the raw data model (the ``arguments`` section, records expanded by their
-    type), under ``profile``. An argument that hands back what an earlier step returned, or the same
+    type), under ``rules``. An argument that hands back what an earlier step returned, or the same
     record as an earlier argument, is not an input of its own."""
     types = {}
     for entry in data_model["types"]:
@@ -141,8 +139,6 @@ def input_fields(data_model: dict, profile: str | None = DEFAULT_PROFILE) -> lis
     returned = {o.get("ref") for o in data_model["outputs"] if o.get("ref")}
     seen_refs: set[str] = set()
     fields: list[InputField] = []
-
-    rules = None if profile is None else rules_of(profile)
 
     def add(entry: dict, path: str, top: bool, fixed: bool) -> None:
         if rules is not None and not rules.has_extension_fields and path in EXTENSION_PATHS:
@@ -153,7 +149,7 @@ def input_fields(data_model: dict, profile: str | None = DEFAULT_PROFILE) -> lis
                 type=entry["type"],
                 placement=entry["placement"],
                 dtype=entry.get("dtype"),
-                dtypes=_sent_dtypes(entry, path, profile),
+                dtypes=_sent_dtypes(entry, path, rules),
                 shape=None if entry.get("shape") is None else tuple(str(s) for s in entry["shape"]),
                 optional=bool(entry.get("optional", False)),
                 values=tuple(sorted((entry.get("values") or {}).items())),
@@ -167,14 +163,14 @@ def input_fields(data_model: dict, profile: str | None = DEFAULT_PROFILE) -> lis
         if ref:
             for record in types.get(ref, []):
                 for sub in record["fields"]:
-                    if holds(sub, profile):
+                    if holds(sub, rules):
                         add(sub, f"{path}.{sub['name']}", False, fixed)
         for sub in entry.get("fields", []):
-            if holds(sub, profile):
+            if holds(sub, rules):
                 add(sub, f"{path}.{sub['name']}", False, fixed)
 
     for argument in data_model["arguments"]:
-        if not holds(argument, profile) or argument.get("view") == "local":
+        if not holds(argument, rules) or argument.get("view") == "local":
             continue
         ref = argument.get("ref")
         if ref and (ref in seen_refs or (ref in returned and argument["step"] != "shard")):
@@ -186,11 +182,11 @@ def input_fields(data_model: dict, profile: str | None = DEFAULT_PROFILE) -> lis
     return fields
 
 
-def _sent_dtypes(entry: dict, path: str, profile: str | None) -> tuple[str, ...]:
-    """The dtypes of ``entry`` that ``profile``'s callers send (the dtypes rule, spec/guarantees.py): every one the
+def _sent_dtypes(entry: dict, path: str, rules: Rules | None) -> tuple[str, ...]:
+    """The dtypes of ``entry`` that the callers of ``rules`` send (the dtypes rule, spec/guarantees.py): every one the
     data model lists, or for a batch field under dtypes: engine, the engine's own (its dtype and engine_dtype)."""
     listed = tuple(entry.get("dtypes", ()))
-    if profile is None or not path.startswith("batch.") or not rules_of(profile).engine_dtypes_only:
+    if rules is None or not path.startswith("batch.") or not rules.engine_dtypes_only:
         return listed
     return tuple(d for d in listed if d in (entry.get("dtype"), entry.get("engine_dtype")))
 
@@ -304,10 +300,10 @@ def pairs_of(variations: list[Variation]) -> list[Variation]:
     ]
 
 
-def left_out(data_model: dict, profile: str | None = DEFAULT_PROFILE) -> dict[str, str]:
-    """The pairs the space leaves out under ``profile``, each with why (what the reports list beside it)."""
+def left_out(data_model: dict, rules: Rules | None) -> dict[str, str]:
+    """The pairs the space leaves out under ``rules``, each with why (what the reports list beside it)."""
     out = {}
-    for field in input_fields(data_model, profile):
+    for field in input_fields(data_model, rules):
         single = variations_of(field)
         dtypes = [v.value for v in single if v.axis == DTYPE]
         for v in single:
@@ -321,19 +317,19 @@ def left_out(data_model: dict, profile: str | None = DEFAULT_PROFILE) -> dict[st
 
 
 @cache
-def pairs_left_out(profile: str = DEFAULT_PROFILE) -> dict[str, str]:
+def pairs_left_out(rules: Rules) -> dict[str, str]:
     """:func:`left_out` of the spec's data model."""
-    return left_out(raw_data_model(), profile)
+    return left_out(raw_data_model(), rules)
 
 
-def derive(data_model: dict, profile: str | None = DEFAULT_PROFILE) -> tuple[Variation, ...]:
+def derive(data_model: dict, rules: Rules | None) -> tuple[Variation, ...]:
     """The input space of a raw data model (pure: no files read)."""
     out = []
-    for field in input_fields(data_model, profile):
+    for field in input_fields(data_model, rules):
         single = variations_of(field)
         out += single + (pairs_of(single) if single else [])
     sizes = [Variation(*v) for v in size_variations()]
-    if profile is not None and not rules_of(profile).has_extension_fields:
+    if rules is not None and not rules.has_extension_fields:
         sizes = [v for v in sizes if v.field not in EXTENSION_SIZES]
     return tuple(out + profile_output_pairs(out)) + tuple(sizes)
 
@@ -344,6 +340,6 @@ def raw_data_model() -> dict:
 
 
 @cache
-def input_space(profile: str = DEFAULT_PROFILE) -> tuple[Variation, ...]:
-    """Every variation of every input field of the spec under ``profile``."""
-    return derive(raw_data_model(), profile)
+def input_space(rules: Rules) -> tuple[Variation, ...]:
+    """Every variation of every input field of the spec under ``rules``."""
+    return derive(raw_data_model(), rules)

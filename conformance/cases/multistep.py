@@ -31,21 +31,22 @@ from shardspec.conformance.cases.strategies import generate_cases
 from shardspec.spec.case import Case
 from shardspec.spec.case_edits import UPPER_BOUND_ABSENT
 from shardspec.spec.guarantees import CONTIGUOUS_LAYOUTS
-from shardspec.spec.model import DEFAULT_PROFILE
-from shardspec.spec.profiles import rules_of
+from shardspec.spec.profiles import default_rules
+from shardspec.spec.rules import Rules
 
 STEP_KINDS = ("other-slots", "shrink", "grow", "repeat")
 
 
-def multi_step_cases(tp_size: int, count: int, seed: int, profile: str = DEFAULT_PROFILE) -> list[Case]:
-    """``count`` multi-step cases for ``tp_size`` under ``profile``; the same for the same seed. Under owner
-    rule owner_table they carry the owner tables the engine carries from step to step (:func:`with_tables`)."""
-    # Bases drawn under ``profile`` itself, as its callers send them; every step then draws the profile's
+def multi_step_cases(tp_size: int, count: int, seed: int, rules: Rules | None = None) -> list[Case]:
+    """``count`` multi-step cases for ``tp_size`` under ``rules`` (the default profile's if None); the same for
+    the same seed. Under owner rule owner_table they carry the owner tables the engine carries from step to
+    step (:func:`with_tables`)."""
+    rules = rules or default_rules()
+    # Bases drawn under the profile itself, as its callers send them; every step then draws the profile's
     # per-step inputs afresh (with_steps).
-    bases = [c for c in generate_cases(tp_size, count * 2 + 8, seed + 7919, profile, fill_gaps=False) if _usable(c)]
+    bases = [c for c in generate_cases(tp_size, count * 2 + 8, seed + 7919, rules, fill_gaps=False) if _usable(c)]
     bases = bases[:count]
     cases = []
-    rules = rules_of(profile)
     for number, base in enumerate(bases):
         rng = np.random.default_rng([seed, tp_size, number, 17])
         case = with_steps(replace(base, rules=rules), rng, adaptive=rules.adaptive and number % 2 == 0)

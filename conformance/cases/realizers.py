@@ -37,7 +37,7 @@ from shardspec.conformance.cases.output_realizers import OUTPUT_REALIZERS
 from shardspec.conformance.cases.sizes import SIZE_REALIZERS, largest_batch
 from shardspec.spec.case_edits import LOGITS_LIMITS_EDIT, UPPER_BOUND_ABSENT
 from shardspec.spec.layouts import BATCH_ARRAYS, BATCH_TENSORS, FIELDS_2D, LAYOUTS, OWNER_TABLE, PROFILE_BATCH_FIELDS
-from shardspec.spec.model import DEFAULT_PROFILE
+from shardspec.spec.rules import Rules
 
 
 def _with_layout(layout: str, names: list[str]) -> Callable:
@@ -51,7 +51,7 @@ def _with_layout(layout: str, names: list[str]) -> Callable:
 
 def _batch_dtype(name: str, dtype: str) -> Callable:
     def realize(case, rng):
-        if dtype not in declared_dtypes(case.profile).get(f"batch.{name}", ()):
+        if dtype not in declared_dtypes(case.rules).get(f"batch.{name}", ()):
             return None
         if name == "seq_lens_cpu_upper_bound" and UPPER_BOUND_ABSENT in case.edits:
             return None  # no bound to pass in that dtype
@@ -206,16 +206,16 @@ def _realizers() -> dict[str, Callable]:
 REALIZERS: dict[str, Callable] = _realizers()
 
 
-def realizable(profile: str = DEFAULT_PROFILE) -> list[Variation]:
+def realizable(rules: Rules) -> list[Variation]:
     """The variations of the space that a case can be made to draw on purpose (a pair: both its parts)."""
-    return [v for v in input_space(profile) if all(part.key in REALIZERS for part in _parts(v))]
+    return [v for v in input_space(rules) if all(part.key in REALIZERS for part in _parts(v))]
 
 
 def _parts(variation: Variation) -> tuple[Variation, ...]:
     return pair_parts(variation) if variation.axis == PAIR else (variation,)
 
 
-def fill_gaps(cases: list, profile: str, rng) -> list:
+def fill_gaps(cases: list, rules: Rules, rng) -> list:
     """``cases`` with every realizable variation that none of them draws made to appear in one of
     them: a covering selection on top of the random draw. Each change is kept only where the changed
     case then draws the variation and those made to appear in it before, and loses nothing that no
@@ -226,7 +226,7 @@ def fill_gaps(cases: list, profile: str, rng) -> list:
     draws = [exercised(c) for c in cases]
     counts = Counter(v for drawn in draws for v in drawn)  # variation -> cases drawing it
     forced: dict[int, set[Variation]] = {}
-    for variation in realizable(profile):
+    for variation in realizable(rules):
         if counts[variation]:
             continue
         for index in _candidates(cases, forced, rng):

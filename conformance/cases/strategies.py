@@ -49,8 +49,8 @@ from shardspec.conformance.cases.batches import as_large_batch, local_requests, 
 from shardspec.conformance.cases.profile_inputs import with_profile_inputs
 from shardspec.spec.case import Case, ExplicitLocalOutput
 from shardspec.spec.layouts import BATCH_ARRAYS, BATCH_TENSORS, LAYOUTS, LOCAL_OUTPUT
-from shardspec.spec.model import DEFAULT_PROFILE
-from shardspec.spec.profiles import rules_of
+from shardspec.spec.profiles import default_rules
+from shardspec.spec.rules import Rules
 
 MAX_REQS_IN_BATCH = 12
 MAX_LOGITS_PER_REQ = 8
@@ -74,21 +74,24 @@ FLOAT_LIMIT_VALUES = {
 }
 
 
-def _field_values(path: str, axis: str, profile: str = DEFAULT_PROFILE) -> list[str]:
+def _field_values(path: str, axis: str, rules: Rules) -> list[str]:
     """The values of one axis the input space gives one field, in the data model's order."""
-    return [v.value for v in space.input_space(profile) if v.field == path and v.axis == axis]
+    return [v.value for v in space.input_space(rules) if v.field == path and v.axis == axis]
 
 
-LOGPROB_EXTREMES = tuple(FLOAT_LIMIT_VALUES[v] for v in _field_values(LOGPROB_FIELD, space.VALUE)) + (-1e-45,)
+LOGPROB_EXTREMES = (
+    *(FLOAT_LIMIT_VALUES[v] for v in _field_values(LOGPROB_FIELD, space.VALUE, default_rules())),
+    -1e-45,
+)
 # The logits dtypes and the views the spec allows, from the input space (views the case format cannot
 # make yet, spec/layouts.py, are left to the coverage report as not covered).
-LOGITS_DTYPE_CHOICES = _field_values("logits_shard", space.DTYPE)
+LOGITS_DTYPE_CHOICES = _field_values("logits_shard", space.DTYPE, default_rules())
 
 
 @functools.cache
-def view_choices(profile: str) -> list[str]:
+def view_choices(rules: Rules) -> list[str]:
     """The views the profile's callers pass (layouts rule): a case draws only those."""
-    return [v for v in _field_values("batch.idx_mapping", space.LAYOUT, profile) if v in LAYOUTS and v != "contiguous"]
+    return [v for v in _field_values("batch.idx_mapping", space.LAYOUT, rules) if v in LAYOUTS and v != "contiguous"]
 
 
 # Per-row NaN count whose sum over a request's rows still fits the gathered int32.
@@ -96,18 +99,17 @@ NAN_COUNT_EXTREME = INT32_MAX // MAX_LOGITS_PER_REQ
 
 
 @st.composite
-def base_cases(
-    draw, tp_size: int, profile: str = DEFAULT_PROFILE
-) -> tuple[Case, dict[int, ExplicitLocalOutput] | None]:
+def base_cases(draw, tp_size: int, rules: Rules | None = None) -> tuple[Case, dict[int, ExplicitLocalOutput] | None]:
     """A small valid batch (toy sampler, float32, contiguous) and explicit outputs it may use instead, for
-    the owners of ``profile``'s owner rule."""
+    the owners of the owner rule of ``rules`` (the default profile's if None)."""
+    rules = rules or default_rules()
     max_num_reqs, max_logits, slots, counts = draw(_small_batch(tp_size))
     vocab_size = draw(st.sampled_from([8, 33, 100, 130, 257]))
     spec_decode = None if any(c > 1 for c in counts) else draw(st.sampled_from([None, True]))
     tokens = num_tokens(slots, counts)
     case = Case(
         case_id="generated",
-        rules=rules_of(profile),
+        rules=rules,
         tp_size=tp_size,
         slots=slots,
         num_logits_per_req=counts,
@@ -123,7 +125,7 @@ def base_cases(
         # The explicit outputs below are drawn for these dims; the kind may choose others (ranks' widths vary).
         logprobs_dims=draw(st.one_of(st.none(), st.tuples(st.integers(0, min(4, vocab_size)), st.integers(0, 6)))),
     )
-    if rules_of(profile).owner_by_table:
+    if rules.owner_by_table:
         # Drawn before the explicit outputs, which are written for the owners the table gives.
         kind = draw(st.sampled_from(owner_tables.KINDS))
         rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
@@ -189,7 +191,7 @@ def _layouts(case: Case, kind: np.random.Generator) -> dict[str, str]:
         if name != "num_draft_tokens_per_req" or case.spec_decode is not False
     ]
     fields += ["logits_shard", LOCAL_OUTPUT] + (["grammar_bitmask"] if case.grammar_positions is not None else [])
-    views = view_choices(case.profile)
+    views = view_choices(case.rules)
     style = int(kind.integers(0, 4))
     if style == 0:
         return {}
@@ -296,12 +298,13 @@ class _Enough(Exception):
 
 
 def generate_cases(
-    tp_size: int, count: int, seed: int, profile: str = DEFAULT_PROFILE, fill_gaps: bool = True
+    tp_size: int, count: int, seed: int, rules: Rules | None = None, fill_gaps: bool = True
 ) -> list[Case]:
     """``count`` distinct cases for ``tp_size`` (fewer only if hypothesis runs dry), the same for the same seed,
-    under ``profile``: vllm-0.33's cases are the seed profile's, a share of them with vLLM 0.33's inputs
-    (cases/profile_inputs.py). With ``fill_gaps``, the variations of the input space the random draw
-    missed are then made to appear (realizers.fill_gaps)."""
+    under ``rules`` (the default profile's if None): vllm-0.33's cases are the seed profile's, a share of them
+    with vLLM 0.33's inputs (cases/profile_inputs.py). With ``fill_gaps``, the variations of the input space the
+    random draw missed are then made to appear (realizers.fill_gaps)."""
+    rules = rules or default_rules()
     drawn: dict[str, Case] = {}
 
     # The budget stays count * 3 even though drawing stops early: hypothesis
@@ -314,7 +317,7 @@ def generate_cases(
         suppress_health_check=list(HealthCheck),
         verbosity=Verbosity.quiet,
     )
-    @given(base_cases(tp_size, profile))
+    @given(base_cases(tp_size, rules))
     def collect(drawn_base) -> None:
         if len(drawn) < count:
             kind = np.random.default_rng([seed, tp_size, len(drawn)])
@@ -331,7 +334,6 @@ def generate_cases(
     unique = list(drawn.values())
     for number, case in enumerate(unique):
         case.case_id = f"gen-tp{tp_size}-s{seed}-{number:03d}"
-    rules = rules_of(profile)
     unique = [replace(case, rules=rules) for case in unique]
     unique = [
         with_profile_inputs(case, rules, np.random.default_rng([seed, tp_size, number, 33]))
@@ -339,4 +341,4 @@ def generate_cases(
     ]
     # Then every variation of the input space that the random draw missed and a case can be made to
     # draw (conformance/cases/input_space.py), each in one case.
-    return realizers.fill_gaps(unique, profile, np.random.default_rng([seed, tp_size, 23])) if fill_gaps else unique
+    return realizers.fill_gaps(unique, rules, np.random.default_rng([seed, tp_size, 23])) if fill_gaps else unique

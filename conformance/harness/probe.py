@@ -2,8 +2,8 @@
 
 The process that judges must never import an implementation under test (its
 import could patch the checks), so loading is tried in a child:
-``python -m shardspec.conformance.harness.probe PROFILE PROFILES_JSON NAME...`` (the run's profile
-by name, and as data: :func:`shardspec.spec.profiles.profile_data`) prints one JSON line per
+``python -m shardspec.conformance.harness.probe PROFILE RULES_JSON NAME...`` (the run's profile: its
+name and its rules, as data) prints one JSON line per
 name, ``{"name", "problem", "warning"}`` (``problem`` null when it loads and implements the
 run's profile;
 ``warning`` when it targets another spec version than the one checked). An import
@@ -21,12 +21,12 @@ import sys
 from shardspec.conformance.api import ImplementationError, load_implementation, profile_refusal
 from shardspec.conformance.harness.spawn import describe_exit
 from shardspec.spec.loader import target_version_warning
-from shardspec.spec.profiles import install_profiles, profile_data
+from shardspec.spec.rules import Rules
 
 
 def probe(
     names: list[str],
-    profile: str,
+    rules: Rules,
     timeout_s: float = 120.0,
     warnings: list[str] | None = None,
     releases: dict[str, str] | None = None,
@@ -37,7 +37,7 @@ def probe(
     found: list[str] = [] if warnings is None else warnings
     pending = list(dict.fromkeys(names))
     while pending:
-        reported, ended = _probe_once(pending, profile, timeout_s)
+        reported, ended = _probe_once(pending, rules, timeout_s)
         problems.update({name: item["problem"] for name, item in reported.items()})
         found += [f"{name}: {item['warning']}" for name, item in reported.items() if item.get("warning")]
         if releases is not None:
@@ -48,11 +48,11 @@ def probe(
     return problems
 
 
-def _probe_once(names: list[str], profile: str, timeout_s: float) -> tuple[dict[str, dict], str]:
+def _probe_once(names: list[str], rules: Rules, timeout_s: float) -> tuple[dict[str, dict], str]:
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     try:
         proc = subprocess.run(
-            [sys.executable, "-m", __name__, profile, json.dumps(profile_data([profile])), *names],
+            [sys.executable, "-m", __name__, rules.profile, json.dumps(rules.as_dict()), *names],
             capture_output=True,
             text=True,
             timeout=timeout_s,
@@ -80,15 +80,14 @@ def _describe(returncode: int, stderr: str) -> str:
 
 
 def main(argv: list[str]) -> int:
-    profile, names = argv[0], argv[2:]
-    install_profiles(json.loads(argv[1]))
+    rules, names = Rules.of(argv[0], json.loads(argv[1])), argv[2:]  # as the run resolved them
     for name in names:
         problem = warning = release = None
         try:
             impl = load_implementation(name)
             warning = target_version_warning(impl.factory)
             release = getattr(impl.factory, "RELEASE", None)
-            problem = profile_refusal(impl, profile)
+            problem = profile_refusal(impl, rules)
         except ImplementationError as exc:
             problem = str(exc)
         except BaseException as exc:  # SystemExit, KeyboardInterrupt, or anything an import raises

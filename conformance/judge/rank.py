@@ -50,7 +50,7 @@ def rank_checks(record: StepRecord, steps: set[str] | None = None) -> tuple[list
     of_step = invariant_steps()
     violations: list[Violation] = []
     judged: list[str] = []
-    for invariant_id, checker in checkers_for(RANK_CHECKERS, record.case.profile).items():
+    for invariant_id, checker in checkers_for(RANK_CHECKERS, record.case.rules).items():
         if steps is not None and of_step.get(invariant_id) not in steps:
             continue
         # Asked even where it has nothing to look at: only what it finds decides, never the filter.
@@ -62,7 +62,7 @@ def rank_checks(record: StepRecord, steps: set[str] | None = None) -> tuple[list
 
 def group_checks(case: Case, digests: dict[int, dict[str, Any]]) -> list[Violation]:
     violations: list[Violation] = []
-    for invariant_id, checker in checkers_for(GROUP_CHECKERS, case.profile).items():
+    for invariant_id, checker in checkers_for(GROUP_CHECKERS, case.rules).items():
         violations.extend(guarded(invariant_id, None, functools.partial(checker, case, digests)))
     return violations
 

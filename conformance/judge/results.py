@@ -23,7 +23,7 @@ def combine(case: Case, impl: str, records: dict[int, dict[str, Any]], ended: st
         digests = {rank: records[rank]["digest"] for rank in sorted(records)}
         violations += [violation_dict(v) for v in group_checks(case, digests)]
         per_rank = [set(records[rank].get("judged", ())) for rank in sorted(records)]
-        group = {i for i in checkers_for(GROUP_CHECKERS, case.profile) if group_judgeable(i, case, digests)}
+        group = {i for i in checkers_for(GROUP_CHECKERS, case.rules) if group_judgeable(i, case, digests)}
         judged = sorted(set.union(*per_rank) | group) if per_rank else []
     status = ERROR if errors else (FAIL if violations else PASS)
     judged = sorted(set(judged) | {v["invariant_id"] for v in violations})  # a violation was judged, errors or not

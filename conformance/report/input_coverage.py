@@ -13,14 +13,15 @@ from collections.abc import Iterable
 
 from shardspec.conformance.cases.coverage import coverage
 from shardspec.conformance.record import NOT_RUN, CaseResult
+from shardspec.spec.rules import Rules
 
 SHOWN = 8  # variations named on the terminal per line; the JSON lists them all
 
 
-def input_coverage(results: Iterable[CaseResult], tp_sizes: Iterable[int], profile: str) -> dict[int, dict]:
+def input_coverage(results: Iterable[CaseResult], tp_sizes: Iterable[int], rules: Rules) -> dict[int, dict]:
     """Per group size, :meth:`Coverage.as_dict` of the cases in ``results`` that ran at that size."""
     ran = [r for r in results if r.status != NOT_RUN]
-    return {tp: coverage([r.case for r in ran if r.tp == tp], profile).as_dict() for tp in tp_sizes}
+    return {tp: coverage([r.case for r in ran if r.tp == tp], rules).as_dict() for tp in tp_sizes}
 
 
 def summary_lines(label: str, per_tp: dict[int, dict]) -> list[str]:

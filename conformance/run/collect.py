@@ -17,11 +17,12 @@ from shardspec.conformance.harness.expectations import contradiction
 from shardspec.conformance.run.config import CaseSet, RunConfig
 from shardspec.conformance.usage import DEPLOY_TIER, GENERATED_POOL, UsageError
 from shardspec.fixtures import load_case, load_case_file, load_cases
-from shardspec.fixtures.catalogue import case_profiles, with_profile
+from shardspec.fixtures.catalogue import case_rules, with_profile
+from shardspec.fixtures.holding import holds_under
 from shardspec.spec.case import Case, expand_steps
 from shardspec.spec.guarantees import Breach, broken_guarantee
 from shardspec.spec.loader import must_reject_ids
-from shardspec.spec.profiles import rules_of
+from shardspec.spec.rules import Rules
 
 
 def collect_cases(config: RunConfig) -> CaseSet:
@@ -29,14 +30,14 @@ def collect_cases(config: RunConfig) -> CaseSet:
     if config.selected:
         from_files = {
             path: checked_case(
-                _under_profile(_loaded(load_case_file, checked_case_file(path), "--case-file"), config.profile, path),
+                _under_profile(_loaded(load_case_file, checked_case_file(path), "--case-file"), config.rules, path),
                 f"--case-file {path}",
             )
             for path in config.case_files
         }
         named = [
             checked_case(
-                _loaded(lambda i: load_case(i, config.profile), checked_case_id(case_id), "--case"), f"--case {case_id}"
+                _loaded(lambda i: load_case(i, config.rules), checked_case_id(case_id), "--case"), f"--case {case_id}"
             )
             for case_id in config.case_ids
         ]
@@ -47,10 +48,10 @@ def collect_cases(config: RunConfig) -> CaseSet:
         for step in steps:  # a case the reference contradicts would be judged by no checker, yet read pass
             where = f"--case-file {files[step.case_id]}" if step.case_id in files else f"--case {step.case_id}"
             _agrees_with_reference(step, where, config.case_timeout_s)
-        return CaseSet(steps, set(), notes, files, parents, outside=_outside(steps, parents, config.profile))
+        return CaseSet(steps, set(), notes, files, parents, outside=_outside(steps, parents, config.rules))
     if config.size_tier == DEPLOY_TIER:
         return _deploy_tier(config, notes)
-    cases = [c for c in load_cases(config.profile) if c.tp_size in config.tp_sizes]
+    cases = [c for c in load_cases(config.rules) if c.tp_size in config.tp_sizes]
     generated: list[Case] = []
     at_boundaries: list[Case] = []
     deployed: list[Case] = []
@@ -58,17 +59,16 @@ def collect_cases(config: RunConfig) -> CaseSet:
         # hypothesis (the test extra) draws the generated cases: a run of named cases or fixtures needs none
         from shardspec.conformance.cases.strategies import generate_cases
 
-        rules = rules_of(config.profile)
         for tp in config.tp_sizes:
-            made = boundary_cases_for_run(tp, config.profile, config.seed, config.tp_sizes)
+            made = boundary_cases_for_run(tp, config.rules, config.seed, config.tp_sizes)
             # Only what the profile's callers send, but where a robustness run sends the rest too.
-            at_boundaries += [c for c in made if config.robustness or broken_guarantee(c, rules) is None]
-            if tp < rules_of(config.profile).min_tp:
+            at_boundaries += [c for c in made if config.robustness or broken_guarantee(c, config.rules) is None]
+            if tp < config.rules.min_tp:
                 continue  # a group the profile builds no sharder for: its rejection is the one case
-            deployed += deployment_cases_for_run(tp, config.profile, config.seed, config.tp_sizes)
-            multi = multi_step_cases(tp, max(1, config.max_examples // MULTI_STEP_SHARE), config.seed, config.profile)
+            deployed += deployment_cases_for_run(tp, config.rules, config.seed, config.tp_sizes)
+            multi = multi_step_cases(tp, max(1, config.max_examples // MULTI_STEP_SHARE), config.seed, config.rules)
             # The generated cases chosen to draw what the fixtures and the multi-step cases do not.
-            pool = generate_cases(tp, max(config.max_examples, GENERATED_POOL), config.seed, config.profile)
+            pool = generate_cases(tp, max(config.max_examples, GENERATED_POOL), config.seed, config.rules)
             generated += most_drawing(pool, config.max_examples, [c for c in cases if c.tp_size == tp] + multi)
             cases += multi
     notes += _refused_sizes(config)
@@ -76,7 +76,7 @@ def collect_cases(config: RunConfig) -> CaseSet:
     made = {c.case_id for c in steps}
     generated_ids = {c.case_id for c in generated} & made
     boundary_ids = {c.case_id for c in at_boundaries} & made
-    outside = _outside(steps, parents, config.profile)
+    outside = _outside(steps, parents, config.rules)
     case_set = CaseSet(steps, generated_ids, notes, parents=parents, boundary=boundary_ids, outside=outside)
     case_set.deployed = {c.case_id for c in deployed} & made
     case_set.for_mixed = _chosen_for_mixed(case_set, config)
@@ -89,18 +89,17 @@ def _deploy_tier(config: RunConfig, notes: list[str]) -> CaseSet:
     deployed = [
         case
         for tp in config.tp_sizes
-        for case in deployment_cases_for_run(tp, config.profile, config.seed, config.tp_sizes, config.size_tier)
+        for case in deployment_cases_for_run(tp, config.rules, config.seed, config.tp_sizes, config.size_tier)
     ]
     sizes = sorted({case.tp_size for case in deployed})
     notes.append(f"size tier deploy: only the sizes engines deploy, at tp {', '.join(map(str, sizes)) or 'none'}")
-    case_set = CaseSet(deployed, set(), notes, outside=_outside(deployed, {}, config.profile))
+    case_set = CaseSet(deployed, set(), notes, outside=_outside(deployed, {}, config.rules))
     case_set.deployed = {case.case_id for case in deployed}
     return case_set
 
 
-def _outside(steps: list[Case], parents: dict[str, Case], profile: str) -> dict[str, Breach]:
-    """Each case (a step: its whole case) that breaks a guarantee of ``profile``'s callers, with the guarantee."""
-    rules = rules_of(profile)
+def _outside(steps: list[Case], parents: dict[str, Case], rules: Rules) -> dict[str, Breach]:
+    """Each case (a step: its whole case) that breaks a guarantee of the callers of ``rules``, with the guarantee."""
     found = {step.case_id: broken_guarantee(parents.get(step.case_id, step), rules) for step in steps}
     return {case_id: breach for case_id, breach in found.items() if breach is not None}
 
@@ -108,7 +107,7 @@ def _outside(steps: list[Case], parents: dict[str, Case], profile: str) -> dict[
 def _refused_sizes(config: RunConfig) -> list[str]:
     """A note for each group size of the run the profile builds no sharder for (PRE-TP-SIZE): there only
     that rejection is judged, never a valid case, and the run says so rather than judging them silently."""
-    least = rules_of(config.profile).min_tp
+    least = config.rules.min_tp
     small = [tp for tp in config.tp_sizes if tp < least]
     if not small:
         return []
@@ -150,14 +149,12 @@ def _agrees_with_reference(case: Case, where: str, timeout_s: float) -> None:
         raise UsageError(f"{where}: {problem}")
 
 
-def _under_profile(case: Case, profile: str, path: str) -> Case:
+def _under_profile(case: Case, rules: Rules, path: str) -> Case:
     """A case file's case under the run's profile; a UsageError if it does not hold for it."""
-    if profile not in case_profiles(case, (profile,)):
-        raise UsageError(
-            f"--case-file {path}: the case holds for profile(s) {', '.join(case_profiles(case))}, not {profile} "
-            "(--profile)"
-        )
-    return with_profile(case, profile)
+    if not holds_under(rules, case):
+        held = ", ".join(held.profile for held in case_rules(case))
+        raise UsageError(f"--case-file {path}: the case holds for profile(s) {held}, not {rules.profile} (--profile)")
+    return with_profile(case, rules)
 
 
 def _unique_ids(cases: list[Case]) -> list[Case]:

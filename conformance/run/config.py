@@ -10,7 +10,8 @@ from dataclasses import dataclass, field
 from shardspec.conformance.usage import DEFAULT_MAX_EXAMPLES, DEFAULT_TIER, MIXED_MAX_EXAMPLES
 from shardspec.spec.case import Case
 from shardspec.spec.guarantees import Breach
-from shardspec.spec.model import DEFAULT_PROFILE
+from shardspec.spec.profiles import default_rules
+from shardspec.spec.rules import Rules
 
 ALL_TP_SIZES = [1, 2, 3, 4, 8]
 Log = Callable[[str], None]
@@ -48,8 +49,8 @@ class RunConfig:
     in_process_device: str = "auto"  # auto | cpu | cuda
     xfails_file: str | None = None
     json_path: str | None = None
-    # The profile every case is judged under (spec/index.yaml).
-    profile: str = DEFAULT_PROFILE
+    # The rules of the profile every case is judged under (spec/index.yaml), resolved from its name by the options.
+    rules: Rules = field(default_factory=default_rules)
     # "default": each size engines deploy once among the run's cases; "deploy": only those sizes, every one at every
     # group size, and larger ones (cases/deployment.py).
     size_tier: str = DEFAULT_TIER
@@ -58,6 +59,11 @@ class RunConfig:
     # Send the cases outside the profile's contract too (spec/guarantees.py): what they end in is reported as
     # robustness findings, never as conformance failures.
     robustness: bool = False
+
+    @property
+    def profile(self) -> str:
+        """The name of the run's profile (reports, reproduce commands)."""
+        return self.rules.profile
 
     @property
     def selected(self) -> bool:

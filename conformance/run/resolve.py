@@ -22,6 +22,7 @@ from shardspec.conformance.run.collect import collect_cases
 from shardspec.conformance.run.config import CaseSet, RunConfig
 from shardspec.conformance.run.options import OPTIONS, THREAD_GROUPS
 from shardspec.conformance.usage import MAX_TP, UsageError
+from shardspec.spec.profiles import rules_of
 
 
 def resolve(given: Mapping[str, Any], environ: Mapping[str, str] = os.environ) -> dict[str, Any]:
@@ -127,7 +128,7 @@ def _resolved(values: dict[str, Any]) -> Resolved:
         in_process_device=values["in_process_device"],
         xfails_file=values["xfails_file"],
         json_path=values["json"],
-        profile=values["profile"],
+        rules=rules_of(values["profile"]),
         share_gpus=values["share_gpus"],
         robustness=values["robustness"],
     )

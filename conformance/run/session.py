@@ -113,7 +113,7 @@ class ConformanceSession:
         if self._load_problems is None:
             names = [name for impl in self.config.impls for name in ImplChoice.parse(impl).names()]
             self._load_problems = probe(
-                names, self.config.profile, warnings=self.version_warnings, releases=self.releases
+                names, self.config.rules, warnings=self.version_warnings, releases=self.releases
             )
             for warning in self.version_warnings:
                 self.log(f"warning: {warning}")
@@ -137,7 +137,7 @@ class ConformanceSession:
                 continue
             na = self.not_applicable(impl)
             sizes = [tp for tp in self.tp_sizes if tp not in na]
-            drawn = input_coverage(results, sizes, self.config.profile)
+            drawn = input_coverage(results, sizes, self.config.rules)
             sections.append(
                 report.Section(self.label(impl), sorted(results, key=lambda r: r.tp), self.tp_sizes, na, drawn)
             )
@@ -173,9 +173,9 @@ class ConformanceSession:
 
     def checked(self) -> set[str]:
         """The invariants a checker judges under the run's profile."""
-        profile = self.config.profile
+        rules = self.config.rules
         registered = (checks.RANK_CHECKERS, checks.GROUP_CHECKERS)  # read now: a test may replace the registries
-        return {invariant for registry in registered for invariant in checks.checkers_for(registry, profile)}
+        return {invariant for registry in registered for invariant in checks.checkers_for(registry, rules)}
 
     def judged_rows(self) -> list[str]:
         """The rows of the table: every invariant, then the run-errors and not-run rows."""

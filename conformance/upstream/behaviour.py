@@ -30,6 +30,7 @@ from shardspec.conformance.replay import suite_judge
 from shardspec.conformance.upstream.verdicts import report
 from shardspec.spec.case import Case
 from shardspec.spec.profiles import PROFILES, behaviour_profiles, rules_of
+from shardspec.spec.rules import Rules
 
 EXAMPLES = pathlib.Path(__file__).resolve().parents[2] / "examples"
 TP_SIZES = (2, 3)
@@ -139,23 +140,20 @@ def _plain(case: Case) -> Case | None:
     return case if case.expect_error is None and small and local_logprobs else None
 
 
-def drift_cases(profiles: list[str], tp_sizes=TP_SIZES, per_tp: int = CASES_PER_TP) -> list[Case]:
-    """``per_tp`` plain generated cases per group size and an empty batch, under each profile."""
+def drift_cases(profiles: list[Rules], tp_sizes=TP_SIZES, per_tp: int = CASES_PER_TP) -> list[Case]:
+    """``per_tp`` plain generated cases per group size and an empty batch, under each of ``profiles``."""
     # hypothesis (the test extra) draws the generated cases: the drift check and --help need none
     from shardspec.conformance.cases.strategies import generate_cases
 
     cases = []
-    for profile in profiles:
+    for rules in profiles:
+        profile = rules.profile
         for tp in tp_sizes:
-            plain = [p for p in map(_plain, generate_cases(tp, per_tp * 2, 0, profile, fill_gaps=False)) if p]
+            plain = [p for p in map(_plain, generate_cases(tp, per_tp * 2, 0, rules, fill_gaps=False)) if p]
             cases += [replace(c, case_id=f"{profile}-{c.case_id}") for c in plain[:per_tp]]
-        empty = Case(
-            f"{profile}-empty-tp2", 2, slots=[], num_logits_per_req=[], rules=rules_of(profile), logprobs_dims=None
-        )
+        empty = Case(f"{profile}-empty-tp2", 2, slots=[], num_logits_per_req=[], rules=rules, logprobs_dims=None)
         # Every request's slot and batch position name different owners: the owner rules are told apart.
-        crossed = Case(
-            f"{profile}-crossed-tp2", 2, slots=[1, 0, 3, 2], num_logits_per_req=[1, 2, 1, 1], rules=rules_of(profile)
-        )
+        crossed = Case(f"{profile}-crossed-tp2", 2, slots=[1, 0, 3, 2], num_logits_per_req=[1, 2, 1, 1], rules=rules)
         cases += [empty, crossed]
     return cases
 
@@ -223,7 +221,7 @@ class Run:
     seconds: float
 
 
-def run(arg: str, profiles: list[str]) -> Run:
+def run(arg: str, profiles: list[Rules]) -> Run:
     """``arg``'s sharder run on :func:`drift_cases` under ``profiles``; BehaviourInputError for bad input."""
     subject = subject_of(arg)
     if not torch.cuda.is_available() and "TRITON_INTERPRET" not in os.environ:
@@ -236,11 +234,13 @@ def run(arg: str, profiles: list[str]) -> Run:
     return Run(subject.label, cases, results, seen, batch_shard, round(time.monotonic() - started, 1))
 
 
-def visible_profiles(hidden: tuple[str, ...] = ()) -> list[str]:
+def visible_profiles(hidden: tuple[str, ...] = ()) -> list[Rules]:
+    """The rules of the bundled profiles that set a rule of the sharder's behaviour, but those ``hidden``
+    (--hide-profile: names, resolved here once)."""
     unknown = [p for p in hidden if p not in PROFILES]
     if unknown:
         raise BehaviourInputError(f"--hide-profile {unknown[0]}: no such bundled profile ({', '.join(PROFILES)})")
-    profiles = [p for p in behaviour_profiles() if p not in hidden]
+    profiles = [rules_of(p) for p in behaviour_profiles() if p not in hidden]
     if not profiles:
         raise BehaviourInputError("--hide-profile hides every bundled profile: nothing to run the cases under")
     return profiles

@@ -10,6 +10,7 @@ from shardspec.conformance.upstream.source import Source, UpstreamInputError, re
 from shardspec.spec.documents import holds_for
 from shardspec.spec.loader import check_profile, load_spec, profile_names
 from shardspec.spec.profiles import rules_of
+from shardspec.spec.rules import Rules
 
 # The upstream classes the sharder passes around; spec types name them in `python:`.
 CLASSES = ("InputBatch", "GrammarOutput", "SamplerOutput", "LogprobsTensors", "BatchShardMetadata")
@@ -147,10 +148,10 @@ def _class_fields(node: ast.ClassDef) -> list[tuple[str, int]]:
 # ------------------------------------------------------------------ against the spec
 
 
-def spec_fields(spec, profile: str | None) -> dict[tuple[str, str], dict]:
-    """(class, field) -> the spec types and profiles that name it, for the types whose ``python`` is in CLASSES."""
+def spec_fields(spec, rules: Rules | None) -> dict[tuple[str, str], dict]:
+    """(class, field) -> the spec types and profiles that name it, for the types whose ``python`` is in CLASSES
+    (where they hold under ``rules``; None: under any profile)."""
     found: dict[tuple[str, str], dict] = {}
-    rules = None if profile is None else rules_of(profile)
     for spec_type in (t for t in spec.data_model.types if t.python in CLASSES):
         for entry in (f for f in spec_type.fields if holds_for(f, rules)):
             item = found.setdefault((spec_type.python, entry.name), {"spec_types": [], "profiles": []})
@@ -181,7 +182,7 @@ def check(arg: str, profile: str | None = None, spec=None) -> dict:
             f"vLLM {source.version} has no profile in spec {spec.version} ({names}); use --profile"
         )
     touches = _Visitor(spec_refs(spec), parse(source)).touches
-    covered, every = spec_fields(spec, profile), spec_fields(spec, None)
+    covered, every = spec_fields(spec, None if profile is None else rules_of(profile)), spec_fields(spec, None)
     findings = [
         {"kind": "not_in_spec", "type": cls, "field": name, "where": sorted(set(where))}
         for (cls, name), where in sorted(touches.items())

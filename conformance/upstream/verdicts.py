@@ -29,8 +29,8 @@ import numpy as np
 from shardspec.spec import rule_meanings
 from shardspec.spec.case import Case
 from shardspec.spec.loader import load_spec
-from shardspec.spec.profiles import behaviour_profiles, rules_of
-from shardspec.spec.rules import GUARANTEE_RULES, RULES, RULES_BY_NAME
+from shardspec.spec.profiles import behaviour_profiles
+from shardspec.spec.rules import GUARANTEE_RULES, RULES, RULES_BY_NAME, Rules
 
 # Rules no step shows: the engine chooses the logprob width before the gather; either communicator issues
 # one all-to-all on the TP group.
@@ -165,24 +165,25 @@ def verdicts(cases: list[Case], results: list, seen: dict, batch_shard, touched:
     return out
 
 
-def matching(found: dict[str, Verdict], profiles: list[str]) -> dict[str, list[str]]:
+def matching(found: dict[str, Verdict], profiles: list[Rules]) -> dict[str, list[str]]:
     """Profile -> the rules whose value it sets is not consistent with the run (empty: it matches)."""
-    return {p: [r for r, v in found.items() if getattr(rules_of(p), r) not in v.values] for p in profiles}
+    return {p.profile: [r for r, v in found.items() if getattr(p, r) not in v.values] for p in profiles}
 
 
 # ------------------------------------------------------------------ the report
 
 
-def report(done, profiles: list[str], touched: set[tuple[str, str]], spec=None) -> dict:
+def report(done, profiles: list[Rules], touched: set[tuple[str, str]], spec=None) -> dict:
     """The verdicts of ``done``'s cases (a behaviour.Run) under ``profiles`` (the others' cases are left
     out, as if hidden); ``touched``: the (class, field) pairs the code touches (drift.py's reading of it)."""
     spec = load_spec() if spec is None else spec
-    cases = [c for c in done.cases if c.profile in profiles]
-    results = [r for r in done.results if r.case.profile in profiles]
+    names = [rules.profile for rules in profiles]
+    cases = [c for c in done.cases if c.profile in names]
+    results = [r for r in done.results if r.case.profile in names]
     seen = {cid: s for cid, s in done.seen.items() if any(c.case_id == cid for c in cases)}
     found = verdicts(cases, results, seen, done.batch_shard, touched, spec)
     differ = matching(found, profiles)
-    under: dict[str, list] = {p: [] for p in profiles}  # the results of the cases run under each profile
+    under: dict[str, list] = {p: [] for p in names}  # the results of the cases run under each profile
     for result in results:
         under[result.case.profile].append(result)
     per_profile = {}
@@ -197,8 +198,8 @@ def report(done, profiles: list[str], touched: set[tuple[str, str]], spec=None) 
         }
     return {
         "source": done.label,
-        "profiles": profiles,
-        "hidden": [p for p in behaviour_profiles() if p not in profiles],
+        "profiles": names,
+        "hidden": [p for p in behaviour_profiles() if p not in names],
         "tp_sizes": sorted({c.tp_size for c in done.cases}),
         "seconds": done.seconds,
         "per_profile": per_profile,
@@ -234,7 +235,7 @@ def render(report: dict) -> str:
 
 def _rule_line(rule: str, verdict: dict, report: dict) -> str:
     values = verdict["values"]
-    having = [p for p in report["profiles"] if getattr(rules_of(p), rule) in values]
+    having = [p for p in report["profiles"] if rule not in report["differ"][p]]  # its value is one of values
     if not values:
         said = "no value of spec/rules.py fits"
     elif set(values) == set(_supported(rule)):

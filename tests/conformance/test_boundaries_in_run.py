@@ -9,12 +9,13 @@ from shardspec.conformance.cases import boundaries as bounds
 from shardspec.conformance.cli import main
 from shardspec.conformance.run.collect import cases_of_entry, collect_cases
 from shardspec.conformance.run.config import RunConfig
+from shardspec.spec.profiles import rules_of
 
 BROKEN = "shardspec.conformance.broken.input_space:NegativeSlotsAccepted"
 
 
 def _boundary_ids(profile: str) -> set[str]:
-    made = [b for b in bounds.boundaries(profile) if b.key in bounds.REALIZERS]
+    made = [b for b in bounds.boundaries(rules_of(profile)) if b.key in bounds.REALIZERS]
     return {f"{b.pre.removeprefix('PRE-').lower()}-at-{b.slug}" for b in made}
 
 
@@ -22,7 +23,7 @@ def test_a_run_draws_each_boundary_once_at_one_of_its_sizes_and_the_mixed_entry_
     """In a robustness run, which sends what the profile's callers never do (profiles that build a sharder for
     any group: every boundary has a size in the run)."""
     for profile in ("vllm-0.33", "vllm-seed"):
-        config = RunConfig(tp_sizes=[2, 4], max_examples=1, profile=profile, robustness=True)
+        config = RunConfig(tp_sizes=[2, 4], max_examples=1, rules=rules_of(profile), robustness=True)
         case_set = collect_cases(config)
         at_boundaries = [c for c in case_set.cases if c.case_id in case_set.boundary]
         assert sorted(c.case_id.split("-reject-", 1)[1] for c in at_boundaries) == sorted(_boundary_ids(profile))
@@ -38,8 +39,8 @@ def test_a_run_draws_each_boundary_once_at_one_of_its_sizes_and_the_mixed_entry_
 def test_a_profile_that_trusts_its_caller_draws_no_boundary_its_callers_never_send():
     """vllm-0.33 builds a sharder for any group, so none of its boundaries is a construction refusal: none is
     drawn; vllm-0.34's tp 1 run draws PRE-TP-SIZE's (the construction rule's, judged under every profile)."""
-    assert collect_cases(RunConfig(tp_sizes=[2, 4], max_examples=1, profile="vllm-0.33")).boundary == set()
-    drawn = collect_cases(RunConfig(tp_sizes=[1, 2], max_examples=1, profile="vllm-0.34"))
+    assert collect_cases(RunConfig(tp_sizes=[2, 4], max_examples=1, rules=rules_of("vllm-0.33"))).boundary == set()
+    drawn = collect_cases(RunConfig(tp_sizes=[1, 2], max_examples=1, rules=rules_of("vllm-0.34")))
     assert drawn.boundary and all("-reject-tp-size" in c or "-reject-capacity-tp" in c for c in drawn.boundary)
 
 

@@ -11,6 +11,7 @@ import pytest
 from shardspec.conformance.cases.input_space import LARGE_BATCH
 from shardspec.conformance.cases.strategies import INT32_MAX, INT64_MAX, generate_cases
 from shardspec.spec.layouts import LOGITS_DTYPES, OFFSET, STRIDED
+from shardspec.spec.profiles import rules_of
 
 DEFAULT_COUNT, DEFAULT_SEED = 100, 0
 TP_SIZES = [1, 2, 3, 4, 8]
@@ -19,7 +20,7 @@ TP_SIZES = [1, 2, 3, 4, 8]
 @functools.cache
 def default_cases(tp: int):
     # Under the main run's profile (noxfile.py), whose callers may send every view and dtype.
-    return generate_cases(tp, DEFAULT_COUNT, DEFAULT_SEED, "vllm-0.34-strict")
+    return generate_cases(tp, DEFAULT_COUNT, DEFAULT_SEED, rules_of("vllm-0.34-strict"))
 
 
 def _explicit_values(case):

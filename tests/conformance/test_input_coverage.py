@@ -32,10 +32,10 @@ def test_the_json_says_per_tp_what_the_cases_drew_and_what_they_did_not(small_ru
     code, path = small_run
     assert code == 0
     [section] = json.loads(path.read_text())["sections"]
-    space = {v.key for v in input_space(DEFAULT_PROFILE)}
+    space = {v.key for v in input_space(rules_of(DEFAULT_PROFILE))}
     for tp, cases in ((2, small_cases(2)), (3, small_cases(3)[:1])):
         entry = section["input_coverage"][str(tp)]
-        expected = coverage(cases, DEFAULT_PROFILE)
+        expected = coverage(cases, rules_of(DEFAULT_PROFILE))
         assert entry["variations"] == len(space) and entry["covered"] == len(expected.covered) > 0
         assert set(entry["not_covered"]) == {v.key for v in expected.not_covered} and set(entry["not_covered"]) < space
         drawn_once = {v.key for v in exercised(cases[0])}
@@ -47,8 +47,8 @@ def test_the_terminal_names_each_entry_and_what_no_case_drew(tmp_path, capsys):
     assert main(["--in-process", "--case-file", files[0]]) == 0
     out = capsys.readouterr().out
     [line] = [line for line in out.splitlines() if line.startswith("input coverage, reference:")]
-    assert "tp 2 " in line and f"/{len(input_space(DEFAULT_PROFILE))}" in line
-    missing = [v.key for v in coverage(small_cases(2)[:1]).not_covered]
+    assert "tp 2 " in line and f"/{len(input_space(rules_of(DEFAULT_PROFILE)))}" in line
+    missing = [v.key for v in coverage(small_cases(2)[:1], rules_of(DEFAULT_PROFILE)).not_covered]
     assert f"  not drawn at tp 2 ({len(missing)}): {', '.join(missing[:8])} and {len(missing) - 8} more" in out
 
 
@@ -59,15 +59,19 @@ def test_the_terminal_names_the_pairs_left_out_once_per_run_not_once_per_entry(t
     entries = [i for i, line in enumerate(lines) if line.startswith("input coverage, ")]
     [left] = [i for i, line in enumerate(lines) if "left out of the space on purpose" in line]
     assert len(entries) == 2 and left > entries[-1]  # after both entries' lines, not under each
-    assert lines[left] == left_out_lines([{2: {"left_out": pairs_left_out(DEFAULT_PROFILE)}}])[0]
+    assert lines[left] == left_out_lines([{2: {"left_out": pairs_left_out(rules_of(DEFAULT_PROFILE))}}])[0]
 
 
 def test_a_case_not_run_draws_nothing():
     [case] = small_cases(2)[:1]
     ran = CaseResult(case=case, impl="reference", status="pass")
-    assert input_coverage([not_run(case, "reference", "interrupted")], [2], DEFAULT_PROFILE)[2]["covered"] == 0
-    assert input_coverage([ran], [2], DEFAULT_PROFILE)[2]["covered"] == len(coverage([case]).covered)
-    lines = summary_lines("reference", input_coverage([ran], [2], DEFAULT_PROFILE))
+    assert (
+        input_coverage([not_run(case, "reference", "interrupted")], [2], rules_of(DEFAULT_PROFILE))[2]["covered"] == 0
+    )
+    assert input_coverage([ran], [2], rules_of(DEFAULT_PROFILE))[2]["covered"] == len(
+        coverage([case], rules_of(DEFAULT_PROFILE)).covered
+    )
+    lines = summary_lines("reference", input_coverage([ran], [2], rules_of(DEFAULT_PROFILE)))
     assert lines[0].startswith("input coverage, reference: tp 2 ") and lines[1].startswith("  not drawn at tp 2")
 
 
@@ -132,11 +136,11 @@ def test_every_output_shows_the_pairs_drawn_on_purpose_and_those_left_out(small_
     [section] = json.loads(path.read_text())["sections"]
     entry = section["input_coverage"]["2"]
     profile = json.loads(path.read_text())["metadata"]["profile"]
-    cross = [v.key for v in input_space(profile) if "+" in v.field]
+    cross = [v.key for v in input_space(rules_of(profile)) if "+" in v.field]
     assert cross and all(key in entry["counts"] for key in cross)
     drawn = set(cross) - set(entry["not_covered"])
     assert all(entry["counts"][key] >= 1 for key in drawn) and set(cross) & set(entry["not_covered"])
-    left_out = pairs_left_out(profile)
+    left_out = pairs_left_out(rules_of(profile))
     assert entry["left_out"] == left_out and "logits_shard:pair=dtype=float16,value=largest" in left_out
     assert not any("left out" in line for line in summary_lines("reference", {2: entry}))
     [line] = left_out_lines([{2: entry, 3: entry}, {2: entry}])

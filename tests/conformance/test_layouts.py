@@ -159,7 +159,7 @@ def test_two_dimensional_views_are_offered_for_the_fields_the_data_model_makes_t
     from shardspec.conformance.cases.field_paths import path_of_layout_name
     from shardspec.conformance.cases.input_space import LAYOUT, input_space
 
-    two_d = {v.field for v in input_space(profile) if v.axis == LAYOUT and v.value in LAYOUTS_2D}
+    two_d = {v.field for v in input_space(rules_of(profile)) if v.axis == LAYOUT and v.value in LAYOUTS_2D}
     offered = {name for name in LAYOUT_FIELDS if two_d & set(path_of_layout_name(name))}
     # Where the profile's callers build contiguous inputs only (the layouts guarantee), no 2-D view is drawn.
     assert offered == (set() if rules_of(profile).contiguous_only else set(FIELDS_2D))

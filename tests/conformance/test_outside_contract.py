@@ -80,9 +80,9 @@ def test_the_generators_draw_only_what_the_profiles_callers_send():
     view, no dtype vLLM never passes and no extension field; under vllm-0.34-strict they are drawn."""
     for profile, strict in (("vllm-0.34", False), ("vllm-0.34-strict", True)):
         rules = rules_of(profile)
-        made = generate_cases(2, 12, 0, profile) + multi_step_cases(2, 1, 0, profile)
+        made = generate_cases(2, 12, 0, rules_of(profile)) + multi_step_cases(2, 1, 0, rules_of(profile))
         assert [c.case_id for c in made if broken_guarantee(c, rules)] == []
-        keys = {v.key for v in input_space(profile)}
+        keys = {v.key for v in input_space(rules_of(profile))}
         assert ("batch.seq_lens:layout=strided" in keys) is strict
         assert ("batch.idx_mapping:dtype=int32" in keys) is strict
         assert ("extension_fields:presence=present" in keys) is strict
@@ -111,4 +111,4 @@ def test_a_robustness_runs_crashes_stop_only_cases_outside_the_contract():
     that aborts on strided views in a robustness run still runs every case its callers send."""
     strided = load_case("tp2-valid-strided-inputs", "vllm-0.34")
     assert invalid_input(strided) and not invalid_input(load_case("tp2-decode", "vllm-0.34"))
-    assert not invalid_input(with_profile(strided, "vllm-0.34-strict"))
+    assert not invalid_input(with_profile(strided, rules_of("vllm-0.34-strict")))

@@ -15,6 +15,7 @@ from shardspec.conformance.run.reproduce import mode_args, reproduce_command
 from shardspec.conformance.run.resolve import resolve
 from shardspec.conformance.usage import DEPLOY_TIER
 from shardspec.fixtures import load_case
+from shardspec.spec.profiles import rules_of
 
 PROFILE_FILE = pathlib.Path(__file__).parent / "data" / "profiles" / "position-owner-any-dtype.yaml"
 ENTRY = "default_profile_sharder:make"
@@ -55,8 +56,10 @@ def test_a_printed_command_resolves_to_the_runs_profile_tp_groups_and_group(tmp_
     """Profile, TP groups and the kind of group, whatever $SHARDSPEC_PROFILE says where it is run."""
     case = load_case("tp2-decode", "vllm-seed")
     for config in (
-        RunConfig(profile="vllm-seed", tp_groups=2, share_gpus=False, size_tier=DEPLOY_TIER),
-        RunConfig(profile="vllm-seed", in_process=True, in_process_group="torch-threads", in_process_device="cpu"),
+        RunConfig(rules=rules_of("vllm-seed"), tp_groups=2, share_gpus=False, size_tier=DEPLOY_TIER),
+        RunConfig(
+            rules=rules_of("vllm-seed"), in_process=True, in_process_group="torch-threads", in_process_device="cpu"
+        ),
     ):
         command = reproduce_command(ImplChoice("reference"), case, False, tmp_path, mode_args(config))
         argv = shlex.split(command, comments=True)[3:]
@@ -74,11 +77,12 @@ def test_a_case_on_the_initial_owner_table_is_written_so_that_its_command_loads_
     from dataclasses import replace
 
     from shardspec.conformance.run.reproduce import write_case_file
-    from shardspec.fixtures.catalogue import case_profiles, load_case_file
+    from shardspec.fixtures.catalogue import load_case_file
+    from shardspec.fixtures.holding import holds_under
 
     profile = "vllm-0.34-sharded-draft-cache"
     case = replace(load_case("tp2-owner-table-initial", profile), case_id="gen-tp2-s0-000", owner_table=None)
     case = replace(case, requires=(), then=[replace(case, owner_table=None)])
     written = load_case_file(write_case_file(case, tmp_path))
     assert written.owner_table == {} and written.then[0].owner_table == {}
-    assert profile in case_profiles(written, (profile,))
+    assert holds_under(rules_of(profile), written)

@@ -10,6 +10,7 @@ from shardspec.conformance.record import FAIL, CaseResult
 from shardspec.conformance.replay import run_case_in_process
 from shardspec.fixtures import case_from_yaml, case_to_yaml
 from shardspec.spec.case import Case
+from shardspec.spec.profiles import rules_of
 
 
 def test_generation_is_seeded_and_varied():
@@ -162,7 +163,9 @@ def test_every_simpler_variant_of_a_vllm_033_case_is_valid_and_the_reference_pas
     from shardspec.conformance.cases.shrink import candidates
     from shardspec.fixtures.catalogue import with_profile
 
-    case = with_profile(cases.BY_ID["adaptive-admitted"], "vllm-0.33")  # its acceptable-draft counts are 0.33's
+    case = with_profile(
+        cases.BY_ID["adaptive-admitted"], rules_of("vllm-0.33")
+    )  # its acceptable-draft counts are 0.33's
     assert case.admitted_drafts and case.num_acceptable_drafts and case.grammar_positions
     variants = list(candidates(case))
     assert any(len(v.slots) < len(case.slots) for v in variants)

@@ -31,7 +31,7 @@ def test_the_file_is_the_targeted_case_s_profile():
 
 @pytest.mark.parametrize("choice", CHOICES, ids=lambda c: c.impl + (f"/{c.impl_odd}" if c.impl_odd else ""))
 def test_the_bundled_implementations_pass(choice):
-    generated = [c for tp in (2, 3) for c in generate_cases(tp, 6, 0, PROFILE)]
+    generated = [c for tp in (2, 3) for c in generate_cases(tp, 6, 0, rules_of(PROFILE))]
     for case in [cases.CONTIGUOUS_RANGES, *generated]:
         result = run_case_in_process(case, choice)
         assert (result.errors, result.violations) == ([], []), case.case_id

@@ -52,7 +52,7 @@ def test_the_default_run_draws_every_variation_but_the_listed_ones(default_run):
                 assert run and {c.expect_error for c in run} == {"PRE-TP-SIZE"}, (impl, tp, [c.case_id for c in run])
                 checked += 1
                 continue
-            missing = {v.key for v in coverage(run, config.profile).not_covered}
+            missing = {v.key for v in coverage(run, rules_of(config.profile)).not_covered}
             differs = sorted(missing ^ (NEVER | AT_SIZE.get(tp, set())))
             assert not differs, (impl, tp, differs, _drawing(case_set, tp, differs), [c.case_id for c in run])
             checked += 1
@@ -69,5 +69,5 @@ def _drawing(case_set, tp: int, keys: list[str]) -> dict[str, list[str]]:
 
 def test_every_listed_variation_is_in_the_space(default_run):
     config, case_set = default_run
-    space = {v.key for v in coverage([], config.profile).space}
+    space = {v.key for v in coverage([], rules_of(config.profile)).space}
     assert NEVER | set().union(*AT_SIZE.values()) <= space

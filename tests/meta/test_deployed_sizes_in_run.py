@@ -95,7 +95,7 @@ def test_the_deploy_tier_runs_every_deployed_size_at_every_group_size_and_nothin
     case_set = collect_cases(config)
     built = [tp for tp in config.tp_sizes if tp >= rules_of(config.profile).min_tp]
     assert [c.case_id for c in case_set.cases] == [
-        c.case_id for tp in built for c in deploy_tier_cases(tp, config.profile, config.seed)
+        c.case_id for tp in built for c in deploy_tier_cases(tp, rules_of(config.profile), config.seed)
     ]
     assert case_set.deployed == {c.case_id for c in case_set.cases} and not case_set.generated | case_set.boundary
     for tp in built:

@@ -18,7 +18,7 @@ from shardspec.fixtures import load_cases
 from shardspec.fixtures.catalogue import with_profile
 from shardspec.spec.guarantees import broken_guarantee
 from shardspec.spec.loader import load_spec
-from shardspec.spec.profiles import PROFILES, load_profile_file, rules_of
+from shardspec.spec.profiles import DEFAULT_PROFILE, PROFILES, load_profile_file, rules_of
 
 NEW_FIELD = {
     "name": "engine_temperatures",
@@ -40,9 +40,9 @@ EVERY_DTYPE, ENGINE_DTYPES = "vllm-0.34-strict", "vllm-0.34"
 
 def test_a_field_added_to_the_data_model_gets_its_variations():
     model = copy.deepcopy(space.raw_data_model())
-    before = {v.key for v in space.derive(model, EVERY_DTYPE)}
+    before = {v.key for v in space.derive(model, rules_of(EVERY_DTYPE))}
     next(t for t in model["types"] if t["name"] == "InputBatch")["fields"].append(NEW_FIELD)
-    added = {v.key for v in space.derive(model, EVERY_DTYPE)} - before
+    added = {v.key for v in space.derive(model, rules_of(EVERY_DTYPE))} - before
     path = "batch.engine_temperatures"
     want = {f"{path}:value={v}" for v in ("min", *space.FLOAT_LIMITS)}
     want |= {f"{path}:dtype=float32", f"{path}:dtype=bfloat16", f"{path}:presence=present", f"{path}:presence=absent"}
@@ -60,25 +60,25 @@ def test_a_field_added_to_the_data_model_gets_its_variations():
 
 def test_a_batch_field_s_dtypes_are_those_the_profile_s_callers_send():
     for profile, sent in ((EVERY_DTYPE, ("int32", "int64")), (ENGINE_DTYPES, ())):
-        keys = {v.key for v in space.input_space(profile)}
+        keys = {v.key for v in space.input_space(rules_of(profile))}
         for name in ("idx_mapping", "seq_lens", "cu_num_logits", "seq_lens_cpu_upper_bound"):
             assert {d for d in ("int32", "int64") if f"batch.{name}:dtype={d}" in keys} == set(sent), (profile, name)
     # the engine's own dtype where it is not the data model's default (expanded_idx_mapping: engine_dtype int64)
-    assert "batch.expanded_idx_mapping:dtype=int64" in {v.key for v in space.input_space(ENGINE_DTYPES)}
-    for case in generate_cases(2, 30, 0, ENGINE_DTYPES):
+    assert "batch.expanded_idx_mapping:dtype=int64" in {v.key for v in space.input_space(rules_of(ENGINE_DTYPES))}
+    for case in generate_cases(2, 30, 0, rules_of(ENGINE_DTYPES)):
         breach = broken_guarantee(case, rules_of(ENGINE_DTYPES))
         assert breach is None or breach.rule != "dtypes", (case.case_id, str(breach))
 
 
 def test_each_profile_field_meets_each_optional_output():
-    keys = {v.key for v in space.input_space(EVERY_DTYPE)}
+    keys = {v.key for v in space.input_space(rules_of(EVERY_DTYPE))}
     outputs = [f"{f}:{a}={v}" for f, a, v in space.OPTIONAL_OUTPUTS]
     # vllm-0.33 always passes the bound (seq_lens_upper_bound: always): it is no optional part there, and
     # every case draws it with whatever output it has; where it is optional (the guide's engine profile),
     # both its presences meet each output.
     bound = [f"{f}:{a}={v}" for f, a, v in space.PROFILE_PARTS if f == "batch.seq_lens_cpu_upper_bound"]
     assert not [k for k in keys if k.startswith("batch.seq_lens_cpu_upper_bound:presence")]
-    optional = {v.key for v in space.input_space(load_profile_file(ENGINE_PROFILE).name)}
+    optional = {v.key for v in space.input_space(rules_of(load_profile_file(ENGINE_PROFILE).name))}
     for part in bound:
         for output in outputs:
             if output not in optional:  # an output the engine's callers never ask for (extension_fields: none)
@@ -93,7 +93,7 @@ def test_each_profile_field_meets_each_optional_output():
             pair = space.cross_pair(space.Variation(*_split(part)), space.Variation(*_split(output)))
             assert pair.key in keys, pair.key
             assert [p.key for p in space.pair_parts(pair)] == [part, output]
-    assert not [k for k in {v.key for v in space.input_space("vllm-seed")} if "admitted" in k and "+" in k]
+    assert not [k for k in {v.key for v in space.input_space(rules_of("vllm-seed"))} if "admitted" in k and "+" in k]
 
 
 def _split(key: str) -> tuple[str, str, str]:
@@ -108,13 +108,15 @@ def test_a_pair_names_its_two_parts():
 
 
 def test_the_spec_s_fields_get_their_variations():
-    keys = {v.key for v in space.input_space(EVERY_DTYPE)}
+    keys = {v.key for v in space.input_space(rules_of(EVERY_DTYPE))}
     assert {"batch.idx_mapping:value=min", "batch.idx_mapping:value=max", "batch.idx_mapping:dtype=int32"} <= keys
     assert {"logits_shard:value=+inf", "logits_shard:value=nan", "logits_shard:layout=row-padded"} <= keys
     assert {"grammar:presence=absent", "logprobs_dims:step=changed", "batch.num_reqs:value=min"} <= keys
     # The sharder's construction parameters never change between steps; what shard returned is no input.
     assert not [k for k in keys if k.startswith(("sharder:", "metadata", "local_batch", "global_batch"))]
-    assert "batch.seq_lens_cpu_upper_bound:presence=absent" not in {v.key for v in space.input_space("vllm-seed")}
+    assert "batch.seq_lens_cpu_upper_bound:presence=absent" not in {
+        v.key for v in space.input_space(rules_of("vllm-seed"))
+    }
 
 
 def test_every_size_of_the_data_model_has_its_empty_and_largest_value_or_says_why_not():
@@ -122,7 +124,7 @@ def test_every_size_of_the_data_model_has_its_empty_and_largest_value_or_says_wh
     assert sizes.sizes_without_ends(model) == []
     symbols = {s["name"] for s in model["symbols"]}
     assert set(sizes.SIZES) - symbols == {"batch.num_draft_tokens", "extension_fields"}  # counts, not symbols
-    keys = {v.key for v in space.input_space(EVERY_DTYPE)}  # extension fields' sizes too
+    keys = {v.key for v in space.input_space(rules_of(EVERY_DTYPE))}  # extension fields' sizes too
     for name, size in sizes.SIZES.items():
         assert (f"{name}:size=empty" in keys) == (size.empty is not None), name
         assert (f"{name}:size=largest" in keys) == (size.largest is not None), name
@@ -139,8 +141,8 @@ def test_a_size_added_to_the_data_model_is_named_until_it_has_its_ends():
 @pytest.mark.parametrize("tp", [1, 2, 3, 4, 8])
 def test_default_generated_cases_draw_every_realizable_variation(tp):
     cases = generate_cases(tp, 100, 0)
-    cov = coverage.coverage(cases)
-    missed = {v.key for v in cov.not_covered} & {v.key for v in realizers.realizable()}
+    cov = coverage.coverage(cases, rules_of(DEFAULT_PROFILE))
+    missed = {v.key for v in cov.not_covered} & {v.key for v in realizers.realizable(rules_of(DEFAULT_PROFILE))}
     assert not missed
     for case in cases:  # still valid inputs
         assert case.expect_error is None and len(set(case.slots)) == len(case.slots)
@@ -154,21 +156,21 @@ KNOWN_GAPS: set[tuple[str, str]] = set()
 
 @pytest.mark.parametrize("profile", PROFILES)
 def test_every_precondition_is_violated_at_every_boundary_and_tp(profile):
-    found = bounds.boundaries(profile)
+    found = bounds.boundaries(rules_of(profile))
     for pre in load_spec(profile=profile).preconditions:
         if not pre.must_reject:
             continue
         named = {f for b in found if b.pre == pre.id for f in b.fields}
         assert set(pre.fields) <= named, f"{pre.id}: fields without a boundary: {sorted(set(pre.fields) - named)}"
-    assert {(b.pre, b.key) for b in bounds.missing(profile)} == KNOWN_GAPS - _not_in(profile)
+    assert {(b.pre, b.key) for b in bounds.missing(rules_of(profile))} == KNOWN_GAPS - _not_in(profile)
     made = {}
-    for case in bounds.boundary_cases(profile):
+    for case in bounds.boundary_cases(rules_of(profile)):
         made.setdefault(case.case_id, case)
-    assert len(made) == len(bounds.boundary_cases(profile)), "case ids are unique"
+    assert len(made) == len(bounds.boundary_cases(rules_of(profile))), "case ids are unique"
     for b in found:
         if b.key not in bounds.REALIZERS:
             continue
-        sizes = [tp for tp in bounds.TP_SIZES if bounds.applies_at(b, tp, profile)]
+        sizes = [tp for tp in bounds.TP_SIZES if bounds.applies_at(b, tp, rules_of(profile))]
         assert sizes, f"{b.pre} at {b.key}: no group size can break it"
         for tp in sizes:  # under a profile that builds no sharder of one rank, tp 1 has PRE-TP-SIZE only
             case = made.get(f"tp{tp}-reject-{b.pre.removeprefix('PRE-').lower()}-at-{b.slug}")
@@ -184,7 +186,7 @@ def test_every_precondition_is_violated_at_every_boundary_and_tp(profile):
 
 @pytest.mark.parametrize("profile", PROFILES)
 def test_every_length_is_violated_one_short_and_one_long(profile):
-    assert bounds.one_sided(bounds.boundaries(profile)) == []
+    assert bounds.one_sided(bounds.boundaries(rules_of(profile))) == []
 
 
 def test_a_length_violated_on_one_side_only_is_named():
@@ -210,20 +212,20 @@ def test_a_length_violated_on_one_side_only_is_named():
 @pytest.mark.parametrize("seed", [0, 3])
 def test_a_run_checks_every_boundary_once(seed):
     for profile in PROFILES:
-        per_tp = [bounds.boundary_cases_for_run(tp, profile, seed) for tp in bounds.TP_SIZES]
+        per_tp = [bounds.boundary_cases_for_run(tp, rules_of(profile), seed) for tp in bounds.TP_SIZES]
         ids = [c.case_id.split("-reject-", 1)[1] for cases in per_tp for c in cases]
-        realizable = [b for b in bounds.boundaries(profile) if b.key in bounds.REALIZERS]
+        realizable = [b for b in bounds.boundaries(rules_of(profile)) if b.key in bounds.REALIZERS]
         assert sorted(ids) == sorted(f"{b.pre.removeprefix('PRE-').lower()}-at-{b.slug}" for b in realizable)
         assert all(c.tp_size == tp for tp, cases in zip(bounds.TP_SIZES, per_tp, strict=True) for c in cases)
 
 
 def _not_in(profile):
-    return {(pre, key) for pre, key in KNOWN_GAPS if pre not in {b.pre for b in bounds.boundaries(profile)}}
+    return {(pre, key) for pre, key in KNOWN_GAPS if pre not in {b.pre for b in bounds.boundaries(rules_of(profile))}}
 
 
 @pytest.mark.parametrize("profile", PROFILES)
 def test_the_reference_rejects_every_boundary_case(profile):
-    for case in bounds.boundary_cases(profile, tp_sizes=(3,)):
+    for case in bounds.boundary_cases(rules_of(profile), tp_sizes=(3,)):
         result = run_case_in_process(case, ImplChoice("reference"))
         assert result.status == "pass", (case.case_id, result.violations[:2], result.errors)
 
@@ -276,7 +278,7 @@ def test_new_inputs_catch_what_the_old_ones_let_pass(name):
     entry = BY_NAME[name]
     profile = load_profile_file(OWN_PROFILE[name]).name if name in OWN_PROFILE else None
     assert profile or entry.profiles, f"{name} runs under no profile"
-    under = (lambda case: with_profile(case, profile)) if profile else (lambda case: case)
+    under = (lambda case: with_profile(case, rules_of(profile))) if profile else (lambda case: case)
     fixtures = {c.case_id: c for c in load_cases()}
     for case_id in OLD_INPUTS[name]:
         case = under(targeted.BY_ID.get(case_id) or fixtures[case_id])

@@ -11,7 +11,7 @@ import pytest
 
 from shardspec.conformance.cases.coverage import coverage
 from shardspec.conformance.cases.multistep import multi_step_cases
-from shardspec.fixtures.catalogue import allows
+from shardspec.fixtures.holding import allows
 from shardspec.spec.case_edits import UPPER_BOUND_ABSENT
 from shardspec.spec.guarantees import broken_guarantee
 from shardspec.spec.profiles import PROFILES, load_profile_file, rules_of
@@ -27,12 +27,12 @@ def _profiles() -> list[str]:
 def test_every_step_holds_for_the_run_s_profile_and_changes_what_its_callers_change(profile):
     rules = rules_of(profile)
     tp = max(3, rules.min_tp)
-    multi = multi_step_cases(tp, 2, 0, profile)
+    multi = multi_step_cases(tp, 2, 0, rules_of(profile))
     assert multi
     for case in multi:
         assert allows(rules, case), (profile, case.case_id)
         assert all(step.profile == profile for step in [case, *case.then])
-    counts = coverage(multi, profile).counts
+    counts = coverage(multi, rules_of(profile)).counts
     changed = {v.field for v, n in counts.items() if n and v.axis == "step" and v.value == "changed"}
     assert ("batch.num_admitted_draft_tokens" in changed) == (rules.admits_drafts and rules.adaptive), profile
     assert ("batch.seq_lens_cpu_upper_bound" in changed) == rules.has_upper_bound, profile

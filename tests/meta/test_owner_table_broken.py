@@ -14,6 +14,7 @@ from shardspec.conformance.cases.multistep import multi_step_cases
 from shardspec.conformance.cases.strategies import generate_cases
 from shardspec.conformance.replay import run_case_in_process
 from shardspec.spec.case import case_owners
+from shardspec.spec.profiles import rules_of
 
 FIRST_TABLE = ImplChoice(BY_NAME["owners-of-first-table"].target)
 
@@ -43,7 +44,7 @@ def test_first_table_owners_pass_each_step_alone(step):
 
 def test_first_table_owners_pass_the_single_step_cases_of_a_run():
     """The generated cases of a run (tp 2 and 3, seed 0) under the owner table's profile: all single steps."""
-    generated = [c for tp in (2, 3) for c in generate_cases(tp, 8, 0, VLLM_034_SHARDED_CACHE)]
+    generated = [c for tp in (2, 3) for c in generate_cases(tp, 8, 0, rules_of(VLLM_034_SHARDED_CACHE))]
     assert any(c.owner_table for c in generated)
     for case in [cases.OWNER_TABLE, *generated]:
         result = run_case_in_process(case, FIRST_TABLE)
@@ -56,7 +57,7 @@ def test_first_table_owners_fail_the_steps_the_engine_rewrote():
 
 
 def test_first_table_owners_fail_a_generated_multi_step_case():
-    case = multi_step_cases(3, 1, 0, VLLM_034_SHARDED_CACHE)[0]
+    case = multi_step_cases(3, 1, 0, rules_of(VLLM_034_SHARDED_CACHE))[0]
     assert len({tuple(sorted((step.owner_table or {}).items())) for step in [case, *case.then]}) > 1
     assert "INV-OWNER" in _violated(run_case_in_process(case, FIRST_TABLE))
     assert _violated(run_case_in_process(case, ImplChoice("reference"))) == set()
@@ -69,7 +70,9 @@ def test_comparing_the_owner_tables_across_ranks_is_caught_on_the_wire_alone():
     expect theirs)."""
     compares = ImplChoice(BY_NAME["owner-tables-compared-on-the-wire"].target)
     on_the_wire = {"INV-WIRE-SEQUENCE", "INV-WIRE-SAMPLED", "INV-WIRE-LOGPROBS"}
-    generated = [c for c in generate_cases(3, 4, 0, VLLM_034_SHARDED_CACHE) if c.slots and c.expect_error is None]
+    generated = [
+        c for c in generate_cases(3, 4, 0, rules_of(VLLM_034_SHARDED_CACHE)) if c.slots and c.expect_error is None
+    ]
     assert generated
     for case in (cases.OWNER_TABLE, *generated):  # an empty batch has no entry to compare
         violated = _violated(run_case_in_process(case, compares))

@@ -9,10 +9,11 @@ import pytest
 
 from shardspec.conformance.api import ImplChoice
 from shardspec.conformance.broken import CORPUS, cases
+from shardspec.conformance.broken.profiles import BUNDLED_RULES
 from shardspec.conformance.harness.group import Job
 from shardspec.conformance.harness.multiprocess import LaunchOptions, run_jobs_multiprocess
 from shardspec.conformance.replay import run_case_in_process, suite_judge
-from shardspec.fixtures.catalogue import case_profiles, with_profile
+from shardspec.fixtures.catalogue import case_rules, with_profile
 from shardspec.reference import ReferenceSharder
 from shardspec.spec.loader import load_spec
 from shardspec.spec.profiles import DEFAULT_PROFILE, PROFILES
@@ -55,13 +56,13 @@ def _one_profile_each(number, entry):
     """Each case the entry meets under one of the entry's profiles that it holds for, the profiles taken in
     turn: every profile's checkers meet broken outputs of every kind across the corpus."""
     for turn, case in enumerate(_cases_met(number, entry)):
-        held = [profile for profile in entry.profiles if profile in case_profiles(case)]
+        held = [profile for profile in entry.profiles if profile in {rules.profile for rules in case_rules(case)}]
         if held:
             yield case, held[(number + turn) % len(held)]
 
 
 ALL_RUNS = [
-    pytest.param(entry, with_profile(case, profile), id=f"{entry.name}/{case.case_id}-{profile}")
+    pytest.param(entry, with_profile(case, BUNDLED_RULES[profile]), id=f"{entry.name}/{case.case_id}-{profile}")
     for number, entry in enumerate(CORPUS)
     for case, profile in _one_profile_each(number, entry)
 ]
@@ -74,7 +75,9 @@ def _violated(result) -> set[str]:
 @pytest.mark.parametrize("entry, case_id, group, profile", RUNS)
 def test_checkers_catch_the_defect(entry, case_id, group, profile):
     """In both in-process groups: a defect in the wire sequence must be reported, not hang the run."""
-    result = run_case_in_process(with_profile(cases.BY_ID[case_id], profile), ImplChoice(entry.target), group=group)
+    result = run_case_in_process(
+        with_profile(cases.BY_ID[case_id], BUNDLED_RULES[profile]), ImplChoice(entry.target), group=group
+    )
     assert not result.errors, f"{entry.name} should fail checks, not crash: {result.errors}"
     found = _violated(result)
     assert entry.invariant_id in found, (
@@ -89,7 +92,11 @@ WORLD_ENTRIES = [entry for entry in CORPUS if entry.tp_groups > 1]
 def test_checkers_catch_the_defect_in_a_world_of_several_tp_groups(entry, tmp_path):
     """Rank processes (fork) as entry.tp_groups TP groups of one world: every targeted case fails by the entry's
     invariant. In-process, where the world is the one TP group, the same cases pass: only such a world tells."""
-    targeted = [with_profile(cases.BY_ID[case_id], profile) for case_id in entry.cases for profile in entry.profiles]
+    targeted = [
+        with_profile(cases.BY_ID[case_id], BUNDLED_RULES[profile])
+        for case_id in entry.cases
+        for profile in entry.profiles
+    ]
     for case in targeted:
         alone = run_case_in_process(case, ImplChoice(entry.target), group=entry.groups[0])
         assert (alone.status, alone.errors) == ("pass", []), (case.case_id, alone.errors, alone.violations)
@@ -141,9 +148,9 @@ def test_corpus_names_are_unique_and_every_invariant_has_an_entry():
 @pytest.mark.parametrize("case", cases.ALL, ids=[c.case_id for c in cases.ALL])
 def test_controls_pass_targeted_cases(case, impl, group):
     # Under the default profile where the case holds for it, else under the first profile it holds for.
-    profiles = case_profiles(case)
-    profile = DEFAULT_PROFILE if DEFAULT_PROFILE in profiles else profiles[0]
-    result = run_case_in_process(with_profile(case, profile), ImplChoice(impl), group=group)
+    held = case_rules(case)
+    rules = next((rules for rules in held if rules.profile == DEFAULT_PROFILE), held[0])
+    result = run_case_in_process(with_profile(case, rules), ImplChoice(impl), group=group)
     assert (result.errors, result.violations) == ([], [])
 
 

@@ -11,7 +11,7 @@ import pytest
 
 from shardspec.conformance.api import ImplChoice
 from shardspec.conformance.broken import BY_NAME, cases
-from shardspec.conformance.broken.cases import TABLE_PROFILE
+from shardspec.conformance.broken.cases import TABLE_RULES
 from shardspec.conformance.cases.coverage import coverage, exercised
 from shardspec.conformance.replay import run_case_in_process
 from shardspec.conformance.run import resolve
@@ -84,7 +84,7 @@ def _profile_of(entry) -> str:
 @pytest.mark.parametrize("key", sorted(ENTRIES))
 def test_only_the_variation_catches_its_entry(key):
     entry = BY_NAME[ENTRIES[key]]
-    others = [with_profile(cases.BY_ID[case_id], _profile_of(entry)) for case_id in OTHERS]
+    others = [with_profile(cases.BY_ID[case_id], rules_of(_profile_of(entry))) for case_id in OTHERS]
     drawing = {c.case_id for c in others if key in {v.key for v in exercised(c)}}
     assert set(entry.cases) <= drawing, (key, entry.cases, drawing)
     for case in others:
@@ -118,7 +118,7 @@ def _nox_budget(profile: str) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def table_run():
-    given = {"impl": "reference", "profile": TABLE_PROFILE, **_nox_budget(TABLE_PROFILE)}
+    given = {"impl": "reference", "profile": TABLE_RULES.profile, **_nox_budget(TABLE_RULES.profile)}
     config = resolve.resolve_run(given, {}).config
     return config, collect_cases(config)
 
@@ -128,7 +128,7 @@ def test_the_owner_table_run_rejects_each_carried_form_s_entry(table_run, key):
     config, case_set = table_run
     entry = BY_NAME[CARRIED_ENTRIES[key]]
     multi = {parent.case_id: parent for parent in case_set.parents.values()}.values()
-    drawing = [case for case in multi if key in {v.key for v in coverage([case], config.profile).covered}]
+    drawing = [case for case in multi if key in {v.key for v in coverage([case], rules_of(config.profile)).covered}]
     assert drawing, (key, [c.case_id for c in multi])
     found = [_violated(case, entry) for case in drawing]
     assert any(entry.invariant_id in ids for ids in found), (key, found)
@@ -136,5 +136,5 @@ def test_the_owner_table_run_rejects_each_carried_form_s_entry(table_run, key):
     for other, name in CARRIED_ENTRIES.items():
         if other != key:
             case = cases.BY_ID[BY_NAME[name].cases[0]]
-            assert key not in {v.key for v in coverage([case], config.profile).covered}
+            assert key not in {v.key for v in coverage([case], rules_of(config.profile)).covered}
             assert _violated(case, entry) == set(), (key, case.case_id)

@@ -48,7 +48,7 @@ def test_clarifications_name_no_local_dtype_the_data_model_does_not_give(profile
 def _listed_dtypes(profile: str) -> dict[str, tuple[str, ...]]:
     """The data model's dtypes of each field ``profile`` has (every one it lists, whichever its callers send)."""
     model = input_space.raw_data_model()
-    present = {f.path for f in input_space.input_fields(model, profile)}
+    present = {f.path for f in input_space.input_fields(model, rules_of(profile))}
     return {f.path: f.dtypes for f in input_space.input_fields(model, None) if f.dtypes and f.path in present}
 
 
@@ -75,7 +75,7 @@ def test_every_dtype_the_data_model_lists_is_accepted(profile):
 @pytest.mark.parametrize("profile", PROFILES)
 def test_no_dtype_a_precondition_rejects_is_listed(profile):
     listed = _listed_dtypes(profile)
-    rejected = [(f, b.value) for b in boundaries(profile) if b.pre == "PRE-DTYPES" for f in b.fields]
+    rejected = [(f, b.value) for b in boundaries(rules_of(profile)) if b.pre == "PRE-DTYPES" for f in b.fields]
     assert rejected
     assert [(f, v) for f, v in rejected if v in listed.get(f, ())] == []
 

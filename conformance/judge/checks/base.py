@@ -22,6 +22,7 @@ from typing import Any
 
 from shardspec.conformance.record import StepOutputs
 from shardspec.spec.case import Case, CaseInputs
+from shardspec.spec.documents import holds_for
 from shardspec.spec.errors import declines_extensions
 from shardspec.spec.loader import load_spec
 from shardspec.spec.model import SamplerOutput
@@ -154,16 +155,17 @@ def group_judgeable(invariant_id: str, case: Case, digests: dict[int, dict[str, 
 
 
 @functools.cache
-def other_profiles_invariants(profile: str) -> frozenset[str]:
-    """The IDs of the invariants that hold for other profiles only: a case of ``profile`` is not judged
-    by them (n/a, never pass)."""
-    every = {inv.id for inv in load_spec().invariants}
-    return frozenset(every - {inv.id for inv in load_spec(profile=profile).invariants})
+def other_profiles_invariants(rules: Rules) -> frozenset[str]:
+    """The IDs of the invariants that hold for other profiles only: a case under ``rules`` is not judged
+    by them (n/a, never pass). From the case's rules, not its profile's name: a process the case was
+    handed to (a shrinking child) knows no profile file."""
+    invariants = load_spec().invariants
+    return frozenset({inv.id for inv in invariants} - {inv.id for inv in invariants if holds_for(inv, rules)})
 
 
-def checkers_for(registry: dict, profile: str) -> dict:
+def checkers_for(registry: dict, rules: Rules) -> dict:
     """The checkers of ``registry`` but those of invariants that hold for other profiles only."""
-    ids = other_profiles_invariants(profile)
+    ids = other_profiles_invariants(rules)
     return {invariant_id: checker for invariant_id, checker in registry.items() if invariant_id not in ids}
 
 

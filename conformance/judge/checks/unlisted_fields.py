@@ -11,21 +11,23 @@ import torch
 
 from shardspec.conformance.judge.checks.base import StepRecord, Violation, rank_check
 from shardspec.conformance.judge.checks.common import shards
+from shardspec.spec.documents import holds_for
 from shardspec.spec.loader import load_spec
 from shardspec.spec.model import InputBatch
+from shardspec.spec.rules import Rules
 
 INVARIANT = "INV-LOCAL-UNLISTED-FIELDS"
 
 
 @functools.cache
-def listed(profile: str) -> frozenset[str]:
-    """The InputBatch fields the profile lists (vLLM 0.33's own are an engine's fields in vllm-seed)."""
-    names = {f.name for f in load_spec(profile=profile).data_model.type("InputBatch").fields}
+def listed(rules: Rules) -> frozenset[str]:
+    """The InputBatch fields the profile of ``rules`` lists (vLLM 0.33's own are an engine's fields in vllm-seed)."""
+    names = {f.name for f in load_spec().data_model.type("InputBatch").fields if holds_for(f, rules)}
     return frozenset(f.name for f in dataclasses.fields(InputBatch) if f.name in names)
 
 
 def _unlisted(record: StepRecord) -> list[str]:
-    batch, names = record.inputs.batch, listed(record.case.profile)
+    batch, names = record.inputs.batch, listed(record.case.rules)
     return [f.name for f in dataclasses.fields(batch) if f.name not in names and getattr(batch, f.name) is not None]
 
 
