@@ -31,8 +31,9 @@ from shardspec.conformance.judge.checks.base import StepRecord
 from shardspec.conformance.judge.verdicts import Judge
 from shardspec.conformance.record import ERROR, CaseResult
 from shardspec.fixtures import case_to_yaml, load_case_file
+from shardspec.fixtures.catalogue import with_profile
 from shardspec.spec.case import Case, build_case_inputs
-from shardspec.spec.profiles import install_profiles, profile_data
+from shardspec.spec.rules import Rules
 
 
 def suite_judge(timeout_s: float = 60.0) -> Judge:
@@ -89,7 +90,8 @@ def shrink_in_child(
         json.dumps(sorted(target)),
         str(result),
         str(budget_s),
-        json.dumps(profile_data([case.profile])),  # as resolved here: the child reads no profile file
+        case.rules.profile,
+        json.dumps(case.rules.as_dict()),  # the case's rules as resolved here: the child looks up no profile
     ]
     try:
         proc = subprocess.run(command, capture_output=True, text=True, timeout=budget_s + 60, stdin=subprocess.DEVNULL)
@@ -101,7 +103,7 @@ def shrink_in_child(
         tail = "\n".join(proc.stderr.strip().splitlines()[-3:])
         raise RuntimeError(f"the shrinking process {describe_exit(proc.returncode)}: {tail}")
     found = json.loads(_facts(result).read_text())
-    outcome = Shrunk(load_case_file(str(result)), found["simplifications"], found["tried"])
+    outcome = Shrunk(with_profile(load_case_file(str(result)), case.rules), found["simplifications"], found["tried"])
     outcome.replayed = None if found["replayed"] is None else frozenset(found["replayed"])
     outcome.others = {frozenset(ids): n for ids, n in found["others"]}
     result.unlink()
@@ -130,13 +132,12 @@ def _facts(case_file: pathlib.Path) -> pathlib.Path:
 
 def main(argv: list[str]) -> int:
     """``python -m shardspec.conformance.replay CASE_FILE ENTRY GROUP DEVICE TARGET_JSON OUT_FILE BUDGET_S
-    PROFILES_JSON``."""
+    PROFILE RULES_JSON``."""
     interpret_triton_without_gpu()  # before the implementation is imported
-    source, entry, group, device, target, out, budget, profiles = argv
-    install_profiles(json.loads(profiles))
+    source, entry, group, device, target, out, budget, profile, rules = argv
     choice = ImplChoice.parse(entry)
     outcome = shrink_keeping(
-        load_case_file(source),
+        with_profile(load_case_file(source), Rules.of(profile, json.loads(rules))),
         set(json.loads(target)),
         agreeing(lambda c: run_case_in_process(c, choice, timeout_s=10.0, group=group, device=device), device),
         float(budget),

@@ -32,7 +32,6 @@ from shardspec.conformance.harness.launch import GroupStarter, first_error, kill
 from shardspec.conformance.harness.rank_plan import blinded, plan_of, real_names, save_plans
 from shardspec.conformance.harness.settle import Settler
 from shardspec.conformance.record import CaseResult, not_run
-from shardspec.spec.profiles import profile_data
 
 STARTUP_S = 90.0  # torch import and rendezvous, generous for 8 ranks on 2 cores
 # After a rank gave up waiting in a collective for a silent peer: time for what that peer sent last (its own
@@ -87,12 +86,11 @@ def run_jobs_multiprocess(
     save_plans(run_dir / "plans.json", [plan_of(case, expectations[case.case_id]) for case in cases])
     torch.save(blinded(cases), run_dir / "cases.pt")
     position = {case.case_id: i for i, case in enumerate(cases)}
-    # The profiles the cases are judged under go with the jobs, as this process resolved them: a rank
-    # never reads a profile file (its user may have changed it since).
+    # Each case carries the rules it is judged under (cases.pt), as this process resolved them: a rank
+    # never reads a profile file (its user may have changed it since) nor looks a profile up by name.
     (run_dir / "jobs.json").write_text(
         json.dumps(
             {
-                "profiles": profile_data(sorted({case.profile for case in cases})),
                 "jobs": [
                     {"impl": job.choice.impl, "impl_odd": job.choice.impl_odd, "case": position[job.case.case_id]}
                     for job in jobs

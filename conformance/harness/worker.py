@@ -1,8 +1,8 @@
 """One rank of a multi-process conformance run (started by :mod:`.spawn`).
 
 ``python -m shardspec.conformance.harness.worker RUN_DIR LAUNCH_FILE``. Reads the
-cases, the jobs (an entry and a case each, with the profiles they are judged
-under, as data) and the reference expectations from RUN_DIR, runs the jobs
+cases (each with the rules it is judged under, as data), the jobs (an entry and
+a case each) and the reference expectations from RUN_DIR, runs the jobs
 listed in LAUNCH_FILE in order, and streams to
 ``RUN_DIR/<launch>-rank<R>.frames`` (see :mod:`.transcript`) a frame after
 every step of a job, with what the implementation returned in it, and one
@@ -53,7 +53,6 @@ from shardspec.conformance.harness.rank_step import run_case_on_rank  # noqa: E4
 from shardspec.conformance.harness.spawn import write_whole  # noqa: E402
 from shardspec.conformance.harness.transcript import encode, write_frame  # noqa: E402
 from shardspec.conformance.record import FINAL_FIELDS, STEP_OUTPUT  # noqa: E402
-from shardspec.spec.profiles import install_profiles  # noqa: E402
 
 EXIT_HUNG = 4
 
@@ -193,10 +192,8 @@ def preload(argv: list[str]) -> None:
 
 
 def read_jobs(run_dir: pathlib.Path) -> list[dict]:
-    """The launch's jobs, the profiles they are judged under installed first: as the judge resolved them."""
-    found = json.loads((run_dir / "jobs.json").read_text())
-    install_profiles(found["profiles"])
-    return found["jobs"]
+    """The launch's jobs (their cases carry the rules they are judged under, as the judge resolved them)."""
+    return json.loads((run_dir / "jobs.json").read_text())["jobs"]
 
 
 def exit_status(exc: SystemExit) -> int:

@@ -6,8 +6,8 @@ changes; the root profile sets every rule. The bundled ones are the files of thi
 (``--profile-file engine.yaml``) extends a bundled one and is read once, as untrusted input
 (:mod:`shardspec.spec.profile_input`), by :func:`load_profile_file` at the edge (the command line, the
 pytest plugin), which registers it for the rest of the process.
-Nothing reads it again: the processes a run starts receive the resolved profiles as data with their
-jobs (:func:`profile_data`, :func:`install_profiles`), never through the environment.
+Nothing reads it again: the processes a run starts receive the resolved rules as data with their
+jobs (a case carries its :class:`Rules`), never through the environment or a name.
 
 The edges (the command line, a case made under a profile, ``fixtures.catalogue.with_profile``) ask
 :func:`rules_of` for a profile's rules once; below them code takes those :class:`Rules` (a
@@ -20,7 +20,7 @@ from __future__ import annotations
 import functools
 import os
 from contextvars import ContextVar
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from importlib import resources
 from pathlib import Path
 
@@ -202,34 +202,6 @@ def profile_source(name: str) -> dict[str, str] | None:
     for reports: the run was judged under those bytes, whatever the file holds now."""
     found = profile_file(name)
     return {"path": found.path, "sha256": found.sha256} if found.path else None
-
-
-def profile_data(names) -> list[dict]:
-    """The profiles ``names`` and every profile they extend, parents first, as JSON data: what a process
-    this one starts needs to judge or run them, resolved here once (:func:`install_profiles`)."""
-    found: dict[str, ProfileFile] = {}
-
-    def add(name: str) -> None:
-        profile = profile_file(name)
-        if profile.extends is not None:
-            add(profile.extends)
-        found.setdefault(name, profile)
-
-    for name in names:
-        add(name)
-    return [{**asdict(p), "rules": p.rules.as_dict()} for p in found.values()]
-
-
-def install_profiles(data: list[dict]) -> None:
-    """Register the profiles of :func:`profile_data` in this process, in place of any of the same name:
-    the rules the process that started this one resolved, whatever the files say now."""
-    for item in data:
-        values = item["rules"]
-        problem = next(filter(None, (rule_problem(r, v) for r, v in values.items())), None) or contradiction(values)
-        if problem or set(values) != {rule.name for rule in RULES}:
-            raise ProfileError(f"profile {item['name']!r} handed to this process: {problem or 'not every rule set'}")
-        rules = Rules.of(item["name"], item["rules"])
-        _REGISTERED[item["name"]] = ProfileFile(**{**item, "rules": rules, "own": tuple(item["own"])})
 
 
 def default_rules() -> Rules:

@@ -12,10 +12,7 @@ from shardspec.spec.profile_input import MAX_EXTENDS, MAX_PROFILE_BYTES
 from shardspec.spec.profiles import (
     PROFILES,
     ProfileError,
-    bundled_profile,
-    install_profiles,
     load_profile_file,
-    profile_data,
     read_profile,
     rules_of,
 )
@@ -138,25 +135,3 @@ def test_a_misspelt_extends_through_the_environment_is_one_line(tmp_path, monkey
     assert "extends unknown profile 'vllm-0.3'" in refusal(path)
     with pytest.raises(ProfileError, match="unknown profile 'mine'"):
         rules_of("mine")  # the environment is read at the edge (the options), never by name lookups
-
-
-def test_profiles_handed_to_a_process_are_the_ones_resolved(tmp_path, monkeypatch):
-    monkeypatch.setattr(profiles, "_REGISTERED", {})
-    path = tmp_path / "mine.yaml"
-    path.write_text("name: mine\nextends: vllm-0.33\nrules:\n  owner: position_mod_tp\n")
-    loaded = load_profile_file(path)
-    shipped = profile_data(["mine"])
-    assert [item["name"] for item in shipped] == ["vllm-seed", "vllm-0.33", "mine"]  # parents first
-    assert shipped[-1]["sha256"] == loaded.sha256 and shipped[-1]["path"] == str(path)
-    path.write_text("name: mine\nextends: vllm-0.33\nrules:\n  owner: slot_mod_tp\n")  # edited after resolution
-    monkeypatch.setattr(profiles, "_REGISTERED", {})  # a fresh process
-    install_profiles(shipped)
-    assert rules_of("mine").owner == "position_mod_tp" and profiles.profile_file("mine") == loaded
-    assert profiles.profile_file("vllm-0.33") == bundled_profile("vllm-0.33")
-
-
-def test_profiles_handed_to_a_process_are_checked():
-    bad = profile_data(["vllm-0.34"])
-    bad[-1]["rules"] = {**bad[-1]["rules"], "grammar_slicing": "rows"}
-    with pytest.raises(ProfileError, match="handed to this process: rule admitted_drafts: admitted needs"):
-        install_profiles(bad)

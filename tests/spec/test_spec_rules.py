@@ -123,7 +123,7 @@ def test_no_package_compares_a_profile_name():
 
 def test_a_file_registered_again_is_the_one_handed_on(tmp_path):
     """A run registering its file again after another one (an earlier run of the same process) judges under
-    its own, and hands its own on to the processes it starts (as data: profile_data)."""
+    its own, and reports its own (the path and sha256 of the file it read: profile_source)."""
     import shardspec.spec.profiles as profiles
 
     mine = pathlib.Path(__file__).parents[1] / "conformance" / "data" / "profiles" / "position-owner.yaml"
@@ -134,4 +134,4 @@ def test_a_file_registered_again_is_the_one_handed_on(tmp_path):
     for path in (other, mine):
         profiles.load_profile_file(path)
     assert rules_of("position-owner").owner == "position_mod_tp"
-    assert profiles.profile_data(["position-owner"])[-1]["path"] == str(mine.absolute())
+    assert profiles.profile_source("position-owner")["path"] == str(mine.absolute())
