@@ -298,16 +298,16 @@ class CapturedSteps:
         )
         # One sharder for every bucket, checks off (the real batch is checked here, on the host): its
         # capacity holds the largest capture batch, and the workspace is shared by every bucket's graphs.
+        self.profile = profile
+        self.rules = rules_of(profile)
         self._sharder = ProductionSharder(
             max(max_num_reqs, self.tp_size * self.max_bucket.reqs_per_rank),
             self.max_bucket.rows_per_req,
             comm=comm,
             device=device,
             check_preconditions=False,
-            rules=rules_of(profile),
+            rules=self.rules,
         )
-        self.profile = profile
-        self.rules = self._sharder.rules
         self._pool = torch.cuda.graph_pool_handle() if self.graphs else None
         self._entries: dict[Bucket, _Entry] = {}
 
