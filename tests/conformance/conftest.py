@@ -20,7 +20,7 @@ def plugins_on_path(monkeypatch):
 
 
 @pytest.fixture
-def throwaway_checkers(monkeypatch):
+def throwaway_checkers():
     """Replace the registries with two checkers of this test: counts and wire agreement."""
     seen_digests = []
 
@@ -35,11 +35,17 @@ def throwaway_checkers(monkeypatch):
         if len(kinds) != 1:
             yield Violation("INV-TEST-WIRE", f"ranks disagree: {kinds}")
 
-    # Imported first: a module imported while the registries are replaced would keep the replacement.
-    import shardspec.conformance.judge.rank as judging
-
-    monkeypatch.setattr(base, "RANK_CHECKERS", {"INV-TEST-COUNTS": counts})
-    monkeypatch.setattr(base, "GROUP_CHECKERS", {"INV-TEST-WIRE": wire_agreement})
-    monkeypatch.setattr(judging, "RANK_CHECKERS", base.RANK_CHECKERS)
-    monkeypatch.setattr(judging, "GROUP_CHECKERS", base.GROUP_CHECKERS)
-    return seen_digests
+    # The registries are emptied and refilled in place, never replaced: every module that imported them by
+    # name (the judge, the results, the session) sees this test's checkers, whatever was imported first.
+    replacements = [
+        (base.RANK_CHECKERS, {"INV-TEST-COUNTS": counts}),
+        (base.GROUP_CHECKERS, {"INV-TEST-WIRE": wire_agreement}),
+    ]
+    saved = [(registry, dict(registry)) for registry, _ in replacements]
+    for registry, replacement in replacements:
+        registry.clear()
+        registry.update(replacement)
+    yield seen_digests
+    for registry, contents in saved:
+        registry.clear()
+        registry.update(contents)

@@ -11,6 +11,7 @@ from harness_cases import small_cases, write_cases
 from shardspec.conformance.record import FAIL, CaseResult
 from shardspec.conformance.run.config import RunConfig
 from shardspec.conformance.run.session import ConformanceSession
+from shardspec.spec.profiles import rules_of
 
 
 class InterruptedGroup:
@@ -35,7 +36,7 @@ def test_an_interruption_keeps_every_reproduce_command(tmp_path):
     config = RunConfig(
         impls=["reference"],
         case_ids=["tp2-decode", "tp2-reject-slot-unique"],
-        profile="vllm-0.34-strict",  # where a must-reject case is inside the contract
+        rules=rules_of("vllm-0.34-strict"),  # where a must-reject case is inside the contract
         case_files=files,
         run_dir=tmp_path / "run",
         json_path=str(tmp_path / "r.json"),
