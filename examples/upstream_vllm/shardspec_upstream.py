@@ -33,6 +33,7 @@ import triton
 import triton.language as tl
 
 from shardspec.spec import model
+from shardspec.spec.errors import PreconditionError
 from shardspec.spec.model import ShardResult
 
 _FILE_VARIABLE = "SHARDSPEC_UPSTREAM_FILE"
@@ -112,6 +113,19 @@ class VllmConfig:
     sharder never calls: a name to import, nothing more."""
 
 
+def refuse_as_the_engine_config(tp: int, max_num_reqs: int) -> None:
+    """What vLLM's config (``_validate_batch_sharded_sampling``, in the 0.33.0 and 0.34.0 wheels) refuses
+    before the engine builds a ``BatchSharder``: tp <= 1, and fewer requests than ranks. The file alone has no
+    config, so the adapter, standing in for the engine, refuses them (construction: sharded_groups); vLLM's
+    installed check itself runs in ../vllm."""
+    if tp <= 1:
+        raise PreconditionError("PRE-TP-SIZE", "tp_size", f"the engine's config refuses tp {tp}")
+    if max_num_reqs < tp:
+        raise PreconditionError(
+            "PRE-CAPACITY-TP", "max_num_reqs", f"the engine's config refuses max_num_seqs {max_num_reqs} < tp {tp}"
+        )
+
+
 def _register_vllm_stand_ins() -> None:
     names = {
         "vllm.config": {"VllmConfig": VllmConfig},
@@ -180,7 +194,10 @@ class UpstreamSharder:
         device="cpu",
         path=None,
         adaptive_verification_enabled=False,
+        rules=None,
     ):
+        if rules is not None and rules.sharded_groups_only:  # the engine refuses these before a sharder exists
+            refuse_as_the_engine_config(comm.world_size, max_num_reqs)
         self.upstream = load_upstream(path)
         self.group = _TensorParallelGroup(comm)
         self.device = torch.device(device)
