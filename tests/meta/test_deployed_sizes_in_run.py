@@ -111,5 +111,5 @@ def test_reproduce_commands_name_the_size_tier():
 
 
 def test_ci_runs_the_deploy_tier():
-    lines = CI.read_text().replace("\\\n", " ").splitlines()
+    lines = [line.removeprefix("step ") for line in CI.read_text().replace("\\\n", " ").splitlines()]
     assert any(line.startswith("nox -s conformance -- ") and "--shardspec-size-tier deploy" in line for line in lines)
