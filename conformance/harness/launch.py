@@ -13,8 +13,10 @@ import sys
 from shardspec.conformance.harness.external import ExternalGroup, rank_command
 from shardspec.conformance.harness.reaper import become_subreaper, end_strays, keeper_command, launch_mark, stop_kept
 from shardspec.conformance.harness.spawn import RankServer, ServedGroup, describe_exit
+from shardspec.conformance.harness.zygote import Zygote
 
 WORKER = "shardspec.conformance.harness.worker"
+ZYGOTE = "zygote"  # the key of the run's zygote among its servers (an entry's key is a tuple of names)
 
 
 def _rank_server(
@@ -27,9 +29,22 @@ def _rank_server(
         if server is not None:
             server.close()
         log = run_dir / f"server-{name}.log"
-        server = servers[implementations] = RankServer(WORKER, list(implementations), env, log)
+        forked = _zygote(servers, env, run_dir).fork_server(list(implementations), log)
+        server = servers[implementations] = RankServer(WORKER, list(implementations), env, log, proc=forked)
         atexit.register(server.close)  # also when the run ends without closing its group
     return server
+
+
+def _zygote(servers: dict, env: dict[str, str], run_dir: pathlib.Path) -> Zygote:
+    """The run's zygote (kept in ``servers`` under ZYGOTE): every entry's server is forked from it, so only
+    the first entry pays for importing torch and the suite."""
+    zygote = servers.get(ZYGOTE)
+    if zygote is None or not zygote.alive or zygote.env != env:
+        if zygote is not None:
+            zygote.close()
+        zygote = servers[ZYGOTE] = Zygote(WORKER, env, run_dir / "zygote.log")
+        atexit.register(zygote.close)
+    return zygote
 
 
 class GroupStarter:

@@ -177,8 +177,12 @@ def _group_file(exit_path: pathlib.Path) -> pathlib.Path:
 class RankServer:
     """A ``--serve`` process: imports once, then starts a group per :meth:`start` in a fraction of a second."""
 
-    def __init__(self, module: str, args: list[str], env: dict[str, str], log_path: pathlib.Path):
+    def __init__(self, module: str, args: list[str], env: dict[str, str], log_path: pathlib.Path, proc=None):
+        """``proc``: the server as already started (one a :mod:`.zygote` forked), else a new process."""
         self.env = env
+        if proc is not None:
+            self.proc = proc
+            return
         with open(log_path, "w") as log:
             self.proc = subprocess.Popen(
                 [sys.executable, "-u", "-m", __name__, "--serve", module, *args],
