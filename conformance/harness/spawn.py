@@ -174,18 +174,15 @@ def _group_file(exit_path: pathlib.Path) -> pathlib.Path:
     return exit_path.with_name(exit_path.name + ".group")
 
 
-class RankServer:
-    """A ``--serve`` process: imports once, then starts a group per :meth:`start` in a fraction of a second."""
+class ServerProcess:
+    """A long-lived process the judge sends requests to, a JSON line each on its stdin (its log: stdout and
+    stderr); it ends once its stdin does."""
 
-    def __init__(self, module: str, args: list[str], env: dict[str, str], log_path: pathlib.Path, proc=None):
-        """``proc``: the server as already started (one a :mod:`.zygote` forked), else a new process."""
+    def __init__(self, argv: list[str], env: dict[str, str], log_path: pathlib.Path):
         self.env = env
-        if proc is not None:
-            self.proc = proc
-            return
         with open(log_path, "w") as log:
             self.proc = subprocess.Popen(
-                [sys.executable, "-u", "-m", __name__, "--serve", module, *args],
+                [sys.executable, "-u", "-m", *argv],
                 stdin=subprocess.PIPE,
                 stdout=log,
                 stderr=subprocess.STDOUT,
@@ -198,21 +195,34 @@ class RankServer:
     def alive(self) -> bool:
         return self.proc.poll() is None
 
-    def start(self, world_size: int, args: list[str], log_path: pathlib.Path) -> ServedGroup:
-        exit_path = log_path.with_suffix(".exit")
-        request = {"world_size": world_size, "args": args, "log": str(log_path), "exit": str(exit_path)}
+    def request(self, request: dict) -> None:
         self.proc.stdin.write(json.dumps(request) + "\n")
         self.proc.stdin.flush()
-        return ServedGroup(self.proc, exit_path)
 
-    def close(self) -> None:
+    def close(self, timeout_s: float = 10.0) -> None:
         if self.alive:
             self.proc.stdin.close()
             try:
-                self.proc.wait(timeout=10)
+                self.proc.wait(timeout=timeout_s)
             except subprocess.TimeoutExpired:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait()
+
+
+class RankServer(ServerProcess):
+    """A ``--serve`` process: imports once, then starts a group per :meth:`start` in a fraction of a second."""
+
+    def __init__(self, module: str, args: list[str], env: dict[str, str], log_path: pathlib.Path, proc=None):
+        """``proc``: the server as already started (one a :mod:`.zygote` forked), else a new process."""
+        if proc is None:
+            super().__init__([__name__, "--serve", module, *args], env, log_path)
+        else:
+            self.env, self.proc = env, proc
+
+    def start(self, world_size: int, args: list[str], log_path: pathlib.Path) -> ServedGroup:
+        exit_path = log_path.with_suffix(".exit")
+        self.request({"world_size": world_size, "args": args, "log": str(log_path), "exit": str(exit_path)})
+        return ServedGroup(self.proc, exit_path)
 
 
 class ServedGroup:

@@ -23,7 +23,7 @@ import sys
 import time
 
 from shardspec.conformance.harness.reaper import PR_SET_PDEATHSIG, _prctl
-from shardspec.conformance.harness.spawn import preloaded, serve
+from shardspec.conformance.harness.spawn import ServerProcess, preloaded, serve
 
 STARTING_S = 60.0  # a forked server opens its request FIFO within this long, or it is taken as not started
 ENDING_S = 10.0
@@ -164,25 +164,12 @@ class ForkedServer:
         return self.returncode
 
 
-class Zygote:
+class Zygote(ServerProcess):
     """The judge's handle on a zygote process: :meth:`fork_server` per entry; :meth:`close` at the run's end."""
 
     def __init__(self, module: str, env: dict[str, str], log_path: pathlib.Path):
-        self.env, self.log_path, self.forked = env, log_path, []
-        with open(log_path, "w") as log:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-u", "-m", __name__, module],
-                stdin=subprocess.PIPE,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                text=True,
-                start_new_session=True,
-                env=env,
-            )
-
-    @property
-    def alive(self) -> bool:
-        return self.proc.poll() is None
+        super().__init__([__name__, module], env, log_path)
+        self.log_path, self.forked = log_path, []
 
     def fork_server(self, implementations: list[str], log_path: pathlib.Path) -> ForkedServer:
         """A rank server for one entry, forked from this zygote, logging to ``log_path``."""
@@ -194,24 +181,16 @@ class Zygote:
         os.mkfifo(paths["requests"])
         paths["log"] = str(log_path)
         log_path.write_text("")
-        self.proc.stdin.write(json.dumps({"implementations": implementations, **paths}) + "\n")
-        self.proc.stdin.flush()
+        self.request({"implementations": implementations, **paths})
         server = ForkedServer(self, paths)
         self.forked.append(server)
         return server
 
-    def close(self) -> None:
-        if not self.alive:
-            return
-        for server in self.forked:  # each server ends once its requests end
+    def close(self, timeout_s: float = ENDING_S + 5) -> None:
+        for server in self.forked:  # each server ends once its requests end; the zygote waits for them
             with contextlib.suppress(OSError, ValueError):
                 server.stdin.close()
-        self.proc.stdin.close()
-        try:
-            self.proc.wait(timeout=ENDING_S + 5)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
+        super().close(timeout_s)
 
 
 if __name__ == "__main__":
