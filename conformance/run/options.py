@@ -229,7 +229,8 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "launcher",
         "--launcher",
-        "how rank processes start: torchrun, fork of one preloaded process (CPU only), auto: fork on the "
+        "how rank processes start: torchrun, fork of one preloaded process per entry (CPU only; each entry's is "
+        "forked from one process that imported torch and the suite, never an implementation), auto: fork on the "
         "CPU, torchrun on GPUs, or external: your own launcher (torchrun across nodes, srun) starts them "
         "with the printed command; needs one --tp and a --run-dir every node can read and write",
         choices=LAUNCHERS,

@@ -86,7 +86,7 @@ VLLM_034_FILE = vllm_files.batch_shard_file("0.34.0")
 
 
 @vllm_files.needs("0.34.0")
-@pytest.mark.parametrize("tp", [1, 2, 3])
+@pytest.mark.parametrize("tp", [2, 3])  # vLLM 0.34's config builds no sharder of one rank (the next test)
 def test_the_adapter_runs_vllm_034s_file_through_its_pynccl_branch(monkeypatch, tp):
     """0.34: all_to_all_vocab_shards through the TP group's device_communicator.pynccl_comm, ownership by batch
     position (no DraftLogitsCache), and vllm.config imported: the small cases pass under vllm-0.34, and every
@@ -113,6 +113,28 @@ def test_the_adapter_runs_vllm_034s_file_through_its_pynccl_branch(monkeypatch, 
     finally:
         sys.modules.pop("shardspec_upstream", None)
     assert sorted(calls) == sorted(list(range(tp)) * len(small_cases(tp)))
+
+
+@pytest.mark.parametrize(
+    ("tp", "max_num_reqs", "refused"), [(1, 4, "PRE-TP-SIZE"), (2, 1, "PRE-CAPACITY-TP"), (3, 2, "PRE-CAPACITY-TP")]
+)
+def test_the_adapter_refuses_what_vllms_config_refuses(monkeypatch, tp, max_num_reqs, refused):
+    """Under construction: sharded_groups the stand-in refuses, as vLLM's config does before any BatchSharder
+    exists, a group of one and fewer requests than ranks; under any_group (vllm-0.33) it refuses neither."""
+    from types import SimpleNamespace
+
+    from shardspec.spec.errors import PreconditionError
+
+    monkeypatch.syspath_prepend(str(ADAPTER))
+    import shardspec_upstream
+
+    comm = SimpleNamespace(world_size=tp, rank=0)
+    with pytest.raises(PreconditionError) as raised:
+        shardspec_upstream.UpstreamSharder(max_num_reqs, 2, comm=comm, rules=rules_of("vllm-0.34"))
+    assert raised.value.precondition_id == refused
+    with pytest.raises(RuntimeError, match="SHARDSPEC_UPSTREAM_FILE"):  # past the refusal: the file is asked for
+        monkeypatch.delenv("SHARDSPEC_UPSTREAM_FILE", raising=False)
+        shardspec_upstream.UpstreamSharder(max_num_reqs, 2, comm=comm, rules=rules_of("vllm-0.33"))
 
 
 @pytest.mark.parametrize("path", sorted(ADAPTER.glob("known_failures_*.yaml")), ids=lambda p: p.name)
