@@ -53,6 +53,15 @@ def become_subreaper() -> bool:
     return _prctl(PR_SET_CHILD_SUBREAPER, 1)
 
 
+def running(pid: int) -> bool:
+    """Whether ``pid`` runs: neither ended nor a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            return stat.read().rsplit(b")", 1)[1].split()[0] not in (b"Z", b"X")
+    except (OSError, IndexError):
+        return False
+
+
 def descendants(root: int) -> list[int]:
     """The live processes below ``root`` (zombies left out), parents before children, read from /proc."""
     children: dict[int, list[int]] = {}

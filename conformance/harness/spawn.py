@@ -108,6 +108,24 @@ def write_whole(text: str, fd: int = 2) -> None:
         os.write(fd, text.encode(errors="replace"))
 
 
+def write_whole_file(path, text: str) -> None:
+    """``text`` as the file ``path``, which a reader sees whole or not at all (written aside, then renamed)."""
+    partial = pathlib.Path(f"{path}.partial")
+    partial.write_text(text)
+    os.replace(partial, path)
+
+
+def wait_polling(proc, timeout: float | None, what: str) -> int:
+    """``proc.wait(timeout)`` for a process this one cannot wait for itself: ``proc.poll()`` until it
+    returns a status."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while proc.poll() is None:
+        if deadline is not None and time.monotonic() > deadline:
+            raise subprocess.TimeoutExpired(what, timeout)
+        time.sleep(0.02)
+    return proc.returncode
+
+
 def wait_all(pids: list[int]) -> int:
     """Wait for every rank; the first failure stops the others and is the exit status."""
     return wait_group(pids)[0]
@@ -155,16 +173,12 @@ def serve(module_name: str, args: list[str]) -> int:
         request = json.loads(line)
         pids = fork_group(module, request["world_size"], request["args"], free_port(), request["log"])
         group = _group_file(pathlib.Path(request["exit"]))
-        partial = group.with_name(group.name + ".partial")
-        partial.write_text(str(pids[0]))
-        os.replace(partial, group)
+        write_whole_file(group, str(pids[0]))
         # A process a rank left (its daemon, or what it started before it ended) ends at once: it may hold the
         # rank's end of a connection, and a peer would wait for it until its process-group timeout.
         code, culprit = wait_group(pids, meanwhile=lambda running: end_orphans(keep=running))
         end_descendants()  # whatever the ranks started, before the group is said to have ended
-        partial = request["exit"] + ".partial"
-        pathlib.Path(partial).write_text(json.dumps({"code": code, "culprit": culprit}))
-        os.replace(partial, request["exit"])
+        write_whole_file(request["exit"], json.dumps({"code": code, "culprit": culprit}))
     end_descendants()
     return 0
 
@@ -261,12 +275,7 @@ class ServedGroup:
         return self.returncode
 
     def wait(self, timeout: float | None = None) -> int:
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while self.poll() is None:
-            if deadline is not None and time.monotonic() > deadline:
-                raise subprocess.TimeoutExpired("rank server group", timeout)
-            time.sleep(0.05)
-        return self.returncode
+        return wait_polling(self, timeout, "rank server group")
 
 
 def main(argv: list[str]) -> int:

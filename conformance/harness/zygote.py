@@ -18,21 +18,14 @@ import json
 import os
 import pathlib
 import signal
-import subprocess
 import sys
 import time
 
-from shardspec.conformance.harness.reaper import PR_SET_PDEATHSIG, _prctl
-from shardspec.conformance.harness.spawn import ServerProcess, preloaded, serve
+from shardspec.conformance.harness.reaper import PR_SET_PDEATHSIG, _prctl, running
+from shardspec.conformance.harness.spawn import ServerProcess, preloaded, serve, wait_polling, write_whole_file
 
 STARTING_S = 60.0  # a forked server opens its request FIFO within this long, or it is taken as not started
 ENDING_S = 10.0
-
-
-def _write_whole(path: str, text: str) -> None:
-    partial = path + ".partial"
-    pathlib.Path(partial).write_text(text)
-    os.replace(partial, path)
 
 
 def _become_server(module_name: str, request: dict) -> int:
@@ -69,7 +62,7 @@ def serve_servers(module_name: str) -> int:
             if pid == 0:
                 return
             if pid in status_of:
-                _write_whole(status_of.pop(pid), str(os.waitstatus_to_exitcode(status)))
+                write_whole_file(status_of.pop(pid), str(os.waitstatus_to_exitcode(status)))
 
     signal.signal(signal.SIGCHLD, reap)
     for line in sys.stdin:
@@ -85,7 +78,7 @@ def serve_servers(module_name: str) -> int:
                 sys.stderr.flush()
                 os._exit(code)
         status_of[pid] = request["status"]
-        _write_whole(request["pid"], str(pid))
+        write_whole_file(request["pid"], str(pid))
         reap()
     # stdin ended: the judge closed its servers first; those still running are ended.
     deadline = time.monotonic() + ENDING_S
@@ -100,15 +93,6 @@ def serve_servers(module_name: str) -> int:
         with contextlib.suppress(ChildProcessError):
             os.waitpid(pid, 0)
     return 0
-
-
-def _running(pid: int) -> bool:
-    """Whether ``pid`` runs (not ended, not a zombie)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as stat:
-            return stat.read().rsplit(b")", 1)[1].split()[0] not in (b"Z", b"X")
-    except (OSError, IndexError):
-        return False
 
 
 class ForkedServer:
@@ -148,7 +132,7 @@ class ForkedServer:
         status = pathlib.Path(self.paths["status"])
         if self.returncode is None and status.exists():
             self.returncode = int(status.read_text())
-        elif self.returncode is None and not _running(self.pid):
+        elif self.returncode is None and not running(self.pid):
             deadline = time.monotonic() + 1.0  # its status follows once the zygote reaped it
             while not status.exists() and time.monotonic() < deadline:
                 time.sleep(0.01)
@@ -156,12 +140,7 @@ class ForkedServer:
         return self.returncode
 
     def wait(self, timeout: float | None = None) -> int:
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while self.poll() is None:
-            if deadline is not None and time.monotonic() > deadline:
-                raise subprocess.TimeoutExpired("rank server", timeout)
-            time.sleep(0.02)
-        return self.returncode
+        return wait_polling(self, timeout, "rank server")
 
 
 class Zygote(ServerProcess):
