@@ -24,6 +24,7 @@ from typing import Protocol
 from shardspec.conformance.api import ImplChoice
 from shardspec.conformance.record import CaseResult
 from shardspec.spec.case import Case
+from shardspec.spec.rules import Rules
 
 OnResult = Callable[[CaseResult], None]
 
@@ -37,6 +38,10 @@ class Job:
 class Group(Protocol):
     def describe(self) -> str:
         """Where the ranks run, for the run's header."""
+
+    def probe(self, names: list[str], rules: Rules, warnings: list[str], releases: dict[str, str]) -> dict:
+        """Why each implementation named cannot be loaded (None: it loads), asked of a child process where
+        this group's ranks would import it (:func:`~shardspec.conformance.harness.probe.probe`)."""
 
     def run(self, jobs: list[Job], tp: int, judge, on_result: OnResult) -> list[CaseResult]:
         """``jobs`` (all of group size ``tp``): one result per job, in job order, each given by ``judge`` (a

@@ -21,11 +21,13 @@ from shardspec.conformance.api import ImplChoice, load_implementation
 from shardspec.conformance.harness.crashes import CrashBudget, invalid_input
 from shardspec.conformance.harness.expectations import expectation_device, single_thread
 from shardspec.conformance.harness.group import Job, OnResult
+from shardspec.conformance.harness.probe import probe
 from shardspec.conformance.harness.rank_plan import plan_of
 from shardspec.conformance.harness.rank_step import run_case_on_rank
 from shardspec.conformance.harness.threaded import run_torch_threads
 from shardspec.conformance.record import ERROR, FAIL, NOT_RUN, PASS, CaseResult, not_run
 from shardspec.spec.case import Case, expand_steps
+from shardspec.spec.rules import Rules
 
 
 def run_case_in_process(
@@ -144,6 +146,9 @@ class ThreadGroup:
 
     def describe(self) -> str:
         return f"in-process ({self.kind} group, ranks as threads on {expectation_device(self.device)})"
+
+    def probe(self, names: list[str], rules: Rules, warnings: list[str], releases: dict[str, str]) -> dict:
+        return probe(names, rules, warnings=warnings, releases=releases)
 
     def run(self, jobs: list[Job], tp: int, judge, on_result: OnResult) -> list[CaseResult]:
         return run_jobs_in_process(

@@ -47,6 +47,11 @@ def _zygote(servers: dict, env: dict[str, str], run_dir: pathlib.Path) -> Zygote
     return zygote
 
 
+def run_zygote(servers: dict, run_dir: pathlib.Path) -> Zygote:
+    """The zygote CPU launches of a run fork their rank servers from (started now if it is not yet)."""
+    return _zygote(servers, _worker_env("cpu"), run_dir)
+
+
 class GroupStarter:
     """Starts the group of each launch of one entry: ``torchrun --standalone``, or forks of the entry's
     preloaded rank server on the CPU (a new server after one was killed). CUDA does not survive a fork, so

@@ -28,10 +28,19 @@ from shardspec.conformance.harness.expectations import rank_placement
 from shardspec.conformance.harness.external import JOIN_S
 from shardspec.conformance.harness.follower import Follower
 from shardspec.conformance.harness.group import Job, OnResult
-from shardspec.conformance.harness.launch import GroupStarter, first_error, kill_group, let_finish, torchrun_culprit
+from shardspec.conformance.harness.launch import (
+    GroupStarter,
+    first_error,
+    kill_group,
+    let_finish,
+    run_zygote,
+    torchrun_culprit,
+)
+from shardspec.conformance.harness.probe import probe
 from shardspec.conformance.harness.rank_plan import blinded, plan_of, real_names, save_plans
 from shardspec.conformance.harness.settle import Settler
 from shardspec.conformance.record import CaseResult, not_run
+from shardspec.spec.rules import Rules
 
 STARTUP_S = 90.0  # torch import and rendezvous, generous for 8 ranks on 2 cores
 # After a rank gave up waiting in a collective for a silent peer: time for what that peer sent last (its own
@@ -342,6 +351,16 @@ class ProcessGroup:
         groups = f", {self.tp_groups} TP groups per world" if self.tp_groups > 1 else ""
         where = "on shared GPUs, gloo" if self.share_gpus else "gloo or NCCL"
         return f"one process per rank ({where}){groups}"
+
+    def probe(self, names: list[str], rules: Rules, warnings: list[str], releases: dict[str, str]) -> dict:
+        """Where the ranks are forked from a zygote (the CPU), the probing child is forked from it as well."""
+        run_child = None
+        if self.launcher in ("auto", "fork") and not torch.cuda.is_available():
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            zygote = run_zygote(self.servers, self.run_dir)
+            base = self.run_dir / "probe"
+            run_child = lambda argv, timeout_s: zygote.run_probe(argv, timeout_s, base)  # noqa: E731
+        return probe(names, rules, warnings=warnings, releases=releases, run_child=run_child)
 
     def run(self, jobs: list[Job], tp: int, judge, on_result: OnResult) -> list[CaseResult]:
         options = LaunchOptions(

@@ -8,7 +8,8 @@ name, ``{"name", "problem", "warning"}`` (``problem`` null when it loads and imp
 run's profile;
 ``warning`` when it targets another spec version than the one checked). An import
 that exits or kills the child is reported for that name; the names after it
-are probed again in a fresh child.
+are probed again in a fresh child. Where the run's ranks are forked from a zygote (the CPU), the child is
+forked from it too (:meth:`.zygote.Zygote.run_probe`): a fresh Python would import torch once more.
 """
 
 from __future__ import annotations
@@ -17,11 +18,16 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 
 from shardspec.conformance.api import ImplementationError, load_implementation, profile_refusal
 from shardspec.conformance.harness.spawn import describe_exit
 from shardspec.spec.loader import target_version_warning
 from shardspec.spec.rules import Rules
+
+# How a child runs main(argv): (argv, timeout in s) -> (its output, its exit status or None past the timeout,
+# its error output).
+ChildRun = Callable[[list[str], float], tuple[str, int | None, str]]
 
 
 def probe(
@@ -30,14 +36,16 @@ def probe(
     timeout_s: float = 120.0,
     warnings: list[str] | None = None,
     releases: dict[str, str] | None = None,
+    run_child: ChildRun | None = None,
 ) -> dict[str, str | None]:
     """name -> why it cannot be loaded (None: it loads); spec-version warnings are appended to ``warnings``,
-    and the release each factory says it is (its ``RELEASE``, e.g. "vLLM 0.34.0") put in ``releases``."""
+    and the release each factory says it is (its ``RELEASE``, e.g. "vLLM 0.34.0") put in ``releases``.
+    ``run_child``: how a child is run (default: a new Python process)."""
     problems: dict[str, str | None] = {}
     found: list[str] = [] if warnings is None else warnings
     pending = list(dict.fromkeys(names))
     while pending:
-        reported, ended = _probe_once(pending, rules, timeout_s)
+        reported, ended = _probe_once(pending, rules, timeout_s, run_child or _new_process)
         problems.update({name: item["problem"] for name, item in reported.items()})
         found += [f"{name}: {item['warning']}" for name, item in reported.items() if item.get("warning")]
         if releases is not None:
@@ -48,21 +56,9 @@ def probe(
     return problems
 
 
-def _probe_once(names: list[str], rules: Rules, timeout_s: float) -> tuple[dict[str, dict], str]:
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    try:
-        proc = subprocess.run(
-            [sys.executable, "-m", __name__, rules.profile, json.dumps(rules.as_dict()), *names],
-            capture_output=True,
-            text=True,
-            timeout=timeout_s,
-            env=env,
-            stdin=subprocess.DEVNULL,
-        )
-        stdout, ended = proc.stdout, _describe(proc.returncode, proc.stderr)
-    except subprocess.TimeoutExpired as exc:
-        stdout = exc.stdout.decode() if isinstance(exc.stdout, bytes) else (exc.stdout or "")
-        ended = f"it did not finish within {timeout_s:.0f}s"
+def _probe_once(names: list[str], rules: Rules, timeout_s: float, run_child: ChildRun) -> tuple[dict[str, dict], str]:
+    stdout, returncode, stderr = run_child([rules.profile, json.dumps(rules.as_dict()), *names], timeout_s)
+    ended = f"it did not finish within {timeout_s:.0f}s" if returncode is None else _describe(returncode, stderr)
     reported = {}
     for line in stdout.splitlines():
         try:
@@ -72,6 +68,22 @@ def _probe_once(names: list[str], rules: Rules, timeout_s: float) -> tuple[dict[
         if isinstance(item, dict) and item.get("probe") == "shardspec" and item.get("name") in names:
             reported[item["name"]] = item
     return reported, ended
+
+
+def _new_process(argv: list[str], timeout_s: float) -> tuple[str, int | None, str]:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", __name__, *argv],
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+            env=env,
+            stdin=subprocess.DEVNULL,
+        )
+    except subprocess.TimeoutExpired as exc:
+        return exc.stdout.decode() if isinstance(exc.stdout, bytes) else (exc.stdout or ""), None, ""
+    return proc.stdout, proc.returncode, proc.stderr
 
 
 def _describe(returncode: int, stderr: str) -> str:

@@ -7,7 +7,10 @@ implementation) and forks a rank server per request line ``{"implementations", "
 "status"}``: the server (:func:`.spawn.serve`) imports the entry's implementations, reads its group
 requests from the FIFO ``requests`` and logs to ``log``; this process writes its pid to ``pid`` and, once
 it ended, its exit status to ``status``. Every entry's server thus starts from a process no implementation
-ran in. This process ends with the judge (``PR_SET_PDEATHSIG``), and its servers with it.
+ran in. A request line ``{"probe", "out", "err", "pid", "status"}`` forks a child that tries to load
+implementations (:func:`.probe.main` with the arguments ``probe``, its output to ``out`` and ``err``) instead of
+a child that imports torch again. This process ends with the judge (``PR_SET_PDEATHSIG``), and its children
+with it.
 """
 
 from __future__ import annotations
@@ -18,9 +21,11 @@ import json
 import os
 import pathlib
 import signal
+import subprocess
 import sys
 import time
 
+from shardspec.conformance.harness.probe import main as probe_main
 from shardspec.conformance.harness.reaper import PR_SET_PDEATHSIG, _prctl, running
 from shardspec.conformance.harness.spawn import ServerProcess, preloaded, serve, wait_polling, write_whole_file
 
@@ -43,6 +48,22 @@ def _become_server(module_name: str, request: dict) -> int:
     os.close(requests)
     sys.stdin = open(0, closefd=False)  # noqa: SIM115 (the process's input, for its whole life)
     return serve(module_name, request["implementations"])
+
+
+def _become_probe(request: dict) -> int:
+    """In the forked child: a session of its own, ``out`` and ``err`` as its output, then the probe (which
+    never returns: it ends the process itself)."""
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    os.setsid()
+    for fd, key in ((1, "out"), (2, "err")):
+        opened = os.open(request[key], os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+        os.dup2(opened, fd)
+        os.close(opened)
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(null)
+    return probe_main(request["probe"])
 
 
 def serve_servers(module_name: str) -> int:
@@ -72,7 +93,7 @@ def serve_servers(module_name: str) -> int:
         if pid == 0:
             code = 1
             try:
-                code = _become_server(module_name, request)
+                code = _become_probe(request) if "probe" in request else _become_server(module_name, request)
             finally:
                 sys.stdout.flush()
                 sys.stderr.flush()
@@ -95,19 +116,40 @@ def serve_servers(module_name: str) -> int:
     return 0
 
 
-class ForkedServer:
-    """The part of ``subprocess.Popen`` a :class:`.spawn.RankServer` uses, for a server the zygote forked:
-    ``pid``, ``stdin`` (the request FIFO), ``poll``, ``wait`` and ``returncode``."""
+class ForkedChild:
+    """The part of ``subprocess.Popen`` the judge uses of a child the zygote forked: ``pid``, ``poll``,
+    ``wait`` and ``returncode`` (the zygote reaps it and writes its exit status to the file ``status``)."""
 
-    def __init__(self, zygote: Zygote, paths: dict[str, str]):
+    def __init__(self, zygote: Zygote, paths: dict[str, str], deadline: float):
         self.paths, self.returncode = paths, None
-        deadline = time.monotonic() + STARTING_S
         pid_path = pathlib.Path(paths["pid"])
         while not pid_path.exists():
             if not zygote.alive or time.monotonic() > deadline:
-                raise RuntimeError(f"the rank server zygote forked no server (its log: {zygote.log_path})")
+                raise RuntimeError(f"the rank server zygote forked no child (its log: {zygote.log_path})")
             time.sleep(0.005)
         self.pid = int(pid_path.read_text())
+
+    def poll(self) -> int | None:
+        status = pathlib.Path(self.paths["status"])
+        if self.returncode is None and status.exists():
+            self.returncode = int(status.read_text())
+        elif self.returncode is None and not running(self.pid):
+            deadline = time.monotonic() + 1.0  # its status follows once the zygote reaped it
+            while not status.exists() and time.monotonic() < deadline:
+                time.sleep(0.01)
+            self.returncode = int(status.read_text()) if status.exists() else -signal.SIGKILL
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        return wait_polling(self, timeout, "forked child")
+
+
+class ForkedServer(ForkedChild):
+    """A rank server the zygote forked, for :class:`.spawn.RankServer`; ``stdin`` is its request FIFO."""
+
+    def __init__(self, zygote: Zygote, paths: dict[str, str]):
+        deadline = time.monotonic() + STARTING_S
+        super().__init__(zygote, paths, deadline)
         self.stdin = self._open_requests(deadline)
 
     def _open_requests(self, deadline: float):
@@ -127,20 +169,6 @@ class ForkedServer:
                 continue
             os.set_blocking(fd, True)
             return os.fdopen(fd, "w")
-
-    def poll(self) -> int | None:
-        status = pathlib.Path(self.paths["status"])
-        if self.returncode is None and status.exists():
-            self.returncode = int(status.read_text())
-        elif self.returncode is None and not running(self.pid):
-            deadline = time.monotonic() + 1.0  # its status follows once the zygote reaped it
-            while not status.exists() and time.monotonic() < deadline:
-                time.sleep(0.01)
-            self.returncode = int(status.read_text()) if status.exists() else -signal.SIGKILL
-        return self.returncode
-
-    def wait(self, timeout: float | None = None) -> int:
-        return wait_polling(self, timeout, "rank server")
 
 
 class Zygote(ServerProcess):
@@ -164,6 +192,27 @@ class Zygote(ServerProcess):
         server = ForkedServer(self, paths)
         self.forked.append(server)
         return server
+
+    def run_probe(self, argv: list[str], timeout_s: float, base: pathlib.Path) -> tuple[str, int | None, str]:
+        """:func:`.probe.main` with ``argv`` in a child forked from this zygote (no second import of torch):
+        (its output, its exit status or None where it ran past ``timeout_s`` and was killed, its error output).
+        ``base``: the path its files start with."""
+        paths = {key: f"{base}.{key}" for key in ("out", "err", "pid", "status")}
+        for path in paths.values():
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+        self.request({"probe": argv, **paths})
+        child = ForkedChild(self, paths, time.monotonic() + STARTING_S)
+        try:
+            returncode = child.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(OSError):
+                os.killpg(child.pid, signal.SIGKILL)  # its own session: what it started goes too
+            child.wait(ENDING_S)
+            returncode = None
+        read = (pathlib.Path(paths[key]) for key in ("out", "err"))
+        out, err = (path.read_text(errors="replace") if path.exists() else "" for path in read)
+        return out, returncode, err
 
     def close(self, timeout_s: float = ENDING_S + 5) -> None:
         for server in self.forked:  # each server ends once its requests end; the zygote waits for them

@@ -15,7 +15,6 @@ import torch
 import shardspec.conformance.judge.checks  # noqa: F401  registers every checker
 from shardspec.conformance.api import ImplChoice
 from shardspec.conformance.harness.expectations import expectation_device, interpret_triton_without_gpu
-from shardspec.conformance.harness.probe import probe
 from shardspec.conformance.judge.checks import base as checks
 from shardspec.conformance.output_paths import ReportPathError, release_run_dir, write_report
 from shardspec.conformance.record import NOT_RUN, PASS, CaseResult, not_run
@@ -112,9 +111,7 @@ class ConformanceSession:
         """Why each implementation cannot be loaded, asked once of a child process (this one judges)."""
         if self._load_problems is None:
             names = [name for impl in self.config.impls for name in ImplChoice.parse(impl).names()]
-            self._load_problems = probe(
-                names, self.config.rules, warnings=self.version_warnings, releases=self.releases
-            )
+            self._load_problems = self.group.probe(names, self.config.rules, self.version_warnings, self.releases)
             for warning in self.version_warnings:
                 self.log(f"warning: {warning}")
         return self._load_problems

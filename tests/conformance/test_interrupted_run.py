@@ -8,6 +8,7 @@ import sys
 import pytest
 from harness_cases import small_cases, write_cases
 
+from shardspec.conformance.harness.probe import probe
 from shardspec.conformance.record import FAIL, CaseResult
 from shardspec.conformance.run.config import RunConfig
 from shardspec.conformance.run.session import ConformanceSession
@@ -19,6 +20,9 @@ class InterruptedGroup:
 
     def describe(self) -> str:
         return "a group interrupted after its first job"
+
+    def probe(self, names, rules, warnings, releases):
+        return probe(names, rules, warnings=warnings, releases=releases)
 
     def run(self, jobs, tp, judge, on_result):
         violation = {"invariant_id": "INV-OWNER", "message": "wrong owner", "rank": 0, "request": None, "field": None}
