@@ -44,9 +44,9 @@ part bench 300 python bench/bench_step.py --graph --repeats 5 --target-s 0.1 --o
 # Production's step captured per batch shape and replayed for other batches of it, checked against eager steps.
 part replayable 200 python bench/replayable_step.py ${upstream:+--upstream "$upstream"}
 part counts 200 python bench/step_counts.py --out "$OUT/counts.json" ${upstream:+--upstream "$upstream"}
-# One process per rank on one GPU is tp 1, which vllm-0.34 (the default) refuses to build (PRE-TP-SIZE): the
-# part runs under vllm-0.33, the newest bundled profile that builds a one-rank sharder.
-part conformance-tp1-nccl 300 python -m shardspec.conformance --impl production --tp 1 --profile vllm-0.33 \
+# One process per rank on one GPU is tp 1, which vllm-0.34 (the default) and vllm-0.33 refuse to build, as vLLM's
+# config does (PRE-TP-SIZE): the part runs under vllm-seed, the one bundled profile that builds a one-rank sharder.
+part conformance-tp1-nccl 300 python -m shardspec.conformance --impl production --tp 1 --profile vllm-seed \
   --json "$OUT/conformance-tp1.json"
 # Several ranks, one process each, on the one GPU (--share-gpus: compiled kernels, gloo collectives), under the
 # default profile.

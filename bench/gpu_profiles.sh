@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The conformance suite under every profile on one CUDA GPU: production and the mixed
 # reference/production group in-process with compiled kernels (tp 1-8, the ranks taking turns on the
-# GPU), and production and the reference at tp 1 on NCCL. JSON reports and logs under OUT.
+# GPU), and production and the reference at tp 1 on NCCL (under a profile that builds no one-rank sharder,
+# vllm-0.33 among them, tp 1 judges the PRE-TP-SIZE refusal only). JSON reports and logs under OUT.
 #   bash bench/gpu_profiles.sh [PROFILE ...]      (default: vllm-0.33 vllm-seed)
 set -u
 OUT=${OUT:-gpu-profiles}

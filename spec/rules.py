@@ -136,7 +136,7 @@ RULES: tuple[Rule, ...] = (
         {
             "any_group": "any tp >= 1 and max_num_reqs >= 1: a group of one runs the step unsharded.",
             "sharded_groups": "tp >= 2 and max_num_reqs >= tp, else the constructor raises: the engine turns "
-            "batch-sharded sampling on only where every rank can own a request (vLLM's config, 0.34.0).",
+            "batch-sharded sampling on only where every rank can own a request (vLLM's config, 0.33.0 and 0.34.0).",
         },
     ),
     # The caller's guarantees: what the profile's engine sends. A case that breaks one is outside the contract

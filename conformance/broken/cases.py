@@ -119,7 +119,8 @@ CAPACITY_REQS = _rejected("capacity-reqs", "PRE-CAPACITY-REQS", [0, 1, 2, 3, 4],
 CAPACITY_LOGITS = _rejected("capacity-logits", "PRE-CAPACITY-LOGITS", [0, 1], [1, 5])
 SLOT_RANGE = _rejected("slot-range", "PRE-SLOT-RANGE", [3, 64], [1, 1])
 ZERO_LOGITS = _rejected("zero-logits", "PRE-LOGITS-PER-REQ", [0, 1, 2], [1, 0, 2])
-# Construction refused under vllm-0.34 (construction: sharded_groups): a group of one, one slot for two ranks.
+# Construction refused under vllm-0.33 and vllm-0.34 (construction: sharded_groups): a group of one, one slot for
+# two ranks.
 TP_SIZE = _rejected("tp-size", "PRE-TP-SIZE", [0, 1], [1, 1], tp_size=1)
 CAPACITY_TP = _rejected("capacity-tp", "PRE-CAPACITY-TP", [0], [1], max_num_reqs=1)
 # No seq_lens_cpu_upper_bound where the engine always passes it (seq_lens_upper_bound: always).

@@ -75,8 +75,8 @@ VOCAB_SHARDS_EXCHANGE = hasattr(batch_shard, "all_to_all_vocab_shards")
 GRAMMAR_HAS_ACCEPTABLE_DRAFTS = "num_acceptable_drafts" in {f.name for f in dataclasses.fields(VllmGrammarOutput)}
 POSITION_OWNERS = hasattr(batch_shard, "shard_owners")
 # - the config check: VllmConfig._validate_batch_sharded_sampling refuses batch-sharded sampling for
-#   tp <= 1 and max_num_seqs < tp before the engine builds a BatchSharder (0.34.0 has it, and so does the
-#   0.33.0 wheel, though profile vllm-0.33 builds a sharder of any group).
+#   tp <= 1 and max_num_seqs < tp before the engine builds a BatchSharder (0.34.0 and the 0.33.0 wheel have it,
+#   and profiles vllm-0.33 and vllm-0.34 both say construction: sharded_groups).
 CONFIG_CHECK = getattr(VllmConfig, "_validate_batch_sharded_sampling", None)
 # - 0.34's BatchSharder takes a draft-logits cache; a sharded one decides the owners (owner rule owner_table).
 TABLE_OWNERS = "draft_logits" in inspect.signature(batch_shard.BatchSharder.__init__).parameters

@@ -13,7 +13,8 @@ EXAMPLE = pathlib.Path(__file__).resolve().parents[2] / "examples" / "out_of_tre
 
 def small_cases(tp: int) -> list[Case]:
     """Three cases of 2, 3 and 4 requests; the faulty sharders misbehave on the 3-request one. Under the default
-    profile where it builds a sharder of ``tp`` ranks, else vllm-0.33 (vllm-0.34 refuses one rank: PRE-TP-SIZE)."""
+    profile where it builds a sharder of ``tp`` ranks, else vllm-seed (vllm-0.33 and vllm-0.34 refuse one rank:
+    PRE-TP-SIZE)."""
     return [
         Case(
             f"small-tp{tp}-{n}",

@@ -20,16 +20,16 @@ def _boundary_ids(profile: str) -> set[str]:
 
 
 def test_a_run_draws_each_boundary_once_at_one_of_its_sizes_and_the_mixed_entry_none():
-    """In a robustness run, which sends what the profile's callers never do (profiles that build a sharder for
-    any group: every boundary has a size in the run)."""
-    for profile in ("vllm-0.33", "vllm-seed"):
-        config = RunConfig(tp_sizes=[2, 4], max_examples=1, rules=rules_of(profile), robustness=True)
+    """In a robustness run, which sends what the profile's callers never do (sizes where every boundary has one
+    in the run: tp 1 too where the construction rule refuses a group of one, vllm-0.33's PRE-TP-SIZE)."""
+    for profile, sizes in (("vllm-0.33", [1, 2, 4]), ("vllm-seed", [2, 4])):
+        config = RunConfig(tp_sizes=sizes, max_examples=1, rules=rules_of(profile), robustness=True)
         case_set = collect_cases(config)
         at_boundaries = [c for c in case_set.cases if c.case_id in case_set.boundary]
         assert sorted(c.case_id.split("-reject-", 1)[1] for c in at_boundaries) == sorted(_boundary_ids(profile))
-        assert {c.tp_size for c in at_boundaries} == {2, 4}
+        assert {c.tp_size for c in at_boundaries} == set(sizes)
         assert not case_set.boundary & case_set.generated  # the shrinker's set holds only generated cases
-        for tp in (2, 4):
+        for tp in sizes:
             mixed = cases_of_entry(config, ImplChoice.parse("reference/production"), case_set, tp)
             assert not {c.case_id for c in mixed} & case_set.boundary
             alone = cases_of_entry(config, ImplChoice.parse("reference"), case_set, tp)
@@ -37,11 +37,14 @@ def test_a_run_draws_each_boundary_once_at_one_of_its_sizes_and_the_mixed_entry_
 
 
 def test_a_profile_that_trusts_its_caller_draws_no_boundary_its_callers_never_send():
-    """vllm-0.33 builds a sharder for any group, so none of its boundaries is a construction refusal: none is
-    drawn; vllm-0.34's tp 1 run draws PRE-TP-SIZE's (the construction rule's, judged under every profile)."""
-    assert collect_cases(RunConfig(tp_sizes=[2, 4], max_examples=1, rules=rules_of("vllm-0.33"))).boundary == set()
-    drawn = collect_cases(RunConfig(tp_sizes=[1, 2], max_examples=1, rules=rules_of("vllm-0.34")))
-    assert drawn.boundary and all("-reject-tp-size" in c or "-reject-capacity-tp" in c for c in drawn.boundary)
+    """vllm-seed builds a sharder for any group, so none of its boundaries is a construction refusal: none is
+    drawn; vllm-0.33's and vllm-0.34's runs draw PRE-TP-SIZE's at tp 1 and PRE-CAPACITY-TP's (the construction
+    rule's, judged under every profile), and no other."""
+    assert collect_cases(RunConfig(tp_sizes=[2, 4], max_examples=1, rules=rules_of("vllm-seed"))).boundary == set()
+    for profile in ("vllm-0.33", "vllm-0.34"):
+        drawn = collect_cases(RunConfig(tp_sizes=[1, 2], max_examples=1, rules=rules_of(profile)))
+        assert {c.split("-reject-", 1)[0] for c in drawn.boundary} == {"tp1", "tp2"}, profile
+        assert all("-reject-tp-size" in c or "-reject-capacity-tp" in c for c in drawn.boundary), profile
 
 
 def test_no_boundary_case_without_generated_cases():

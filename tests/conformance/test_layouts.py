@@ -9,7 +9,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 import torch
-from bundled import VLLM_033
+from bundled import VLLM_SEED
 
 from shardspec.conformance.api import ImplChoice
 from shardspec.conformance.replay import run_case_in_process
@@ -125,7 +125,7 @@ def test_implementations_read_views_by_their_strides(impl, layout):
 def test_local_sampler_output_as_views(layout):
     case = Case(
         "explicit",
-        rules=rules_of(VLLM_033),  # a sharder of one rank (vllm-0.34 refuses it: PRE-TP-SIZE)
+        rules=rules_of(VLLM_SEED),  # a sharder of one rank (vllm-0.33 and vllm-0.34 refuse it: PRE-TP-SIZE)
         tp_size=1,
         slots=[0, 1],
         num_logits_per_req=[2, 1],

@@ -8,7 +8,7 @@ on the same cases and tp 1 is reported as not applicable.
 import json
 from dataclasses import replace
 
-from bundled import VLLM_033
+from bundled import VLLM_SEED
 from harness_cases import write_cases
 
 from shardspec.conformance.broken import BY_NAME, cases
@@ -52,8 +52,8 @@ def test_broken_odd_ranks_fail_with_the_defects_invariant(tmp_path, capsys):
 
 def test_tp1_is_not_applicable_to_a_mixed_entry(tmp_path, capsys):
     tp1 = replace(cases.DECODE, case_id="decode-tp1", tp_size=1)
-    # vllm-0.33 builds a sharder of one rank (vllm-0.34, the default, refuses it: PRE-TP-SIZE).
-    code, sections = _run(tmp_path, "reference,reference/production", [tp1, cases.DECODE], ["--profile", VLLM_033])
+    # vllm-seed builds a sharder of one rank (vllm-0.34, the default, and vllm-0.33 refuse it: PRE-TP-SIZE).
+    code, sections = _run(tmp_path, "reference,reference/production", [tp1, cases.DECODE], ["--profile", VLLM_SEED])
     assert code == 0
     mixed = sections["reference/production"]
     assert set(_column(mixed, 1).values()) == {"n/a"} and _judged_cells(_column(mixed, 2)) == {"pass"}

@@ -8,6 +8,7 @@ rank's communicator, and one tensor-parallel group per rank thread.
 
 import pathlib
 import sys
+from dataclasses import replace
 
 import pytest
 import vllm_files
@@ -16,7 +17,8 @@ from harness_cases import PLUGINS, small_cases
 from shardspec.conformance.api import ImplChoice
 from shardspec.conformance.record import PASS
 from shardspec.conformance.replay import run_case_in_process
-from shardspec.spec.profiles import rules_of
+from shardspec.spec.profiles import DEFAULT_PROFILE, rules_of
+from shardspec.spec.rules import Rules
 
 ADAPTER = pathlib.Path(__file__).resolve().parents[2] / "examples" / "upstream_vllm"
 STAND_IN = PLUGINS / "vllm_style_batch_shard.py"
@@ -32,9 +34,16 @@ def adapter(monkeypatch):
     sys.modules.pop("shardspec_upstream", None)
 
 
+# The stand-in's own rules: the default profile's, building a sharder of any group (vLLM's file does; its engine's
+# config refuses a group of one). At tp 1 the cases are judged under them: every bundled profile of those rules
+# refuses a group of one (PRE-TP-SIZE), and vllm-seed's are another engine's.
+STAND_IN_RULES = Rules.of("stand-in", {**rules_of(DEFAULT_PROFILE).as_dict(), "construction": "any_group"})
+
+
 @pytest.mark.parametrize("tp", [1, 2, 3])
 def test_suite_passes_a_vllm_style_file_through_the_adapter(adapter, tp):
     for case in small_cases(tp):
+        case = replace(case, rules=STAND_IN_RULES) if tp < rules_of(DEFAULT_PROFILE).min_tp else case
         result = run_case_in_process(case, ImplChoice("shardspec_upstream:make_sharder"))
         assert result.status == PASS, result.errors or result.violations
 
@@ -91,8 +100,6 @@ def test_the_adapter_runs_vllm_034s_file_through_its_pynccl_branch(monkeypatch, 
     """0.34: all_to_all_vocab_shards through the TP group's device_communicator.pynccl_comm, ownership by batch
     position (no DraftLogitsCache), and vllm.config imported: the small cases pass under vllm-0.34, and every
     exchange went through the PyNccl stand-in (one call per rank)."""
-    from dataclasses import replace
-
     monkeypatch.syspath_prepend(str(ADAPTER))
     monkeypatch.setenv("SHARDSPEC_UPSTREAM_FILE", str(VLLM_034_FILE))
     import shardspec_upstream
@@ -115,12 +122,14 @@ def test_the_adapter_runs_vllm_034s_file_through_its_pynccl_branch(monkeypatch, 
     assert sorted(calls) == sorted(list(range(tp)) * len(small_cases(tp)))
 
 
+@pytest.mark.parametrize("profile", ["vllm-0.33", "vllm-0.34"])
 @pytest.mark.parametrize(
     ("tp", "max_num_reqs", "refused"), [(1, 4, "PRE-TP-SIZE"), (2, 1, "PRE-CAPACITY-TP"), (3, 2, "PRE-CAPACITY-TP")]
 )
-def test_the_adapter_refuses_what_vllms_config_refuses(monkeypatch, tp, max_num_reqs, refused):
-    """Under construction: sharded_groups the stand-in refuses, as vLLM's config does before any BatchSharder
-    exists, a group of one and fewer requests than ranks; under any_group (vllm-0.33) it refuses neither."""
+def test_the_adapter_refuses_what_vllms_config_refuses(monkeypatch, profile, tp, max_num_reqs, refused):
+    """Under construction: sharded_groups (vllm-0.33, vllm-0.34: 0.33.0's config refuses them as 0.34.0's does)
+    the stand-in refuses, as vLLM's config does before any BatchSharder exists, a group of one and fewer
+    requests than ranks; under any_group (vllm-seed) it refuses neither."""
     from types import SimpleNamespace
 
     from shardspec.spec.errors import PreconditionError
@@ -130,11 +139,11 @@ def test_the_adapter_refuses_what_vllms_config_refuses(monkeypatch, tp, max_num_
 
     comm = SimpleNamespace(world_size=tp, rank=0)
     with pytest.raises(PreconditionError) as raised:
-        shardspec_upstream.UpstreamSharder(max_num_reqs, 2, comm=comm, rules=rules_of("vllm-0.34"))
+        shardspec_upstream.UpstreamSharder(max_num_reqs, 2, comm=comm, rules=rules_of(profile))
     assert raised.value.precondition_id == refused
     with pytest.raises(RuntimeError, match="SHARDSPEC_UPSTREAM_FILE"):  # past the refusal: the file is asked for
         monkeypatch.delenv("SHARDSPEC_UPSTREAM_FILE", raising=False)
-        shardspec_upstream.UpstreamSharder(max_num_reqs, 2, comm=comm, rules=rules_of("vllm-0.33"))
+        shardspec_upstream.UpstreamSharder(max_num_reqs, 2, comm=comm, rules=rules_of("vllm-seed"))
 
 
 @pytest.mark.parametrize("path", sorted(ADAPTER.glob("known_failures_*.yaml")), ids=lambda p: p.name)

@@ -12,7 +12,7 @@ import dataclasses
 import numpy as np
 import pytest
 import torch
-from bundled import VLLM_033
+from bundled import profile_for_tp
 from impl_steps import DEVICE, assert_same
 from shardspec_cuda_graph import PAD_TOKEN_INDEX, Bucket, CapturedSteps, bucket_for, wire_bytes
 
@@ -73,8 +73,9 @@ def _local_output(local_batch, width, seed, cols=None):
 
 
 def _profile(tp: int) -> str:
-    """The default profile where it builds a sharder for ``tp`` ranks, else vllm-0.33 (one rank: PRE-TP-SIZE)."""
-    return DEFAULT_PROFILE if tp > 1 or rules_of(DEFAULT_PROFILE).construction == "any_group" else VLLM_033
+    """The default profile where it builds a sharder for ``tp`` ranks, else vllm-seed (vllm-0.33 and vllm-0.34
+    build none of one rank: PRE-TP-SIZE)."""
+    return profile_for_tp(tp)
 
 
 def _eager_steps(comm, batches, vocab_shard, plain=False):

@@ -25,8 +25,9 @@ from shardspec.spec.builders import build_input_batch
 from shardspec.spec.model import LogprobsTensors, SamplerOutput, num_logprob_columns
 from shardspec.spec.profiles import DEFAULT_PROFILE, rules_of
 
-# The one-rank profile, named here: the subprocess below imports this module without tests/ on its path.
-VLLM_033 = "vllm-0.33"
+# The one-rank profile (vllm-0.33 and vllm-0.34 build no sharder of one rank: PRE-TP-SIZE), named here: the
+# subprocess below imports this module without tests/ on its path.
+VLLM_SEED = "vllm-seed"
 # The subprocess below has no conftest: it is given the example's folder itself.
 EXAMPLE = pathlib.Path(__file__).resolve().parents[2] / "examples" / "cuda_graph_step"
 
@@ -106,8 +107,8 @@ def _assert_equal(expected, actual, where):
 def _compare_steps(make_comm, batches, tp):
     """Each batch through the eager sharder and through the captured steps; every result compared."""
     comm = make_comm()
-    # One rank: vllm-0.33, since the default profile may build no one-rank sharder (PRE-TP-SIZE).
-    profile = DEFAULT_PROFILE if tp > 1 or rules_of(DEFAULT_PROFILE).construction == "any_group" else VLLM_033
+    # One rank: vllm-seed, since the default profile may build no one-rank sharder (PRE-TP-SIZE).
+    profile = DEFAULT_PROFILE if tp >= rules_of(DEFAULT_PROFILE).min_tp else VLLM_SEED
     eager = ProductionSharder(*CAPACITY, comm=comm, device="cuda", rules=rules_of(profile))
     steps = CapturedSteps(
         *CAPACITY, comm=comm, vocab=VOCAB, device="cuda", gather_num_nans=True, logprobs_dims=DIMS, profile=profile

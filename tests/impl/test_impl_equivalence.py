@@ -47,7 +47,7 @@ def test_mixed_group_matches_reference(case):
     assert_traces_equal(case, expected, run_case(case, mixed))
 
 
-# Each profile at every group size it builds a sharder for (vllm-0.34: none of one rank, PRE-TP-SIZE).
+# Each profile at every group size it builds a sharder for (vllm-0.33, vllm-0.34: none of one rank, PRE-TP-SIZE).
 SIZED = [(tp, profile) for profile in PROFILES for tp in (1, 2, 3, 4, 8) if tp >= rules_of(profile).min_tp]
 
 

@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
-from bundled import VLLM_033
+from bundled import VLLM_034_SHARDED_CACHE, VLLM_SEED
 from impl_steps import DEVICE, assert_same
 from test_impl_launch import Chain, _fake_run
 
@@ -436,13 +436,22 @@ def test_carved_regions_have_the_layout_dtypes_and_sizes():
     assert all(t.data_ptr() % 16 == 0 for t in regions.values())
 
 
-def test_a_full_batch_on_one_rank_equals_the_reference():
-    """tp 1 at capacity (4 requests, up to 3 rows each): every region of the plan is used to its end (vllm-0.33,
-    which builds a sharder of one rank)."""
+@pytest.mark.parametrize(
+    ("profile", "tp", "table"),
+    [
+        (VLLM_SEED, 1, {}),  # a group of one: the seed builds its sharder (vllm-0.33 and later refuse it)
+        # vLLM 0.33's local dtypes (the batch's) at tp 2: an owner table gives rank 0 every request.
+        (VLLM_034_SHARDED_CACHE, 2, {"owner_table": np.zeros(4, dtype=np.int32)}),
+    ],
+)
+def test_a_full_batch_on_one_rank_equals_the_reference(profile, tp, table):
+    """Rank 0 owns a batch at capacity (4 requests, up to 3 rows each): every region of the plan is used to its
+    end."""
     batch = build_input_batch([2, 0, 3, 1], [3, 1, 3, 2], device=DEVICE)
-    one = {"comm": LoopbackComm(0, 1), "device": DEVICE, "rules": rules_of(VLLM_033)}
-    expected = ReferenceSharder(4, 3, **one).shard_sampler_inputs(batch, None)
-    got = ProductionSharder(4, 3, **one).shard_sampler_inputs(batch, None)
+    rank0 = {"comm": LoopbackComm(0, tp), "device": DEVICE, "rules": rules_of(profile)}
+    expected = ReferenceSharder(4, 3, **rank0).shard_sampler_inputs(batch, None, **table)
+    got = ProductionSharder(4, 3, **rank0).shard_sampler_inputs(batch, None, **table)
+    assert expected.local_batch.num_reqs == 4 and expected.local_batch.num_logits == 9
     assert_same(expected, got, "full batch")
 
 

@@ -22,6 +22,7 @@ from shardspec.spec.case import Case, build_case_inputs
 from shardspec.spec.loader import spec_version
 from shardspec.spec.model import PROFILES
 from shardspec.spec.profiles import rules_of
+from shardspec.spec.rules import Rules
 
 SLOTS = [0, 1, 2, 3, 4, 5]
 SCHEDULED = [3, 2, 4, 1, 3, 2]
@@ -56,7 +57,6 @@ CASES_033 = [
     # tp 3, every slot owned by rank 0: ranks 1 and 2 own nothing.
     _case("admitted-idle-ranks", tp_size=3, slots=[0, 3, 6, 9, 12, 15], admitted_drafts=[2, 1, 0, 0, 1, 1]),
     _case("admitted-tp3-uneven", tp_size=3, slots=[5, 1, 9, 4, 0, 7], admitted_drafts=[1, 1, 3, 0, 0, 1]),
-    _case("admitted-tp1", tp_size=1, admitted_drafts=[1, 0, 2, 0, 2, 1], gather_num_nans=False),
     _case("admitted-extensions", admitted_drafts=[1, 0, 2, 0, 2, 1], extensions=ROW_SCORE),
     _case("admitted-no-logprobs", admitted_drafts=[0, 1, 1, 0, 2, 0], logprobs_dims=None),
     _case("adaptive-without-admitted", adaptive_verification=True),
@@ -97,9 +97,24 @@ def _under(case: Case, profile: str) -> Case:
     return replace(case, case_id=f"{case.case_id}@{profile}", rules=rules_of(profile))
 
 
+# vllm-0.33 builds no sharder of one rank (PRE-TP-SIZE, as vLLM 0.33.0's config): 0.33's admitted drafts at tp 1
+# run under an engine's profile of 0.33's rules that builds one (construction: any_group, as vllm-seed).
+ANY_GROUP_033 = Rules.of("engine-0.33-any-group", {**rules_of(VLLM_033).as_dict(), "construction": "any_group"})
+ADMITTED_TP1 = _case(
+    "admitted-tp1@engine-0.33-any-group",
+    tp_size=1,
+    admitted_drafts=[1, 0, 2, 0, 2, 1],
+    gather_num_nans=False,
+    rules=ANY_GROUP_033,
+)
+
 # None sets adaptive verification with an int64 cu_num_logits: there the reference's tensor is int64
 # (test_adaptive_tensor_is_int32_and_a_copy_of_the_batch_prefix_sums).
-PARAMS = [_under(c, VLLM_033) for c in CASES_033] + [_under(c, p) for c in CASES_BOTH for p in PROFILES]
+PARAMS = [
+    *(_under(c, VLLM_033) for c in CASES_033),
+    ADMITTED_TP1,
+    *(_under(c, p) for c in CASES_BOTH for p in PROFILES),
+]
 
 
 @pytest.mark.parametrize("case", PARAMS, ids=lambda case: case.case_id)

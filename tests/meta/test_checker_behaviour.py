@@ -3,7 +3,7 @@
 import json
 
 import pytest
-from bundled import VLLM_033
+from bundled import VLLM_SEED
 
 from shardspec.conformance.api import ImplChoice
 from shardspec.conformance.broken import BY_NAME, cases
@@ -16,8 +16,8 @@ from shardspec.reference import ReferenceSharder
 from shardspec.spec.case import Case
 from shardspec.spec.profiles import rules_of
 
-# A group of one under vllm-0.33, which builds its sharder (vllm-0.34 refuses it: PRE-TP-SIZE).
-TP1 = Case(case_id="tp1", tp_size=1, slots=[0, 1, 2], num_logits_per_req=[1, 2, 1], rules=rules_of(VLLM_033))
+# A group of one under vllm-seed, which builds its sharder (vllm-0.33 and vllm-0.34 refuse it: PRE-TP-SIZE).
+TP1 = Case(case_id="tp1", tp_size=1, slots=[0, 1, 2], num_logits_per_req=[1, 2, 1], rules=rules_of(VLLM_SEED))
 
 
 def _raising_in(method: str):

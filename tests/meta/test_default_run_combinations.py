@@ -31,7 +31,7 @@ def _built(sizes: list[int]) -> list[int]:
 
 
 def _sized(profiles: list[str], sizes: list[int]) -> list[tuple[str, int]]:
-    """(profile, tp) for the sizes each profile builds a sharder for (vllm-0.34 none of one rank)."""
+    """(profile, tp) for the sizes each profile builds a sharder for (vllm-0.33 and vllm-0.34 none of one rank)."""
     return [(profile, tp) for profile in profiles for tp in sizes if tp >= rules_of(profile).min_tp]
 
 

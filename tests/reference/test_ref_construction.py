@@ -1,7 +1,7 @@
 """The construction rule (spec/rules.py: construction) and seq_lens_upper_bound: always, in both bundled
-implementations: vllm-0.34 refuses a group of one (PRE-TP-SIZE) and fewer slots than ranks
-(PRE-CAPACITY-TP) in the constructor; vllm-0.33 and the seed build both; under vllm-0.33 and vllm-0.34 a
-batch without seq_lens_cpu_upper_bound is PRE-SEQ-LENS-UPPER-BOUND."""
+implementations: vllm-0.33 and vllm-0.34 refuse a group of one (PRE-TP-SIZE) and fewer slots than ranks
+(PRE-CAPACITY-TP) in the constructor; the seed builds both; under vllm-0.33 and vllm-0.34 a batch without
+seq_lens_cpu_upper_bound is PRE-SEQ-LENS-UPPER-BOUND."""
 
 from dataclasses import replace
 
@@ -18,27 +18,29 @@ SHARDERS = [ReferenceSharder, ProductionSharder]
 
 
 @pytest.mark.parametrize("sharder", SHARDERS)
+@pytest.mark.parametrize("profile", ["vllm-0.33", "vllm-0.34"])
 @pytest.mark.parametrize(
     ("tp", "capacity", "expected"),
     [(1, 64, "PRE-TP-SIZE"), (2, 1, "PRE-CAPACITY-TP"), (8, 7, "PRE-CAPACITY-TP"), (1, 0, "PRE-TP-SIZE")],
 )
-def test_vllm_034_refuses_small_groups_when_built(sharder, tp, capacity, expected):
+def test_vllms_profiles_refuse_small_groups_when_built(sharder, profile, tp, capacity, expected):
+    """vLLM 0.33.0's config refuses them as 0.34.0's does (VllmConfig._validate_batch_sharded_sampling)."""
     with pytest.raises(PreconditionError) as caught:
-        sharder(capacity, 4, comm=LoopbackComm(0, tp), rules=rules_of("vllm-0.34"))
+        sharder(capacity, 4, comm=LoopbackComm(0, tp), rules=rules_of(profile))
     assert caught.value.precondition_id == expected and f"[{expected}]" in str(caught.value)
     assert caught.value.rank == 0
 
 
 @pytest.mark.parametrize("sharder", SHARDERS)
-@pytest.mark.parametrize("profile", ["vllm-0.33", "vllm-seed"])
-def test_other_profiles_build_a_group_of_one_and_one_slot_for_two_ranks(sharder, profile):
-    assert sharder(64, 4, comm=LoopbackComm(0, 1), rules=rules_of(profile)).tp_size == 1
-    assert sharder(1, 4, comm=LoopbackComm(1, 2), rules=rules_of(profile)).max_num_reqs == 1
+def test_the_seed_builds_a_group_of_one_and_one_slot_for_two_ranks(sharder):
+    assert sharder(64, 4, comm=LoopbackComm(0, 1), rules=rules_of("vllm-seed")).tp_size == 1
+    assert sharder(1, 4, comm=LoopbackComm(1, 2), rules=rules_of("vllm-seed")).max_num_reqs == 1
 
 
 @pytest.mark.parametrize("sharder", SHARDERS)
-def test_vllm_034_builds_as_many_slots_as_ranks(sharder):
-    assert sharder(2, 4, comm=LoopbackComm(1, 2), rules=rules_of("vllm-0.34")).tp_size == 2
+@pytest.mark.parametrize("profile", ["vllm-0.33", "vllm-0.34"])
+def test_vllms_profiles_build_as_many_slots_as_ranks(sharder, profile):
+    assert sharder(2, 4, comm=LoopbackComm(1, 2), rules=rules_of(profile)).tp_size == 2
 
 
 @pytest.mark.parametrize("sharder", SHARDERS)

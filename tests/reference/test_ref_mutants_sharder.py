@@ -26,9 +26,9 @@ def test_unknown_profile_is_refused_naming_the_known_ones():
 WIDE = {name: "int64" for name in ("seq_lens", "expanded_idx_mapping", "expanded_local_pos", "cu_num_logits")}
 
 
-def _local_batch(profile):
+def _local_batch(profile, tp=1):
     batch = build_input_batch([3, 0, 2], [2, 1, 3], dtypes=WIDE)
-    sharder = ReferenceSharder(4, 4, comm=LoopbackComm(0, 1), rules=rules_of(profile))
+    sharder = ReferenceSharder(4, 4, comm=LoopbackComm(0, tp), rules=rules_of(profile))
     return sharder.shard_sampler_inputs(batch, None).local_batch
 
 
@@ -42,7 +42,9 @@ def test_seed_local_batch_has_int32_device_fields_whatever_the_batch_holds():
 
 
 def test_vllm_033_local_batch_keeps_the_batch_dtypes():
-    local = _local_batch(VLLM_033)
+    # tp 2 (vllm-0.33 builds no sharder of one rank: PRE-TP-SIZE): rank 0 owns slots 0 and 2.
+    local = _local_batch(VLLM_033, tp=2)
+    assert local.idx_mapping.tolist() == [0, 2] and local.cu_num_logits.tolist() == [0, 1, 4]
     for name in WIDE:
         assert getattr(local, name).dtype == torch.int64, name
 

@@ -24,8 +24,9 @@ from shardspec.spec.profiles import DEFAULT_PROFILE, rules_of
 
 
 def cases_for(tp: int) -> list[Case]:
-    # The default profile where it builds a sharder of tp ranks; vllm-0.33 for a group of one (PRE-TP-SIZE).
-    profile = DEFAULT_PROFILE if tp >= rules_of(DEFAULT_PROFILE).min_tp else "vllm-0.33"
+    # The default profile where it builds a sharder of tp ranks; vllm-seed for a group of one (vllm-0.33 and
+    # vllm-0.34 refuse it: PRE-TP-SIZE).
+    profile = DEFAULT_PROFILE if tp >= rules_of(DEFAULT_PROFILE).min_tp else "vllm-seed"
     catalogue = [c for c in load_cases(profile) if c.tp_size == tp and c.local_outputs == "toy" and not c.expect_error]
     randoms = [
         Case(

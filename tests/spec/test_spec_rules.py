@@ -45,7 +45,6 @@ def test_vllm_034_changes_what_vllm_034_changed():
         "logprob_width": "max_k_t",
         "exchange": "all_to_all_vocab_shards",
         "communicator": "engine",
-        "construction": "sharded_groups",
     }
 
 
@@ -96,6 +95,9 @@ def test_the_construction_rule_sets_the_smallest_group_and_capacity():
 
     sharded, any_group = rules_of("vllm-0.34"), rules_of("vllm-seed")
     assert (sharded.min_tp, sharded.min_capacity(4), sharded.sharded_groups_only) == (2, 4, True)
+    # vLLM 0.33.0's config refuses small groups as 0.34.0's does: vllm-0.34 inherits the rule from vllm-0.33.
+    assert rules_of("vllm-0.33").construction == "sharded_groups" == sharded.construction
+    assert "construction" in bundled_profile("vllm-0.33").own and "construction" not in bundled_profile("vllm-0.34").own
     assert (any_group.min_tp, any_group.min_capacity(4), any_group.sharded_groups_only) == (1, 1, False)
     assert rules_of("vllm-0.33").upper_bound_required and not any_group.has_upper_bound
 
