@@ -56,7 +56,10 @@ def tests(session: nox.Session) -> None:
     install(session)
     # One xdist worker more than the cores: the tests that run ranks spend part of their time waiting on them
     # (test_multiprocess.py and test_cli.py on 2 cores: 173 s with 2 workers, 137 s with 3, 147 s with 4).
-    session.run("pytest", "-n", str((os.cpu_count() or 1) + 1), "tests", *session.posargs)
+    # Work stealing: with xdist's default scheduling one worker was left running the last slow tests alone
+    # for minutes (CI, 2 cores: load 1.2 of 3 workers) while the others had finished.
+    workers = str((os.cpu_count() or 1) + 1)
+    session.run("pytest", "-n", workers, "--dist", "worksteal", "tests", *session.posargs)
 
 
 # The main run's profile: vLLM 0.34's rules under the stricter contract (spec/profiles/vllm-0.34-strict.yaml), where
