@@ -54,12 +54,9 @@ def tests(session: nox.Session) -> None:
     .nox/wheels, else from ../shared/upstream, else skip saying so (tests/vllm_files.py);
     SHARDSPEC_REQUIRE_VLLM_FILES=1 (as .ci/run sets it, after drift) makes a missing file an error."""
     install(session)
-    # One xdist worker more than the cores: the tests that run ranks spend part of their time waiting on them
-    # (test_multiprocess.py and test_cli.py on 2 cores: 173 s with 2 workers, 137 s with 3, 147 s with 4).
-    # Work stealing: with xdist's default scheduling one worker was left running the last slow tests alone
-    # for minutes (CI, 2 cores: load 1.2 of 3 workers) while the others had finished.
-    workers = str((os.cpu_count() or 1) + 1)
-    session.run("pytest", "-n", workers, "--dist", "worksteal", "tests", *session.posargs)
+    # One xdist worker per core: a worker more sped up a sample of the subprocess tests (173 s -> 137 s) but
+    # slowed the whole session on 2 cores (2,608 s of tests in CI, against 1,996-2,272 s with two workers).
+    session.run("pytest", "-n", "auto", "tests", *session.posargs)
 
 
 # The main run's profile: vLLM 0.34's rules under the stricter contract (spec/profiles/vllm-0.34-strict.yaml), where
