@@ -15,6 +15,7 @@ or died) for the jobs not yet run.
 
 from __future__ import annotations
 
+import functools
 import json
 import pathlib
 import time
@@ -358,8 +359,7 @@ class ProcessGroup:
         if self.launcher in ("auto", "fork") and not torch.cuda.is_available():
             self.run_dir.mkdir(parents=True, exist_ok=True)
             zygote = run_zygote(self.servers, self.run_dir)
-            base = self.run_dir / "probe"
-            run_child = lambda argv, timeout_s: zygote.run_probe(argv, timeout_s, base)  # noqa: E731
+            run_child = functools.partial(zygote.run_probe, base=self.run_dir / "probe")
         return probe(names, rules, warnings=warnings, releases=releases, run_child=run_child)
 
     def run(self, jobs: list[Job], tp: int, judge, on_result: OnResult) -> list[CaseResult]:
